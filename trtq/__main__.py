@@ -1,0 +1,3 @@
+from trtq.cli import main
+
+main()

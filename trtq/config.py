@@ -1,0 +1,417 @@
+"""Configuration: YAML file -> frozen dataclasses.
+
+Precedence: dataclass defaults < YAML file (``--config``) < ``TRTQ_*`` environment < flags.
+
+* Unknown keys are rejected with their full path (``data.inputs.x.preprocess.mena``).
+* Relative paths in a YAML file are resolved against the folder of that file, so a config works
+  from any working directory; paths given as flags or environment stay relative to the cwd.
+* Environment variables name a scalar by its dotted path in upper case with ``_`` between parts,
+  e.g. ``TRTQ_CALIBRATE_METHOD=max`` or ``TRTQ_DATA_BATCH_SIZE=16``.
+
+This module is pure Python (no numpy/onnx) so that the CLI stays fast to import.
+"""
+import dataclasses
+import os
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
+
+from trtq.errors import ConfigError
+
+if sys.version_info >= (3, 8):
+    from typing import Literal
+else:  # pragma: no cover
+    from typing_extensions import Literal
+
+
+def _path_field(default=None):
+    """A field holding a filesystem path (resolved against the YAML file's folder)."""
+    return field(default=default, metadata={"path": True})
+
+
+def _paths_field():
+    """A field holding a tuple of paths or globs (each resolved against the YAML file's folder)."""
+    return field(default=(), metadata={"path": True})
+
+
+# --------------------------------------------------------------------------------------------
+# data
+# --------------------------------------------------------------------------------------------
+
+Interpolation = Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"]
+
+
+@dataclass(frozen=True)
+class ResizeOptions:
+    """How an image is resized before cropping.
+
+    mode:
+      none      keep the decoded size
+      exact     resize to ``size`` = (h, w), ignoring the aspect ratio
+      shorter   scale so the shorter side equals ``size[0]`` (torchvision ``Resize(256)``)
+      longer    scale so the longer side equals ``size[0]``
+      letterbox scale to fit inside ``size`` = (h, w) keeping the aspect ratio, then pad with
+                ``pad_value`` (pixel units, before scale/mean/std) at ``anchor``
+    """
+
+    mode: Literal["none", "exact", "shorter", "longer", "letterbox"] = "none"
+    size: Tuple[int, ...] = ()
+    interpolation: Interpolation = "bilinear"
+    pad_value: float = 0.0
+    anchor: Literal["center", "top_left"] = "center"
+
+
+@dataclass(frozen=True)
+class PreprocessOptions:
+    """Image -> tensor. Order: decode, EXIF-rotate, color, resize, center_crop, to float,
+    ``x * scale``, ``(x - mean) / std`` per channel, layout, dtype."""
+
+    color: Literal["rgb", "bgr", "gray"] = "rgb"
+    resize: ResizeOptions = ResizeOptions()
+    center_crop: Tuple[int, ...] = ()
+    scale: float = 1.0 / 255.0
+    mean: Tuple[float, ...] = ()
+    std: Tuple[float, ...] = ()
+    layout: Literal["nchw", "nhwc"] = "nchw"
+    dtype: Literal["float32", "float16"] = "float32"
+
+
+@dataclass(frozen=True)
+class InputSource:
+    """Where the samples for one model input come from: exactly one of images / files / npy."""
+
+    images: Optional[str] = _path_field()  # folder, searched recursively
+    files: Tuple[str, ...] = _paths_field()  # explicit image paths, or one .txt list file
+    npy: Tuple[str, ...] = _paths_field()  # .npy files or globs; axis 0 is the sample axis
+    preprocess: PreprocessOptions = PreprocessOptions()
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    inputs: Dict[str, InputSource] = field(default_factory=dict)
+    batch_size: Optional[int] = None  # default: the model's static batch dim, else 8
+    last_batch: Literal["pad", "drop", "keep"] = "pad"
+    limit: Optional[int] = None  # use at most this many samples
+    shuffle: bool = False
+    seed: int = 0
+    workers: Optional[int] = None  # decode threads; default min(4, cpu count)
+    prefetch: int = 4  # batches decoded ahead of the consumer
+    skip_bad: bool = False
+    # full shapes for inputs with dynamic dims, e.g. {x: [8, 3, 224, 224]}
+    shapes: Dict[str, Tuple[int, ...]] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------
+# calibrate / quantize / compare
+# --------------------------------------------------------------------------------------------
+
+Method = Literal["max", "entropy", "percentile", "mse"]
+
+
+@dataclass(frozen=True)
+class CalibrateOptions:
+    method: Method = "entropy"
+    percentile: float = 99.99
+    num_bins: int = 2048
+    tensors: Tuple[str, ...] = ()  # empty: every tensor a TensorRT cache can name
+    output: str = _path_field("calibration.cache")
+    trt_version: Optional[str] = None  # default: installed tensorrt, else DEFAULT_TRT_VERSION
+    backend: Literal["onnxruntime", "tensorrt"] = "onnxruntime"
+    providers: Tuple[str, ...] = ()  # ONNX Runtime providers; default CUDA if present, else CPU
+    save_stats: Optional[str] = _path_field()
+
+
+@dataclass(frozen=True)
+class QuantizeOptions:
+    output: Optional[str] = _path_field()
+    exclude: Tuple[str, ...] = ()  # node-name regexes or op types kept in float
+    per_channel: bool = True
+    fp16: bool = False  # cast the non-quantized rest to float16
+    allow_stale: bool = False
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    min_agreement: Optional[float] = None
+    min_cosine: Optional[float] = None
+    per_layer: bool = False
+    limit: Optional[int] = None
+
+
+# --------------------------------------------------------------------------------------------
+# build / bench
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProfileShapes:
+    min: Tuple[int, ...] = ()
+    opt: Tuple[int, ...] = ()
+    max: Tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    mode: Literal["explicit", "implicit"] = "explicit"
+    precision: Literal["int8", "fp16", "fp32"] = "int8"
+    fp16: bool = False  # let layers left in float run in FP16
+    output: Optional[str] = _path_field()
+    workspace_mb: Optional[int] = None
+    optimization_level: Optional[int] = None  # builder optimization level 0..5
+    timing_cache: Optional[str] = _path_field()
+    tactic_sources: Optional[Tuple[str, ...]] = None  # e.g. [EDGE_MASK_CONVOLUTIONS, JIT_CONVOLUTIONS]
+    profiles: Dict[str, ProfileShapes] = field(default_factory=dict)
+    allow_stale: bool = False
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    iterations: Optional[int] = None
+    duration: float = 3.0  # seconds, used when iterations is not given
+    warmup: float = 0.5  # seconds
+    include_copies: bool = False
+    cuda_graph: bool = False
+
+
+@dataclass(frozen=True)
+class TrtqConfig:
+    model: Optional[str] = _path_field()
+    data: DataOptions = DataOptions()
+    calibrate: CalibrateOptions = CalibrateOptions()
+    quantize: QuantizeOptions = QuantizeOptions()
+    compare: CompareOptions = CompareOptions()
+    build: BuildOptions = BuildOptions()
+    bench: BenchOptions = BenchOptions()
+
+
+# --------------------------------------------------------------------------------------------
+# loading
+# --------------------------------------------------------------------------------------------
+
+ENV_PREFIX = "TRTQ_"
+
+
+def load_config(
+    path: Optional[Union[str, Path]] = None,
+    overrides: Optional[Mapping[str, Any]] = None,
+    environ: Optional[Mapping[str, str]] = None,
+) -> TrtqConfig:
+    """Build the effective config.
+
+    ``overrides`` maps dotted keys to values (``{"calibrate.method": "max"}``); ``None`` values
+    are ignored so unset CLI flags do not override anything.
+    """
+    raw: Dict[str, Any] = {}
+    base_dir: Optional[Path] = None
+    if path is not None:
+        raw = _read_yaml(Path(path))
+        base_dir = Path(path).resolve().parent
+    cfg = _convert(TrtqConfig, raw, "", base_dir)
+    env_values = _env_overrides(os.environ if environ is None else environ)
+    if env_values:
+        cfg = apply_overrides(cfg, env_values, source="environment")
+    if overrides:
+        cfg = apply_overrides(cfg, {k: v for k, v in overrides.items() if v is not None}, "option")
+    return cfg
+
+
+def apply_overrides(cfg: Any, values: Mapping[str, Any], source: str = "option") -> Any:
+    """Return a copy of dataclass ``cfg`` with dotted keys replaced (values are converted)."""
+    for dotted, value in values.items():
+        cfg = _replace_dotted(cfg, dotted.split("."), value, dotted, source)
+    return cfg
+
+
+def _read_yaml(path: Path) -> Dict[str, Any]:
+    import yaml
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}", "check the --config path") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(
+            f"config file {path}{where} is not valid YAML", "fix the syntax at that line"
+        ) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must contain a mapping at the top level")
+    return data
+
+
+def _env_overrides(environ: Mapping[str, str]) -> Dict[str, Any]:
+    import yaml
+
+    table = _scalar_paths(TrtqConfig, "")
+    out: Dict[str, Any] = {}
+    for name, text in environ.items():
+        if not name.startswith(ENV_PREFIX) or name in _ENV_IGNORED:
+            continue
+        key = name[len(ENV_PREFIX):].lower()
+        if key not in table:
+            raise ConfigError(
+                f"unknown environment variable {name}",
+                "unset it, or use one of " + ", ".join(sorted(ENV_PREFIX + k.upper() for k in table)),
+            )
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = text
+        out[table[key]] = value
+    return out
+
+
+# TRTQ_* variables with another meaning (read elsewhere, not config keys)
+_ENV_IGNORED = {"TRTQ_TEST_MODELS", "TRTQ_BENCH_DIR", "TRTQ_GPU_TESTS"}
+
+
+def _scalar_paths(tp: Any, prefix: str) -> Dict[str, str]:
+    """Map env-style keys (``calibrate_method``) to dotted paths for every settable field."""
+    out: Dict[str, str] = {}
+    for f in dataclasses.fields(tp):
+        dotted = f"{prefix}{f.name}"
+        hint = typing.get_type_hints(tp)[f.name]
+        if dataclasses.is_dataclass(hint):
+            out.update(_scalar_paths(hint, dotted + "."))
+        elif typing.get_origin(hint) is dict:
+            continue
+        else:
+            out[dotted.replace(".", "_")] = dotted
+    return out
+
+
+def _replace_dotted(obj: Any, parts, value: Any, dotted: str, source: str) -> Any:
+    if not dataclasses.is_dataclass(obj):
+        raise ConfigError(f"unknown {source} key '{dotted}'")
+    names = {f.name: f for f in dataclasses.fields(obj)}
+    head = parts[0]
+    if head not in names:
+        raise ConfigError(f"unknown {source} key '{dotted}'")
+    hint = typing.get_type_hints(type(obj))[head]
+    if len(parts) == 1:
+        new = _convert(hint, value, dotted, None)
+    else:
+        new = _replace_dotted(getattr(obj, head), parts[1:], value, dotted, source)
+    return dataclasses.replace(obj, **{head: new})
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin is Union:
+        return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
+    if origin in (tuple, Tuple):
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return "a mapping"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _bad(path: str, value: Any, tp: Any) -> ConfigError:
+    where = path or "config"
+    return ConfigError(f"config key '{where}' must be {_type_name(tp)}, got {value!r}")
+
+
+def _resolve_path(value: str, base_dir: Optional[Path]) -> str:
+    p = Path(os.path.expanduser(value))
+    if base_dir is not None and not p.is_absolute():
+        p = base_dir / p
+    return str(p)
+
+
+def _convert(tp: Any, value: Any, path: str, base_dir: Optional[Path], is_path: bool = False) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+
+    if dataclasses.is_dataclass(tp):
+        if value is None:
+            return tp()
+        if not isinstance(value, dict):
+            raise _bad(path, value, tp)
+        hints = typing.get_type_hints(tp)
+        fields = {f.name: f for f in dataclasses.fields(tp)}
+        kwargs = {}
+        for key, sub in value.items():
+            sub_path = f"{path}.{key}" if path else str(key)
+            if key not in fields:
+                raise ConfigError(
+                    f"unknown config key '{sub_path}'",
+                    "valid keys here: " + ", ".join(fields),
+                )
+            f = fields[key]
+            kwargs[key] = _convert(hints[key], sub, sub_path, base_dir, bool(f.metadata.get("path")))
+        try:
+            return tp(**kwargs)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"config section '{path or 'top level'}': {e}") from None
+
+    if origin is Union:
+        if value is None and type(None) in args:
+            return None
+        last: Optional[ConfigError] = None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _convert(a, value, path, base_dir, is_path)
+            except ConfigError as e:
+                last = e
+        raise last if last is not None else _bad(path, value, tp)
+
+    if origin is Literal:
+        if value in args and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in args:
+            return value.lower()
+        raise _bad(path, value, tp)
+
+    if origin in (tuple, Tuple):
+        item_tp = args[0]
+        items = list(value) if isinstance(value, (list, tuple)) else [value]
+        return tuple(
+            _convert(item_tp, v, f"{path}[{i}]", base_dir, is_path) for i, v in enumerate(items)
+        )
+
+    if origin is dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise _bad(path, value, tp)
+        val_tp = args[1]
+        return {str(k): _convert(val_tp, v, f"{path}.{k}", base_dir, is_path) for k, v in value.items()}
+
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise _bad(path, value, tp)
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _bad(path, value, tp)
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise _bad(path, value, tp)
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            text = str(value)
+            return _resolve_path(text, base_dir) if is_path else text
+        raise _bad(path, value, tp)
+    raise ConfigError(f"config key '{path}' has an unsupported type")  # pragma: no cover
+
+
+def to_dict(cfg: Any) -> Dict[str, Any]:
+    """Plain-data view of a config (for provenance JSON and ``--dry-run`` output)."""
+    return dataclasses.asdict(cfg)

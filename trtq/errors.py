@@ -1,0 +1,59 @@
+"""Error hierarchy. Each class carries the process exit code the CLI maps it to.
+
+Every error renders as one line: what went wrong, then how to fix it (the hint).
+"""
+from typing import Optional
+
+
+class TrtqError(Exception):
+    """An operation failed (exit 1)."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: Optional[str] = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        if self.hint:
+            return f"{self.message}; {self.hint}"
+        return self.message
+
+
+class UsageError(TrtqError):
+    """Bad command-line usage (exit 2)."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """Invalid configuration file, environment variable or option value (exit 2)."""
+
+
+class InputError(TrtqError):
+    """Invalid input: data, model or cache (exit 3)."""
+
+    exit_code = 3
+
+
+class DataError(InputError):
+    """Calibration / evaluation data is missing, corrupt or does not fit the model."""
+
+
+class ModelError(InputError):
+    """The ONNX model (or engine) is missing, corrupt or unsupported."""
+
+
+class CacheError(InputError):
+    """A calibration cache or statistics file is missing, corrupt, foreign or stale."""
+
+
+class EnvironmentMissing(TrtqError):
+    """A runtime requirement (TensorRT, cuda-python, a GPU) is missing (exit 4)."""
+
+    exit_code = 4
+
+
+class NotImplementedYet(TrtqError):
+    """A command that exists in the CLI but is not built yet (exit 1)."""

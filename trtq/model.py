@@ -1,0 +1,144 @@
+"""Loading ONNX models and describing their inputs and outputs.
+
+Everything that reads an ``.onnx`` file goes through :func:`load_model`, which turns every way a
+file can be wrong into a one-line :class:`~trtq.errors.ModelError`.
+"""
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from trtq.errors import DataError, ModelError
+
+Dim = Union[int, str, None]  # static size, named dynamic dim, or unknown
+
+# ONNX TensorProto element type -> numpy dtype name
+_ONNX_DTYPES = {
+    1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
+    9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16",
+}
+FLOAT_DTYPES = ("float32", "float16", "float64", "bfloat16")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: Tuple[Dim, ...]
+    dtype: str  # numpy dtype name, e.g. "float32"
+
+    @property
+    def is_dynamic(self) -> bool:
+        return any(not isinstance(d, int) for d in self.shape)
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in FLOAT_DTYPES
+
+    def describe(self) -> str:
+        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
+        return f"{self.name} [{dims}] {self.dtype}"
+
+
+def load_model(path: Union[str, Path], load_external_data: bool = True):
+    """Read and sanity-check an ONNX model; raise ModelError with a fix on any problem."""
+    import onnx
+
+    path = Path(path)
+    if not path.exists():
+        raise ModelError(f"model not found: {path}", "check the --model path")
+    if path.is_dir():
+        raise ModelError(f"model path is a folder, not an ONNX file: {path}")
+    if path.stat().st_size == 0:
+        raise ModelError(f"model file is empty: {path}", "re-export the model")
+    try:
+        model = onnx.load(str(path), load_external_data=load_external_data)
+    except Exception as e:  # protobuf DecodeError, external data errors, ...
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ModelError(
+            f"not a readable ONNX model: {path} ({reason})",
+            "pass an .onnx file exported by torch.onnx / tf2onnx / paddle2onnx",
+        ) from None
+    if not model.graph.node and not model.graph.input:
+        raise ModelError(f"not an ONNX model (empty graph): {path}", "pass an .onnx model file")
+    return model
+
+
+def _dims(type_proto) -> Tuple[Dim, ...]:
+    tt = type_proto.tensor_type
+    if not tt.HasField("shape"):
+        return ()
+    out: List[Dim] = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value") and d.dim_value > 0:
+            out.append(int(d.dim_value))
+        elif d.HasField("dim_param") and d.dim_param:
+            out.append(d.dim_param)
+        else:
+            out.append(None)
+    return tuple(out)
+
+
+def _spec(value_info) -> TensorSpec:
+    elem = value_info.type.tensor_type.elem_type
+    return TensorSpec(value_info.name, _dims(value_info.type), _ONNX_DTYPES.get(elem, f"onnx:{elem}"))
+
+
+def input_specs(model) -> List[TensorSpec]:
+    """Real graph inputs (initializers that some exporters also list as inputs are skipped)."""
+    inits = {i.name for i in model.graph.initializer}
+    return [_spec(v) for v in model.graph.input if v.name not in inits]
+
+
+def output_specs(model) -> List[TensorSpec]:
+    return [_spec(v) for v in model.graph.output]
+
+
+def resolve_shapes(
+    specs: Sequence[TensorSpec],
+    shapes: Mapping[str, Sequence[int]],
+    batch_size: Optional[int],
+) -> Dict[str, Tuple[int, ...]]:
+    """Concrete shape for every input.
+
+    ``shapes`` (from ``data.shapes``) wins; otherwise a dynamic leading dim takes ``batch_size``
+    and any other dynamic dim is an error that says which config key to set.
+    """
+    known = {s.name for s in specs}
+    for name in shapes:
+        if name not in known:
+            raise DataError(
+                f"data.shapes names '{name}', which is not a model input",
+                "model inputs: " + ", ".join(sorted(known)),
+            )
+    out: Dict[str, Tuple[int, ...]] = {}
+    for s in specs:
+        if s.name in shapes:
+            given = tuple(int(d) for d in shapes[s.name])
+            if len(given) != len(s.shape):
+                raise DataError(
+                    f"data.shapes.{s.name} has rank {len(given)} but the model input "
+                    f"{s.describe()} has rank {len(s.shape)}",
+                    "give one size per dimension",
+                )
+            for i, (g, d) in enumerate(zip(given, s.shape)):
+                if isinstance(d, int) and g != d:
+                    raise DataError(
+                        f"data.shapes.{s.name} dim {i} is {g} but the model fixes it to {d}",
+                        f"use {d} there",
+                    )
+                if g <= 0:
+                    raise DataError(f"data.shapes.{s.name} dim {i} must be positive, got {g}")
+            out[s.name] = given
+            continue
+        dims: List[int] = []
+        for i, d in enumerate(s.shape):
+            if isinstance(d, int):
+                dims.append(d)
+            elif i == 0 and batch_size:
+                dims.append(int(batch_size))
+            else:
+                raise DataError(
+                    f"model input {s.describe()} has a dynamic dim {i}",
+                    f"set its full shape in the config: data.shapes.{s.name}: [...]",
+                )
+        out[s.name] = tuple(dims)
+    return out
