@@ -142,3 +142,55 @@ def resolve_shapes(
                 )
         out[s.name] = tuple(dims)
     return out
+
+
+# Ops whose outputs are never activations a TensorRT calibration cache would hold.
+_NON_ACTIVATION_OPS = {
+    "Shape", "Size", "NonZero", "ArgMax", "ArgMin", "Constant", "ConstantOfShape", "Range",
+    "TopK", "NonMaxSuppression", "Unique", "EyeLike", "RandomNormal", "RandomUniform",
+    "RandomNormalLike", "RandomUniformLike", "Multinomial", "QuantizeLinear", "DynamicQuantizeLinear",
+}
+
+
+def calibratable_tensors(model) -> List[str]:
+    """Float activations a TensorRT calibration cache can name, in topological order.
+
+    These are the float graph inputs plus every float output of a compute node, excluding
+    weights: initializers, ``Constant`` outputs, and anything computed only from those (e.g.
+    Paddle exports that route weights through ``Constant -> Identity``).
+    """
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # shape inference is a help, not a requirement
+        inferred = model
+    g = inferred.graph
+    elem_type: Dict[str, int] = {}
+    for vi in list(g.value_info) + list(g.input) + list(g.output):
+        elem_type[vi.name] = vi.type.tensor_type.elem_type
+    float_types = {1, 10, 11, 16}
+
+    constant = {i.name for i in g.initializer}
+    names: List[str] = []
+    seen = set()
+    for spec in input_specs(inferred):
+        if spec.is_float:
+            names.append(spec.name)
+            seen.add(spec.name)
+    for node in g.node:
+        inputs = [i for i in node.input if i]
+        if node.op_type == "Constant" or (inputs and all(i in constant for i in inputs)):
+            constant.update(o for o in node.output if o)
+            continue
+        if node.op_type in _NON_ACTIVATION_OPS:
+            continue
+        for out in node.output:
+            if not out or out in seen:
+                continue
+            t = elem_type.get(out)
+            if t is not None and t != 0 and t not in float_types:
+                continue
+            names.append(out)
+            seen.add(out)
+    return names
