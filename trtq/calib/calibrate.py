@@ -1,0 +1,243 @@
+"""``trtq calibrate``: data -> FP32 activations -> statistics -> amax -> calibration.cache (+ .json).
+
+Two streaming passes over the data when the method needs a histogram: pass 1 finds max|x| per
+tensor, pass 2 histograms every tensor over the fixed edges ``linspace(0, max, bins + 1)``. Fixed
+edges make the histograms exactly additive, so the result does not depend on batch size, order or
+sharding. Memory holds one batch of activations plus the histograms (bins x tensors x 8 bytes).
+"""
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+from trtq import __version__
+from trtq.config import TrtqConfig, to_dict
+from trtq.errors import CacheError, DataError, UsageError
+from trtq.fileio import sha256_file
+
+log = logging.getLogger(__name__)
+
+# smallest amax written: a tensor that was exactly zero on every sample still needs scale > 0
+MIN_AMAX = 1e-8
+
+
+@dataclass
+class Progress:
+    """Handed to the progress callback after every batch."""
+
+    stage: str  # "max" or "histogram"
+    stage_index: int  # 1-based
+    stages: int
+    batches_done: int
+    batches: int
+    samples_done: int
+    elapsed: float  # seconds since the stage started
+
+
+@dataclass
+class CalibrationResult:
+    cache_path: Optional[Path]
+    method: str
+    algorithm: str
+    trt_version: str
+    amax: Dict[str, float]
+    samples: int
+    batches: int
+    seconds: float
+    stats_path: Optional[Path] = None
+    skipped: List = field(default_factory=list)
+    zero_tensors: List[str] = field(default_factory=list)
+    providers: List[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "cache": str(self.cache_path) if self.cache_path else None,
+            "provenance": f"{self.cache_path}.json" if self.cache_path else None,
+            "stats": str(self.stats_path) if self.stats_path else None,
+            "method": self.method,
+            "algorithm": self.algorithm,
+            "trt_version": self.trt_version,
+            "tensors": len(self.amax),
+            "samples": self.samples,
+            "batches": self.batches,
+            "seconds": round(self.seconds, 3),
+            "samples_per_second": round(self.samples / self.seconds, 2) if self.seconds > 0 else None,
+            "skipped": [{"path": p, "reason": r} for p, r in self.skipped],
+            "zero_tensors": self.zero_tensors,
+            "providers": self.providers,
+        }
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+def resolve_trt_version(requested: Optional[str]) -> str:
+    from trtq.calib.cache import DEFAULT_TRT_VERSION, installed_trt_version, parse_trt_version
+
+    version = requested or installed_trt_version() or DEFAULT_TRT_VERSION
+    parse_trt_version(version)  # raises ConfigError on garbage
+    return version
+
+
+def _finalize_amax(amax: Dict[str, float]) -> Tuple[Dict[str, float], List[str]]:
+    zero = [name for name, a in amax.items() if not a > 0]
+    return {name: (a if a > 0 else MIN_AMAX) for name, a in amax.items()}, zero
+
+
+def _write_outputs(out: Path, algorithm: str, trt_version: str, amax: Dict[str, float], provenance: dict) -> None:
+    from trtq.calib.cache import CalibrationTable, write_cache, write_provenance
+
+    table = CalibrationTable(trt_version=trt_version, algorithm=algorithm, amax=amax, source_format="tensorrt")
+    # provenance first: if the run dies between the two writes, the JSON no longer matches the old
+    # cache and is ignored by the freshness check (see trtq.calib.freshness)
+    write_provenance(out, provenance)
+    write_cache(out, table, trt_version)
+
+
+def run_calibration(
+    cfg: TrtqConfig, progress: Optional[ProgressFn] = None, write: bool = True
+) -> CalibrationResult:
+    """Calibrate ``cfg.model`` on ``cfg.data`` with ``cfg.calibrate`` and write the cache."""
+    from trtq.calib.cache import ALGORITHM_FOR_METHOD
+    from trtq.calib.collect import OrtCollector, select_tensors
+    from trtq.calib.stats import AbsMaxAccumulator, HistogramAccumulator, compute_all, save_stats
+    from trtq.data.batcher import Batcher
+    from trtq.model import input_specs, load_model
+
+    opts = cfg.calibrate
+    if not cfg.model:
+        raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
+    model_path = Path(cfg.model)
+    model = load_model(model_path)
+    specs = input_specs(model)
+    if not any(s.is_float for s in specs):
+        raise DataError(f"model {model_path} has no float input to calibrate", "pass an FP32 model")
+    trt_version = resolve_trt_version(opts.trt_version)
+    algorithm = ALGORITHM_FOR_METHOD[opts.method]
+    batcher = Batcher(cfg.data, specs)
+    tensors = select_tensors(model, opts.tensors)
+    collector = OrtCollector(model, tensors, opts.providers)
+    need_hist = opts.method != "max" or opts.save_stats is not None
+    stages = 2 if need_hist else 1
+
+    started = time.perf_counter()
+    samples = 0
+    batches = 0
+
+    def stream(stage: str, index: int, update):
+        nonlocal samples, batches
+        t0 = time.perf_counter()
+        done_batches = done_samples = 0
+        for batch in batcher:
+            acts = collector.run(batch.arrays, batch.valid)
+            for name, value in acts.items():
+                update(name, value)
+            done_batches += 1
+            done_samples += batch.valid
+            if progress is not None:
+                progress(Progress(stage, index, stages, done_batches, batcher.num_batches, done_samples,
+                                  time.perf_counter() - t0))
+        samples, batches = done_samples, done_batches
+
+    maxima_acc = AbsMaxAccumulator()
+    stream("max", 1, maxima_acc.update)
+    if samples == 0:
+        raise DataError("no samples were usable for calibration", "check the data folder and --skip-bad report")
+    maxima = maxima_acc.maxima
+    counts = None
+    if need_hist:
+        hist = HistogramAccumulator(maxima, num_bins=opts.num_bins)
+        stream("histogram", 2, hist.update)
+        counts = hist.counts
+    raw_amax = compute_all(opts.method, maxima, counts, opts.percentile)
+    amax, zero = _finalize_amax({name: float(raw_amax[name]) for name in tensors})
+    seconds = time.perf_counter() - started
+
+    provenance = build_provenance(cfg, model_path, specs, batcher, samples, trt_version, algorithm, amax)
+    out = Path(opts.output)
+    stats_path = Path(opts.save_stats) if opts.save_stats else None
+    if write:
+        if stats_path is not None:
+            meta = {k: v for k, v in provenance.items() if k not in ("amax", "method", "algorithm")}
+            meta["tensors"] = tensors
+            save_stats(stats_path, {n: maxima[n] for n in tensors}, {n: counts[n] for n in tensors}, meta)
+        _write_outputs(out, algorithm, trt_version, amax, provenance)
+    return CalibrationResult(
+        cache_path=out if write else None, method=opts.method, algorithm=algorithm, trt_version=trt_version,
+        amax=amax, samples=samples, batches=batches, seconds=seconds, stats_path=stats_path,
+        skipped=list(getattr(batcher, "skipped", [])), zero_tensors=zero, providers=list(collector.providers),
+    )
+
+
+def build_provenance(cfg, model_path, specs, batcher, samples, trt_version, algorithm, amax) -> dict:
+    opts = cfg.calibrate
+    return {
+        "format": "trtq-calibration/1",
+        "trtq_version": __version__,
+        "model": {
+            "path": str(model_path),
+            "sha256": sha256_file(model_path),
+            "inputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype} for s in specs],
+        },
+        "data": {
+            "fingerprint": batcher.fingerprint(),
+            "samples": samples,
+            "batch_size": batcher.batch_size,
+            "shapes": {k: list(v) for k, v in batcher.shapes.items()},
+            "skipped": len(getattr(batcher, "skipped", [])),
+            "options": to_dict(cfg.data),
+        },
+        "method": {"name": opts.method, "percentile": opts.percentile, "num_bins": opts.num_bins},
+        "algorithm": algorithm,
+        "trt_version": trt_version,
+        "amax": dict(amax),
+    }
+
+
+def calibrate_from_stats(cfg: TrtqConfig, stats_path: Path) -> CalibrationResult:
+    """Apply ``cfg.calibrate.method`` to histograms saved by ``--save-stats`` (no model run)."""
+    from trtq.calib.cache import ALGORITHM_FOR_METHOD
+    from trtq.calib.stats import compute_all, load_stats
+
+    t0 = time.perf_counter()
+    opts = cfg.calibrate
+    stats = load_stats(Path(stats_path))
+    meta = dict(stats.meta)
+    model_meta = meta.get("model") or {}
+    if cfg.model:
+        actual = sha256_file(cfg.model)
+        if model_meta.get("sha256") and model_meta["sha256"] != actual:
+            raise CacheError(
+                f"{stats_path} holds statistics of a different model than {cfg.model}",
+                "re-run trtq calibrate --save-stats for this model",
+            )
+    if opts.num_bins != stats.num_bins and opts.num_bins != 2048:
+        raise UsageError(
+            f"--num-bins {opts.num_bins} differs from the saved histograms ({stats.num_bins} bins)",
+            "omit it: saved statistics keep their bin count",
+        )
+    tensors = list(meta.get("tensors") or list(stats.maxima))
+    raw = compute_all(opts.method, stats.maxima, stats.counts, opts.percentile)
+    amax, zero = _finalize_amax({n: float(raw[n]) for n in tensors})
+    trt_version = resolve_trt_version(opts.trt_version)
+    algorithm = ALGORITHM_FOR_METHOD[opts.method]
+    provenance = dict(meta)
+    provenance.pop("tensors", None)
+    provenance.update({
+        "format": "trtq-calibration/1",
+        "trtq_version": __version__,
+        "method": {"name": opts.method, "percentile": opts.percentile, "num_bins": stats.num_bins},
+        "algorithm": algorithm,
+        "trt_version": trt_version,
+        "amax": dict(amax),
+        "from_stats": str(stats_path),
+    })
+    out = Path(opts.output)
+    _write_outputs(out, algorithm, trt_version, amax, provenance)
+    data = meta.get("data") or {}
+    return CalibrationResult(
+        cache_path=out, method=opts.method, algorithm=algorithm, trt_version=trt_version, amax=amax,
+        samples=int(data.get("samples") or 0), batches=0, seconds=time.perf_counter() - t0,
+        zero_tensors=zero,
+    )

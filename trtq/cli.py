@@ -1,0 +1,610 @@
+"""trtq command line: parse flags, load the config, call the library, map errors to exit codes.
+
+The only module that imports click. numpy / onnx / onnxruntime / tensorrt are imported inside the
+commands, so ``trtq --help`` stays fast and works without them.
+
+Exit codes: 0 ok, 1 operation failed, 2 usage/config error, 3 invalid input (data, model, cache),
+4 environment missing (TensorRT, GPU), 130 interrupted.
+"""
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import click
+
+from trtq import __version__
+from trtq.errors import TrtqError, UsageError
+
+log = logging.getLogger("trtq")
+
+EXIT_INTERRUPTED = 130
+
+
+# ------------------------------------------------------------------------------------------------
+# shared plumbing
+# ------------------------------------------------------------------------------------------------
+
+
+class _State:
+    def __init__(self) -> None:
+        self.verbose = 0
+        self.quiet = False
+        self.json = False
+
+
+def _state() -> _State:
+    ctx = click.get_current_context()
+    root = ctx.find_root()
+    if root.obj is None:
+        root.obj = _State()
+    return root.obj
+
+
+def _setup_logging(verbose: int, quiet: bool) -> None:
+    level = logging.ERROR if quiet else (logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING)
+    logger = logging.getLogger("trtq")
+    logger.handlers[:] = []
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("trtq: %(levelname)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False
+
+
+def _common(f):
+    """--config / --json / -v / -q on every subcommand (they may also come before the subcommand)."""
+    f = click.option("-q", "--quiet", is_flag=True, default=None, help="Only print errors on stderr.")(f)
+    f = click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv: debug, tracebacks).")(f)
+    f = click.option("--json", "as_json", is_flag=True, default=None, help="Print the result as JSON on stdout.")(f)
+    f = click.option(
+        "-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+        help="YAML config file (relative paths inside it are relative to the file).",
+    )(f)
+    return f
+
+
+def _apply_common(as_json, verbose, quiet) -> _State:
+    st = _state()
+    if as_json:
+        st.json = True
+    if verbose:
+        st.verbose = max(st.verbose, verbose)
+    if quiet:
+        st.quiet = True
+    _setup_logging(st.verbose, st.quiet)
+    return st
+
+
+def _emit(st: _State, data: Any, text: str) -> None:
+    if st.json:
+        click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+    else:
+        click.echo(text)
+
+
+def _load_config(config_path: Optional[Path], overrides: Dict[str, Any]):
+    from trtq.config import load_config
+
+    return load_config(config_path, overrides)
+
+
+def _split_csv(values: Sequence[str]) -> List[str]:
+    out: List[str] = []
+    for v in values:
+        out.extend(p.strip() for p in v.split(",") if p.strip())
+    return out
+
+
+def _source_for_path(path: str):
+    """InputSource for a --data path: folder -> images, .npy/glob -> npy, .txt/image -> files."""
+    from trtq.config import InputSource
+
+    p = Path(path)
+    if any(ch in path for ch in "*?[") or p.suffix.lower() == ".npy":
+        return InputSource(npy=(path,))
+    if p.is_dir():
+        return InputSource(images=path)
+    if p.suffix.lower() == ".txt" or p.is_file():
+        return InputSource(files=(path,))
+    from trtq.errors import DataError
+
+    raise DataError(f"data path not found: {path}", "pass an image folder, a .txt file list, or .npy files")
+
+
+def _apply_data_flags(cfg, data: Sequence[str], preprocess: Optional[str]):
+    """Merge --data [NAME=]PATH and --preprocess PRESET into cfg.data.inputs (needs the model)."""
+    import dataclasses
+
+    if not data and not preprocess:
+        return cfg
+    if not cfg.model:
+        raise UsageError("--data/--preprocess need a model", "pass --model MODEL.onnx")
+    from trtq.model import input_specs, load_model
+    from trtq.presets import preset
+
+    specs = input_specs(load_model(cfg.model))
+    by_name = {s.name: s for s in specs}
+    inputs = dict(cfg.data.inputs)
+    for item in data:
+        name, sep, path = item.partition("=")
+        if not sep or name not in by_name:
+            if len(specs) != 1 and not (sep and name in by_name):
+                raise UsageError(
+                    f"the model has {len(specs)} inputs: give --data NAME=PATH",
+                    "inputs: " + ", ".join(by_name),
+                )
+            name, path = (specs[0].name, item) if not (sep and name in by_name) else (name, path)
+        old = inputs.get(name)
+        src = _source_for_path(path)
+        if old is not None:
+            src = dataclasses.replace(src, preprocess=old.preprocess)
+        elif src.npy == () and preprocess is None:
+            raise UsageError(
+                f"images for input '{name}' need preprocessing",
+                "pass --preprocess imagenet|inception|yolo|paddle|unit|raw, or a config with "
+                f"data.inputs.{name}.preprocess",
+            )
+        inputs[name] = src
+    if preprocess:
+        for name, src in list(inputs.items()):
+            if name in by_name:
+                inputs[name] = dataclasses.replace(src, preprocess=preset(preprocess, by_name[name].shape))
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, inputs=inputs))
+
+
+def _data_options(f):
+    f = click.option("--preprocess", type=click.Choice(["imagenet", "inception", "yolo", "paddle", "unit", "raw"]),
+                     help="Preprocessing preset for image folders (instead of a config).")(f)
+    f = click.option("--data", "data", multiple=True, metavar="[INPUT=]PATH",
+                     help="Image folder, .txt file list, .npy file or glob; repeat per input as NAME=PATH.")(f)
+    f = click.option("--batch-size", type=int, help="Samples per batch (default: model's batch dim, else 8).")(f)
+    f = click.option("--limit", type=int, help="Use at most N samples.")(f)
+    f = click.option("--workers", type=int, help="Decode threads (default: min(4, CPUs)).")(f)
+    f = click.option("--skip-bad", is_flag=True, default=None, help="Skip undecodable images and report them.")(f)
+    f = click.option("--shuffle/--no-shuffle", default=None, help="Shuffle samples (seeded, deterministic).")(f)
+    f = click.option("--seed", type=int, help="Shuffle seed.")(f)
+    return f
+
+
+def _data_overrides(batch_size, limit, workers, skip_bad, shuffle, seed) -> Dict[str, Any]:
+    return {
+        "data.batch_size": batch_size, "data.limit": limit, "data.workers": workers,
+        "data.skip_bad": skip_bad, "data.shuffle": shuffle, "data.seed": seed,
+    }
+
+
+class _ProgressLine:
+    """One self-rewriting progress line on stderr (only when stderr is a TTY or --progress)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+        self.width = 0
+
+    def __call__(self, p) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        final = p.batches_done == p.batches
+        if not final and now - self.last < (0.2 if self.tty else 2.0):
+            return
+        self.last = now
+        rate = p.samples_done / p.elapsed if p.elapsed > 0 else 0.0
+        eta = ""
+        if 0 < p.batches_done < p.batches:
+            secs = p.elapsed / p.batches_done * (p.batches - p.batches_done)
+            eta = f"  ETA {int(secs // 60)}:{int(secs % 60):02d}"
+        line = (f"pass {p.stage_index}/{p.stages} ({p.stage}): {p.batches_done}/{p.batches} batches, "
+                f"{p.samples_done} samples, {rate:.1f} samples/s{eta}")
+        if self.tty:
+            sys.stderr.write("\r" + line.ljust(self.width))
+            self.width = len(line)
+            if final:
+                sys.stderr.write("\n")
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+# ------------------------------------------------------------------------------------------------
+# the group
+# ------------------------------------------------------------------------------------------------
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="trtq")
+@click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv: debug, tracebacks).")
+@click.option("-q", "--quiet", is_flag=True, help="Only print errors on stderr.")
+@click.pass_context
+def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
+    """trtq: ONNX model + representative data -> calibrated, fast INT8 TensorRT engine.
+
+    \b
+    Typical flow:
+      trtq calibrate --model m.onnx --data images/ --preprocess imagenet -o calibration.cache
+      trtq quantize  --model m.onnx --cache calibration.cache -o m.qdq.onnx
+      trtq compare   --reference m.onnx --candidate m.qdq.onnx --data images/ --preprocess imagenet
+      trtq build     --model m.onnx --cache calibration.cache -o m.plan
+      trtq bench     m.plan
+    """
+    st = _State()
+    st.verbose, st.quiet = verbose, quiet
+    ctx.obj = st
+    _setup_logging(verbose, quiet)
+
+
+# ------------------------------------------------------------------------------------------------
+# calibrate
+# ------------------------------------------------------------------------------------------------
+
+
+@cli.command()
+@_common
+@click.option("-m", "--model", type=click.Path(dir_okay=False), help="FP32 ONNX model.")
+@_data_options
+@click.option("--method", type=click.Choice(["max", "entropy", "percentile", "mse"]), help="Range method (default entropy).")
+@click.option("--percentile", type=float, help="Percentile for --method percentile (default 99.99).")
+@click.option("--num-bins", type=int, help="Histogram bins (default 2048).")
+@click.option("--tensors", multiple=True, metavar="NAMES", help="Only these tensors (comma-separated or repeated).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Cache path (default calibration.cache).")
+@click.option("--trt-version", help="TensorRT version the cache header is written for (default: installed, else 10.16.0).")
+@click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), help="Who computes the ranges (default onnxruntime).")
+@click.option("--providers", multiple=True, help="ONNX Runtime providers, e.g. CPUExecutionProvider.")
+@click.option("--save-stats", type=click.Path(dir_okay=False), help="Also save max + histograms (.npz) for --from-stats.")
+@click.option("--from-stats", type=click.Path(dir_okay=False), help="Compute the cache from saved statistics (no model run).")
+@click.option("--dry-run", is_flag=True, help="Show the input spec and a summary of the batches; write nothing.")
+@click.option("--progress/--no-progress", default=None, help="Progress on stderr (default: when stderr is a terminal).")
+def calibrate(config_path, as_json, verbose, quiet, model, data, preprocess, batch_size, limit, workers, skip_bad,
+              shuffle, seed, method, percentile, num_bins, tensors, output, trt_version, backend, providers,
+              save_stats, from_stats, dry_run, progress):
+    """Run the FP32 model over the data and write a TensorRT calibration.cache (+ .json provenance)."""
+    st = _apply_common(as_json, verbose, quiet)
+    overrides = {
+        "model": model, "calibrate.method": method, "calibrate.percentile": percentile,
+        "calibrate.num_bins": num_bins, "calibrate.output": output, "calibrate.trt_version": trt_version,
+        "calibrate.backend": backend, "calibrate.save_stats": save_stats,
+        "calibrate.tensors": _split_csv(tensors) or None, "calibrate.providers": list(providers) or None,
+        **_data_overrides(batch_size, limit, workers, skip_bad, shuffle, seed),
+    }
+    cfg = _load_config(config_path, overrides)
+    if from_stats:
+        from trtq.calib.calibrate import calibrate_from_stats
+
+        result = calibrate_from_stats(cfg, Path(from_stats))
+        _emit(st, result.to_dict(), _calibration_text(result))
+        return
+    cfg = _apply_data_flags(cfg, data, preprocess)
+    if not cfg.model:
+        raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
+    if not cfg.data.inputs:
+        raise UsageError("no calibration data given", "pass --data DIR --preprocess PRESET, or a config with data.inputs")
+    if dry_run:
+        _dry_run(st, cfg)
+        return
+    show = progress if progress is not None else sys.stderr.isatty()
+    if cfg.calibrate.backend == "tensorrt":
+        result = _calibrate_tensorrt(cfg)
+    else:
+        from trtq.calib.calibrate import run_calibration
+
+        result = run_calibration(cfg, progress=_ProgressLine(bool(show) and not st.quiet))
+    _emit(st, result.to_dict(), _calibration_text(result))
+
+
+def _calibration_text(r) -> str:
+    from trtq.calib.cache import version_code
+
+    lines = []
+    if r.batches:
+        lines.append(f"calibrated {r.samples} samples ({r.batches} batches) with {r.method} in {r.seconds:.1f} s "
+                     f"({r.samples / r.seconds if r.seconds else 0:.1f} samples/s)")
+    else:
+        lines.append(f"computed {r.method} ranges from saved statistics ({r.samples} samples)")
+    lines.append(f"tensors     {len(r.amax)}" + (f" ({len(r.zero_tensors)} always zero: scale floored)" if r.zero_tensors else ""))
+    if r.skipped:
+        lines.append(f"skipped     {len(r.skipped)} bad samples: " + ", ".join(p for p, _ in r.skipped[:3])
+                     + (" ..." if len(r.skipped) > 3 else ""))
+    if r.cache_path:
+        lines.append(f"cache       {r.cache_path}  (TRT-{version_code(r.trt_version)}-{r.algorithm})")
+        lines.append(f"provenance  {r.cache_path}.json")
+    if r.stats_path:
+        lines.append(f"statistics  {r.stats_path}")
+    return "\n".join(lines)
+
+
+def _dry_run(st: _State, cfg) -> None:
+    from trtq.data.batcher import Batcher
+    from trtq.data.summary import summarize
+    from trtq.model import input_specs, load_model
+
+    specs = input_specs(load_model(cfg.model))
+    batcher = Batcher(cfg.data, specs)
+    summary = summarize(batcher)
+    data = {
+        "model": str(cfg.model),
+        "inputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype} for s in specs],
+        "batches": batcher.describe(),
+        "summary": summary.to_dict(),
+    }
+    lines = [f"model   {cfg.model}"]
+    for s in specs:
+        lines.append(f"input   {s.describe()}  -> batches of {list(batcher.shapes[s.name])}")
+    lines.append(summary.render_text() if hasattr(summary, "render_text") else json.dumps(summary.to_dict(), indent=2))
+    _emit(st, data, "\n".join(lines))
+
+
+def _calibrate_tensorrt(cfg):
+    from trtq.calib.calibrate import CalibrationResult, resolve_trt_version
+    from trtq.calib.cache import ALGORITHM_FOR_METHOD
+    from trtq.data.batcher import Batcher
+    from trtq.model import input_specs, load_model
+    from trtq.trt.calibrator import calibrate_with_tensorrt
+
+    if cfg.calibrate.method not in ("max", "entropy"):
+        raise UsageError(
+            f"--backend tensorrt supports --method max or entropy, not {cfg.calibrate.method}",
+            "TensorRT has MinMax and EntropyCalibration2 calibrators only",
+        )
+    t0 = time.perf_counter()
+    specs = input_specs(load_model(cfg.model))
+    batcher = Batcher(cfg.data, specs)
+    algorithm = ALGORITHM_FOR_METHOD[cfg.calibrate.method]
+    out = Path(cfg.calibrate.output)
+    table = calibrate_with_tensorrt(Path(cfg.model), batcher, algorithm, out)
+    return CalibrationResult(
+        cache_path=out, method=cfg.calibrate.method, algorithm=table.algorithm,
+        trt_version=table.trt_version or resolve_trt_version(None), amax=dict(table.amax),
+        samples=batcher.num_samples, batches=batcher.num_batches, seconds=time.perf_counter() - t0,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# inspect-cache
+# ------------------------------------------------------------------------------------------------
+
+
+@cli.command("inspect-cache")
+@click.argument("cache", type=click.Path(dir_okay=False))
+@_common
+@click.option("-m", "--model", type=click.Path(dir_okay=False), help="Check the cache against this ONNX model.")
+@click.option("--diff", "other", type=click.Path(dir_okay=False), help="Compare with another cache.")
+@click.option("--sort", "sort_key", type=click.Choice(["name", "amax", "scale", "rel-diff", "file"]), default="file",
+              show_default=True, help="Row order.")
+@click.option("--top", type=int, help="Show only the first N rows.")
+def inspect_cache(cache, config_path, as_json, verbose, quiet, model, other, sort_key, top):
+    """Decode a calibration cache (TensorRT or ONNX Runtime format): header, scales, amax, gaps, diffs."""
+    st = _apply_common(as_json, verbose, quiet)
+    from trtq import inspect_cache as ic
+    from trtq.calib.cache import read_cache
+
+    table = read_cache(Path(cache))
+    result: Dict[str, Any] = {"summary": ic.summarize(table, Path(cache), sort=sort_key, top=top)}
+    if model:
+        from trtq.model import load_model
+
+        result["model_check"] = ic.check_against_model(table, load_model(model))
+    if other:
+        result["diff"] = ic.diff(table, read_cache(Path(other)), sort=sort_key, top=top)
+    _emit(st, ic.to_jsonable(result), ic.render_text(result))
+
+
+# ------------------------------------------------------------------------------------------------
+# quantize
+# ------------------------------------------------------------------------------------------------
+
+
+@cli.command()
+@_common
+@click.option("-m", "--model", type=click.Path(dir_okay=False), help="FP32 ONNX model.")
+@click.option("--cache", type=click.Path(dir_okay=False), required=True, help="calibration.cache (trtq, TensorRT or ONNX Runtime).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Q/DQ model path (default MODEL.qdq.onnx).")
+@click.option("--exclude", multiple=True, metavar="PATTERN", help="Keep nodes float: op type or node-name regex (repeat).")
+@click.option("--fp16", is_flag=True, default=None, help="Cast the non-quantized rest to float16.")
+@click.option("--per-channel/--per-tensor", default=None, help="Weight scales per output channel (default) or per tensor.")
+@click.option("--allow-stale", is_flag=True, default=None, help="Use a cache whose provenance names another model.")
+def quantize(config_path, as_json, verbose, quiet, model, cache, output, exclude, fp16, per_channel, allow_stale):
+    """Write an explicit Q/DQ ONNX model (TensorRT 8.6/10/11 ready) from a calibration cache."""
+    st = _apply_common(as_json, verbose, quiet)
+    cfg = _load_config(config_path, {
+        "model": model, "quantize.output": output, "quantize.exclude": list(exclude) or None,
+        "quantize.fp16": fp16, "quantize.per_channel": per_channel, "quantize.allow_stale": allow_stale,
+    })
+    if not cfg.model:
+        raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
+    from trtq.quantize_file import quantize_file
+
+    out = Path(cfg.quantize.output) if cfg.quantize.output else Path(cfg.model).with_suffix(".qdq.onnx")
+    result = quantize_file(Path(cfg.model), Path(cache), out, cfg.quantize)
+    data = result.to_dict()
+    data["output"] = str(out)
+    lines = [f"quantized   {len(result.quantized)} nodes -> {out}"]
+    if result.left_float:
+        lines.append(f"left float  {len(result.left_float)} nodes:")
+        lines += [f"  {name}: {reason}" for name, reason in result.left_float[:20]]
+        if len(result.left_float) > 20:
+            lines.append(f"  ... {len(result.left_float) - 20} more (see --json)")
+    if result.missing_amax:
+        lines.append(f"missing     {len(result.missing_amax)} tensors not in the cache (their consumers stay float): "
+                     + ", ".join(result.missing_amax[:5]) + (" ..." if len(result.missing_amax) > 5 else ""))
+    _emit(st, data, "\n".join(lines))
+
+
+# ------------------------------------------------------------------------------------------------
+# compare
+# ------------------------------------------------------------------------------------------------
+
+
+@cli.command()
+@_common
+@click.option("--reference", type=click.Path(dir_okay=False), help="Reference model (.onnx, FP32). Default: model: from the config.")
+@click.option("--candidate", type=click.Path(dir_okay=False), required=True, help="Candidate (.onnx Q/DQ or .plan engine).")
+@_data_options
+@click.option("--min-agreement", type=float, help="Fail (exit 1) when top-1 agreement is below this.")
+@click.option("--min-cosine", type=float, help="Fail (exit 1) when mean cosine similarity is below this.")
+@click.option("--per-layer", is_flag=True, default=None, help="Rank quantized layers by the error each adds (needs --cache).")
+@click.option("--per-layer-mode", type=click.Choice(["only", "leave-one-out"]), default="only", show_default=True)
+@click.option("--cache", type=click.Path(dir_okay=False), help="Calibration cache for --per-layer.")
+@click.option("--top", type=int, default=10, show_default=True, help="Rows of the per-layer table.")
+def compare(config_path, as_json, verbose, quiet, reference, candidate, data, preprocess, batch_size, limit, workers,
+            skip_bad, shuffle, seed, min_agreement, min_cosine, per_layer, per_layer_mode, cache, top):
+    """Run reference and candidate on the same batches and report how close the candidate is."""
+    st = _apply_common(as_json, verbose, quiet)
+    cfg = _load_config(config_path, {
+        "model": reference, "compare.min_agreement": min_agreement, "compare.min_cosine": min_cosine,
+        "compare.per_layer": per_layer, "compare.limit": limit,
+        **_data_overrides(batch_size, limit, workers, skip_bad, shuffle, seed),
+    })
+    cfg = _apply_data_flags(cfg, data, preprocess)
+    if not cfg.model:
+        raise UsageError("no reference model given", "pass --reference MODEL.onnx or set model: in the config")
+    if not cfg.data.inputs:
+        raise UsageError("no data given", "pass --data DIR --preprocess PRESET, or a config with data.inputs")
+    from trtq.compare_run import run_compare
+
+    report, layers = run_compare(cfg, Path(candidate), Path(cache) if cache else None,
+                                 per_layer_mode if cfg.compare.per_layer else None, top)
+    data_out = report.to_dict()
+    text = report.render_text()
+    if layers is not None:
+        data_out["per_layer"] = [row.to_dict() for row in layers]
+        text += "\n\n" + _per_layer_text(layers, per_layer_mode)
+    _emit(st, data_out, text)
+    failed = report.gate(cfg.compare)
+    if failed:
+        from trtq.errors import TrtqError
+
+        raise TrtqError("accuracy gate failed: " + "; ".join(failed))
+
+
+def _per_layer_text(rows, mode: str) -> str:
+    title = ("per-layer sensitivity (each layer quantized alone vs FP32, worst first)" if mode == "only"
+             else "per-layer sensitivity (all layers but one quantized; gain from keeping it float, largest first)")
+    lines = [title]
+    for row in rows:
+        d = row.to_dict()
+        metrics = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                            for k, v in d.items() if k not in ("node", "op_type"))
+        lines.append(f"  {d.get('node')} ({d.get('op_type')})  {metrics}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# build / bench (TensorRT)
+# ------------------------------------------------------------------------------------------------
+
+
+@cli.command()
+@_common
+@click.option("-m", "--model", type=click.Path(dir_okay=False), help="FP32 ONNX model.")
+@click.option("--cache", type=click.Path(dir_okay=False), help="calibration.cache (needed for INT8).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Engine path (default MODEL.plan).")
+@click.option("--mode", type=click.Choice(["explicit", "implicit"]), help="explicit Q/DQ (default; TRT 11) or implicit calibrator (TRT <= 10).")
+@click.option("--precision", type=click.Choice(["int8", "fp16", "fp32"]), help="Engine precision (default int8).")
+@click.option("--fp16", is_flag=True, default=None, help="Let layers left in float run in FP16.")
+@click.option("--workspace-mb", type=int, help="Builder workspace limit in MiB.")
+@click.option("--opt-level", "optimization_level", type=click.IntRange(0, 5), help="Builder optimization level 0-5.")
+@click.option("--timing-cache", type=click.Path(dir_okay=False), help="Load/save the builder timing cache here.")
+@click.option("--tactic-sources", help="Comma-separated tactic sources, e.g. EDGE_MASK_CONVOLUTIONS,JIT_CONVOLUTIONS.")
+@click.option("--exclude", multiple=True, metavar="PATTERN", help="Keep nodes float (explicit mode): op type or name regex.")
+@click.option("--allow-stale", is_flag=True, default=None, help="Use a cache whose provenance names another model.")
+def build(config_path, as_json, verbose, quiet, model, cache, output, mode, precision, fp16, workspace_mb,
+          optimization_level, timing_cache, tactic_sources, exclude, allow_stale):
+    """Build a TensorRT engine (.plan + .plan.json) from the ONNX model and the cache."""
+    st = _apply_common(as_json, verbose, quiet)
+    cfg = _load_config(config_path, {
+        "model": model, "build.output": output, "build.mode": mode, "build.precision": precision,
+        "build.fp16": fp16, "build.workspace_mb": workspace_mb, "build.optimization_level": optimization_level,
+        "build.timing_cache": timing_cache,
+        "build.tactic_sources": _split_csv([tactic_sources]) if tactic_sources else None,
+        "build.allow_stale": allow_stale, "quantize.exclude": list(exclude) or None,
+        "quantize.allow_stale": allow_stale,
+    })
+    if not cfg.model:
+        raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
+    if cfg.build.precision == "int8" and not cache:
+        raise UsageError("an INT8 build needs a calibration cache", "pass --cache calibration.cache (from trtq calibrate)")
+    from trtq.trt.build import build_engine
+
+    out = Path(cfg.build.output) if cfg.build.output else Path(cfg.model).with_suffix(".plan")
+    result = build_engine(
+        Path(cfg.model), out, cfg.build, cache_path=Path(cache) if cache else None,
+        quantize_options=cfg.quantize, data_options=cfg.data,
+    )
+    md = result.metadata
+    text = (f"built {out} in {result.seconds:.1f} s\n"
+            f"precision  {md.get('precision')} ({md.get('mode', '')})\n"
+            f"tensorrt   {md.get('tensorrt_version')} on {md.get('gpu_name')} (sm {md.get('compute_capability')})\n"
+            f"metadata   {out}.json")
+    _emit(st, {"plan": str(out), "seconds": round(result.seconds, 3), "metadata": md}, text)
+
+
+@cli.command()
+@click.argument("plans", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@_common
+@click.option("--iterations", type=int, help="Timed iterations (default: run for --duration).")
+@click.option("--duration", type=float, help="Seconds to time (default 3).")
+@click.option("--warmup", type=float, help="Warm-up seconds (default 0.5).")
+@click.option("--include-copies", is_flag=True, default=None, help="Time host->device and device->host copies too.")
+@click.option("--cuda-graph", is_flag=True, default=None, help="Launch through a captured CUDA graph.")
+def bench(plans, config_path, as_json, verbose, quiet, iterations, duration, warmup, include_copies, cuda_graph):
+    """Time TensorRT engines with CUDA events (several plans: ratios to the first)."""
+    st = _apply_common(as_json, verbose, quiet)
+    cfg = _load_config(config_path, {
+        "bench.iterations": iterations, "bench.duration": duration, "bench.warmup": warmup,
+        "bench.include_copies": include_copies, "bench.cuda_graph": cuda_graph,
+    })
+    from trtq.trt.bench import bench_plans, render_table
+
+    results = bench_plans([Path(p) for p in plans], cfg.bench)
+    _emit(st, [r.to_dict() for r in results], render_table(results))
+
+
+# ------------------------------------------------------------------------------------------------
+# entry point
+# ------------------------------------------------------------------------------------------------
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Console entry point: run the CLI, turn every failure into one line and an exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    verbose = sum(a.count("v") for a in args if a.startswith("-") and not a.startswith("--") and set(a[1:]) <= {"v", "q"})
+    verbose += args.count("--verbose")
+    try:
+        rv = cli.main(args=args, prog_name="trtq", standalone_mode=False)
+    except TrtqError as e:
+        _fail(e, str(e), e.exit_code, verbose)
+    except click.exceptions.Abort:
+        click.echo("trtq: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except click.exceptions.ClickException as e:
+        e.show()
+        sys.exit(2 if isinstance(e, click.exceptions.UsageError) else e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("trtq: interrupted; nothing was written", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except MemoryError:
+        _fail(None, "out of memory; lower --batch-size or --workers", 1, verbose)
+    except BrokenPipeError:
+        sys.exit(1)
+    except Exception as e:  # a bug: still one line, the traceback only with -vv
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        _fail(e, f"internal error: {type(e).__name__}: {msg} (run with -vv for the traceback; please report it)", 1, verbose)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _fail(exc: Optional[BaseException], message: str, code: int, verbose: int) -> None:
+    if exc is not None and verbose > 1:
+        import traceback
+
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    click.echo(f"trtq: error: {message}", err=True)
+    sys.exit(code)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,44 @@
+"""File-level quantize step: model file + cache file -> Q/DQ model file (used by quantize and build)."""
+import logging
+from pathlib import Path
+from typing import Tuple
+
+from trtq.config import QuantizeOptions
+from trtq.errors import ModelError
+from trtq.fileio import atomic_path
+
+log = logging.getLogger(__name__)
+
+
+def quantized_model(model_path: Path, cache_path: Path, options: QuantizeOptions):
+    """Read model and cache, refuse a stale cache, and return the QuantizeResult (not saved)."""
+    from trtq.calib.cache import read_cache
+    from trtq.calib.freshness import check_cache_for_model
+    from trtq.model import load_model
+    from trtq.quantize import quantize_model
+
+    model = load_model(model_path)
+    table = read_cache(Path(cache_path))
+    check_cache_for_model(Path(cache_path), Path(model_path), options.allow_stale, table.amax)
+    return quantize_model(model, table.amax, options)
+
+
+def save_model(model, output: Path) -> None:
+    """Check and write an ONNX model atomically (external data is not used: Q/DQ adds little)."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(model)
+    except Exception as e:  # a bug in the rewrite, not a user error: say so plainly
+        raise ModelError(f"the quantized model fails the ONNX checker: {str(e).splitlines()[0]}",
+                         "report this with the model; try --exclude on the op involved") from None
+    with atomic_path(output) as tmp:
+        onnx.save(model, str(tmp))
+
+
+def quantize_file(model_path: Path, cache_path: Path, output: Path, options: QuantizeOptions):
+    result = quantized_model(model_path, cache_path, options)
+    save_model(result.model, output)
+    for name in result.missing_amax[:10]:
+        log.warning("no amax for tensor %s in %s: its consumers stay float", name, cache_path)
+    return result
