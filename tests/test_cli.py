@@ -1,0 +1,86 @@
+"""The CLI contract: one-line errors, exit codes, nothing written on failure."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, requires_no_tensorrt
+
+
+def test_help_does_not_import_heavy_modules():
+    code = (
+        "import sys\n"
+        "from trtq.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "heavy = [m for m in ('numpy', 'onnx', 'onnxruntime', 'tensorrt', 'PIL') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "calibrate" in r.stdout and "inspect-cache" in r.stdout
+
+
+def test_module_entry_point_and_version():
+    r = subprocess.run([sys.executable, "-m", "trtq", "--version"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("trtq, version ")
+
+
+@pytest.mark.parametrize("cmd", ["calibrate", "quantize", "compare", "build", "bench", "inspect-cache"])
+def test_every_subcommand_has_help(trtq, cmd):
+    r = trtq([cmd, "--help"])
+    assert r.code == 0 and "Usage: trtq " + cmd in r.out
+
+
+def test_usage_errors_exit_2(trtq, tmp_path):
+    r = trtq(["no-such-command"])
+    assert r.code == 2 and "No such command" in r.err
+    r = trtq(["calibrate", "--method", "median"])
+    assert r.code == 2 and "median" in r.err
+    bad = tmp_path / "c.yaml"
+    bad.write_text("calibrate: {metod: max}\n")
+    r = trtq(["calibrate", "--config", bad])
+    assert r.code == 2
+    assert r.err.strip() == ("trtq: error: unknown config key 'calibrate.metod'; valid keys here: method, percentile, "
+                             "num_bins, tensors, output, trt_version, backend, providers, save_stats")
+    r = trtq(["calibrate", "--config", tmp_path / "missing.yaml"])
+    assert r.code == 2 and "config file not found" in r.err
+    r = trtq(["calibrate"])
+    assert r.code == 2 and "no model given" in r.err
+
+
+def test_environment_variables_are_checked(trtq, monkeypatch):
+    monkeypatch.setenv("TRTQ_CALIBRATE_METHOD", "nonsense")
+    r = trtq(["calibrate", "--model", "x.onnx"])
+    assert r.code == 2 and "calibrate.method" in r.err
+
+
+def test_bad_model_exits_3_with_one_line(trtq, tmp_path):
+    r = trtq(["calibrate", "--model", tmp_path / "nope.onnx", "--data", tmp_path])
+    assert r.code == 3 and r.err.count("\n") == 1 and "model not found" in r.err
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x00\x01garbage" * 100)
+    r = trtq(["calibrate", "--model", junk, "--data", tmp_path, "--preprocess", "imagenet"])
+    assert r.code == 3 and "not a readable ONNX model" in r.err and "Traceback" not in r.err
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    r = trtq(["quantize", "--model", empty, "--cache", tmp_path / "c.cache"])
+    assert r.code == 3 and "empty" in r.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.onnx", "junk.onnx"]
+
+
+def test_images_without_preprocessing_is_a_usage_error(trtq, sample_model, sample_images):
+    r = trtq(["calibrate", "--model", sample_model, "--data", sample_images])
+    assert r.code == 2 and "--preprocess" in r.err
+
+
+@requires_no_tensorrt
+def test_tensorrt_commands_exit_4_without_tensorrt(trtq, sample_model, tmp_path):
+    r = trtq(["build", "--model", sample_model, "--precision", "fp32", "-o", tmp_path / "m.plan"])
+    assert r.code == 4, r
+    assert "TensorRT" in r.err and "pip install" in r.err
+    plan = tmp_path / "m.plan"
+    plan.write_bytes(b"not really a plan")
+    r = trtq(["bench", plan])
+    assert r.code == 4, r
+    assert list(tmp_path.iterdir()) == [plan]
