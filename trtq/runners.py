@@ -1,0 +1,370 @@
+"""Run a model on numpy batches, whatever it is: an ONNX file, an in-memory ONNX model, or a
+TensorRT engine.
+
+Every runner has the same small surface (the :class:`Runner` protocol):
+
+* ``.name`` - a label for reports (the file name, or what the caller passed);
+* ``.inputs`` / ``.outputs`` - ``List[TensorSpec]`` in the model's order;
+* ``.run(feeds) -> Dict[name, np.ndarray]`` - one inference, outputs keyed by name;
+* ``.close()`` and use as a context manager.
+
+ONNX Runtime sessions are made with the same options everywhere (:func:`session_options`):
+deterministic compute, all graph optimizations, default intra-op threads, log severity 3
+(errors only). Providers default to CPU; CUDA (or another provider) is used when asked for and
+present in this onnxruntime build, otherwise it is dropped with a warning.
+
+TensorRT support lives in ``trtq.trt.runtime`` and is imported only when a ``.plan`` /
+``.engine`` file is opened, so this module works without TensorRT.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import onnxruntime as ort
+
+from trtq.errors import ConfigError, DataError, EnvironmentMissing, ModelError
+from trtq.model import TensorSpec
+
+try:  # Protocol is in typing from 3.8 on
+    from typing import Protocol
+except ImportError:  # pragma: no cover
+    from typing_extensions import Protocol  # type: ignore
+
+log = logging.getLogger(__name__)
+
+ONNX_SUFFIXES = (".onnx",)
+ENGINE_SUFFIXES = (".plan", ".engine")
+
+# ONNX Runtime type strings -> numpy dtype names (the names trtq.model.TensorSpec uses)
+_ORT_DTYPES = {
+    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+    "tensor(bfloat16)": "bfloat16", "tensor(int8)": "int8", "tensor(uint8)": "uint8",
+    "tensor(int16)": "int16", "tensor(uint16)": "uint16", "tensor(int32)": "int32",
+    "tensor(uint32)": "uint32", "tensor(int64)": "int64", "tensor(uint64)": "uint64",
+    "tensor(bool)": "bool",
+}
+_NUMPY_FLOATS = ("float16", "float32", "float64")
+
+_PROVIDER_ALIASES = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+}
+
+_ORT_PREFIX = re.compile(r"^\s*\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*[A-Z_]+\s*:\s*")
+
+# protobuf cannot serialize a message of 2 GiB or more
+_PROTOBUF_LIMIT = 2**31 - 1
+
+
+class Runner(Protocol):
+    """What compare (and anything else that runs models) relies on."""
+
+    name: str
+
+    @property
+    def inputs(self) -> List[TensorSpec]: ...
+
+    @property
+    def outputs(self) -> List[TensorSpec]: ...
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> "Runner": ...
+
+    def __exit__(self, *exc: Any) -> None: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# ONNX Runtime
+# ---------------------------------------------------------------------------------------------
+
+
+def session_options() -> "ort.SessionOptions":
+    """The session options every trtq ONNX Runtime session uses."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.use_deterministic_compute = True
+    so.log_severity_level = 3
+    # intra_op_num_threads stays 0: ONNX Runtime picks one thread per physical core
+    return so
+
+
+def resolve_providers(requested: Optional[Sequence[str]] = None) -> List[str]:
+    """Provider list for a session: the requested ones this build has, then CPU.
+
+    Accepts full names (``CUDAExecutionProvider``) or the short forms ``cpu``, ``cuda``,
+    ``tensorrt``. A name onnxruntime has never heard of is a ConfigError; a known provider
+    that this build or machine lacks is dropped with a warning.
+    """
+    if not requested:
+        return ["CPUExecutionProvider"]
+    known = set(ort.get_all_providers())
+    available = set(ort.get_available_providers())
+    chosen: List[str] = []
+    for raw in requested:
+        name = _PROVIDER_ALIASES.get(str(raw).strip().lower(), str(raw).strip())
+        if name not in known:
+            raise ConfigError(
+                f"unknown ONNX Runtime provider '{raw}'",
+                "use cpu, cuda or a full name such as CUDAExecutionProvider",
+            )
+        if name not in available:
+            log.warning("ONNX Runtime provider %s is not available here; not using it", name)
+            continue
+        if name not in chosen:
+            chosen.append(name)
+    if "CPUExecutionProvider" not in chosen:
+        chosen.append("CPUExecutionProvider")
+    return chosen
+
+
+def _ort_message(err: BaseException) -> str:
+    """First line of an ONNX Runtime error, without the '[ONNXRuntimeError] : 2 : X :' prefix."""
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else type(err).__name__
+    return _ORT_PREFIX.sub("", first).strip() or type(err).__name__
+
+
+def _ort_message_flat(err: BaseException) -> str:
+    """The whole ONNX Runtime error on one line (run errors put the useful part on line 2)."""
+    text = " ".join(part.strip() for part in str(err).splitlines() if part.strip())
+    return _ORT_PREFIX.sub("", text).strip() or type(err).__name__
+
+
+def make_session(
+    model: Union["Any", bytes, str, Path],
+    providers: Optional[Sequence[str]] = None,
+    label: Optional[str] = None,
+) -> "ort.InferenceSession":
+    """An InferenceSession from an ``onnx.ModelProto``, serialized model bytes, or a path.
+
+    Load failures become a one-line ModelError naming ``label`` (default: the path, or
+    "in-memory model").
+    """
+    if isinstance(model, (str, Path)):
+        source: Union[str, bytes] = str(model)
+        label = label or str(model)
+    elif isinstance(model, (bytes, bytearray)):
+        source = bytes(model)
+        label = label or "in-memory model"
+    else:  # an onnx.ModelProto (duck-typed so that this module does not need onnx)
+        label = label or "in-memory model"
+        size = model.ByteSize()
+        if size > _PROTOBUF_LIMIT:
+            raise ModelError(
+                f"{label} is {size / 2**30:.1f} GiB, too large to run from memory",
+                "save it with external data (onnx.save(..., save_as_external_data=True)) "
+                "and pass the file",
+            )
+        source = model.SerializeToString()
+    try:
+        return ort.InferenceSession(
+            source, sess_options=session_options(), providers=resolve_providers(providers)
+        )
+    except ConfigError:
+        raise
+    except Exception as e:  # InvalidProtobuf, InvalidGraph, NotImplemented, Fail, ...
+        raise ModelError(
+            f"onnxruntime {ort.__version__} cannot load {label}: {_ort_message(e)}",
+            "check the model with python -m onnx.checker, re-export it with a supported opset, "
+            "or upgrade onnxruntime",
+        ) from None
+
+
+def _spec_from_node_arg(arg) -> TensorSpec:
+    dims = []
+    for d in arg.shape or ():
+        if isinstance(d, int) and d > 0:
+            dims.append(int(d))
+        elif isinstance(d, str) and d:
+            dims.append(d)
+        else:
+            dims.append(None)
+    return TensorSpec(arg.name, tuple(dims), _ORT_DTYPES.get(arg.type, arg.type))
+
+
+class OnnxRunner:
+    """Runs an ONNX model with ONNX Runtime.
+
+    Use :func:`open_runner` for files and :meth:`from_model` for an in-memory ``ModelProto``.
+    ``run`` casts a float feed to the float type the model declares (a float32 batch can feed a
+    float16 model); any other mismatch is reported by ONNX Runtime as a DataError.
+    """
+
+    def __init__(self, session: "ort.InferenceSession", name: str):
+        self._session: Optional[ort.InferenceSession] = session
+        self.name = name
+        self._inputs = [_spec_from_node_arg(a) for a in session.get_inputs()]
+        self._outputs = [_spec_from_node_arg(a) for a in session.get_outputs()]
+        self._output_names = [s.name for s in self._outputs]
+
+    @classmethod
+    def from_path(cls, path: Union[str, Path], providers: Optional[Sequence[str]] = None,
+                  name: Optional[str] = None) -> "OnnxRunner":
+        path = Path(path)
+        _check_file(path)
+        return cls(make_session(path, providers, label=str(path)), name or path.name)
+
+    @classmethod
+    def from_model(cls, model: Any, providers: Optional[Sequence[str]] = None,
+                   name: str = "in-memory model") -> "OnnxRunner":
+        return cls(make_session(model, providers, label=name), name)
+
+    @property
+    def inputs(self) -> List[TensorSpec]:
+        return list(self._inputs)
+
+    @property
+    def outputs(self) -> List[TensorSpec]:
+        return list(self._outputs)
+
+    @property
+    def providers(self) -> List[str]:
+        return list(self._live().get_providers())
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        session = self._live()
+        prepared: Dict[str, np.ndarray] = {}
+        for spec in self._inputs:
+            if spec.name not in feeds:
+                raise DataError(
+                    f"no data for input '{spec.name}' of {self.name}",
+                    "data has: " + (", ".join(sorted(feeds)) or "nothing"),
+                )
+            arr = np.asarray(feeds[spec.name])
+            if (spec.dtype in _NUMPY_FLOATS and arr.dtype.name in _NUMPY_FLOATS
+                    and arr.dtype.name != spec.dtype):
+                arr = arr.astype(spec.dtype)
+            prepared[spec.name] = np.ascontiguousarray(arr)
+        try:
+            values = session.run(self._output_names, prepared)
+        except Exception as e:
+            raise DataError(
+                f"{self.name} failed on this batch: {_ort_message_flat(e)}",
+                "check that data shapes and dtypes match the model inputs "
+                "(data.shapes, preprocess)",
+            ) from None
+        return dict(zip(self._output_names, values))
+
+    def close(self) -> None:
+        self._session = None
+
+    def _live(self) -> "ort.InferenceSession":
+        if self._session is None:
+            raise ValueError(f"runner for {self.name} is closed")
+        return self._session
+
+    def __enter__(self) -> "OnnxRunner":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"OnnxRunner({self.name!r})"
+
+
+# ---------------------------------------------------------------------------------------------
+# TensorRT (lazy)
+# ---------------------------------------------------------------------------------------------
+
+
+class EngineRunner:
+    """Adapter giving a ``trtq.trt.runtime.TrtRunner`` the full Runner surface (name, context
+    manager, specs as lists) without depending on its internals."""
+
+    def __init__(self, inner: Any, name: str):
+        self._inner = inner
+        self.name = name
+
+    @property
+    def inputs(self) -> List[TensorSpec]:
+        return [_as_spec(s) for s in self._inner.inputs]
+
+    @property
+    def outputs(self) -> List[TensorSpec]:
+        return [_as_spec(s) for s in self._inner.outputs]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        return dict(self._inner.run(dict(feeds)))
+
+    def close(self) -> None:
+        inner, self._inner = self._inner, None
+        if inner is not None:
+            inner.close()
+
+    def __enter__(self) -> "EngineRunner":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"EngineRunner({self.name!r})"
+
+
+def _as_spec(s: Any) -> TensorSpec:
+    if isinstance(s, TensorSpec):
+        return s
+    dtype = getattr(s, "dtype", "")
+    dtype = getattr(dtype, "name", None) or str(dtype)
+    dims = tuple(
+        (int(d) if int(d) > 0 else None) if isinstance(d, (int, np.integer)) else d
+        for d in getattr(s, "shape", ())
+    )
+    return TensorSpec(str(s.name), dims, dtype)
+
+
+def _open_engine(path: Path) -> EngineRunner:
+    try:
+        from trtq.trt.runtime import TrtRunner
+    except ModuleNotFoundError as e:
+        if e.name and e.name.split(".")[0] in ("tensorrt", "cuda"):
+            raise EnvironmentMissing(
+                f"running {path.name} needs TensorRT and cuda-python ({e.name} is not installed)",
+                "pip install 'trtq[gpu]' on a machine with an NVIDIA GPU",
+            ) from None
+        raise EnvironmentMissing(
+            f"this trtq installation cannot run TensorRT engines ({e.name} is missing)",
+            "install a trtq version with TensorRT support",
+        ) from None
+    return EngineRunner(TrtRunner(path), path.name)
+
+
+# ---------------------------------------------------------------------------------------------
+# entry point
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise ModelError(f"model not found: {path}", "check the path")
+    if path.is_dir():
+        raise ModelError(f"model path is a folder, not a file: {path}")
+    if path.stat().st_size == 0:
+        raise ModelError(f"model file is empty: {path}", "re-export or rebuild it")
+
+
+def open_runner(path: Union[str, Path], providers: Optional[Sequence[str]] = None) -> Runner:
+    """A runner for ``path``: ``.onnx`` -> ONNX Runtime, ``.plan`` / ``.engine`` -> TensorRT.
+
+    ``providers`` applies to ONNX models only (default CPU).
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix in ONNX_SUFFIXES:
+        return OnnxRunner.from_path(path, providers)
+    if suffix in ENGINE_SUFFIXES:
+        _check_file(path)
+        return _open_engine(path)
+    raise ModelError(
+        f"cannot tell what kind of model {path.name} is",
+        "pass an .onnx model or a TensorRT engine (.plan / .engine)",
+    )
