@@ -1,0 +1,182 @@
+"""Run a reference and a candidate model on the same batches and accumulate metrics.
+
+Batches are anything with ``index``, ``arrays`` (input name -> array, axis 0 = samples) and
+``valid`` (rows ``valid:`` are padding), i.e. ``trtq.data.batcher.Batch``. Each runner gets the
+arrays for its own inputs; outputs are compared on rows ``[:valid]`` only. An output whose
+axis 0 is not the batch axis (its length differs from the batch's) is compared whole, as one
+sample per batch.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from trtq.compare.metrics import OutputAccumulator
+from trtq.compare.report import CompareReport
+from trtq.errors import DataError, ModelError
+
+Progress = Callable[[int, int], None]  # (batches done, samples done)
+
+
+def _names(specs: Sequence[Any]) -> List[str]:
+    return [s.name for s in specs]
+
+
+def _mismatch(kind: str, reference: Any, candidate: Any, ref_names: List[str],
+              cand_names: List[str]) -> ModelError:
+    return ModelError(
+        f"the models' {kind} differ: reference {_label(reference)} has "
+        f"{', '.join(ref_names) or 'none'}; candidate {_label(candidate)} has "
+        f"{', '.join(cand_names) or 'none'}",
+        f"compare models with the same {kind} names",
+    )
+
+
+def _label(runner: Any) -> str:
+    return str(getattr(runner, "name", type(runner).__name__))
+
+
+def _static(dim: Any) -> Optional[int]:
+    return int(dim) if isinstance(dim, (int, np.integer)) and int(dim) > 0 else None
+
+
+def check_compatible(reference: Any, candidate: Any) -> List[str]:
+    """Output names to compare, in the reference's order.
+
+    ModelError when the input or output names differ, or when an output's rank or a static dim
+    differs between the two models.
+    """
+    ref_in, cand_in = _names(reference.inputs), _names(candidate.inputs)
+    if set(ref_in) != set(cand_in):
+        raise _mismatch("inputs", reference, candidate, ref_in, cand_in)
+    ref_out, cand_out = _names(reference.outputs), _names(candidate.outputs)
+    if set(ref_out) != set(cand_out):
+        raise _mismatch("outputs", reference, candidate, ref_out, cand_out)
+    cand_specs = {s.name: s for s in candidate.outputs}
+    for r in reference.outputs:
+        c = cand_specs[r.name]
+        if not r.shape or not c.shape:
+            continue  # unknown shape on one side: checked on the real arrays
+        dims_differ = any(
+            _static(a) is not None and _static(b) is not None and _static(a) != _static(b)
+            for a, b in zip(r.shape, c.shape)
+        )
+        if len(r.shape) != len(c.shape) or dims_differ:
+            raise ModelError(
+                f"output '{r.name}' has shape {_dims(r.shape)} in the reference but "
+                f"{_dims(c.shape)} in the candidate",
+                "compare models built for the same output shapes",
+            )
+    return ref_out
+
+
+def _dims(shape: Sequence[Any]) -> str:
+    return "[" + ", ".join("?" if _static(d) is None else str(int(d)) for d in shape) + "]"
+
+
+def batch_rows(batch: Any) -> Tuple[int, int]:
+    """(rows in the batch arrays, valid rows)."""
+    arrays = batch.arrays
+    if not arrays:
+        raise DataError(f"batch {getattr(batch, 'index', '?')} has no input arrays")
+    first = np.asarray(next(iter(arrays.values())))
+    rows = int(first.shape[0]) if first.ndim else 1
+    valid = getattr(batch, "valid", None)
+    valid = rows if valid is None else int(valid)
+    if not 0 <= valid <= rows:
+        raise DataError(
+            f"batch {getattr(batch, 'index', '?')} says {valid} valid rows but has {rows}"
+        )
+    return rows, valid
+
+
+def feeds_for(runner: Any, arrays: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """The arrays ``runner`` needs, by input name (DataError naming what is missing)."""
+    feeds = {}
+    for spec in runner.inputs:
+        if spec.name not in arrays:
+            raise DataError(
+                f"the data has no array for model input '{spec.name}'",
+                "data inputs: " + (", ".join(sorted(arrays)) or "none")
+                + "; set data.inputs to the model's input names",
+            )
+        feeds[spec.name] = arrays[spec.name]
+    return feeds
+
+
+def valid_outputs(outputs: Mapping[str, np.ndarray], names: Sequence[str], rows: int,
+                  valid: int, side: str, runner: Any) -> Dict[str, np.ndarray]:
+    """Rows ``[:valid]`` of each named output (whole output if axis 0 is not the batch)."""
+    out = {}
+    for name in names:
+        if name not in outputs:
+            raise ModelError(
+                f"{side} {_label(runner)} returned no output '{name}'",
+                "returned: " + ", ".join(sorted(outputs)),
+            )
+        arr = np.asarray(outputs[name])
+        if arr.ndim >= 1 and arr.shape[0] == rows:
+            out[name] = arr[:valid]
+        else:
+            out[name] = arr[None] if valid else arr[:0]
+    return out
+
+
+def compare_models(
+    reference: Any,
+    candidate: Any,
+    batches: Iterable[Any],
+    options: Any = None,
+    progress: Optional[Progress] = None,
+) -> CompareReport:
+    """Run both runners on every batch and return the metrics per output.
+
+    ``options`` is a ``trtq.config.CompareOptions`` (only ``limit`` is used here: stop after
+    that many valid samples; the gates are applied by :meth:`CompareReport.gate`). Memory is
+    bounded: one batch of outputs plus a few running sums per output.
+    """
+    names = check_compatible(reference, candidate)
+    limit = getattr(options, "limit", None)
+    if limit is not None and int(limit) <= 0:
+        raise DataError(f"compare limit must be a positive number of samples, got {limit}")
+    accumulators = {n: OutputAccumulator(n) for n in names}
+    samples = 0
+    done = 0
+    for batch, rows, valid in limited_batches(batches, limit):
+        arrays = batch.arrays
+        ref = valid_outputs(reference.run(feeds_for(reference, arrays)), names, rows, valid,
+                            "reference", reference)
+        cand = valid_outputs(candidate.run(feeds_for(candidate, arrays)), names, rows, valid,
+                             "candidate", candidate)
+        for name in names:
+            accumulators[name].update(ref[name], cand[name])
+        samples += valid
+        done += 1
+        if progress is not None:
+            progress(done, samples)
+    if samples == 0:
+        raise DataError("no samples to compare", "check data.inputs and data.limit")
+    return CompareReport(
+        reference=_label(reference),
+        candidate=_label(candidate),
+        samples=samples,
+        batches=done,
+        outputs=tuple(accumulators[n].result() for n in names),
+    )
+
+
+def limited_batches(batches: Iterable[Any], limit: Optional[int]) -> Iterator[Tuple[Any, int, int]]:
+    """(batch, rows, valid) for batches with valid rows, ``valid`` cut so that at most
+    ``limit`` samples are used in all; stops pulling batches once the limit is reached."""
+    used = 0
+    for batch in batches:
+        rows, valid = batch_rows(batch)
+        if limit is not None:
+            valid = min(valid, int(limit) - used)
+        if valid <= 0:
+            continue
+        used += valid
+        yield batch, rows, valid
+        if limit is not None and used >= limit:
+            return  # do not pull (decode) another batch

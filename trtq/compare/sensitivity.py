@@ -1,0 +1,235 @@
+"""Per-layer quantization sensitivity: which quantized layers cost the most accuracy.
+
+Two modes, both measured against the FP32 model with ONNX Runtime:
+
+* ``only`` - quantize one layer at a time (everything else FP32) and measure the error it
+  alone adds. Rows sorted by SQNR, lowest (worst) first.
+* ``leave-one-out`` - quantize every layer but one and measure how much keeping that layer in
+  float improves on the fully quantized model (``gain_db`` = SQNR with the layer float minus
+  SQNR of the fully quantized model). Rows sorted by gain, largest first.
+
+The layers are those ``quantize_model`` quantizes for these options and amax. Each row reports
+the worst output: the lowest SQNR, mean / min cosine and top-1 agreement, the largest max abs
+error. ``quantize_options.fp16`` is ignored here (it would add the same FP16 error to every row).
+
+Cost and memory: the FP32 model runs once per batch; its valid outputs and the input batches are
+kept in memory for the per-layer loop, at most ``limit`` samples (default
+:data:`DEFAULT_SAMPLES`), so memory is about ``limit x (input + output bytes per sample)``.
+Then each layer costs one quantize pass, one session built from the serialized model, and one
+run over the cached batches.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from trtq.compare.evaluate import feeds_for, limited_batches, valid_outputs
+from trtq.compare.metrics import OutputAccumulator, OutputMetrics
+from trtq.compare.report import fmt, json_float, table
+from trtq.errors import ConfigError, DataError, TrtqError
+from trtq.runners import OnnxRunner
+
+log = logging.getLogger(__name__)
+
+MODES = ("only", "leave-one-out")
+DEFAULT_SAMPLES = 256  # samples cached for the per-layer loop when no limit is given
+
+LayerProgress = Callable[[int, int, str], None]  # (layers done, layers in all, node name)
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    node: str
+    op_type: str
+    sqnr_db: float
+    cosine_mean: float
+    cosine_min: float
+    top1_agreement: Optional[float]
+    max_abs_error: float
+    gain_db: Optional[float] = None  # leave-one-out only
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = {
+            "node": self.node,
+            "op_type": self.op_type,
+            "sqnr_db": json_float(self.sqnr_db),
+            "cosine_mean": json_float(self.cosine_mean),
+            "cosine_min": json_float(self.cosine_min),
+            "top1_agreement": json_float(self.top1_agreement),
+            "max_abs_error": json_float(self.max_abs_error),
+        }
+        if self.gain_db is not None:
+            d["gain_db"] = json_float(self.gain_db)
+        return d
+
+
+def render_layer_table(rows: Sequence[LayerRow], mode: str = "only") -> str:
+    """Aligned text table of the rows (in the order given)."""
+    if mode == "only":
+        title = "per-layer sensitivity: each layer quantized alone vs FP32, worst first"
+    else:
+        title = ("per-layer sensitivity: all layers quantized but one; gain from keeping it "
+                 "in float, largest first")
+    if not rows:
+        return title + "\n(no layers)"
+    header = ["node", "op", "SQNR dB", "cos mean", "cos min", "top-1", "max abs err"]
+    if mode != "only":
+        header.append("gain dB")
+    body = []
+    for r in rows:
+        cells = [r.node, r.op_type, fmt(r.sqnr_db, ".2f"), fmt(r.cosine_mean, ".6f"),
+                 fmt(r.cosine_min, ".6f"), fmt(r.top1_agreement, ".4f"),
+                 fmt(r.max_abs_error, ".4g")]
+        if mode != "only":
+            cells.append(fmt(r.gain_db, "+.2f"))
+        body.append(cells)
+    return title + "\n" + table(header, body, left=2)
+
+
+class _CachedBatch:
+    __slots__ = ("feeds", "rows", "valid", "reference")
+
+    def __init__(self, feeds: Dict[str, np.ndarray], rows: int, valid: int,
+                 reference: Dict[str, np.ndarray]):
+        self.feeds = feeds
+        self.rows = rows
+        self.valid = valid
+        self.reference = reference
+
+
+def _worst(node: str, op_type: str, metrics: Sequence[OutputMetrics],
+           gain_db: Optional[float] = None) -> LayerRow:
+    top1 = [m.top1_agreement for m in metrics if m.top1_agreement is not None]
+    return LayerRow(
+        node=node,
+        op_type=op_type,
+        sqnr_db=_nanmin(m.sqnr_db for m in metrics),
+        cosine_mean=_nanmin(m.cosine_mean for m in metrics),
+        cosine_min=_nanmin(m.cosine_min for m in metrics),
+        top1_agreement=_nanmin(top1) if top1 else None,
+        max_abs_error=-_nanmin(-m.max_abs_error for m in metrics),
+        gain_db=gain_db,
+    )
+
+
+def _nanmin(values: Iterable[float]) -> float:
+    """Minimum where NaN wins (a NaN metric is the worst possible)."""
+    out = math.inf
+    for v in values:
+        if math.isnan(v):
+            return math.nan
+        out = min(out, v)
+    return out
+
+
+def _sort_key_only(row: LayerRow) -> Tuple[float, float]:
+    sqnr = -math.inf if math.isnan(row.sqnr_db) else row.sqnr_db
+    cos = -math.inf if math.isnan(row.cosine_mean) else row.cosine_mean
+    return (sqnr, cos)
+
+
+def _sort_key_gain(row: LayerRow) -> Tuple[float, float]:
+    gain = row.gain_db if row.gain_db is not None else 0.0
+    return (-(math.inf if math.isnan(gain) else gain), _sort_key_only(row)[0])
+
+
+def per_layer_sensitivity(
+    model: Any,
+    amax: Mapping[str, float],
+    quantize_options: Any,
+    batches: Iterable[Any],
+    mode: str = "only",
+    top: Optional[int] = None,
+    limit: Optional[int] = None,
+    providers: Optional[Sequence[str]] = None,
+    progress: Optional[LayerProgress] = None,
+) -> List[LayerRow]:
+    """Rank the layers ``quantize_model`` quantizes by the error each one causes.
+
+    ``model`` is the FP32 ``onnx.ModelProto``; ``amax`` the calibration table; ``batches`` as
+    for :func:`~trtq.compare.compare_models`. Returns rows sorted worst first, cut to ``top``.
+    """
+    if mode not in MODES:
+        raise ConfigError(f"unknown per-layer mode '{mode}'", "use one of: " + ", ".join(MODES))
+    if top is not None and int(top) <= 0:
+        raise ConfigError(f"--top must be a positive number of rows, got {top}")
+    if limit is not None and int(limit) <= 0:
+        raise DataError(f"per-layer limit must be a positive number of samples, got {limit}")
+    from trtq.config import QuantizeOptions
+    from trtq.quantize import quantize_model
+
+    options = quantize_options if quantize_options is not None else QuantizeOptions()
+    if getattr(options, "fp16", False):
+        options = dataclasses.replace(options, fp16=False)
+
+    full = quantize_model(model, amax, options)
+    layers = list(full.quantized)
+    if not layers:
+        raise TrtqError(
+            "no layer of the model was quantized, so there is nothing to rank",
+            "check that the cache covers this model (trtq inspect-cache --model) and --exclude",
+        )
+    op_types = {n.name: n.op_type for n in model.graph.node}
+
+    with OnnxRunner.from_model(model, providers, name="FP32 model") as fp32:
+        names = [s.name for s in fp32.outputs]
+        cached = _cache_reference(fp32, names, batches, limit or DEFAULT_SAMPLES)
+        if limit is None and len(cached) and sum(c.valid for c in cached) >= DEFAULT_SAMPLES:
+            log.info("per-layer analysis uses the first %d samples (set a limit to change)",
+                     DEFAULT_SAMPLES)
+
+    def measure(candidate_model: Any, label: str) -> List[OutputMetrics]:
+        accs = {n: OutputAccumulator(n) for n in names}
+        with OnnxRunner.from_model(candidate_model, providers, name=label) as runner:
+            for c in cached:
+                out = valid_outputs(runner.run(c.feeds), names, c.rows, c.valid, "candidate",
+                                    runner)
+                for n in names:
+                    accs[n].update(c.reference[n], out[n])
+        return [accs[n].result() for n in names]
+
+    rows: List[LayerRow] = []
+    if mode == "only":
+        for i, node in enumerate(layers):
+            result = quantize_model(model, amax, options, only_nodes={node})
+            rows.append(_worst(node, op_types.get(node, "?"), measure(result.model, node)))
+            if progress is not None:
+                progress(i + 1, len(layers), node)
+        rows.sort(key=_sort_key_only)
+    else:
+        baseline = _worst("", "", measure(full.model, "all layers quantized")).sqnr_db
+        everything = set(layers)
+        for i, node in enumerate(layers):
+            rest = everything - {node}
+            candidate = quantize_model(model, amax, options, only_nodes=rest).model if rest else model
+            row = _worst(node, op_types.get(node, "?"), measure(candidate, f"all but {node}"))
+            rows.append(dataclasses.replace(row, gain_db=_gain(row.sqnr_db, baseline)))
+            if progress is not None:
+                progress(i + 1, len(layers), node)
+        rows.sort(key=_sort_key_gain)
+    return rows[: int(top)] if top is not None else rows
+
+
+def _gain(sqnr: float, baseline: float) -> float:
+    if math.isinf(sqnr) and math.isinf(baseline) and sqnr == baseline:
+        return 0.0  # both inf: quantizing this layer made no difference either way
+    return sqnr - baseline
+
+
+def _cache_reference(fp32: OnnxRunner, names: List[str], batches: Iterable[Any],
+                     limit: int) -> List[_CachedBatch]:
+    cached: List[_CachedBatch] = []
+    for batch, rows, valid in limited_batches(batches, limit):
+        # copies: a batcher may reuse its buffers for the next batch
+        feeds = {k: np.array(v, copy=True) for k, v in feeds_for(fp32, batch.arrays).items()}
+        reference = valid_outputs(fp32.run(feeds), names, rows, valid, "reference", fp32)
+        cached.append(_CachedBatch(feeds, rows, valid,
+                                   {k: np.array(v, copy=True) for k, v in reference.items()}))
+    if not cached:
+        raise DataError("no samples for the per-layer analysis", "check data.inputs and data.limit")
+    return cached
