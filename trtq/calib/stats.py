@@ -1,0 +1,516 @@
+"""Streaming, bounded-memory, exactly mergeable activation statistics, and the range methods.
+
+Two accumulators, one per calibration pass:
+
+* :class:`AbsMaxAccumulator` keeps the running ``max|x|`` of every tensor.
+* :class:`HistogramAccumulator` histograms ``|x|`` over *fixed* edges
+  ``linspace(0, max|x|, num_bins + 1)`` taken from the first pass. Because the edges never move,
+  histograms of any split of the data (batches, shards, orders) add up to exactly the same counts.
+
+Only the arrays handed to ``update`` are touched; nothing of a batch is kept. Memory is
+``tensors x num_bins x 8`` bytes.
+
+Range methods turn ``(counts, max_value)`` into one ``amax`` (symmetric int8, ``scale = amax/127``):
+``entropy`` (TensorRT EntropyCalibration2 search), ``percentile`` and ``mse``; ``max`` needs no
+histogram. See :func:`entropy_amax`, :func:`percentile_amax` and :func:`mse_amax` for the exact rules.
+
+A tensor whose ``max|x|`` is 0 (always exactly zero) has no usable edges: its histogram puts every
+value in bin 0 and every method returns ``amax = 0.0``. Callers decide what to write for it (a
+TensorRT scale must be > 0; ``trtq calibrate`` floors it).
+"""
+import io
+import itertools
+import json
+import math
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Mapping, Optional, Tuple, Union
+
+import numpy as np
+
+from trtq.errors import CacheError, ConfigError, DataError
+from trtq.fileio import atomic_path
+
+METHODS = ("max", "entropy", "percentile", "mse")
+DEFAULT_NUM_BINS = 2048
+NUM_QUANTIZED_BINS = 128  # int8 magnitude levels the entropy search merges into
+INT8_LEVELS = 127  # symmetric int8: q in [-127, 127]
+STATS_FORMAT = "trtq-stats/1"
+
+# Two candidates whose criterion differs by less than this count as tied (the first one wins).
+# The criteria are sums of thousands of float64 terms; summation order alone moves them by ~1e-15.
+_TIE_ABS = 1e-12
+
+
+def _nonfinite_error(name: str) -> DataError:
+    return DataError(
+        f"non-finite values (NaN/Inf) in activation '{name}'",
+        "check the inputs and that the model runs correctly in FP32 (e.g. run trtq compare on a few samples)",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# pass 1: max |x|
+# --------------------------------------------------------------------------------------------
+
+
+class AbsMaxAccumulator:
+    """Running ``max|x|`` per tensor (float64). Tensors keep the order in which they were first seen."""
+
+    def __init__(self) -> None:
+        self._max: Dict[str, float] = {}
+
+    def update(self, name: str, array) -> None:
+        a = np.asarray(array)
+        if a.size == 0:
+            self._max.setdefault(name, 0.0)
+            return
+        if a.dtype.kind not in "fiub":
+            raise DataError(f"activation '{name}' has non-numeric dtype {a.dtype}", "calibrate float tensors only")
+        # max and -min instead of abs(): no temporary array; NaN propagates through both
+        hi = float(a.max())
+        lo = float(a.min())
+        m = max(hi, -lo)
+        if not (math.isfinite(hi) and math.isfinite(lo)):
+            raise _nonfinite_error(name)
+        prev = self._max.get(name)
+        if prev is None or m > prev:
+            self._max[name] = m
+
+    @property
+    def maxima(self) -> Dict[str, float]:
+        return dict(self._max)
+
+    def merge(self, other: "AbsMaxAccumulator") -> None:
+        for name, m in other._max.items():
+            prev = self._max.get(name)
+            if prev is None or m > prev:
+                self._max[name] = m
+
+
+# --------------------------------------------------------------------------------------------
+# pass 2: histogram of |x| over fixed edges
+# --------------------------------------------------------------------------------------------
+
+
+class HistogramAccumulator:
+    """Histogram of ``|x|`` per tensor over ``linspace(0, maxima[name], num_bins + 1)`` (int64 counts).
+
+    Bin of a value: ``floor(|x| * (num_bins / max))`` computed in float32, clipped to
+    ``num_bins - 1``; so a value equal to the max lands in the last bin, and a value above the
+    first-pass max (the data changed between passes) is counted in the last bin and the tensor is
+    listed in :attr:`exceeded`. A tensor with max 0 counts everything in bin 0.
+    """
+
+    def __init__(self, maxima: Mapping[str, float], num_bins: int = DEFAULT_NUM_BINS):
+        if int(num_bins) < 1:
+            raise ConfigError(f"num_bins must be a positive integer, got {num_bins}")
+        self.num_bins = int(num_bins)
+        self.maxima: Dict[str, float] = {}
+        self._counts: Dict[str, np.ndarray] = {}
+        self._scale: Dict[str, np.float32] = {}
+        self.exceeded = set()
+        for name, m in maxima.items():
+            m = float(m)
+            if not math.isfinite(m) or m < 0:
+                raise DataError(f"max of activation '{name}' is {m}", "re-run the max pass on finite data")
+            self.maxima[name] = m
+            self._counts[name] = np.zeros(self.num_bins, dtype=np.int64)
+            self._scale[name] = np.float32(self.num_bins / m) if m > 0 else np.float32(0)
+
+    def edges(self, name: str) -> np.ndarray:
+        return np.linspace(0.0, self.maxima[name], self.num_bins + 1)
+
+    def update(self, name: str, array) -> None:
+        if name not in self._counts:
+            raise ValueError(f"tensor '{name}' has no max from the first pass")
+        a = np.asarray(array)
+        if a.size == 0:
+            return
+        counts = self._counts[name]
+        if self.maxima[name] == 0.0:
+            if not np.isfinite(a).all():
+                raise _nonfinite_error(name)
+            if np.any(a != 0):
+                self.exceeded.add(name)
+            counts[0] += a.size
+            return
+        x = np.abs(a.reshape(-1), dtype=np.float32)  # new float32 buffer, also for float16/64 inputs
+        np.multiply(x, self._scale[name], out=x)
+        top = float(x.max())  # NaN propagates; Inf stays Inf
+        if not math.isfinite(top):
+            raise _nonfinite_error(name)
+        last = self.num_bins - 1
+        if top >= self.num_bins * (1.0 + 1e-6):
+            self.exceeded.add(name)
+        np.minimum(x, np.float32(last), out=x)
+        # truncation == floor for x >= 0
+        counts += np.bincount(x.astype(np.intp), minlength=self.num_bins)
+
+    @property
+    def counts(self) -> Dict[str, np.ndarray]:
+        return {name: c.copy() for name, c in self._counts.items()}
+
+    def merge(self, other: "HistogramAccumulator") -> None:
+        """Add ``other``'s counts; both must use the same edges for every shared tensor."""
+        if other.num_bins != self.num_bins:
+            raise ValueError(f"cannot merge histograms with {other.num_bins} and {self.num_bins} bins")
+        for name, m in other.maxima.items():
+            if name in self.maxima and self.maxima[name] != m:
+                raise ValueError(
+                    f"cannot merge histograms of '{name}': different edges (max {m!r} vs {self.maxima[name]!r})"
+                )
+        for name, m in other.maxima.items():
+            if name in self._counts:
+                self._counts[name] += other._counts[name]
+            else:
+                self.maxima[name] = m
+                self._counts[name] = other._counts[name].copy()
+                self._scale[name] = other._scale[name]
+        self.exceeded |= other.exceeded
+
+
+# --------------------------------------------------------------------------------------------
+# methods: (counts, max_value) -> amax
+# --------------------------------------------------------------------------------------------
+
+
+def _check_hist(counts, max_value: float) -> Tuple[np.ndarray, float]:
+    c = np.asarray(counts)
+    if c.ndim != 1 or c.size == 0:
+        raise ValueError("counts must be a non-empty 1-D histogram")
+    if c.dtype.kind not in "iu":
+        raise ValueError(f"counts must be integers, got {c.dtype}")
+    if np.any(c < 0):
+        raise ValueError("counts must be non-negative")
+    m = float(max_value)
+    if not math.isfinite(m) or m < 0:
+        raise ValueError(f"max_value must be finite and >= 0, got {max_value}")
+    return c.astype(np.int64), m
+
+
+def _first_min(values: np.ndarray) -> int:
+    """Index of the first value within _TIE_ABS of the minimum (inf values never win unless all are inf)."""
+    best = float(np.min(values))
+    if not math.isfinite(best):
+        return int(np.argmin(values))
+    return int(np.flatnonzero(values <= best + _TIE_ABS)[0])
+
+
+def entropy_divergences(counts, num_quantized_bins: int = NUM_QUANTIZED_BINS) -> np.ndarray:
+    """KL(P||Q) for every candidate ``i`` in ``num_quantized_bins .. len(counts)`` (index ``i - nq``).
+
+    For candidate ``i`` (``c = counts``, ``n = nq = 128``):
+
+    * ``P = c[:i]`` with the tail ``sum(c[i:])`` added to ``P[i-1]``.
+    * ``Q``: ``c[:i]`` cut into ``n`` groups of ``m = i // n`` consecutive bins, group ``g`` being
+      ``[g*m, (g+1)*m)`` for ``g < n-1`` and the last group ``[(n-1)*m, i)`` taking the remainder
+      ``i % n`` bins too. Each group's mass (summed from ``c``, *without* the tail) is spread evenly
+      over the bins of the group where ``P > 0``; bins where ``P == 0`` stay 0 (as in the published
+      TensorRT/MXNet implementation, non-emptiness is taken from ``P``).
+    * ``P`` and ``Q`` are normalised; ``KL = sum over P>0 of p*log(p/q)``.
+    * Where ``P > 0`` but ``Q == 0`` the term is skipped (adds 0), as in implementations that sum
+      only over bins where both are non-zero. This happens only at ``P[i-1]``, when the whole last
+      group is empty in ``c`` but the tail is not, i.e. the candidate cuts in an empty stretch below
+      isolated outliers. A finite penalty there (MNN and ncnn add 1.0) pins ``amax`` to the max
+      whenever a few far outliers exist, which is exactly what this method is meant to clip. A
+      candidate with ``c[:i]`` all zero has no ``Q`` at all and is rejected (``+inf``). No
+      smoothing is applied.
+
+    Vectorised over candidates with prefix sums: for group ``g`` with mass ``G``, ``P``-mass ``S``
+    and ``k`` non-empty bins, ``sum_b P_b log Q_b = S * log(G / k)``, so
+    ``KL = (sum P log P - sum_g S_g log(G_g / k_g)) / N + (M / N) log(C_i / N)`` with ``N = sum(c)``,
+    ``C_i = sum(c[:i])`` and ``M`` the P-mass of the counted bins (``N``, or ``C_i`` when the
+    tail term is skipped). Float error is ~1e-14 absolute. Skipping can make KL slightly
+    negative; the minimum is still the choice.
+    """
+    c = np.asarray(counts, dtype=np.int64)
+    nb = c.size
+    nq = int(num_quantized_bins)
+    if nb < nq:
+        raise ConfigError(f"the entropy method needs at least {nq} histogram bins, got {nb}", "use --num-bins 2048")
+    cf = c.astype(np.float64)
+    total = float(cf.sum())
+    cand = np.arange(nq, nb + 1)  # candidate i
+    if total == 0:
+        return np.full(cand.size, np.inf)
+    zero = np.zeros(1)
+    cum = np.concatenate([zero, np.cumsum(cf)])  # cum[k] = sum c[:k]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        clogc = np.where(cf > 0, cf * np.log(np.where(cf > 0, cf, 1.0)), 0.0)
+    cum_clogc = np.concatenate([zero, np.cumsum(clogc)])
+    cum_nz = np.concatenate([[0], np.cumsum(c > 0)])
+
+    m = cand // nq  # bins per group (>= 1)
+    g = np.arange(nq)
+    starts = g[None, :] * m[:, None]  # [C, nq]
+    stops = starts + m[:, None]
+    stops[:, -1] = cand  # the last group takes the remainder
+
+    tail = total - cum[cand]  # sum c[i:]
+    last_c = cf[cand - 1]  # c[i-1]
+    last_p = last_c + tail  # P[i-1]
+
+    G = cum[stops] - cum[starts]  # group mass from c
+    S = G.copy()
+    S[:, -1] += tail  # P-mass of the last group
+    k = (cum_nz[stops] - cum_nz[starts]).astype(np.float64)
+    # non-emptiness from P: bin i-1 is non-empty in P when the tail is > 0 even if c[i-1] == 0
+    k[:, -1] += (last_p > 0) & (last_c == 0)
+
+    # the skipped case: last group empty in c, tail > 0 (then P over that group is the tail at i-1)
+    skip = (G[:, -1] == 0) & (tail > 0)
+    kept_mass = np.where(skip, cum[cand], total)  # sum of P over the bins whose terms count
+    with np.errstate(divide="ignore", invalid="ignore"):
+        last_term = np.where(last_p > 0, last_p * np.log(np.where(last_p > 0, last_p, 1.0)), 0.0)
+        plogp = cum_clogc[cand - 1] + np.where(skip, 0.0, last_term)
+        ratio = np.where(G > 0, G / np.where(k > 0, k, 1.0), 1.0)
+        cross = (S * np.log(ratio)).sum(axis=1)  # groups with G == 0 add 0 (ratio 1)
+        kl = (plogp - cross) / total + (kept_mass / total) * np.log(cum[cand] / total)
+    kl[cum[cand] == 0] = np.inf
+    return kl
+
+
+def entropy_amax(counts, max_value: float, num_quantized_bins: int = NUM_QUANTIZED_BINS) -> float:
+    """TensorRT EntropyCalibration2: ``amax = (i + 0.5) * bin_width`` for the candidate ``i``
+    (``num_quantized_bins .. num_bins``, step 1) with the smallest KL divergence (the first one
+    on ties, see :func:`entropy_divergences`). ``bin_width = max_value / num_bins``."""
+    c, m = _check_hist(counts, max_value)
+    if m == 0.0:
+        return 0.0
+    kl = entropy_divergences(c, num_quantized_bins)
+    if not np.isfinite(kl).any():  # nothing to search (empty histogram): keep the full range
+        return m
+    i = int(num_quantized_bins) + _first_min(kl)
+    return (i + 0.5) * (m / c.size)
+
+
+def percentile_amax(counts, max_value: float, percentile: float = 99.99) -> float:
+    """Upper edge of the first bin at which the cumulative count reaches ``percentile`` % of all
+    values: ``amax = (k + 1) * bin_width`` with ``k`` the smallest index where
+    ``sum(counts[:k+1]) >= percentile / 100 * sum(counts)``. Resolution is one bin width, always
+    rounding the range up (never clipping more than asked)."""
+    p = float(percentile)
+    if not (0.0 < p <= 100.0):
+        raise ConfigError(f"percentile must be in (0, 100], got {percentile}", "e.g. --percentile 99.99")
+    c, m = _check_hist(counts, max_value)
+    total = int(c.sum())
+    if m == 0.0 or total == 0:
+        return 0.0 if m == 0.0 else m
+    cum = np.cumsum(c)
+    target = p / 100.0 * total
+    k = int(np.searchsorted(cum, target, side="left"))  # first cum[k] >= target
+    k = min(k, c.size - 1)
+    return (k + 1) * (m / c.size)
+
+
+def mse_errors(counts, max_value: float, start_bin: int = NUM_QUANTIZED_BINS) -> Tuple[np.ndarray, np.ndarray]:
+    """Candidate amax values and the squared quantisation error of each, summed over the histogram.
+
+    Error model: every value in bin ``b`` is represented by the bin centre ``x_b = (b + 0.5) * w``
+    (``w = max_value / num_bins``). For a candidate ``amax = a`` the int8 step is ``s = a / 127`` and
+    the value is fake-quantised as ``q(x) = s * min(round(x / s), 127)`` (round half to even, as
+    numpy), so values beyond ``a`` are clipped to ``a``. The error is ``sum_b counts_b * (x_b - q(x_b))^2``
+    (the mean differs only by the constant total). Candidates are the bin edges
+    ``a = j * w`` for ``j = start_bin .. num_bins`` (``start_bin`` is clamped to ``1 .. num_bins``).
+
+    Computed per block of candidates: bins below the block's largest candidate directly; bins above
+    it are all clipped, and ``sum c_b (x_b - a)^2`` over them is evaluated exactly in integers from
+    ``sum c``, ``sum c (2b+1)``, ``sum c (2b+1)^2``.
+    """
+    c, m = _check_hist(counts, max_value)
+    nb = c.size
+    j0 = min(max(int(start_bin), 1), nb)
+    w = m / nb
+    js = np.arange(j0, nb + 1)
+    cand = js * w
+    err = np.zeros(js.size)
+    nz = np.flatnonzero(c)
+    if nz.size == 0:
+        return cand, err
+    cnt = c[nz].astype(np.float64)
+    x = (nz + 0.5) * w
+    # exact integer prefix sums over the non-empty bins: sum c, sum c(2b+1), sum c(2b+1)^2
+    ci = [int(v) for v in c[nz]]
+    odd = [2 * int(b) + 1 for b in nz]
+    p0 = [0] + list(itertools.accumulate(ci))
+    p1 = [0] + list(itertools.accumulate(cc * o for cc, o in zip(ci, odd)))
+    p2 = [0] + list(itertools.accumulate(cc * o * o for cc, o in zip(ci, odd)))
+    block = 64
+    for lo in range(0, js.size, block):
+        jb = js[lo:lo + block]
+        j_hi = int(jb[-1])
+        n_band = int(np.searchsorted(nz, j_hi))  # bins b < j_hi
+        if n_band:
+            a = jb[:, None] * w
+            t = x[None, :n_band] * (INT8_LEVELS / a)
+            q = np.minimum(np.round(t), INT8_LEVELS) * (a / INT8_LEVELS)
+            d = x[None, :n_band] - q
+            err[lo:lo + jb.size] = (d * d) @ cnt[:n_band]
+        if n_band < nz.size:  # bins >= j_hi: clipped to a for every candidate of the block
+            u0, u1, u2 = p0[-1] - p0[n_band], p1[-1] - p1[n_band], p2[-1] - p2[n_band]
+            for k, j in enumerate(jb):
+                two_j = 2 * int(j)
+                exact = u2 - 2 * two_j * u1 + two_j * two_j * u0  # 4 * sum c (b + 0.5 - j)^2
+                err[lo + k] += float(exact) * (w * w / 4.0)
+    return cand, err
+
+
+def mse_amax(counts, max_value: float, start_bin: int = NUM_QUANTIZED_BINS) -> float:
+    """Candidate amax (a bin edge) with the least squared error (see :func:`mse_errors`); the
+    smallest one on ties (relative 1e-12)."""
+    c, m = _check_hist(counts, max_value)
+    if m == 0.0 or int(c.sum()) == 0:
+        return 0.0 if m == 0.0 else m
+    cand, err = mse_errors(c, m, start_bin)
+    best = float(err.min())
+    i = int(np.flatnonzero(err <= best * (1.0 + 1e-12) + 1e-300)[0])
+    return float(cand[i])
+
+
+def compute_amax(method: str, counts, max_value: float, percentile: float = 99.99) -> float:
+    """amax of one tensor by ``method`` (``max`` ignores ``counts``, which may be None)."""
+    if method == "max":
+        return float(max_value)
+    if method not in METHODS:
+        raise ConfigError(f"unknown calibration method '{method}'", "use one of: " + ", ".join(METHODS))
+    if counts is None:
+        raise ValueError(f"method '{method}' needs a histogram")
+    if method == "entropy":
+        return entropy_amax(counts, max_value)
+    if method == "percentile":
+        return percentile_amax(counts, max_value, percentile)
+    return mse_amax(counts, max_value)
+
+
+def compute_all(
+    method: str,
+    maxima: Mapping[str, float],
+    counts: Optional[Mapping[str, np.ndarray]],
+    percentile: float = 99.99,
+) -> Dict[str, float]:
+    """amax for every tensor of ``maxima`` (same order). ``counts`` may be None for ``max``."""
+    if method not in METHODS:
+        raise ConfigError(f"unknown calibration method '{method}'", "use one of: " + ", ".join(METHODS))
+    if method != "max":
+        if counts is None:
+            raise ValueError(f"method '{method}' needs histograms")
+        missing = [n for n in maxima if n not in counts]
+        if missing:
+            raise ValueError(f"no histogram for {len(missing)} tensor(s), e.g. '{missing[0]}'")
+    return {
+        name: compute_amax(method, None if counts is None else counts.get(name), m, percentile)
+        for name, m in maxima.items()
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# statistics file (.npz, no pickle)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StatsFile:
+    maxima: Dict[str, float]
+    counts: Dict[str, np.ndarray]
+    meta: dict
+    num_bins: int
+
+
+def save_stats(
+    path: Union[str, Path],
+    maxima: Mapping[str, float],
+    counts: Mapping[str, np.ndarray],
+    meta: Optional[dict] = None,
+) -> None:
+    """Write max and histogram of every tensor to one ``.npz`` (atomically).
+
+    Layout: ``header`` = UTF-8 JSON as uint8 (format, tensor names in order, num_bins, meta);
+    ``maxima`` float64 ``[T]``; ``counts`` int64 ``[T, num_bins]``. Names are free text (``:``,
+    spaces, ``/`` ...): they live in the JSON, never in array keys.
+    """
+    names = list(maxima)
+    if set(counts) != set(names):
+        raise ValueError("maxima and counts must name the same tensors")
+    bins = {int(np.asarray(counts[n]).size) for n in names}
+    if len(bins) > 1:
+        raise ValueError(f"histograms of different sizes: {sorted(bins)}")
+    num_bins = bins.pop() if bins else DEFAULT_NUM_BINS
+    header = {"format": STATS_FORMAT, "names": names, "num_bins": num_bins, "meta": dict(meta or {})}
+    try:
+        blob = json.dumps(header, sort_keys=True, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"statistics meta must be plain JSON data: {e}") from None
+    mx = np.array([float(maxima[n]) for n in names], dtype=np.float64)
+    ct = np.zeros((len(names), num_bins), dtype=np.int64)
+    for i, n in enumerate(names):
+        ct[i] = np.asarray(counts[n], dtype=np.int64)
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a name
+            np.savez_compressed(f, header=np.frombuffer(blob, dtype=np.uint8), maxima=mx, counts=ct)
+
+
+def _stats_error(path: Path, what: str) -> CacheError:
+    return CacheError(
+        f"{path} is not a trtq statistics file ({what})",
+        "pass a file written by trtq calibrate --save-stats, or re-run that command",
+    )
+
+
+def load_stats(path: Union[str, Path]) -> StatsFile:
+    """Read a file written by :func:`save_stats`; CacheError (with the fix) on anything wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise CacheError(f"statistics file not found: {path}", "check the path, or run trtq calibrate --save-stats")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        with np.load(io.BytesIO(raw), allow_pickle=False) as z:
+            keys = set(z.files)
+            if not {"header", "maxima", "counts"} <= keys:
+                raise _stats_error(path, "missing arrays: " + ", ".join(sorted({"header", "maxima", "counts"} - keys)))
+            header_arr = z["header"]
+            mx = z["maxima"]
+            ct = z["counts"]
+    except CacheError:
+        raise
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, RuntimeError) as e:
+        what = "truncated or corrupt" if raw[:2] == b"PK" else "not an .npz archive"
+        raise _stats_error(path, f"{what}: {type(e).__name__}") from None
+    except Exception as e:  # zlib.error and other decoder failures
+        raise _stats_error(path, f"corrupt: {type(e).__name__}") from None
+    if header_arr.dtype != np.uint8 or header_arr.ndim != 1:
+        raise _stats_error(path, "bad header array")
+    try:
+        header = json.loads(header_arr.tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise _stats_error(path, "header is not JSON") from None
+    if not isinstance(header, dict) or header.get("format") != STATS_FORMAT:
+        fmt = header.get("format") if isinstance(header, dict) else None
+        raise _stats_error(path, f"format {fmt!r}, expected {STATS_FORMAT!r}")
+    names = header.get("names")
+    num_bins = header.get("num_bins")
+    meta = header.get("meta", {})
+    if (
+        not isinstance(names, list)
+        or not all(isinstance(n, str) for n in names)
+        or not isinstance(num_bins, int)
+        or not isinstance(meta, dict)
+    ):
+        raise _stats_error(path, "bad header fields")
+    if len(set(names)) != len(names):
+        raise _stats_error(path, "duplicate tensor names")
+    t = len(names)
+    if mx.dtype != np.float64 or mx.shape != (t,):
+        raise _stats_error(path, f"maxima has shape {mx.shape} {mx.dtype}, expected ({t},) float64")
+    if ct.dtype != np.int64 or ct.shape != (t, num_bins):
+        raise _stats_error(path, f"counts has shape {ct.shape} {ct.dtype}, expected ({t}, {num_bins}) int64")
+    if not np.all(np.isfinite(mx)) or np.any(mx < 0) or np.any(ct < 0):
+        raise _stats_error(path, "negative or non-finite values")
+    return StatsFile(
+        maxima={n: float(v) for n, v in zip(names, mx)},
+        counts={n: ct[i].copy() for i, n in enumerate(names)},
+        meta=meta,
+        num_bins=num_bins,
+    )
