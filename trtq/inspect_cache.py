@@ -1,0 +1,389 @@
+"""Library side of ``trtq inspect-cache``: decode a calibration cache, check it against a model,
+compare two caches. Pure functions returning dataclasses; :func:`to_jsonable` and
+:func:`render_text` turn a result (or a dict of results) into ``--json`` data or aligned text.
+
+Sort keys: ``file`` (order in the file), ``name`` (A-Z), ``amax`` and ``scale`` (largest first),
+``rel-diff`` (largest difference first; diffs only, summaries fall back to file order).
+"""
+import math
+import re
+import statistics
+from dataclasses import asdict, dataclass, field, is_dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+from trtq.calib.cache import CalibrationTable, scale_hex, scale_of, version_code
+from trtq.errors import ConfigError
+
+SORT_KEYS = ("file", "name", "amax", "scale", "rel-diff")
+
+# names TensorRT gives to tensors it creates itself (not ONNX values)
+_TRT_INTERNAL = re.compile(r"^(\(Unnamed Layer\* \d+\)|ONNXTRT_)")
+
+
+@dataclass
+class TensorRow:
+    name: str
+    amax: float
+    scale: float  # amax / 127 rounded to float32
+    hex: str  # what a TensorRT cache stores
+
+
+@dataclass
+class CacheSummary:
+    path: str
+    format: str  # "tensorrt" | "onnxruntime"
+    header: Optional[str]  # "TRT-8600-EntropyCalibration2"; None for ONNX Runtime tables
+    trt_version: Optional[str]
+    algorithm: str
+    count: int
+    amax_min: Optional[float]
+    amax_median: Optional[float]
+    amax_max: Optional[float]
+    zero_amax: List[str]
+    nonfinite: List[str]
+    sort: str
+    rows: List[TensorRow]  # after sorting and --top
+
+
+@dataclass
+class ModelCheck:
+    model_tensors: int  # calibratable tensors of the model
+    covered: int  # of those, how many the cache has
+    missing_from_cache: List[str]  # model order
+    not_in_model: List[str]  # cache order
+    tensorrt_internal: int  # of not_in_model: names TensorRT makes up ((Unnamed Layer* N) ..., ONNXTRT_...)
+    verdict: str  # "complete" | "incomplete" | "no-match"
+    message: str
+
+
+@dataclass
+class DiffRow:
+    name: str
+    amax_a: float
+    amax_b: float
+    rel_diff: float  # |a - b| / max(|a|, |b|); 0 when equal
+
+
+@dataclass
+class CacheDiff:
+    label_a: str
+    label_b: str
+    header_a: Optional[str]
+    header_b: Optional[str]
+    compared: int
+    only_in_a: List[str]
+    only_in_b: List[str]
+    median_rel_diff: Optional[float]
+    max_rel_diff: Optional[float]
+    max_rel_diff_tensor: Optional[str]
+    over_1pct: int
+    over_10pct: int
+    sort: str
+    rows: List[DiffRow] = field(default_factory=list)  # after sorting and --top
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _check_sort(sort: str, top: Optional[int]) -> None:
+    if sort not in SORT_KEYS:
+        raise ConfigError(f"unknown sort key '{sort}'", "use one of: " + ", ".join(SORT_KEYS))
+    if top is not None and (not isinstance(top, int) or top < 1):
+        raise ConfigError(f"--top must be a positive number, got {top!r}")
+
+
+def _desc_key(value: float) -> tuple:
+    """Sort key putting NaN last and the largest (inf included) first."""
+    return (math.isnan(value), -value if not math.isnan(value) else 0.0)
+
+
+def header_of(table: CalibrationTable) -> Optional[str]:
+    if table.source_format != "tensorrt" or not table.trt_version:
+        return None
+    return f"TRT-{version_code(table.trt_version)}-{table.algorithm}"
+
+
+def _hex(amax: float) -> str:
+    if math.isnan(amax):
+        return "7fc00000"
+    if math.isinf(amax):
+        return "7f800000" if amax > 0 else "ff800000"
+    return scale_hex(amax)
+
+
+def _scale(amax: float) -> float:
+    return amax / 127.0 if not math.isfinite(amax) else scale_of(amax)
+
+
+# --------------------------------------------------------------------------------------------
+# summary
+# --------------------------------------------------------------------------------------------
+
+
+def summarize(
+    table: CalibrationTable, path: Union[str, Path, None] = None, sort: str = "file", top: Optional[int] = None
+) -> CacheSummary:
+    """Header decoded, count, amax statistics, zero/non-finite tensors, and the per-tensor rows."""
+    _check_sort(sort, top)
+    rows = [TensorRow(n, float(a), _scale(float(a)), _hex(float(a))) for n, a in table.amax.items()]
+    finite = [r.amax for r in rows if math.isfinite(r.amax)]
+    if sort == "name":
+        rows.sort(key=lambda r: r.name)
+    elif sort in ("amax", "scale"):
+        rows.sort(key=lambda r: _desc_key(r.amax))
+    if top is not None:
+        rows = rows[:top]
+    return CacheSummary(
+        path=str(path) if path is not None else "",
+        format=table.source_format,
+        header=header_of(table),
+        trt_version=table.trt_version,
+        algorithm=table.algorithm,
+        count=len(table.amax),
+        amax_min=min(finite) if finite else None,
+        amax_median=float(statistics.median(finite)) if finite else None,
+        amax_max=max(finite) if finite else None,
+        zero_amax=[n for n, a in table.amax.items() if a == 0],
+        nonfinite=[n for n, a in table.amax.items() if not math.isfinite(a)],
+        sort=sort if sort != "rel-diff" else "file",
+        rows=rows,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# model coverage
+# --------------------------------------------------------------------------------------------
+
+
+def check_against_model(table: CalibrationTable, model) -> ModelCheck:
+    """Which calibratable tensors of ``model`` (an onnx.ModelProto) the cache covers, and which
+    cache entries the model does not have."""
+    from trtq.model import calibratable_tensors
+
+    wanted = calibratable_tensors(model)
+    wanted_set = set(wanted)
+    missing = [n for n in wanted if n not in table.amax]
+    extra = [n for n in table.amax if n not in wanted_set]
+    internal = sum(1 for n in extra if _TRT_INTERNAL.match(n))
+    covered = len(wanted) - len(missing)
+    if covered == 0:
+        verdict = "no-match"
+        message = (
+            f"none of the model's {len(wanted)} calibratable tensors is in the cache: "
+            "it was made for another model (or another export of it)"
+        )
+    elif missing:
+        verdict = "incomplete"
+        message = (
+            f"{len(missing)} of {len(wanted)} calibratable tensors have no range; TensorRT runs them in "
+            "higher precision, and trtq quantize leaves their consumers in float"
+        )
+    else:
+        verdict = "complete"
+        message = f"all {len(wanted)} calibratable tensors have a range"
+    if extra:
+        message += f"; {len(extra)} cache entries are not tensors of the model"
+        if internal:
+            message += f" ({internal} TensorRT-internal names)"
+    return ModelCheck(
+        model_tensors=len(wanted),
+        covered=covered,
+        missing_from_cache=missing,
+        not_in_model=extra,
+        tensorrt_internal=internal,
+        verdict=verdict,
+        message=message,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# diff
+# --------------------------------------------------------------------------------------------
+
+
+def rel_diff(a: float, b: float) -> float:
+    """``|a - b| / max(|a|, |b|)``: 0 when equal (both 0 included), 1 when only one side is
+    infinite, NaN when either is NaN."""
+    if math.isnan(a) or math.isnan(b):
+        return math.nan
+    if a == b:
+        return 0.0
+    denom = max(abs(a), abs(b))
+    if math.isinf(denom):
+        return 1.0
+    return abs(a - b) / denom
+
+
+def diff(
+    a: CalibrationTable,
+    b: CalibrationTable,
+    sort: str = "file",
+    top: Optional[int] = None,
+    labels: Sequence[str] = ("cache", "other"),
+) -> CacheDiff:
+    """Per tensor in both: amax in each and the relative difference; tensors in only one; summary."""
+    _check_sort(sort, top)
+    rows = [DiffRow(n, float(v), float(b.amax[n]), rel_diff(float(v), float(b.amax[n])))
+            for n, v in a.amax.items() if n in b.amax]
+    finite = [r.rel_diff for r in rows if not math.isnan(r.rel_diff)]
+    worst = max((r for r in rows if not math.isnan(r.rel_diff)), key=lambda r: r.rel_diff, default=None)
+    if sort == "name":
+        rows.sort(key=lambda r: r.name)
+    elif sort in ("amax", "scale"):
+        rows.sort(key=lambda r: _desc_key(r.amax_a))
+    elif sort == "rel-diff":
+        rows.sort(key=lambda r: _desc_key(r.rel_diff))
+    if top is not None:
+        rows = rows[:top]
+    return CacheDiff(
+        label_a=labels[0],
+        label_b=labels[1],
+        header_a=header_of(a),
+        header_b=header_of(b),
+        compared=sum(1 for n in a.amax if n in b.amax),
+        only_in_a=[n for n in a.amax if n not in b.amax],
+        only_in_b=[n for n in b.amax if n not in a.amax],
+        median_rel_diff=float(statistics.median(finite)) if finite else None,
+        max_rel_diff=max(finite) if finite else None,
+        max_rel_diff_tensor=worst.name if worst is not None else None,
+        over_1pct=sum(1 for d in finite if d > 0.01),
+        over_10pct=sum(1 for d in finite if d > 0.10),
+        sort=sort,
+        rows=rows,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# output
+# --------------------------------------------------------------------------------------------
+
+
+def to_jsonable(result: Any) -> Any:
+    """Plain JSON data: dataclasses become dicts; Inf/NaN become the strings "inf"/"-inf"/"nan"."""
+    if is_dataclass(result) and not isinstance(result, type):
+        return to_jsonable(asdict(result))
+    if isinstance(result, Mapping):
+        return {str(k): to_jsonable(v) for k, v in result.items()}
+    if isinstance(result, (list, tuple)):
+        return [to_jsonable(v) for v in result]
+    if isinstance(result, float) and not math.isfinite(result):
+        return "nan" if math.isnan(result) else ("inf" if result > 0 else "-inf")
+    if hasattr(result, "item") and callable(result.item):  # numpy scalar
+        return to_jsonable(result.item())
+    return result
+
+
+def _num(v: Optional[float]) -> str:
+    if v is None:
+        return "-"
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return f"{v:.6g}"
+
+
+def _pct(v: Optional[float]) -> str:
+    if v is None:
+        return "-"
+    if math.isnan(v):
+        return "nan"
+    return f"{100.0 * v:.3g}%"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> List[str]:
+    """Right-aligned number columns, last column (the tensor name) left-aligned and unpadded."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header[:-1])]
+
+    def line(cells: Sequence[str]) -> str:
+        return indent + "  ".join([c.rjust(w) for c, w in zip(cells[:-1], widths)] + [cells[-1]])
+
+    return [line(header)] + [line(r) for r in rows]
+
+
+def _names(names: Sequence[str], limit: int = 10) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _render_summary(s: CacheSummary) -> List[str]:
+    if s.format == "tensorrt":
+        fmt = f"TensorRT calibration cache, header {s.header} (TensorRT {s.trt_version}, {s.algorithm})"
+    else:
+        fmt = "ONNX Runtime calibration table (name amax; no TensorRT header)"
+    out = [
+        f"cache      {s.path}",
+        f"format     {fmt}",
+        f"tensors    {s.count}",
+        f"amax       min {_num(s.amax_min)}   median {_num(s.amax_median)}   max {_num(s.amax_max)}",
+    ]
+    if s.zero_amax:
+        out.append(f"zero amax  {len(s.zero_amax)}: {_names(s.zero_amax)}")
+    if s.nonfinite:
+        out.append(f"non-finite {len(s.nonfinite)}: {_names(s.nonfinite)}")
+    if s.rows:
+        order = {"file": "file order", "name": "by name", "amax": "largest amax first", "scale": "largest scale first"}
+        shown = f"{len(s.rows)} of {s.count}" if len(s.rows) < s.count else f"all {s.count}"
+        out.append(f"rows       {shown}, {order.get(s.sort, s.sort)}")
+        out += _table(["amax", "scale", "hex", "tensor"], [[_num(r.amax), _num(r.scale), r.hex, r.name] for r in s.rows])
+    return out
+
+
+def _render_check(c: ModelCheck) -> List[str]:
+    out = [
+        f"model      {c.covered} of {c.model_tensors} calibratable tensors have a range in the cache",
+        f"verdict    {c.verdict}: {c.message}",
+    ]
+    if c.missing_from_cache:
+        out.append(f"missing    {_names(c.missing_from_cache)}")
+    if c.not_in_model:
+        out.append(f"extra      {len(c.not_in_model)} not tensors of the model: {_names(c.not_in_model)}")
+    return out
+
+
+def _render_diff(d: CacheDiff) -> List[str]:
+    out = [
+        f"diff       {d.label_a} ({d.header_a or 'no header'}) vs {d.label_b} ({d.header_b or 'no header'})",
+        f"compared   {d.compared} tensors in both: median rel diff {_pct(d.median_rel_diff)}, "
+        f"max {_pct(d.max_rel_diff)}" + (f" ({d.max_rel_diff_tensor})" if d.max_rel_diff_tensor else ""),
+        f"           {d.over_1pct} differ by more than 1%, {d.over_10pct} by more than 10%",
+    ]
+    if d.only_in_a:
+        out.append(f"only in {d.label_a}  {len(d.only_in_a)}: {_names(d.only_in_a)}")
+    if d.only_in_b:
+        out.append(f"only in {d.label_b}  {len(d.only_in_b)}: {_names(d.only_in_b)}")
+    if d.rows:
+        out += _table(
+            ["rel diff", f"amax {d.label_a}", f"amax {d.label_b}", "tensor"],
+            [[_pct(r.rel_diff), _num(r.amax_a), _num(r.amax_b), r.name] for r in d.rows],
+        )
+    return out
+
+
+def render_text(result: Any) -> str:
+    """Readable text for a CacheSummary, ModelCheck, CacheDiff, or a dict holding any of them
+    under "summary", "model_check", "diff" (printed in that order, separated by blank lines)."""
+    parts: List[List[str]] = []
+    items = [result[k] for k in ("summary", "model_check", "diff") if k in result] if isinstance(result, Mapping) \
+        else [result]
+    for item in items:
+        if isinstance(item, CacheSummary):
+            parts.append(_render_summary(item))
+        elif isinstance(item, ModelCheck):
+            parts.append(_render_check(item))
+        elif isinstance(item, CacheDiff):
+            parts.append(_render_diff(item))
+        elif item is not None:
+            raise TypeError(f"cannot render {type(item).__name__}")
+    return "\n\n".join("\n".join(p) for p in parts)
+
+
+def load_for_inspection(path: Union[str, Path]) -> CalibrationTable:
+    """Read a cache for display: like read_cache, but Inf/NaN scales (which TensorRT itself writes
+    for tensors it could not range) are kept instead of refused."""
+    from trtq.calib.cache import read_cache
+
+    return read_cache(Path(path), allow_nonfinite=True)
