@@ -1,0 +1,118 @@
+"""Tiny exact ONNX models, ONNX Runtime references and hand-written TensorRT caches for GPU tests."""
+import struct
+from pathlib import Path
+from typing import Dict, Iterable, Union
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+TACTICS = ("EDGE_MASK_CONVOLUTIONS", "JIT_CONVOLUTIONS")  # the GPU bundle's cuBLAS/cuDNN are stubs
+
+
+def _save(model: onnx.ModelProto, path: Path, opset: int) -> Path:
+    model.opset_import[0].version = opset
+    model.ir_version = 8  # readable by onnxruntime 1.19 / onnx 1.17 of the GPU bundle
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def residual_cnn(path: Path, batch: Union[int, str] = 2, opset: int = 13, seed: int = 0) -> Path:
+    """x[B,3,16,16] -> Conv3x3+Relu -> Conv3x3 + skip -> Relu -> GAP -> Flatten -> Gemm -> y[B,16].
+
+    32 channels and a 32x16 GEMM: wide enough that the quantizer's rules put Q/DQ on every
+    Conv/Gemm (it leaves layers too small for INT8 kernels in float)."""
+    rng = np.random.default_rng(seed)
+    C, K = 32, 16
+
+    def init(name, shape, std):
+        return numpy_helper.from_array(rng.normal(0, std, shape).astype(np.float32), name)
+
+    inits = [init("w1", (C, 3, 3, 3), 0.3), init("b1", (C,), 0.1), init("w2", (C, C, 3, 3), 0.08),
+             init("b2", (C,), 0.1), init("wg", (K, C), 0.3), init("bg", (K,), 0.1)]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "r1"], ["s"], name="add"),
+        helper.make_node("Relu", ["s"], ["r2"], name="relu2"),
+        helper.make_node("GlobalAveragePool", ["r2"], ["g"], name="gap"),
+        helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "wg", "bg"], ["y"], name="fc", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "residual_cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, K])],
+        inits,
+    )
+    return _save(helper.make_model(graph), path, opset)
+
+
+def reduce_mean_opset18(path: Path) -> Path:
+    """ReduceMean with an ``axes`` input: opset 18, beyond TensorRT 8.6's parser."""
+    axes = numpy_helper.from_array(np.array([1], dtype=np.int64), "axes")
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=1)], "rm18",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 1])], [axes],
+    )
+    return _save(helper.make_model(graph), path, 18)
+
+
+def ort_run(model_path: Path, feeds: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds)))
+
+
+def activation_amax(model_path: Path, batches: Iterable[Dict[str, np.ndarray]]) -> Dict[str, float]:
+    """max|x| of every calibratable tensor over the batches, from ONNX Runtime FP32 inference."""
+    import onnxruntime as ort
+
+    from trtq.model import calibratable_tensors
+
+    model = onnx.load(str(model_path))
+    names = calibratable_tensors(model)
+    have = {o.name for o in model.graph.output}
+    for n in names:
+        if n not in have:
+            model.graph.output.append(helper.make_tensor_value_info(n, TensorProto.FLOAT, None))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    amax: Dict[str, float] = {}
+    for feeds in batches:
+        for n, v in zip(names, sess.run(names, feeds)):
+            amax[n] = max(amax.get(n, 0.0), float(np.abs(v).max()))
+    return amax
+
+
+def write_trt_cache(path: Path, amax: Dict[str, float], algorithm: str = "MinMaxCalibration",
+                    version_code: str = "101600") -> Path:
+    """A TensorRT calibration cache written from the documented format, independently of trtq:
+    header ``TRT-<code>-<Algorithm>``, then ``name: <big-endian float32 hex of amax/127>``."""
+    lines = [f"TRT-{version_code}-{algorithm}"]
+    for name, a in amax.items():
+        lines.append(f"{name}: {struct.pack('>f', a / 127.0).hex()}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def read_trt_cache(path: Path):
+    lines = path.read_text().splitlines()
+    table = {}
+    for line in lines[1:]:
+        name, _, hexv = line.rpartition(": ")
+        table[name] = struct.unpack(">f", bytes.fromhex(hexv))[0] * 127.0
+    return lines[0], table
+
+
+def rel_max_err(a: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(a.astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-12))
+
+
+def cosine(a: np.ndarray, ref: np.ndarray) -> float:
+    a, ref = a.ravel().astype(np.float64), ref.ravel().astype(np.float64)
+    return float(a @ ref / (np.linalg.norm(a) * np.linalg.norm(ref) + 1e-30))

@@ -1,0 +1,64 @@
+"""Bench statistics, option checks and the text table (no GPU)."""
+import sys
+
+import numpy as np
+import pytest
+
+from trtq.config import BenchOptions
+from trtq.errors import ConfigError, EnvironmentMissing
+from trtq.trt.bench import BenchResult, bench_plans, render_table, summarize
+from trtq.trt.runtime import TrtRunner
+
+
+def test_summarize_statistics():
+    s = summarize(list(range(1, 101)), batch=8)  # 1..100 ms
+    assert s["median_ms"] == 50.5 and s["mean_ms"] == 50.5
+    assert s["min_ms"] == 1 and s["max_ms"] == 100
+    assert s["p90_ms"] == pytest.approx(90.1)  # linear interpolation: 1 + 0.90 * 99
+    assert s["p99_ms"] == pytest.approx(99.01)
+    assert s["inferences_per_s"] == pytest.approx(1000 / 50.5)
+    assert s["samples_per_s"] == pytest.approx(8 * 1000 / 50.5)
+
+
+def _result(name, median, **kw):
+    base = dict(plan=f"/x/{name}", precision="int8", batch=64, input_shapes={"x": [64, 3, 224, 224]},
+                iterations=100, median_ms=median, mean_ms=median, p90_ms=median, p95_ms=median,
+                p99_ms=median, min_ms=median, max_ms=median, inferences_per_s=1000 / median,
+                samples_per_s=64000 / median, include_copies=False, cuda_graph=False,
+                tensorrt_version="8.6.0", gpu_name="GPU")
+    base.update(kw)
+    return BenchResult(**base)
+
+
+def test_render_table_and_dict():
+    a = _result("fp32.plan", 2.0, precision="fp32")
+    b = _result("int8.plan", 1.0, speedup_vs_first=2.0, notes=["CUDA graph capture failed (x)"])
+    text = render_table([a, b])
+    lines = text.splitlines()
+    assert lines[0].split()[:3] == ["plan", "prec", "batch"]
+    assert "fp32.plan" in lines[2] and "1.00x" in lines[2]
+    assert "int8.plan" in lines[3] and "2.00x" in lines[3] and "64,000" in lines[3]
+    assert "note: int8.plan: CUDA graph capture failed" in text
+    d = b.to_dict()
+    assert d["speedup_vs_first"] == 2.0 and d["notes"] == ["CUDA graph capture failed (x)"]
+
+
+@pytest.mark.parametrize("opts", [BenchOptions(iterations=0), BenchOptions(duration=0), BenchOptions(warmup=-1)])
+def test_bad_bench_options(opts, tmp_path, monkeypatch):
+    from trtq.trt.bench import _check_options
+
+    with pytest.raises(ConfigError):
+        _check_options(opts)
+
+
+def test_bench_needs_plans():
+    with pytest.raises(ConfigError):
+        bench_plans([], BenchOptions())
+
+
+def test_runner_without_tensorrt_is_exit_4(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    (tmp_path / "m.plan").write_bytes(b"plan")
+    with pytest.raises(EnvironmentMissing) as info:
+        TrtRunner(tmp_path / "m.plan")
+    assert info.value.exit_code == 4

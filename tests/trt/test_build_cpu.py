@@ -1,0 +1,89 @@
+"""Build logic that needs no GPU: optimization profiles and the errors raised before TensorRT runs."""
+import sys
+
+import pytest
+
+from trtq.config import BuildOptions, ProfileShapes
+from trtq.errors import ConfigError, EnvironmentMissing, UsageError
+from trtq.model import TensorSpec
+from trtq.trt.build import build_engine, resolve_profiles
+
+X_DYN = TensorSpec("x", ("N", 3, 224, 224), "float32")
+X_STATIC = TensorSpec("x", (2, 3, 8, 8), "float32")
+TOKENS = TensorSpec("ids", ("N", "T"), "int64")
+
+
+def test_static_inputs_need_no_profile():
+    assert resolve_profiles([X_STATIC], {}, {}, None) == {}
+
+
+def test_profile_from_build_options():
+    p = resolve_profiles([X_DYN], {"x": ProfileShapes((1, 3, 224, 224), (8, 3, 224, 224), (32, 3, 224, 224))}, {}, 4)
+    assert p == {"x": ((1, 3, 224, 224), (8, 3, 224, 224), (32, 3, 224, 224))}
+
+
+def test_partial_profile_is_completed_from_opt():
+    p = resolve_profiles([X_DYN], {"x": ProfileShapes(opt=(8, 3, 224, 224), max=(16, 3, 224, 224))}, {}, None)
+    assert p["x"] == ((8, 3, 224, 224), (8, 3, 224, 224), (16, 3, 224, 224))
+
+
+def test_fixed_shape_from_data_shapes_then_batch_size_then_cache_then_default():
+    assert resolve_profiles([X_DYN], {}, {"x": (5, 3, 224, 224)}, 4)["x"][1] == (5, 3, 224, 224)
+    assert resolve_profiles([X_DYN], {}, {}, 4)["x"] == ((4, 3, 224, 224),) * 3
+    assert resolve_profiles([X_DYN], {}, {}, None, {"x": [6, 3, 224, 224]})["x"][0] == (6, 3, 224, 224)
+    assert resolve_profiles([X_DYN], {}, {}, None)["x"][2] == (8, 3, 224, 224)
+
+
+def test_dynamic_non_batch_dim_needs_a_shape():
+    with pytest.raises(ConfigError) as info:
+        resolve_profiles([TOKENS], {}, {}, 4)
+    assert "dynamic dim 1" in info.value.message and "build.profiles.ids" in info.value.hint
+    assert resolve_profiles([TOKENS], {}, {}, 4, {"ids": [4, 128]})["ids"][1] == (4, 128)
+
+
+@pytest.mark.parametrize("profile,match", [
+    (ProfileShapes((1, 3, 224), (8, 3, 224), (9, 3, 224)), "rank 3"),
+    (ProfileShapes((1, 3, 224, 224), (8, 3, 224, 224), (4, 3, 224, 224)), "min <= opt <= max"),
+    (ProfileShapes((1, 1, 224, 224), (8, 1, 224, 224), (9, 1, 224, 224)), "model fixes it to 3"),
+    (ProfileShapes((0, 3, 224, 224), (8, 3, 224, 224), (9, 3, 224, 224)), "must be positive"),
+])
+def test_bad_profiles(profile, match):
+    with pytest.raises(ConfigError, match=match):
+        resolve_profiles([X_DYN], {"x": profile}, {}, None)
+
+
+def test_profile_for_unknown_input():
+    with pytest.raises(ConfigError, match="'y', which is not a model input"):
+        resolve_profiles([X_DYN], {"y": ProfileShapes(opt=(1,))}, {}, None)
+
+
+def test_int8_build_without_cache_is_usage_error(tmp_path, sample_model):
+    with pytest.raises(UsageError, match="needs a calibration cache"):
+        build_engine(sample_model, tmp_path / "m.plan", BuildOptions())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_build_refuses_to_overwrite_the_model(tmp_path, sample_model):
+    with pytest.raises(UsageError, match="refusing"):
+        build_engine(sample_model, sample_model, BuildOptions(precision="fp32"))
+
+
+def test_build_without_tensorrt_is_exit_4_and_writes_nothing(tmp_path, sample_model, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    with pytest.raises(EnvironmentMissing) as info:
+        build_engine(sample_model, tmp_path / "out" / "m.plan", BuildOptions(precision="fp32"))
+    assert info.value.exit_code == 4
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+
+
+def test_stale_cache_is_refused_before_tensorrt_is_needed(tmp_path, sample_model, monkeypatch):
+    cache = pytest.importorskip("trtq.calib.cache")
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # the check must come first
+    path = tmp_path / "calibration.cache"
+    cache.write_cache(path, cache.CalibrationTable("8.6.0", "MinMaxCalibration", {"x": 2.0}), "8.6.0")
+    cache.write_provenance(path, {"model": {"sha256": "0" * 64}, "amax": {"x": 2.0}})
+    from trtq.errors import CacheError
+
+    with pytest.raises(CacheError, match="calibrated for a different model"):
+        build_engine(sample_model, tmp_path / "m.plan", BuildOptions(), cache_path=path)
+    assert not (tmp_path / "m.plan").exists()

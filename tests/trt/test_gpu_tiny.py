@@ -1,0 +1,226 @@
+"""TensorRT builds, runtime, calibration and bench on tiny generated models (real TensorRT + GPU).
+
+Tolerances (outputs compared with ONNX Runtime FP32 on the same inputs):
+  * FP32 engine: max error <= 1e-2 of the output range. TensorRT uses TF32 for convs/GEMMs by
+    default on Ampere+ (10-bit mantissa, ~1e-3 relative per layer).
+  * FP16 engine: <= 2e-2 of the range (FP16 has an 11-bit significand; 4 layers).
+  * INT8 engines: <= 5e-2 of the range and cosine >= 0.999. With max calibration on the same
+    data every activation step is amax/127 (<= 0.4% of its range); ONNX Runtime running the same
+    Q/DQ model is off by ~1% of the range, and TensorRT adds different rounding/accumulation.
+"""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from trtq.config import BenchOptions, BuildOptions, DataOptions, InputSource, ProfileShapes
+from trtq.errors import DataError, ModelError
+from tests.trt.models import (
+    TACTICS, activation_amax, cosine, ort_run, read_trt_cache, reduce_mean_opset18, rel_max_err,
+    residual_cnn, write_trt_cache,
+)
+
+pytestmark = pytest.mark.gpu
+
+BATCH = 4
+
+
+def opts(**kw):
+    base = dict(optimization_level=0, tactic_sources=TACTICS, workspace_mb=512)
+    base.update(kw)
+    return BuildOptions(**base)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """Static-batch model, 3 batches of data, its ORT reference and a max|x| cache."""
+    d = tmp_path_factory.mktemp("tiny")
+    model = residual_cnn(d / "tiny.onnx", batch=BATCH, opset=13)
+    rng = np.random.default_rng(1)
+    batches = [rng.standard_normal((BATCH, 3, 16, 16)).astype(np.float32) for _ in range(3)]
+    amax = activation_amax(model, [{"x": b} for b in batches])
+    cache = write_trt_cache(d / "tiny.cache", amax, "MinMaxCalibration", "101600")
+    x = batches[0]
+    return {"dir": d, "model": model, "x": x, "ref": ort_run(model, {"x": x})["y"], "cache": cache, "amax": amax}
+
+
+@pytest.fixture(scope="module")
+def built(tiny):
+    """One engine per precision/mode, built once for the module."""
+    from trtq.trt.build import build_engine
+
+    d = tiny["dir"]
+    out = {}
+    out["fp32"] = build_engine(tiny["model"], d / "fp32.plan", opts(precision="fp32"))
+    out["fp16"] = build_engine(tiny["model"], d / "fp16.plan", opts(precision="fp16"))
+    out["explicit"] = build_engine(tiny["model"], d / "explicit.plan", opts(), cache_path=tiny["cache"])
+    out["implicit"] = build_engine(tiny["model"], d / "implicit.plan", opts(mode="implicit"), cache_path=tiny["cache"])
+    return out
+
+
+def run_plan(path, x):
+    from trtq.trt.runtime import TrtRunner
+
+    with TrtRunner(path) as r:
+        return r.run({"x": x})["y"]
+
+
+@pytest.mark.parametrize("kind,tol", [("fp32", 1e-2), ("fp16", 2e-2), ("explicit", 5e-2), ("implicit", 5e-2)])
+def test_engine_matches_onnxruntime(tiny, built, kind, tol):
+    y = run_plan(built[kind].plan_path, tiny["x"])
+    assert y.shape == tiny["ref"].shape and y.dtype == np.float32
+    err = rel_max_err(y, tiny["ref"])
+    assert err <= tol, f"{kind}: max error {err:.4f} of the range"
+    assert cosine(y, tiny["ref"]) >= 0.999
+
+
+def test_plan_metadata(tiny, built):
+    import tensorrt as trt
+
+    from trtq.fileio import sha256_file
+
+    md = json.loads((built["explicit"].plan_path.parent / "explicit.plan.json").read_text())
+    assert md == built["explicit"].metadata
+    assert md["tensorrt_version"] == trt.__version__
+    assert md["precision"] == "int8" and md["mode"] == "explicit"
+    assert md["model"]["sha256"] == sha256_file(tiny["model"])
+    assert md["cache"]["sha256"] == sha256_file(tiny["cache"])
+    assert md["quantize"]["quantized"] >= 3  # conv1, conv2, fc at least
+    assert md["inputs"] == [{"name": "x", "shape": [BATCH, 3, 16, 16], "dtype": "float32"}]
+    assert md["outputs"] == [{"name": "y", "shape": [BATCH, 16], "dtype": "float32"}]
+    assert md["build_seconds"] > 0 and md["compute_capability"].count(".") == 1
+    assert built["implicit"].metadata["mode"] == "implicit"
+    assert built["fp16"].metadata["mode"] is None
+
+
+def test_dynamic_batch_profile(tmp_path):
+    from trtq.trt.build import build_engine
+    from trtq.trt.runtime import TrtRunner
+
+    model = residual_cnn(tmp_path / "dyn.onnx", batch="N", opset=17)
+    prof = ProfileShapes((1, 3, 16, 16), (4, 3, 16, 16), (8, 3, 16, 16))
+    res = build_engine(model, tmp_path / "dyn.plan", opts(precision="fp32", profiles={"x": prof}))
+    assert res.metadata["inputs"][0]["profile"] == {
+        "min": [1, 3, 16, 16], "opt": [4, 3, 16, 16], "max": [8, 3, 16, 16]}
+    rng = np.random.default_rng(2)
+    with TrtRunner(res.plan_path) as r:
+        assert r.inputs[0].shape == (None, 3, 16, 16)
+        for n in (3, 8, 1):
+            x = rng.standard_normal((n, 3, 16, 16)).astype(np.float32)
+            y = r.run({"x": x})["y"]
+            assert y.shape == (n, 16)
+            assert rel_max_err(y, ort_run(model, {"x": x})["y"]) <= 1e-2
+        with pytest.raises(DataError, match="outside the engine's profile"):
+            r.run({"x": np.zeros((9, 3, 16, 16), np.float32)})
+        with pytest.raises(DataError, match="missing"):
+            r.run({"z": np.zeros((1, 3, 16, 16), np.float32)})
+
+
+def test_tensorrt_calibration_writes_a_cache_tensorrt_accepts(tmp_path):
+    """calibrate --backend tensorrt: MinMax ranges equal max|x| from ONNX Runtime, the padded last
+    batch is used, and an implicit build takes the cache."""
+    from trtq.data.batcher import Batcher
+    from trtq.model import input_specs, load_model
+    from trtq.trt.build import build_engine
+    from trtq.trt.calibrator import calibrate_with_tensorrt
+
+    model = residual_cnn(tmp_path / "dyn.onnx", batch="N", opset=13)
+    rng = np.random.default_rng(3)
+    # sample i is scaled by (1 + i): the largest values sit in the padded last batch (10 = 4+4+2)
+    data = np.stack([rng.standard_normal((3, 16, 16)) * (1 + i) for i in range(10)]).astype(np.float32)
+    np.save(tmp_path / "x.npy", data)
+    batcher = Batcher(DataOptions(inputs={"x": InputSource(npy=(str(tmp_path / "x.npy"),))}, batch_size=4),
+                      input_specs(load_model(model)))
+    out = tmp_path / "trt.cache"
+    table = calibrate_with_tensorrt(model, batcher, "MinMaxCalibration", out,
+                                    BuildOptions(tactic_sources=TACTICS, workspace_mb=512))
+    header, scales = read_trt_cache(out)
+    assert header == "TRT-8600-MinMaxCalibration"
+    ref = activation_amax(model, [{"x": data}])
+    common = [n for n in ref if n in scales]
+    assert "x" in common and "y" in common and len(common) >= len(ref) - 2
+    for n in common:
+        assert scales[n] == pytest.approx(ref[n], rel=1e-4), n
+        assert table.amax[n] == pytest.approx(ref[n], rel=1e-4), n
+    assert json.loads((tmp_path / "trt.cache.json").read_text())["amax"] == pytest.approx(table.amax)
+    res = build_engine(model, tmp_path / "cal.plan", opts(mode="implicit"), cache_path=out,
+                       data_options=DataOptions(batch_size=4))
+    y = run_plan(res.plan_path, data[:4])
+    assert rel_max_err(y, ort_run(model, {"x": data[:4]})["y"]) <= 5e-2
+
+
+def test_runtime_refuses_mismatching_metadata(tiny, built, tmp_path):
+    from trtq.trt.runtime import TrtRunner
+
+    src = built["fp32"].plan_path
+    for key, value, message in [
+        ("tensorrt_version", "7.2.3", "built by TensorRT 7.2.3"),
+        ("compute_capability", "5.0", "built for compute capability 5.0"),
+        ("gpu_name", "Imaginary GPU", "built on Imaginary GPU"),
+    ]:
+        plan = tmp_path / f"{key}.plan"
+        shutil.copy(src, plan)
+        md = json.loads((src.parent / (src.name + ".json")).read_text())
+        md[key] = value
+        (tmp_path / f"{key}.plan.json").write_text(json.dumps(md))
+        with pytest.raises(ModelError, match=message) as info:
+            TrtRunner(plan)
+        assert "trtq build" in info.value.hint
+    with TrtRunner(tmp_path / "gpu_name.plan", check_metadata=False) as r:  # TensorRT itself is fine with it
+        assert r.run({"x": tiny["x"]})["y"].shape == (BATCH, 16)
+
+
+@pytest.mark.parametrize("content", ["random", "onnx"])
+def test_runtime_refuses_non_plan(tiny, tmp_path, content):
+    from trtq.trt.runtime import TrtRunner
+
+    bad = tmp_path / "bad.plan"
+    if content == "random":
+        bad.write_bytes(np.random.default_rng(0).integers(0, 255, 4096, dtype=np.uint8).tobytes())
+    else:
+        shutil.copy(tiny["model"], bad)
+    with pytest.raises(ModelError, match="is not a TensorRT"):
+        TrtRunner(bad)
+
+
+def test_parse_error_names_opset_and_leaves_no_file(tmp_path):
+    from trtq.trt.build import build_engine
+
+    model = reduce_mean_opset18(tmp_path / "rm18.onnx")
+    out = tmp_path / "out"
+    with pytest.raises(ModelError) as info:
+        build_engine(model, out / "rm18.plan", opts(precision="fp32"))
+    assert "cannot parse rm18.onnx" in info.value.message
+    assert "opset 18" in info.value.hint and "opset 17" in info.value.hint
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_timing_cache_corrupt_then_reused(tiny, tmp_path):
+    from trtq.trt.build import build_engine
+
+    tc = tmp_path / "tiny.timing.cache"
+    tc.write_bytes(b"this is not a timing cache" * 10)
+    first = build_engine(tiny["model"], tmp_path / "a.plan", opts(precision="fp32", timing_cache=str(tc)))
+    assert first.metadata["timing_cache"]["loaded"] is False
+    data = tc.read_bytes()
+    assert data and not data.startswith(b"this is not")
+    second = build_engine(tiny["model"], tmp_path / "b.plan", opts(precision="fp32", timing_cache=str(tc)))
+    assert second.metadata["timing_cache"]["loaded"] is True
+
+
+def test_bench_numbers_are_sane(built):
+    from trtq.trt.bench import bench_plans, render_table
+
+    plans = [built["fp32"].plan_path, built["explicit"].plan_path]
+    results = bench_plans(plans, BenchOptions(iterations=40, warmup=0.05))
+    for r in results:
+        assert r.iterations == 40 and r.batch == BATCH
+        assert 0 < r.min_ms <= r.median_ms <= r.p99_ms <= r.max_ms < 1000
+        assert r.samples_per_s == pytest.approx(BATCH * r.inferences_per_s)
+    assert results[0].speedup_vs_first == 1.0
+    assert results[1].speedup_vs_first == pytest.approx(results[0].median_ms / results[1].median_ms)
+    assert "explicit.plan" in render_table(results)
+    (g,) = bench_plans([plans[0]], BenchOptions(duration=0.2, warmup=0.05, cuda_graph=True, include_copies=True))
+    assert g.cuda_graph, g.notes
+    assert g.iterations >= 5 and g.include_copies

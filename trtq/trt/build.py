@@ -1,0 +1,428 @@
+"""ONNX model (+ calibration cache) -> TensorRT engine plan, with ``<plan>.json`` beside it.
+
+Modes (``BuildOptions.precision`` / ``mode``):
+  * int8 explicit (default; the only INT8 mode on TensorRT 11): the cache's amax table becomes
+    Q/DQ nodes (:func:`trtq.quantize.quantize_model`), the Q/DQ model is parsed from memory.
+  * int8 implicit (TensorRT <= 10): the FP32 model is built with a calibrator that hands TensorRT
+    the cache, re-rendered for the installed TensorRT, and never any data.
+  * fp16 / fp32: the plain model, no cache, for comparison.
+How each mode maps onto the installed TensorRT is decided in :func:`trtq.trt.compat.plan_build`.
+"""
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from trtq import __version__
+from trtq.config import BuildOptions, DataOptions, ProfileShapes, QuantizeOptions
+from trtq.errors import CacheError, ConfigError, ModelError, TrtqError, UsageError
+from trtq.fileio import atomic_path, atomic_write_bytes, sha256_file
+from trtq.model import TensorSpec
+from trtq.trt import compat
+from trtq.trt.metadata import FORMAT, metadata_path, render_metadata
+
+log = logging.getLogger(__name__)
+
+Shape = Tuple[int, ...]
+DEFAULT_BATCH = 8  # same default as the Batcher when nothing says otherwise
+
+
+@dataclass
+class BuildResult:
+    plan_path: Path
+    metadata: Dict[str, Any]
+    seconds: float
+
+
+# ------------------------------------------------------------------------------------------------
+# shapes and optimization profiles (pure; unit-tested without TensorRT)
+# ------------------------------------------------------------------------------------------------
+
+
+def _check_shape(spec: TensorSpec, shape: Sequence[int], what: str) -> Shape:
+    shape = tuple(int(d) for d in shape)
+    if len(shape) != len(spec.shape):
+        raise ConfigError(
+            f"{what} has rank {len(shape)} but input {spec.describe()} has rank {len(spec.shape)}",
+            "give one size per dimension",
+        )
+    for i, (g, d) in enumerate(zip(shape, spec.shape)):
+        if g <= 0:
+            raise ConfigError(f"{what} dim {i} must be positive, got {g}")
+        if isinstance(d, int) and g != d:
+            raise ConfigError(f"{what} dim {i} is {g} but the model fixes it to {d}", f"use {d} there")
+    return shape
+
+
+def profile_from_options(spec: TensorSpec, p: ProfileShapes) -> Tuple[Shape, Shape, Shape]:
+    """(min, opt, max) from ``build.profiles.<name>``; a missing one is taken from the others."""
+    opt = p.opt or p.max or p.min
+    lo = p.min or opt
+    hi = p.max or opt
+    key = f"build.profiles.{spec.name}"
+    lo = _check_shape(spec, lo, key + ".min")
+    opt = _check_shape(spec, opt, key + ".opt")
+    hi = _check_shape(spec, hi, key + ".max")
+    if not all(a <= b <= c for a, b, c in zip(lo, opt, hi)):
+        raise ConfigError(f"{key} needs min <= opt <= max in every dim, got {list(lo)} {list(opt)} {list(hi)}")
+    return lo, opt, hi
+
+
+def resolve_profiles(
+    specs: Sequence[TensorSpec],
+    profiles: Mapping[str, ProfileShapes],
+    shapes: Mapping[str, Sequence[int]],
+    batch_size: Optional[int],
+    fallback_shapes: Optional[Mapping[str, Sequence[int]]] = None,
+) -> Dict[str, Tuple[Shape, Shape, Shape]]:
+    """Optimization profile (min, opt, max) for every dynamic input.
+
+    Order: ``build.profiles`` > ``data.shapes`` > ``data.batch_size`` for a dynamic batch dim >
+    ``fallback_shapes`` (the shapes the cache was calibrated with) > batch 8. A fixed shape gives
+    min = opt = max.
+    """
+    names = {s.name for s in specs}
+    for key in list(profiles) + list(shapes):
+        if key not in names:
+            raise ConfigError(
+                f"build.profiles / data.shapes name '{key}', which is not a model input",
+                "model inputs: " + ", ".join(sorted(names)),
+            )
+    fallback = dict(fallback_shapes or {})
+    out: Dict[str, Tuple[Shape, Shape, Shape]] = {}
+    for s in specs:
+        if not s.is_dynamic:
+            if s.name in profiles:
+                log.warning("input %s has a static shape: build.profiles.%s ignored", s.name, s.name)
+            continue
+        if s.name in profiles:
+            out[s.name] = profile_from_options(s, profiles[s.name])
+            continue
+        if s.name in shapes:
+            fixed = _check_shape(s, shapes[s.name], f"data.shapes.{s.name}")
+        else:
+            dims: List[int] = []
+            for i, d in enumerate(s.shape):
+                if isinstance(d, int):
+                    dims.append(d)
+                elif i == 0 and batch_size:
+                    dims.append(int(batch_size))
+                elif s.name in fallback and len(fallback[s.name]) == len(s.shape):
+                    dims.append(int(fallback[s.name][i]))
+                elif i == 0:
+                    dims.append(DEFAULT_BATCH)
+                else:
+                    raise ConfigError(
+                        f"model input {s.describe()} has a dynamic dim {i}",
+                        f"set build.profiles.{s.name} (min/opt/max) or data.shapes.{s.name}",
+                    )
+            fixed = _check_shape(s, dims, f"shape of {s.name}")
+        out[s.name] = (fixed, fixed, fixed)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# TensorRT session helpers
+# ------------------------------------------------------------------------------------------------
+
+
+def _parser_error(trt: Any, parser: Any, logger: Any, model_path: Path, opset: Optional[int]) -> ModelError:
+    v = compat.version_of(trt)
+    first = ""
+    if parser.num_errors:
+        err = parser.get_error(0)
+        first = str(err.desc())
+        node = err.node() if hasattr(err, "node") else -1
+        if isinstance(node, int) and node >= 0:
+            first += f" (node #{node})"
+    elif logger.errors:
+        first = logger.errors[0]
+    more = f" (+{parser.num_errors - 1} more)" if parser.num_errors > 1 else ""
+    if v.major < 10 and opset is not None and opset > 17:
+        hint = f"TensorRT {v} reads ONNX opset <= 17 and this model is opset {opset}: re-export with opset 17"
+    elif v.major < 10:
+        hint = f"TensorRT {v} reads ONNX opset <= 17; check that every op is supported (run with -v for details)"
+    else:
+        hint = f"check that every op is supported by TensorRT {v} (run with -v for details)"
+    return ModelError(f"TensorRT {v} cannot parse {model_path.name}: {first or 'unknown error'}{more}", hint)
+
+
+def _onnx_opset(model: Any) -> Optional[int]:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return int(imp.version)
+    return None
+
+
+def _parse(trt: Any, parser: Any, logger: Any, model: Any, model_path: Path, work_dir: Path) -> None:
+    """Parse an in-memory ONNX ModelProto (via a temporary file when it is over protobuf's 2 GB)."""
+    opset = _onnx_opset(model)
+    if model.ByteSize() < (2 << 30) - (1 << 20):
+        ok = parser.parse(model.SerializeToString(), str(model_path))
+    else:  # pragma: no cover - needs a > 2 GB model
+        import tempfile
+
+        import onnx
+
+        with tempfile.TemporaryDirectory(prefix=".trtq-build-", dir=work_dir) as tmp:
+            path = Path(tmp) / "model.onnx"
+            onnx.save_model(model, str(path), save_as_external_data=True, location="model.data")
+            ok = parser.parse_from_file(str(path))
+    if not ok:
+        raise _parser_error(trt, parser, logger, model_path, opset)
+
+
+def _parse_file(trt: Any, parser: Any, logger: Any, model_path: Path) -> None:
+    if not parser.parse_from_file(str(model_path)):
+        from trtq.model import load_model
+
+        opset = _onnx_opset(load_model(model_path, load_external_data=False))
+        raise _parser_error(trt, parser, logger, model_path, opset)
+
+
+def _network_inputs(network: Any) -> List[Tuple[str, Shape]]:
+    out = []
+    for i in range(network.num_inputs):
+        t = network.get_input(i)
+        out.append((t.name, tuple(int(d) for d in t.shape)))
+    return out
+
+
+def _add_profiles(
+    builder: Any, config: Any, network: Any, profiles: Mapping[str, Tuple[Shape, Shape, Shape]], calibration: bool
+) -> None:
+    dynamic = [(n, s) for n, s in _network_inputs(network) if any(d < 0 for d in s)]
+    if not dynamic:
+        return
+    profile = builder.create_optimization_profile()
+    for name, _ in dynamic:
+        if name not in profiles:
+            raise ConfigError(
+                f"TensorRT sees input {name} as dynamic but no shape is known for it",
+                f"set build.profiles.{name} (min/opt/max)",
+            )
+        lo, opt, hi = profiles[name]
+        profile.set_shape(name, lo, opt, hi)
+    if config.add_optimization_profile(profile) < 0:
+        raise ConfigError("TensorRT rejected the optimization profile", "check build.profiles min <= opt <= max")
+    if calibration:
+        # the calibration profile must be a single shape: the opt one
+        cal = builder.create_optimization_profile()
+        for name, _ in dynamic:
+            opt = profiles[name][1]
+            cal.set_shape(name, opt, opt, opt)
+        compat.set_calibration_profile(config, cal)
+
+
+def _configure(trt: Any, config: Any, options: BuildOptions) -> None:
+    if options.workspace_mb is not None:
+        compat.set_workspace(trt, config, options.workspace_mb)
+    if options.optimization_level is not None:
+        if not compat.set_optimization_level(config, options.optimization_level):
+            log.warning("TensorRT %s has no builder optimization level: ignored", compat.version_of(trt))
+    if options.tactic_sources is not None:
+        config.set_tactic_sources(compat.tactic_source_mask(trt, options.tactic_sources))
+
+
+def _read_timing_cache(path: Optional[Path]) -> Optional[bytes]:
+    if path is None or not path.exists():
+        return None
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        log.warning("cannot read timing cache %s (%s): building without it", path, e.strerror)
+        return None
+
+
+def _quantize_summary(result: Any) -> Dict[str, int]:
+    """Counts from a QuantizeResult (quantized nodes, nodes left float, amax the cache lacked)."""
+    out: Dict[str, int] = {}
+    for attr in ("quantized", "left_float", "missing_amax"):
+        value = getattr(result, attr, None)
+        if isinstance(value, (list, tuple, dict, set)):
+            out[attr] = len(value)
+    if isinstance(getattr(result, "qdq_pairs", None), int):
+        out["qdq_pairs"] = result.qdq_pairs
+    missing = getattr(result, "missing_amax", None) or []
+    if missing:
+        log.warning(
+            "the cache has no amax for %d tensor(s) the Q/DQ rules wanted (e.g. %s): those stay float",
+            len(missing), ", ".join(list(missing)[:3]),
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# build
+# ------------------------------------------------------------------------------------------------
+
+
+def build_engine(
+    model_path: Path,
+    output: Path,
+    options: BuildOptions,
+    *,
+    cache_path: Optional[Path] = None,
+    quantize_options: Optional[QuantizeOptions] = None,
+    data_options: Optional[DataOptions] = None,
+) -> BuildResult:
+    """Build ``output`` (a plan) and ``output.json``; nothing is written when the build fails."""
+    from trtq.model import input_specs, load_model
+    from trtq.trt import cuda
+
+    model_path, output = Path(model_path), Path(output)
+    quantize_options = quantize_options or QuantizeOptions()
+    data_options = data_options or DataOptions()
+    if options.precision == "int8" and cache_path is None:
+        raise UsageError("an INT8 build needs a calibration cache", "pass --cache calibration.cache (from trtq calibrate)")
+    if options.precision != "int8" and cache_path is not None:
+        log.info("precision %s: the calibration cache is not used", options.precision)
+        cache_path = None
+    if output.suffix == ".onnx" or output.resolve() == model_path.resolve():
+        raise UsageError(f"refusing to write the engine over {output}", "choose an output path ending in .plan")
+
+    # everything that can be checked without TensorRT first: model, cache, shapes
+    model = load_model(model_path)
+    specs = input_specs(model)
+
+    table = None
+    provenance = None
+    if cache_path is not None:
+        from trtq.calib.cache import read_cache
+        from trtq.calib.freshness import check_cache_for_model
+
+        table = read_cache(Path(cache_path))
+        provenance = check_cache_for_model(
+            Path(cache_path), model_path, options.allow_stale or quantize_options.allow_stale, amax=table.amax
+        )
+    fallback = ((provenance or {}).get("data") or {}).get("shapes") or {}
+    profiles = resolve_profiles(
+        specs, options.profiles, data_options.shapes, data_options.batch_size,
+        fallback if isinstance(fallback, dict) else {},
+    )
+
+    trt = compat.import_tensorrt()
+    cuda.require_gpu()
+    recipe = compat.plan_build(trt, options.precision, options.mode, options.fp16)
+    logger = compat.make_logger(trt)
+    t0 = time.perf_counter()
+    builder = trt.Builder(logger)
+    network = builder.create_network(compat.creation_mask(trt, recipe.creation_flags))
+    parser = trt.OnnxParser(network, logger)
+    config = builder.create_builder_config()
+    quant_info: Dict[str, Any] = {}
+    calibrator = None
+
+    if recipe.quantize:
+        from trtq.quantize import quantize_model
+
+        qopts = quantize_options
+        if recipe.quantizer_fp16 != qopts.fp16 and recipe.quantizer_fp16:
+            qopts = dataclasses.replace(qopts, fp16=True)
+        qresult = quantize_model(model, table.amax, qopts)
+        quant_info = _quantize_summary(qresult)
+        _parse(trt, parser, logger, qresult.model, model_path, output.parent)
+    else:
+        _parse_file(trt, parser, logger, model_path)
+    del model  # the network holds what it needs
+
+    compat.set_builder_flags(trt, config, recipe.builder_flags)
+    _configure(trt, config, options)
+    _add_profiles(builder, config, network, profiles, calibration=recipe.calibrator)
+    if recipe.calibrator:
+        from trtq.calib.cache import render_cache
+        from trtq.trt.calibrator import CALIBRATOR_CLASSES, make_cache_calibrator
+
+        if table.algorithm not in CALIBRATOR_CLASSES:
+            # ONNX Runtime tables name no algorithm; the ranges are used as given whichever
+            # calibrator reads them, as long as header and calibrator agree
+            log.info("cache algorithm %s: read through the EntropyCalibration2 calibrator", table.algorithm)
+            table = dataclasses.replace(table, algorithm="EntropyCalibration2")
+        batch = _opt_batch(profiles, specs)
+        calibrator = make_cache_calibrator(trt, table.algorithm, render_cache(table, trt.__version__), batch)
+        config.int8_calibrator = calibrator
+
+    timing_path = Path(options.timing_cache) if options.timing_cache else None
+    timing_data = _read_timing_cache(timing_path)
+    _, timing_loaded = compat.load_timing_cache(config, timing_data)
+    if timing_data and not timing_loaded:
+        log.warning("timing cache %s is corrupt or from another TensorRT/GPU: rebuilding it", timing_path)
+
+    blob = builder.build_serialized_network(network, config)
+    if blob is None:
+        errors = logger.take_errors()
+        raise TrtqError(
+            f"TensorRT {trt.__version__} could not build {model_path.name}: {errors[0] if errors else 'unknown error'}",
+            "run with -v for TensorRT's messages; try a larger --workspace-mb or another --precision",
+        )
+    plan = compat.host_memory_bytes(blob)
+    seconds = time.perf_counter() - t0
+    if calibrator is not None and not calibrator.cache_reads:
+        raise CacheError(
+            "TensorRT did not read the calibration cache through the calibrator",
+            "rebuild with --mode explicit",
+        )
+
+    runtime = trt.Runtime(logger)
+    engine = runtime.deserialize_cuda_engine(plan)
+    if engine is None:
+        raise TrtqError("TensorRT cannot load the engine it just built", "run with -v for TensorRT's messages")
+    io = compat.io_tensors(trt, engine)
+    gpu_name, cc = cuda.device_info()
+    meta: Dict[str, Any] = {
+        "format": FORMAT,
+        "trtq_version": __version__,
+        "tensorrt_version": str(trt.__version__),
+        "gpu_name": gpu_name,
+        "compute_capability": cc,
+        "precision": options.precision,
+        "mode": options.mode if options.precision == "int8" else None,
+        "fp16": bool(options.fp16),
+        "strongly_typed": recipe.strongly_typed,
+        "builder_flags": list(recipe.builder_flags),
+        "model": {"path": str(model_path), "sha256": sha256_file(model_path)},
+        "cache": (
+            {"path": str(cache_path), "sha256": sha256_file(cache_path), "algorithm": table.algorithm,
+             "tensors": len(table.amax)}
+            if cache_path is not None else None
+        ),
+        "quantize": quant_info or None,
+        "build_seconds": round(seconds, 3),
+        "optimization_level": options.optimization_level,
+        "workspace_mb": options.workspace_mb,
+        "tactic_sources": list(options.tactic_sources) if options.tactic_sources is not None else None,
+        "timing_cache": {"path": str(timing_path), "loaded": timing_loaded} if timing_path else None,
+        "tensorrt_warnings": len(logger.warnings),
+        "inputs": [_io_entry(engine, t, input_=True) for t in io if t.is_input],
+        "outputs": [_io_entry(engine, t, input_=False) for t in io if not t.is_input],
+    }
+    del engine, runtime
+
+    with atomic_path(output) as tmp_plan, atomic_path(metadata_path(output)) as tmp_meta:
+        tmp_plan.write_bytes(plan)
+        tmp_meta.write_text(render_metadata(meta), encoding="utf-8")
+    if timing_path is not None:
+        data = compat.serialize_timing_cache(config)
+        if data:
+            atomic_write_bytes(timing_path, data)
+    log.info("built %s (%s, %.1f s)", output, options.precision, seconds)
+    return BuildResult(plan_path=output, metadata=meta, seconds=seconds)
+
+
+def _opt_batch(profiles: Mapping[str, Tuple[Shape, Shape, Shape]], specs: Sequence[TensorSpec]) -> int:
+    for s in specs:
+        if s.name in profiles and profiles[s.name][1]:
+            return int(profiles[s.name][1][0])
+        if s.shape and isinstance(s.shape[0], int):
+            return int(s.shape[0])
+    return 1
+
+
+def _io_entry(engine: Any, t: Any, input_: bool) -> Dict[str, Any]:
+    entry: Dict[str, Any] = {"name": t.name, "shape": list(t.shape), "dtype": t.dtype}
+    if input_ and any(d < 0 for d in t.shape):
+        lo, opt, hi = compat.profile_shapes(engine, t.name, 0)
+        entry["profile"] = {"min": list(lo), "opt": list(opt), "max": list(hi)}
+    return entry
