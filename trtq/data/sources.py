@@ -1,0 +1,422 @@
+"""Where samples come from: image folders, image file lists and ``.npy`` shards.
+
+A source knows how many samples it has and produces sample ``i`` (already preprocessed, shaped
+like the model input without the batch dim, in the model input's dtype) on demand, from any
+thread. Nothing is decoded when a source is built: folders are listed and ``.npy`` headers read.
+"""
+import glob
+import logging
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from trtq.config import InputSource, PreprocessOptions
+from trtq.data.preprocess import Preprocessor
+from trtq.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+_EXIF_ORIENTATION = 0x0112
+_SKIP_HINT = "remove it or pass --skip-bad"
+
+
+class SampleError(DataError):
+    """One sample cannot be used. ``skippable`` errors are recorded instead of raised with skip_bad."""
+
+    def __init__(self, message: str, hint: Optional[str], path: str, reason: str, skippable: bool = True):
+        super().__init__(message, hint)
+        self.path = path
+        self.reason = reason
+        self.skippable = skippable
+
+
+# ------------------------------------------------------------------------------------------------
+# listing
+# ------------------------------------------------------------------------------------------------
+
+
+def _is_hidden(name: str) -> bool:
+    return name.startswith(".")
+
+
+def list_image_folder(folder: Path) -> List[str]:
+    """Image files under ``folder`` (recursive), as POSIX paths relative to it, sorted.
+
+    Extensions are matched case-insensitively; hidden files and hidden folders are ignored.
+    """
+    folder = Path(folder)
+    if not folder.exists():
+        raise DataError(f"image folder not found: {folder}", "check the data path (data.inputs.<input>.images or --data)")
+    if not folder.is_dir():
+        raise DataError(
+            f"image folder is a file, not a folder: {folder}",
+            "pass the folder that holds the images, or use files: for a file list",
+        )
+    found: List[str] = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not _is_hidden(d)]
+        rel_root = Path(root).relative_to(folder)
+        for name in files:
+            if not _is_hidden(name) and name.lower().endswith(IMAGE_EXTENSIONS):
+                found.append((rel_root / name).as_posix())
+    if not found:
+        raise DataError(
+            f"no images in folder {folder} (searched recursively for "
+            f"{'/'.join(e[1:] for e in IMAGE_EXTENSIONS)}; hidden files are ignored)",
+            "put images there or point to the folder that holds them",
+        )
+    found.sort()
+    return found
+
+
+def read_file_list(entries: Sequence[str], key: str) -> Tuple[Path, List[str]]:
+    """Resolve ``files:`` (image paths, or one ``.txt`` list) to (root folder, relative paths).
+
+    A ``.txt`` list holds one path per line, relative to the list file's folder; blank lines and
+    lines starting with ``#`` are ignored. Order is kept as written.
+    """
+    entries = [str(e) for e in entries]
+    if not entries:
+        raise DataError(f"{key} is empty", "list at least one image file")
+    txt = [e for e in entries if e.lower().endswith(".txt")]
+    if txt and len(entries) > 1:
+        raise ConfigError(f"{key}: a .txt file list must be the only entry", "put all paths into the .txt file")
+    if txt:
+        list_path = Path(txt[0])
+        try:
+            lines = list_path.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            raise DataError(f"file list not found: {list_path}", f"check {key}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise DataError(f"cannot read file list {list_path}: {e}", "save it as UTF-8 text, one path per line") from None
+        root = list_path.parent
+        paths: List[Path] = []
+        for lineno, line in enumerate(lines, 1):
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            p = Path(os.path.expanduser(text))
+            p = p if p.is_absolute() else root / p
+            if not p.is_file():
+                raise DataError(
+                    f"{list_path}:{lineno}: listed image not found: {p}",
+                    "fix the path (relative to the list file's folder) or remove the line",
+                )
+            paths.append(p)
+        if not paths:
+            raise DataError(f"file list {list_path} names no images", "write one image path per line")
+    else:
+        paths = [Path(e) for e in entries]
+        for p in paths:
+            if not p.is_file():
+                raise DataError(f"listed image not found: {p}", f"fix or remove it in {key}")
+        parents = [str(p.resolve().parent) for p in paths]
+        root = Path(os.path.commonpath(parents))
+    return root, [Path(os.path.relpath(p.resolve(), root.resolve())).as_posix() for p in paths]
+
+
+def expand_npy(patterns: Sequence[str], key: str) -> List[Path]:
+    """``.npy`` paths and globs -> files, in the order given, each glob's matches sorted."""
+    out: List[Path] = []
+    for pattern in patterns:
+        if glob.has_magic(pattern):
+            matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
+            if not matches:
+                raise DataError(f"{key}: the pattern {pattern} matches no files", "check the glob and the folder")
+            out.extend(Path(m) for m in matches)
+        else:
+            p = Path(pattern)
+            if not p.exists():
+                raise DataError(f".npy file not found: {p}", f"check {key}")
+            out.append(p)
+    for p in out:
+        if p.is_dir():
+            raise DataError(f"{key}: {p} is a folder", "name the .npy files (a glob like folder/*.npy works)")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# decoding
+# ------------------------------------------------------------------------------------------------
+
+
+def _reason(e: BaseException) -> str:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return text or type(e).__name__
+
+
+def decode_image(path: str) -> Image.Image:
+    """Fully decode ``path`` (truncation is detected) and apply its EXIF orientation."""
+    try:
+        with Image.open(path) as img:
+            img.load()
+            orientation = img.getexif().get(_EXIF_ORIENTATION)
+            if orientation in (2, 3, 4, 5, 6, 7, 8):
+                img = ImageOps.exif_transpose(img)
+            return img
+    except FileNotFoundError:
+        raise SampleError(f"image not found: {path}", "it was removed while reading; " + _SKIP_HINT, path, "not found") from None
+    except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, struct.error, ... for bad files
+        reason = _reason(e)
+        raise SampleError(f"cannot decode image {path}: {reason}", _SKIP_HINT, path, reason) from None
+
+
+# ------------------------------------------------------------------------------------------------
+# sources
+# ------------------------------------------------------------------------------------------------
+
+
+def _target_dtype(name: str, dtype: str) -> np.dtype:
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        raise DataError(f"model input {name} has dtype {dtype}, which trtq cannot feed", "export the model with a float32 input") from None
+
+
+class ImageSource:
+    """Images decoded with PIL and preprocessed into one sample each."""
+
+    def __init__(
+        self,
+        input_name: str,
+        kind: str,
+        root: Path,
+        rel_paths: List[str],
+        preprocess: PreprocessOptions,
+        sample_shape: Tuple[int, ...],
+        dtype: str,
+        origin: str,
+    ):
+        self.input_name = input_name
+        self.kind = kind  # "images" or "files"
+        self.root = Path(root)
+        self.rel_paths = rel_paths
+        self.origin = origin
+        self.sample_shape = tuple(sample_shape)
+        self.dtype = _target_dtype(input_name, dtype)
+        self.key = f"data.inputs.{input_name}.preprocess"
+        self.preprocess = Preprocessor(preprocess, self.key)
+        if self.preprocess.dtype != self.dtype and not np.can_cast(self.preprocess.dtype, self.dtype, "same_kind"):
+            raise DataError(
+                f"model input {input_name} takes {self.dtype} but image preprocessing makes {self.preprocess.dtype}",
+                "feed this input from .npy files of that dtype",
+            )
+
+    def __len__(self) -> int:
+        return len(self.rel_paths)
+
+    def label(self, index: int) -> str:
+        return str(self.root / self.rel_paths[index])
+
+    def load(self, index: int) -> np.ndarray:
+        path = self.label(index)
+        img = decode_image(path)
+        try:
+            x = self.preprocess(img, f"image {path}")
+        except SampleError:
+            raise
+        except DataError as e:
+            raise SampleError(e.message, e.hint, path, e.message) from None
+        if x.shape != self.sample_shape:
+            raise SampleError(
+                f"image {path} preprocesses to {_shape_str(x.shape)} but input {self.input_name} "
+                f"expects {_shape_str(self.sample_shape)}",
+                self._shape_hint(x.shape),
+                path,
+                "wrong shape",
+                skippable=False,
+            )
+        return x if x.dtype == self.dtype else x.astype(self.dtype)
+
+    def _shape_hint(self, got: Tuple[int, ...]) -> str:
+        want = self.sample_shape
+        opts = self.preprocess.options
+        if len(want) != 3:
+            return f"images make 3-D samples (CHW or HWC); feed input {self.input_name} from .npy files"
+        if sorted(got) == sorted(want):
+            other = "nhwc" if opts.layout == "nchw" else "nchw"
+            return f"set {self.key}.layout: {other}"
+        chan = 0 if opts.layout == "nchw" else 2
+        hw = (want[1], want[2]) if chan == 0 else (want[0], want[1])
+        if want[chan] != got[chan] and want[chan] in (1, 3):
+            return f"set {self.key}.color: {'gray' if want[chan] == 1 else 'rgb'} (gray = 1 channel, rgb/bgr = 3)"
+        if want[chan] != got[chan]:
+            other = "nhwc" if opts.layout == "nchw" else "nchw"
+            return f"check {self.key}.layout (now {opts.layout}; the model may want {other})"
+        return f"set {self.key}.center_crop or {self.key}.resize to produce {hw[0]}x{hw[1]} (h x w)"
+
+    def identity(self) -> List[Any]:
+        """Per-sample identity for fingerprints: relative path and file size (no decoding)."""
+        out: List[Any] = []
+        for rel in self.rel_paths:
+            try:
+                size = os.stat(self.root / rel).st_size
+            except OSError:
+                size = -1
+            out.append([rel, size])
+        return out
+
+    def describe(self) -> Dict[str, Any]:
+        from dataclasses import asdict
+
+        return {
+            "kind": self.kind,
+            "path": self.origin,
+            "samples": len(self),
+            "preprocess": asdict(self.preprocess.options),
+        }
+
+
+def _shape_str(shape: Sequence[int]) -> str:
+    return "(" + ",".join(str(int(d)) for d in shape) + ")"
+
+
+class NpySource:
+    """Samples along axis 0 of memory-mapped ``.npy`` files, in file order."""
+
+    _OPEN_FILES = 8  # memory maps kept open at once (each holds a file descriptor)
+
+    def __init__(self, input_name: str, files: List[Path], sample_shape: Tuple[int, ...], dtype: str, key: str):
+        self.input_name = input_name
+        self.kind = "npy"
+        self.files = [Path(f) for f in files]
+        self.sample_shape = tuple(sample_shape)
+        self.dtype = _target_dtype(input_name, dtype)
+        self.key = key
+        self.headers: List[Tuple[Tuple[int, ...], np.dtype]] = [self._check(f) for f in self.files]
+        self._ends = np.cumsum([shape[0] for shape, _ in self.headers]).tolist()
+        if not self._ends or self._ends[-1] == 0:
+            raise DataError(f"{key}: the .npy files hold no samples", "save arrays with at least one row")
+        self._maps: "OrderedDict[int, np.ndarray]" = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _open(self, path: Path) -> np.ndarray:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+        if magic != b"\x93NUMPY":
+            if magic.startswith(b"PK"):
+                raise DataError(f"{path} is an .npz archive, not an .npy file", "save each array with np.save")
+            if magic[:1] == b"\x80":
+                raise DataError(
+                    f"{path} is a pickle file", "pickled/object .npy not supported; save with np.save(arr) of a numeric array"
+                )
+            raise DataError(f"{path} is not an .npy file", "save arrays with np.save")
+        try:
+            return np.load(path, mmap_mode="r", allow_pickle=False)
+        except ValueError as e:
+            text = str(e).lower()
+            if "object" in text or "pickle" in text:
+                raise DataError(
+                    f"{path} holds Python objects", "pickled/object .npy not supported; save with np.save(arr) of a numeric array"
+                ) from None
+            raise DataError(f"corrupt or truncated .npy file {path}: {_reason(e)}", "re-save it with np.save") from None
+        except (OSError, EOFError, SyntaxError, TypeError) as e:
+            raise DataError(f"corrupt or truncated .npy file {path}: {_reason(e)}", "re-save it with np.save") from None
+
+    def _check(self, path: Path) -> Tuple[Tuple[int, ...], np.dtype]:
+        arr = self._open(path)
+        shape, dt = tuple(arr.shape), arr.dtype
+        if dt.kind == "O" or dt.hasobject:
+            raise DataError(f"{path} holds Python objects", "pickled/object .npy not supported; save with np.save(arr) of a numeric array")
+        if dt.kind not in "biufc" or dt.names is not None:
+            raise DataError(f"{path} has dtype {dt}, which is not numeric", f"save a numeric array castable to {self.dtype}")
+        if not np.can_cast(dt, self.dtype, "same_kind"):
+            raise DataError(
+                f"{path} has dtype {dt}, which cannot be cast to {self.dtype} (the dtype of input {self.input_name})",
+                f"save it as {self.dtype}",
+            )
+        if len(shape) == 0 or shape[1:] != self.sample_shape:
+            found = "a scalar" if not shape else f"samples of shape {_shape_str(shape[1:])} (array {_shape_str(shape)})"
+            if shape == self.sample_shape:
+                hint = "it looks like a single sample: save it with a leading sample axis (arr[None])"
+            else:
+                hint = f"axis 0 is the sample axis: save an array of shape (N,{_shape_str(self.sample_shape)[1:]}"
+            raise DataError(
+                f"{path} holds {found} but input {self.input_name} expects samples of shape {_shape_str(self.sample_shape)}",
+                hint,
+            )
+        del arr
+        return shape, dt
+
+    def __len__(self) -> int:
+        return int(self._ends[-1])
+
+    def _locate(self, index: int) -> Tuple[int, int]:
+        import bisect
+
+        f = bisect.bisect_right(self._ends, index)
+        start = self._ends[f - 1] if f else 0
+        return f, index - start
+
+    def label(self, index: int) -> str:
+        f, row = self._locate(index)
+        return f"{self.files[f]}[{row}]"
+
+    def _map(self, f: int) -> np.ndarray:
+        with self._lock:
+            arr = self._maps.get(f)
+            if arr is not None:
+                self._maps.move_to_end(f)
+                return arr
+        arr = self._open(self.files[f])
+        with self._lock:
+            self._maps[f] = arr
+            while len(self._maps) > self._OPEN_FILES:
+                self._maps.popitem(last=False)
+        return arr
+
+    def load(self, index: int) -> np.ndarray:
+        f, row = self._locate(index)
+        path = self.files[f]
+        try:
+            x = np.array(self._map(f)[row], dtype=self.dtype)
+        except (OSError, ValueError) as e:  # the file changed or became unreadable while reading
+            raise SampleError(f"cannot read sample {row} of {path}: {_reason(e)}", "re-save it with np.save", str(path), _reason(e)) from None
+        if x.dtype.kind in "fc" and not np.isfinite(x).all():
+            raise SampleError(
+                f"{path} sample {row} has NaN or Inf values",
+                "fix or remove that sample, or pass --skip-bad",
+                f"{path}[{row}]",
+                "NaN/Inf values",
+            )
+        return x
+
+    def identity(self) -> List[Any]:
+        return [[p.name, list(shape), str(dt)] for p, (shape, dt) in zip(self.files, self.headers)]
+
+    def describe(self) -> Dict[str, Any]:
+        return {
+            "kind": "npy",
+            "files": [str(p) for p in self.files],
+            "samples": len(self),
+            "arrays": [{"shape": list(s), "dtype": str(d)} for s, d in self.headers],
+        }
+
+    def close(self) -> None:
+        with self._lock:
+            self._maps.clear()
+
+
+def make_source(input_name: str, src: InputSource, sample_shape: Tuple[int, ...], dtype: str):
+    """Build the source for one model input from its config."""
+    key = f"data.inputs.{input_name}"
+    given = [k for k, v in (("images", src.images), ("files", src.files), ("npy", src.npy)) if v]
+    if len(given) != 1:
+        what = "none" if not given else " and ".join(given)
+        raise ConfigError(f"{key} must set exactly one of images, files, npy (it sets {what})", "keep one data source per input")
+    if src.npy:
+        if src.preprocess != PreprocessOptions():
+            log.warning("%s.preprocess is ignored for .npy data (arrays are fed as they are)", key)
+        return NpySource(input_name, expand_npy(src.npy, f"{key}.npy"), sample_shape, dtype, f"{key}.npy")
+    if src.images:
+        folder = Path(src.images)
+        return ImageSource(input_name, "images", folder, list_image_folder(folder), src.preprocess, sample_shape, dtype, str(folder))
+    root, rel = read_file_list(src.files, f"{key}.files")
+    origin = src.files[0] if len(src.files) == 1 else f"{len(src.files)} files under {root}"
+    return ImageSource(input_name, "files", root, rel, src.preprocess, sample_shape, dtype, str(origin))
