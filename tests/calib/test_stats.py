@@ -40,8 +40,9 @@ def ref_entropy(counts, max_value, nq=128):
             continue
         kl = 0.0
         for b in range(i):
-            if p[b] > 0 and q[b] > 0:  # P>0 with Q==0: the term is skipped (documented choice)
-                pb, qb = p[b] / sp, q[b] / sq
+            if p[b] > 0:
+                pb = p[b] / sp
+                qb = q[b] / sq if q[b] > 0 else 1e-4 / sq  # empty Q bin floored at 1e-4 count
                 kl += pb * math.log(pb / qb)
         kls.append(kl)
     best = min(kls)
@@ -319,6 +320,20 @@ def test_far_outliers_are_clipped(method):
     amax = S.compute_amax(method, counts, m, 99.9)
     assert amax < 0.1 * m
     assert amax > 2.0  # still covers the body of the gaussian
+
+
+def test_entropy_keeps_a_saturated_mode_and_a_discrete_input():
+    rng = np.random.default_rng(48)
+    # HardSigmoid-like: 30% of the values saturate at exactly 1.0, the rest spread below
+    x = np.clip(rng.normal(0.3, 0.15, 200_000), 0.0, 1.0).astype(np.float32)
+    x[: 60_000] = 1.0
+    counts, m = _hist(x)
+    assert S.compute_amax("entropy", counts, m) >= 0.99 * m
+    # a normalised 8-bit image: only 256 distinct values per channel, so most bins are empty
+    pixels = rng.integers(0, 256, 300_000)
+    img = ((pixels / 255.0 - 0.45) / 0.225).astype(np.float32)
+    counts, m = _hist(img)
+    assert S.compute_amax("entropy", counts, m) >= 0.99 * m
 
 
 def test_mse_clips_rare_far_outliers_but_not_frequent_ones():

@@ -36,6 +36,7 @@ METHODS = ("max", "entropy", "percentile", "mse")
 DEFAULT_NUM_BINS = 2048
 NUM_QUANTIZED_BINS = 128  # int8 magnitude levels the entropy search merges into
 INT8_LEVELS = 127  # symmetric int8: q in [-127, 127]
+EMPTY_Q_COUNT = 1e-4  # entropy: floor of an empty Q bin facing a non-empty P bin, in counts
 STATS_FORMAT = "trtq-stats/1"
 
 # Two candidates whose criterion differs by less than this count as tied (the first one wins).
@@ -141,10 +142,10 @@ class HistogramAccumulator:
         top = float(x.max())  # NaN propagates; Inf stays Inf
         if not math.isfinite(top):
             raise _nonfinite_error(name)
-        last = self.num_bins - 1
-        if top >= self.num_bins * (1.0 + 1e-6):
-            self.exceeded.add(name)
-        np.minimum(x, np.float32(last), out=x)
+        if top >= self.num_bins:  # the max itself (or values above it): clip into the last bin
+            if top >= self.num_bins * (1.0 + 1e-6):
+                self.exceeded.add(name)
+            np.minimum(x, np.float32(self.num_bins - 1), out=x)
         # truncation == floor for x >= 0
         counts += np.bincount(x.astype(np.intp), minlength=self.num_bins)
 
@@ -210,20 +211,22 @@ def entropy_divergences(counts, num_quantized_bins: int = NUM_QUANTIZED_BINS) ->
       over the bins of the group where ``P > 0``; bins where ``P == 0`` stay 0 (as in the published
       TensorRT/MXNet implementation, non-emptiness is taken from ``P``).
     * ``P`` and ``Q`` are normalised; ``KL = sum over P>0 of p*log(p/q)``.
-    * Where ``P > 0`` but ``Q == 0`` the term is skipped (adds 0), as in implementations that sum
-      only over bins where both are non-zero. This happens only at ``P[i-1]``, when the whole last
-      group is empty in ``c`` but the tail is not, i.e. the candidate cuts in an empty stretch below
-      isolated outliers. A finite penalty there (MNN and ncnn add 1.0) pins ``amax`` to the max
-      whenever a few far outliers exist, which is exactly what this method is meant to clip. A
-      candidate with ``c[:i]`` all zero has no ``Q`` at all and is rejected (``+inf``). No
-      smoothing is applied.
+    * Where ``P > 0`` but ``Q == 0`` the bin of ``Q`` is floored at ``1e-4`` of one count before
+      normalising (``q = 1e-4 / C_i``), about what an empty bin gets from the smoothing in the
+      MXNet / ONNX Runtime port of this algorithm. This happens only at ``P[i-1]`` when the whole
+      last group is empty in ``c`` but the tail ``T`` is not, and costs
+      ``(T/N) * log((T/N) / (1e-4/C_i))``: a penalty proportional to the clipped mass. So a few
+      isolated far outliers (tiny ``T``) are clipped, while cutting off a real mode (say the
+      saturated top of a HardSigmoid, or most of a spiky image input) never wins. Skipping the
+      term instead rewards cutting off mass; a fixed penalty (MNN and ncnn add 1.0) pins ``amax``
+      to the max whenever outliers exist. A candidate with ``c[:i]`` all zero has no ``Q`` at all
+      and is rejected (``+inf``). No other smoothing is applied.
 
     Vectorised over candidates with prefix sums: for group ``g`` with mass ``G``, ``P``-mass ``S``
     and ``k`` non-empty bins, ``sum_b P_b log Q_b = S * log(G / k)``, so
-    ``KL = (sum P log P - sum_g S_g log(G_g / k_g)) / N + (M / N) log(C_i / N)`` with ``N = sum(c)``,
-    ``C_i = sum(c[:i])`` and ``M`` the P-mass of the counted bins (``N``, or ``C_i`` when the
-    tail term is skipped). Float error is ~1e-14 absolute. Skipping can make KL slightly
-    negative; the minimum is still the choice.
+    ``KL = (sum P log P - sum_g S_g log(G_g / k_g)) / N + log(C_i / N)`` with ``N = sum(c)``,
+    ``C_i = sum(c[:i])``, plus ``(T/N) * -log(1e-4)`` for a floored candidate. Float error is
+    ~1e-14 absolute.
     """
     c = np.asarray(counts, dtype=np.int64)
     nb = c.size
@@ -259,15 +262,16 @@ def entropy_divergences(counts, num_quantized_bins: int = NUM_QUANTIZED_BINS) ->
     # non-emptiness from P: bin i-1 is non-empty in P when the tail is > 0 even if c[i-1] == 0
     k[:, -1] += (last_p > 0) & (last_c == 0)
 
-    # the skipped case: last group empty in c, tail > 0 (then P over that group is the tail at i-1)
-    skip = (G[:, -1] == 0) & (tail > 0)
-    kept_mass = np.where(skip, cum[cand], total)  # sum of P over the bins whose terms count
+    # floored case: last group empty in c, tail > 0; then P over that group is the tail at i-1 and
+    # its term with q = EMPTY_Q_COUNT / C_i is the regular formula's plus (T/N) * -log(EMPTY_Q_COUNT)
+    floored = (G[:, -1] == 0) & (tail > 0)
     with np.errstate(divide="ignore", invalid="ignore"):
         last_term = np.where(last_p > 0, last_p * np.log(np.where(last_p > 0, last_p, 1.0)), 0.0)
-        plogp = cum_clogc[cand - 1] + np.where(skip, 0.0, last_term)
+        plogp = cum_clogc[cand - 1] + last_term
         ratio = np.where(G > 0, G / np.where(k > 0, k, 1.0), 1.0)
-        cross = (S * np.log(ratio)).sum(axis=1)  # groups with G == 0 add 0 (ratio 1)
-        kl = (plogp - cross) / total + (kept_mass / total) * np.log(cum[cand] / total)
+        cross = (S * np.log(ratio)).sum(axis=1)  # groups with G == 0 add 0 here (ratio 1)
+        kl = (plogp - cross) / total + np.log(cum[cand] / total)
+    kl = kl + np.where(floored, (tail / total) * -math.log(EMPTY_Q_COUNT), 0.0)
     kl[cum[cand] == 0] = np.inf
     return kl
 
