@@ -337,22 +337,23 @@ def test_sample_model_against_itself_and_a_perturbed_copy():
 
 
 def two_conv_model():
-    """x [N,2,6,6] -> conv1 (4 ch) -> t1 -> conv2 (2 ch) -> y [N,2,6,6].
+    """x [N,16,4,4] -> conv1 -> t1 [N,16,4,4] -> conv2 -> y [N,16,4,4] (16 channels: the
+    quantizer keeps thinner convs float).
 
-    conv1's channel 0 is 1000x larger than the others, and conv2 divides it back: with t1
-    quantized per tensor, channels 1-3 of t1 fall into a handful of int8 steps, so quantizing
+    conv1's channel 0 is 30x larger than the others, and conv2 divides it back: with t1
+    quantized per tensor, channels 1-15 of t1 get only a few int8 steps, so quantizing
     conv2 (its input t1) costs far more than quantizing conv1 (its input x)."""
     rng = np.random.default_rng(11)
-    w1 = rng.standard_normal((4, 2, 3, 3)).astype(np.float32)
-    w1[0] *= 1000.0
-    w2 = rng.standard_normal((2, 4, 3, 3)).astype(np.float32)
-    w2[:, 0] /= 1000.0
+    w1 = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    w1[0] *= 30.0
+    w2 = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    w2[:, 0] /= 30.0
     graph = helper.make_graph(
         [helper.make_node("Conv", ["x", "w1"], ["t1"], name="conv1", pads=[1, 1, 1, 1]),
          helper.make_node("Conv", ["t1", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])],
         "two_conv",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, 6, 6])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2, 6, 6])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16, 4, 4])],
         [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
@@ -373,16 +374,25 @@ def _amax(model, x):
 @pytest.mark.parametrize("mode", ["only", "leave-one-out"])
 def test_per_layer_ranks_the_sensitive_conv_first(mode):
     model = two_conv_model()
-    x = np.random.default_rng(12).standard_normal((6, 2, 6, 6)).astype(np.float32)
+    x = np.random.default_rng(12).standard_normal((6, 16, 4, 4)).astype(np.float32)
     batches = [make_batch(0, {"x": x[:4]}, 4), make_batch(1, {"x": x[4:]}, 2)]
     rows = per_layer_sensitivity(model, _amax(model, x), QuantizeOptions(), batches, mode=mode)
     assert [r.node for r in rows] == ["conv2", "conv1"]
     assert all(r.op_type == "Conv" for r in rows)
-    assert rows[0].sqnr_db < rows[1].sqnr_db
     if mode == "leave-one-out":
+        # keeping conv2 float helps the most; keeping conv1 float leaves the damage in place
         assert rows[0].gain_db > rows[1].gain_db
+        assert rows[0].sqnr_db > rows[1].sqnr_db
     else:
         assert rows[0].gain_db is None
+        assert rows[0].sqnr_db < rows[1].sqnr_db
+        # the row's numbers are those of the one-layer Q/DQ model run directly
+        from trtq.quantize import quantize_model
+
+        only_conv2 = quantize_model(model, _amax(model, x), QuantizeOptions(), only_nodes={"conv2"})
+        want = expected_metrics(plain_run(model, x)["y"], plain_run(only_conv2.model, x)["y"])
+        assert rows[0].max_abs_error == pytest.approx(want["max_abs"], rel=1e-6)
+        assert rows[0].cosine_mean == pytest.approx(want["cos_mean"], rel=1e-6, abs=1e-9)
     top = per_layer_sensitivity(model, _amax(model, x), QuantizeOptions(), batches, mode=mode, top=1)
     assert [r.node for r in top] == ["conv2"]
     json.dumps([r.to_dict() for r in rows], allow_nan=False)
@@ -395,3 +405,37 @@ def test_per_layer_bad_arguments():
         per_layer_sensitivity(model, {}, QuantizeOptions(), [], mode="sideways")
     with pytest.raises(ConfigError):
         per_layer_sensitivity(model, {}, QuantizeOptions(), [], top=0)
+
+
+def _sample_amax(model, x):
+    """max |t| of every calibratable tensor, from one plain onnxruntime run."""
+    from trtq.model import calibratable_tensors
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    have = {o.name for o in probe.graph.output}
+    names = calibratable_tensors(model)
+    for name in names:
+        if name not in have:
+            probe.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+    out = plain_run(probe, x)
+    return {n: float(np.abs(out[n]).max()) if n in out else float(np.abs(x).max()) for n in names}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_QUANTIZER, reason="trtq.quantize is not there yet")
+def test_per_layer_on_the_sample_model():
+    from trtq.quantize import quantize_model
+
+    model = onnx.load(str(SAMPLE))
+    x = np.random.default_rng(4).uniform(-2, 2, (2, 3, 224, 224)).astype(np.float32)
+    amax = _sample_amax(model, x)
+    rows = per_layer_sensitivity(model, amax, QuantizeOptions(), [make_batch(0, {"x": x}, 2)])
+    quantized = quantize_model(model, amax, QuantizeOptions()).quantized
+    assert sorted(r.node for r in rows) == sorted(quantized) and len(rows) > 10
+    sqnr = [r.sqnr_db for r in rows]
+    assert sqnr == sorted(sqnr)  # worst first
+    worst = quantize_model(model, amax, QuantizeOptions(), only_nodes={rows[0].node}).model
+    ref_out = plain_run(model, x)["fetch_name_0"]
+    want = expected_metrics(ref_out, plain_run(worst, x)["fetch_name_0"])
+    assert rows[0].sqnr_db == pytest.approx(want["sqnr"], rel=1e-3)

@@ -183,3 +183,28 @@ def test_sample_model_specs():
         out = runner.run({"x": np.zeros((1, 3, 224, 224), np.float32)})["fetch_name_0"]
     assert out.shape == (1, 4)
     np.testing.assert_allclose(out.sum(), 1.0, rtol=1e-5)  # softmax scores
+
+
+def test_engine_adapter_normalises_specs_and_closes():
+    """EngineRunner wraps trtq.trt.runtime.TrtRunner; here around a stand-in with the same
+    surface (TensorRT cannot run on this machine), checking only the adapter's own work."""
+    from trtq.runners import EngineRunner
+
+    class Inner:
+        inputs = [TensorSpec("x", (-1, 3), "float32")]
+        outputs = [TensorSpec("y", (-1, 2), "float16")]
+        closed = 0
+
+        def run(self, feeds):
+            return {"y": feeds["x"][:, :2] * 2}
+
+        def close(self):
+            Inner.closed += 1
+
+    with EngineRunner(Inner(), "m.plan") as runner:
+        assert runner.name == "m.plan"
+        assert runner.inputs == [TensorSpec("x", (None, 3), "float32")]
+        assert runner.outputs == [TensorSpec("y", (None, 2), "float16")]
+        np.testing.assert_array_equal(runner.run({"x": np.ones((1, 3))})["y"], [[2.0, 2.0]])
+    runner.close()
+    assert Inner.closed == 1

@@ -311,8 +311,7 @@ class EngineRunner:
 
 
 def _as_spec(s: Any) -> TensorSpec:
-    if isinstance(s, TensorSpec):
-        return s
+    """A TensorSpec with dynamic dims (-1 in TensorRT) as None."""
     dtype = getattr(s, "dtype", "")
     dtype = getattr(dtype, "name", None) or str(dtype)
     dims = tuple(

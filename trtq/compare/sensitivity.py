@@ -174,7 +174,8 @@ def per_layer_sensitivity(
             "no layer of the model was quantized, so there is nothing to rank",
             "check that the cache covers this model (trtq inspect-cache --model) and --exclude",
         )
-    op_types = {n.name: n.op_type for n in model.graph.node}
+    # node names are the quantizer's (it names unnamed nodes), so take op types from its model
+    op_types = {n.name: n.op_type for n in full.model.graph.node}
 
     with OnnxRunner.from_model(model, providers, name="FP32 model") as fp32:
         names = [s.name for s in fp32.outputs]
