@@ -1,0 +1,124 @@
+"""FP32 ONNX + amax table -> explicit Q/DQ ONNX for TensorRT (8.6, 10 and 11).
+
+``quantize_model`` runs four steps, one module each:
+
+- :mod:`~trtq.quantize.prepare`: normalised copy (opset >= 13, Constant weights as initializers,
+  node names);
+- :mod:`~trtq.quantize.plan` with the table in :mod:`~trtq.quantize.rules`: which node inputs get
+  Q/DQ and with which scale (:mod:`~trtq.quantize.scales`);
+- :mod:`~trtq.quantize.rewrite`: the QuantizeLinear/DequantizeLinear pairs, with stable names;
+- :mod:`~trtq.quantize.fp16` (``options.fp16``): the float rest cast to float16.
+"""
+from dataclasses import dataclass, field
+from typing import Collection, List, Mapping, Optional, Tuple
+
+import onnx
+
+from trtq.config import QuantizeOptions
+from trtq.errors import CacheError, ModelError, UsageError
+from trtq.quantize.fp16 import cast_float_rest
+from trtq.quantize.graph import GraphIndex, default_opset
+from trtq.quantize.plan import make_plan
+from trtq.quantize.prepare import prepare_model
+from trtq.quantize.rewrite import insert_qdq
+from trtq.quantize.scales import check_amax
+
+QUANTIZED_OPS = frozenset(
+    {
+        "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
+        "ConvInteger", "MatMulInteger",
+    }
+)
+
+
+@dataclass
+class QuantizeResult:
+    model: onnx.ModelProto
+    quantized: List[str]  # node names that got Q/DQ on their inputs, in graph order
+    left_float: List[Tuple[str, str]]  # (node name, reason) for quantizable nodes kept float
+    missing_amax: List[str]  # activation tensors the rules needed but amax lacked
+    notes: List[str] = field(default_factory=list)  # what preparing the model changed
+    qdq_pairs: int = 0  # QuantizeLinear/DequantizeLinear pairs inserted
+
+    def to_dict(self) -> dict:
+        return {
+            "quantized": list(self.quantized),
+            "left_float": [{"node": n, "reason": r} for n, r in self.left_float],
+            "missing_amax": list(self.missing_amax),
+            "notes": list(self.notes),
+            "qdq_pairs": self.qdq_pairs,
+            "opset": default_opset(self.model),
+        }
+
+
+def _all_nodes(graph: onnx.GraphProto):
+    for node in graph.node:
+        yield node
+        for a in node.attribute:
+            subs = list(a.graphs) + ([a.g] if a.HasField("g") else [])
+            for sub in subs:
+                yield from _all_nodes(sub)
+
+
+def is_quantized(model: onnx.ModelProto) -> bool:
+    """True when the model (subgraphs included) already holds Q/DQ or other quantized ops."""
+    return any(n.op_type in QUANTIZED_OPS for n in _all_nodes(model.graph))
+
+
+def _tensor_names(graph: onnx.GraphProto) -> set:
+    names = {v.name for v in graph.input} | {v.name for v in graph.output}
+    names |= {i.name for i in graph.initializer}
+    for node in graph.node:
+        names.update(node.output)
+    return names
+
+
+def quantize_model(
+    model: onnx.ModelProto,
+    amax: Mapping[str, float],
+    options: Optional[QuantizeOptions] = None,
+    only_nodes: Optional[Collection[str]] = None,
+) -> QuantizeResult:
+    """Explicit INT8 Q/DQ copy of an FP32 ``model``; ``amax`` maps tensor names to amax.
+
+    ``only_nodes`` restricts quantization to those node names (per-layer sensitivity). The
+    input model is not modified.
+    """
+    options = options if options is not None else QuantizeOptions()
+    if is_quantized(model):
+        raise ModelError("model already has Q/DQ nodes; quantize the FP32 model")
+    check_amax(amax)
+    names = _tensor_names(model.graph)
+    if not any(name in names for name in amax):
+        raise CacheError(
+            f"cache does not belong to this model: none of its {len(amax)} tensors are in the model",
+            "calibrate this model (trtq calibrate) or pass the cache made for it",
+        )
+
+    prepared, notes = prepare_model(model)
+    index = GraphIndex(prepared)
+    if only_nodes is not None:
+        known = {n.name for n in index.nodes}
+        unknown = sorted(set(only_nodes) - known)
+        if unknown:
+            raise UsageError(
+                f"only_nodes names {len(unknown)} node(s) that are not in the model: " + ", ".join(unknown[:5])
+                + (" ..." if len(unknown) > 5 else ""),
+                "use node names from a quantize report",
+            )
+    plan = make_plan(index, amax, options.exclude, options.per_channel, only_nodes)
+    out = insert_qdq(prepared, plan)
+    if options.fp16:
+        out = cast_float_rest(out, amax)
+        notes.append("cast the float rest to float16 (Q/DQ and graph inputs/outputs stay float32)")
+    return QuantizeResult(
+        model=out,
+        quantized=plan.quantized,
+        left_float=plan.left_float,
+        missing_amax=plan.missing_amax,
+        notes=notes,
+        qdq_pairs=len(plan.pairs),
+    )
+
+
+__all__ = ["QuantizeResult", "quantize_model", "is_quantized", "QUANTIZED_OPS"]

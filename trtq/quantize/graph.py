@@ -1,0 +1,165 @@
+"""A read-only index over an ONNX graph: who produces and who consumes each tensor.
+
+The quantizer makes its decisions on this index and only then rewrites the graph, so every
+lookup here reflects the graph as it was handed in.
+"""
+from typing import Dict, List, Optional, Set, Tuple
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+FLOAT = onnx.TensorProto.FLOAT
+FLOAT16 = onnx.TensorProto.FLOAT16
+
+# ops whose output holds exactly the values of their (first) input, only rearranged
+DATA_MOVEMENT_OPS = frozenset({"Identity", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze"})
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    """Version of the default ("" / "ai.onnx") domain the model imports; 1 if absent."""
+    for op in model.opset_import:
+        if op.domain in ("", "ai.onnx"):
+            return int(op.version)
+    return 1
+
+
+def subgraph_names(graph: onnx.GraphProto) -> Set[str]:
+    """Every name used as a node input inside the subgraphs (If/Loop/Scan bodies) of ``graph``."""
+    used: Set[str] = set()
+    for node in graph.node:
+        for attr in node.attribute:
+            subs = list(attr.graphs)
+            if attr.HasField("g"):
+                subs.append(attr.g)
+            for sub in subs:
+                for inner in sub.node:
+                    used.update(i for i in inner.input if i)
+                used |= subgraph_names(sub)
+    return used
+
+
+def has_subgraph(node: onnx.NodeProto) -> bool:
+    return any(a.HasField("g") or len(a.graphs) for a in node.attribute)
+
+
+def tensor_types(model: onnx.ModelProto) -> Dict[str, int]:
+    """ONNX element type of every tensor that shape inference can type (best effort)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # inference is a help: unknown types are handled by the callers
+        inferred = model
+    g = inferred.graph
+    types: Dict[str, int] = {}
+    for vi in list(g.value_info) + list(g.input) + list(g.output):
+        t = vi.type.tensor_type.elem_type
+        if t:
+            types[vi.name] = t
+    for init in g.initializer:
+        types[init.name] = init.data_type
+    return types
+
+
+class GraphIndex:
+    """Producers, consumers, constants and element types of one (main) graph."""
+
+    def __init__(self, model: onnx.ModelProto):
+        graph = model.graph
+        self.graph = graph
+        self.nodes: List[onnx.NodeProto] = list(graph.node)
+        self.initializers: Dict[str, onnx.TensorProto] = {i.name: i for i in graph.initializer}
+        self.graph_inputs: List[str] = [i.name for i in graph.input if i.name not in self.initializers]
+        self.graph_outputs: Set[str] = {o.name for o in graph.output}
+        self.producer: Dict[str, int] = {}
+        self.consumers: Dict[str, List[Tuple[int, int]]] = {}
+        for idx, node in enumerate(self.nodes):
+            for out in node.output:
+                if out:
+                    self.producer[out] = idx
+            for slot, name in enumerate(node.input):
+                if name:
+                    self.consumers.setdefault(name, []).append((idx, slot))
+        self.subgraph_refs = subgraph_names(graph)
+        # initializers and everything computed only from them (constant subgraphs left unfolded)
+        self.static: Set[str] = set(self.initializers)
+        for node in self.nodes:
+            inputs = [i for i in node.input if i]
+            if (inputs and all(i in self.static for i in inputs)) or node.op_type == "Constant":
+                self.static.update(o for o in node.output if o)
+        self.types = tensor_types(model)
+        self._arrays: Dict[str, np.ndarray] = {}
+
+    # -- tensors ---------------------------------------------------------------------------
+    def is_constant(self, name: str) -> bool:
+        """An initializer: its values are known here."""
+        return name in self.initializers
+
+    def is_static(self, name: str) -> bool:
+        """Known before run time: an initializer or computed only from initializers."""
+        return name in self.static
+
+    def array(self, name: str) -> np.ndarray:
+        if name not in self._arrays:
+            self._arrays[name] = numpy_helper.to_array(self.initializers[name])
+        return self._arrays[name]
+
+    def dims(self, name: str) -> Tuple[int, ...]:
+        return tuple(int(d) for d in self.initializers[name].dims)
+
+    def elem_type(self, name: str) -> Optional[int]:
+        return self.types.get(name)
+
+    def consumer_nodes(self, name: str) -> List[onnx.NodeProto]:
+        return [self.nodes[i] for i, _ in self.consumers.get(name, [])]
+
+    def fan_out(self, name: str) -> int:
+        """Number of uses of a tensor: node inputs, graph outputs and subgraph references."""
+        n = len(self.consumers.get(name, []))
+        return n + (name in self.graph_outputs) + (name in self.subgraph_refs)
+
+    def producer_node(self, name: str) -> Optional[onnx.NodeProto]:
+        idx = self.producer.get(name)
+        return None if idx is None else self.nodes[idx]
+
+    def source_through(self, name: str, ops: frozenset) -> List[str]:
+        """``name`` followed by the tensors it was computed from through a chain of ``ops``."""
+        chain = [name]
+        seen = {name}
+        node = self.producer_node(name)
+        while node is not None and node.op_type in ops and node.input and node.input[0]:
+            name = node.input[0]
+            if name in seen:
+                break
+            chain.append(name)
+            seen.add(name)
+            node = self.producer_node(name)
+        return chain
+
+    # -- nodes -----------------------------------------------------------------------------
+    def ancestors(self, name: str, limit: int = 10000) -> Dict[int, int]:
+        """Producer nodes upstream of tensor ``name``: node index -> shortest distance (1 = producer)."""
+        out: Dict[int, int] = {}
+        frontier = [name]
+        depth = 0
+        seen_tensors = {name}
+        while frontier and len(out) < limit:
+            depth += 1
+            nxt: List[str] = []
+            for t in frontier:
+                idx = self.producer.get(t)
+                if idx is None or idx in out:
+                    continue
+                out[idx] = depth
+                for i in self.nodes[idx].input:
+                    if i and i not in seen_tensors and i not in self.initializers:
+                        seen_tensors.add(i)
+                        nxt.append(i)
+            frontier = nxt
+        return out
+
+
+def attr(node: onnx.NodeProto, name: str, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default

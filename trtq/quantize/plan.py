@@ -1,0 +1,206 @@
+"""Decide which node inputs get Q/DQ and with which scale; no graph is changed here."""
+import re
+from dataclasses import dataclass, field
+from typing import Collection, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+import onnx
+
+from trtq.errors import ConfigError
+from trtq.quantize import rules
+from trtq.quantize.graph import DATA_MOVEMENT_OPS, FLOAT, GraphIndex
+from trtq.quantize.scales import activation_scale, weight_scale
+
+PairKey = Tuple[str, Optional[int]]  # (tensor, per-channel axis or None for per tensor)
+
+
+@dataclass
+class QdqPair:
+    tensor: str
+    axis: Optional[int]
+    scale: np.ndarray  # float32 scalar (per tensor) or 1-D (per channel)
+    weight: bool
+
+
+@dataclass
+class Plan:
+    pairs: Dict[PairKey, QdqPair] = field(default_factory=dict)  # in order of first use
+    uses: List[Tuple[int, int, PairKey]] = field(default_factory=list)  # (node index, slot, pair)
+    quantized: List[str] = field(default_factory=list)
+    left_float: List[Tuple[str, str]] = field(default_factory=list)
+    missing_amax: List[str] = field(default_factory=list)
+
+
+class Exclusions:
+    """``--exclude`` entries: an exact op type, otherwise a regex searched in node names."""
+
+    def __init__(self, patterns: Collection[str]):
+        self.entries = []
+        for p in patterns:
+            try:
+                self.entries.append((p, re.compile(p)))
+            except re.error as e:
+                raise ConfigError(
+                    f"--exclude {p!r} is neither an op type nor a valid regular expression ({e})",
+                    "escape regex characters, e.g. --exclude 'head\\.conv'",
+                ) from None
+
+    def reason(self, node: onnx.NodeProto) -> Optional[str]:
+        for pattern, regex in self.entries:
+            if pattern == node.op_type or regex.search(node.name):
+                return f"excluded by --exclude {pattern}"
+        return None
+
+
+_TYPE_NAMES = {v: k for k, v in onnx.TensorProto.DataType.items()}
+
+
+def _type_reason(index: GraphIndex, tensor: str) -> Optional[str]:
+    t = index.elem_type(tensor)
+    if t is not None and t != FLOAT:
+        return f"input {tensor} is {_TYPE_NAMES.get(t, t)}, not FLOAT (Q/DQ scales are float32)"
+    return None
+
+
+def find_amax(index: GraphIndex, amax: Mapping[str, float], tensor: str) -> Optional[float]:
+    """amax of ``tensor``, or of the first tensor the cache names along a data-movement chain."""
+    for name in index.source_through(tensor, DATA_MOVEMENT_OPS):
+        if name in amax:
+            return float(amax[name])
+    return None
+
+
+def make_plan(
+    index: GraphIndex,
+    amax: Mapping[str, float],
+    exclude: Collection[str],
+    per_channel: bool,
+    only_nodes: Optional[Collection[str]],
+) -> Plan:
+    plan = Plan()
+    exclusions = Exclusions(exclude)
+    only = set(only_nodes) if only_nodes is not None else None
+    act_amax: Dict[str, float] = {}
+    decisions: Dict[int, List[Tuple[int, PairKey]]] = {}
+
+    def gate(node: onnx.NodeProto) -> Optional[str]:
+        reason = exclusions.reason(node)
+        if reason is None and only is not None and node.name not in only:
+            reason = "not selected (only_nodes)"
+        return reason
+
+    def activation(tensor: str, missing: List[str]) -> Optional[PairKey]:
+        value = find_amax(index, amax, tensor)
+        if value is None:
+            missing.append(tensor)
+            return None
+        act_amax[tensor] = value
+        return (tensor, None)
+
+    # 1. compute ops from the placement table
+    for idx, node in enumerate(index.nodes):
+        rule = rules.PLACEMENT.get(node.op_type)
+        if rule is None or node.domain not in ("", "ai.onnx"):
+            continue
+        reason = gate(node) or rules.attention_reason(index, node) or rules.size_reason(index, node)
+        slots: List[Tuple[int, PairKey]] = []
+        missing: List[str] = []
+        for slot in rule.inputs:
+            if reason:
+                break
+            tensor = node.input[slot] if slot < len(node.input) else ""
+            if not tensor:
+                reason = f"input {slot} is missing"
+                break
+            reason = _type_reason(index, tensor)
+            if reason:
+                break
+            if index.is_constant(tensor):
+                weight = index.array(tensor)
+                if not np.all(np.isfinite(weight)):
+                    reason = f"weight {tensor} has NaN or Inf values"
+                    break
+                axis = None
+                if per_channel and slot == rule.weight_slot:
+                    axis = rule.channel_axis(node, weight.ndim)
+                    if axis is not None and not 0 <= axis < weight.ndim:
+                        axis = None
+                slots.append((slot, (tensor, axis)))
+            elif index.is_static(tensor):
+                reason = f"input {tensor} is computed from constants by ops trtq does not fold"
+            elif rule.constant_weight_required and slot == rule.weight_slot:
+                reason = f"weight {tensor} is computed at run time, not a constant"
+            else:
+                key = activation(tensor, missing)
+                if key is not None:
+                    slots.append((slot, key))
+        if not reason and missing:
+            reason = "no amax in the cache for " + ", ".join(missing)
+            plan.missing_amax.extend(t for t in missing if t not in plan.missing_amax)
+        if reason:
+            plan.left_float.append((node.name, reason))
+            continue
+        decisions[idx] = slots
+
+    # 2. residual Adds: Q/DQ on the skip input of an Add fused into a quantized Conv
+    quantized_nodes = {i: True for i in decisions}
+    for idx, node in enumerate(index.nodes):
+        if node.op_type != rules.RESIDUAL_OP or node.domain not in ("", "ai.onnx"):
+            continue
+        skip = rules.residual_skip_input(index, node, quantized_nodes)
+        if skip is None:
+            continue
+        tensor = node.input[skip]
+        missing = []
+        reason = gate(node) or _type_reason(index, tensor)
+        key = None if reason else activation(tensor, missing)
+        if not reason and key is None:
+            reason = f"no amax in the cache for the residual input {tensor}"
+            plan.missing_amax.extend(t for t in missing if t not in plan.missing_amax)
+        if reason:
+            plan.left_float.append((node.name, reason))
+            continue
+        decisions[idx] = [(skip, key)]
+
+    # 3. Concat: the quantized tensors around one Concat share the largest amax
+    _share_concat_scales(index, act_amax)
+
+    # 4. pairs in node order, with their scales
+    for idx in sorted(decisions):
+        plan.quantized.append(index.nodes[idx].name)
+        for slot, key in decisions[idx]:
+            if key not in plan.pairs:
+                tensor, axis = key
+                if index.is_constant(tensor):
+                    plan.pairs[key] = QdqPair(tensor, axis, weight_scale(index.array(tensor), axis), True)
+                else:
+                    plan.pairs[key] = QdqPair(tensor, None, activation_scale(act_amax[tensor]), False)
+            plan.uses.append((idx, slot, key))
+    return plan
+
+
+def _share_concat_scales(index: GraphIndex, act_amax: Dict[str, float]) -> None:
+    parent: Dict[str, str] = {}
+
+    def find(t: str) -> str:
+        while parent[t] != t:
+            t = parent[t]
+        return t
+
+    for node in index.nodes:
+        if node.op_type != rules.CONCAT_OP:
+            continue
+        members = [t for t in list(node.input) + list(node.output) if t in act_amax]
+        for t in members:
+            parent.setdefault(t, t)
+        for t in members[1:]:
+            ra, rb = find(members[0]), find(t)
+            if ra != rb:
+                parent[rb] = ra
+    groups: Dict[str, List[str]] = {}
+    for t in parent:
+        groups.setdefault(find(t), []).append(t)
+    for members in groups.values():
+        shared = max(act_amax[t] for t in members)
+        for t in members:
+            act_amax[t] = shared

@@ -1,0 +1,111 @@
+"""Insert the planned QuantizeLinear/DequantizeLinear pairs into the graph.
+
+Names are derived from the quantized tensor, so they are stable across runs:
+
+- ``<t>_scale`` (float32, scalar or [C]) and ``<t>_zero_point`` (int8 zeros, same shape),
+- ``<t>_QuantizeLinear`` -> ``<t>_QuantizeLinear_Output``,
+- ``<t>_DequantizeLinear`` -> ``<t>_DequantizeLinear_Output``, which the quantized consumers read.
+
+One pair per (tensor, scale): every quantized consumer of a tensor reads the same DequantizeLinear
+output. A tensor that needs a second variant (the same weight per-channel on two different axes)
+gets ``<t>_axis<k>`` / ``<t>_per_tensor`` as its base. A name already used in the model gets
+``_<n>`` appended. A pair for a computed tensor sits right after its producer; a pair for a graph
+input or a weight sits right before its first quantized consumer.
+"""
+from typing import Dict, List, Set
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from trtq.quantize.plan import PairKey, Plan
+
+
+def _taken_names(graph: onnx.GraphProto) -> Set[str]:
+    names: Set[str] = set()
+    for node in graph.node:
+        names.add(node.name)
+        names.update(node.input)
+        names.update(node.output)
+    names.update(i.name for i in graph.initializer)
+    names.update(v.name for v in graph.input)
+    names.update(v.name for v in graph.output)
+    names.discard("")
+    return names
+
+
+class _Namer:
+    def __init__(self, taken: Set[str]):
+        self.taken = taken
+
+    def __call__(self, want: str) -> str:
+        name, n = want, 0
+        while name in self.taken:
+            n += 1
+            name = f"{want}_{n}"
+        self.taken.add(name)
+        return name
+
+
+def insert_qdq(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
+    """Rewrite ``model`` (already a private copy) in place with the pairs of ``plan``."""
+    graph = model.graph
+    namer = _Namer(_taken_names(graph))
+    nodes: List[onnx.NodeProto] = list(graph.node)
+
+    bases: Dict[PairKey, str] = {}
+    variants_seen: Set[str] = set()
+    for key in plan.pairs:
+        tensor, axis = key
+        if tensor not in variants_seen:
+            bases[key] = tensor
+            variants_seen.add(tensor)
+        else:
+            bases[key] = f"{tensor}_axis{axis}" if axis is not None else f"{tensor}_per_tensor"
+
+    dq_output: Dict[PairKey, str] = {}
+    pair_nodes: Dict[PairKey, List[onnx.NodeProto]] = {}
+    for key, pair in plan.pairs.items():
+        base = bases[key]
+        scale_name = namer(f"{base}_scale")
+        zp_name = namer(f"{base}_zero_point")
+        graph.initializer.append(numpy_helper.from_array(pair.scale.astype(np.float32), scale_name))
+        graph.initializer.append(numpy_helper.from_array(np.zeros(pair.scale.shape, dtype=np.int8), zp_name))
+        q_out = namer(f"{base}_QuantizeLinear_Output")
+        dq_out = namer(f"{base}_DequantizeLinear_Output")
+        extra = {"axis": int(pair.axis)} if pair.axis is not None else {}
+        q = helper.make_node(
+            "QuantizeLinear", [pair.tensor, scale_name, zp_name], [q_out], name=namer(f"{base}_QuantizeLinear"), **extra
+        )
+        dq = helper.make_node(
+            "DequantizeLinear", [q_out, scale_name, zp_name], [dq_out], name=namer(f"{base}_DequantizeLinear"), **extra
+        )
+        pair_nodes[key] = [q, dq]
+        dq_output[key] = dq_out
+
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    after: Dict[int, List[PairKey]] = {}
+    before: Dict[int, List[PairKey]] = {}
+    first_use: Dict[PairKey, int] = {}
+    for idx, _slot, key in plan.uses:
+        first_use[key] = min(idx, first_use.get(key, idx))
+    for key in plan.pairs:
+        src = producer.get(key[0])
+        if src is not None:
+            after.setdefault(src, []).append(key)
+        else:
+            before.setdefault(first_use[key], []).append(key)
+
+    for idx, slot, key in plan.uses:
+        nodes[idx].input[slot] = dq_output[key]
+
+    ordered: List[onnx.NodeProto] = []
+    for idx, node in enumerate(nodes):
+        for key in before.get(idx, []):
+            ordered.extend(pair_nodes[key])
+        ordered.append(node)
+        for key in after.get(idx, []):
+            ordered.extend(pair_nodes[key])
+    del graph.node[:]
+    graph.node.extend(ordered)
+    return model
