@@ -246,8 +246,12 @@ def test_read_table_written_by_onnxruntime(tmp_path):
     from onnxruntime.quantization.quant_utils import write_calibration_table
 
     ranges = {"conv 1:0": 0.5, "x": 1.0, "onnx::Add_12": 2.54}
-    data = {n: TensorData(lowest=np.float32(-a), highest=np.float32(a)) for n, a in ranges.items()}
-    write_calibration_table(data, dir=str(tmp_path))
+    try:  # ONNX Runtime >= 1.20 takes TensorData
+        data = {n: TensorData(lowest=np.float32(-a), highest=np.float32(a)) for n, a in ranges.items()}
+        write_calibration_table(data, dir=str(tmp_path))
+    except TypeError:  # older releases (the GPU bundle's 1.19) take (min, max) pairs
+        write_calibration_table({n: (float(np.float32(-a)), float(np.float32(a))) for n, a in ranges.items()},
+                                dir=str(tmp_path))
     table = C.read_cache(tmp_path / "calibration.cache")
     assert table.source_format == "onnxruntime"
     assert sorted(table.amax) == sorted(ranges)
