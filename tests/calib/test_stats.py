@@ -192,6 +192,13 @@ def test_histogram_all_zero_tensor():
         assert S.compute_amax(method, h.counts["z"], 0.0) == 0.0
 
 
+def test_histogram_tiny_max():
+    x = np.array([1e-40, 5e-41, 0.0, -1e-40], dtype=np.float32)  # denormals: num_bins / max overflows float32
+    counts, m = _hist(x, 4)
+    assert m == float(np.float32(1e-40))
+    assert counts.tolist() == [1, 0, 1, 2]
+
+
 def test_histogram_values_above_max_go_to_last_bin_and_are_reported():
     h = S.HistogramAccumulator({"t": 1.0}, 8)
     h.update("t", np.array([0.5, 3.0], dtype=np.float32))

@@ -110,7 +110,7 @@ class HistogramAccumulator:
         self.num_bins = int(num_bins)
         self.maxima: Dict[str, float] = {}
         self._counts: Dict[str, np.ndarray] = {}
-        self._scale: Dict[str, np.float32] = {}
+        self._scale: Dict[str, Optional[np.float32]] = {}
         self.exceeded = set()
         for name, m in maxima.items():
             m = float(m)
@@ -118,7 +118,9 @@ class HistogramAccumulator:
                 raise DataError(f"max of activation '{name}' is {m}", "re-run the max pass on finite data")
             self.maxima[name] = m
             self._counts[name] = np.zeros(self.num_bins, dtype=np.int64)
-            self._scale[name] = np.float32(self.num_bins / m) if m > 0 else np.float32(0)
+            # bins per unit; None when num_bins / m overflows float32 (m < ~6e-36): float64 path
+            scale = self.num_bins / m if m > 0 else 0.0
+            self._scale[name] = np.float32(scale) if scale < 1e38 else None
 
     def edges(self, name: str) -> np.ndarray:
         return np.linspace(0.0, self.maxima[name], self.num_bins + 1)
@@ -137,15 +139,21 @@ class HistogramAccumulator:
                 self.exceeded.add(name)
             counts[0] += a.size
             return
-        x = np.abs(a.reshape(-1), dtype=np.float32)  # new float32 buffer, also for float16/64 inputs
-        np.multiply(x, self._scale[name], out=x)
+        scale = self._scale[name]
+        if scale is not None:
+            x = np.abs(a.reshape(-1), dtype=np.float32)  # new float32 buffer, also for float16/64 inputs
+            np.multiply(x, scale, out=x)
+        else:  # tiny max: divide first so nothing overflows
+            x = np.abs(a.reshape(-1), dtype=np.float64)
+            np.divide(x, self.maxima[name], out=x)
+            np.multiply(x, float(self.num_bins), out=x)
         top = float(x.max())  # NaN propagates; Inf stays Inf
         if not math.isfinite(top):
             raise _nonfinite_error(name)
         if top >= self.num_bins:  # the max itself (or values above it): clip into the last bin
             if top >= self.num_bins * (1.0 + 1e-6):
                 self.exceeded.add(name)
-            np.minimum(x, np.float32(self.num_bins - 1), out=x)
+            np.minimum(x, self.num_bins - 1, out=x)
         # truncation == floor for x >= 0
         counts += np.bincount(x.astype(np.intp), minlength=self.num_bins)
 
