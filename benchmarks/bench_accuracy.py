@@ -1,0 +1,211 @@
+"""Benchmark: how much of EfficientNet-Lite0's FP32 behaviour INT8 keeps, in ONNX Runtime on CPU.
+
+    python benchmarks/bench_accuracy.py [--work .bench] [--calib 512] [--eval 500]
+
+Calibration: the first --calib photos of the "calibration" photo set. For each trtq method
+(max, entropy, percentile, mse):
+
+    python -m trtq calibrate --config RUN.yaml --method M --batch-size 8 --limit N -o M.cache
+    python -m trtq quantize --config RUN.yaml --cache M.cache -o M.qdq.onnx
+
+next to ONNX Runtime's stock ``quantize_static`` (QuantFormat.QDQ, per_channel=True,
+CalibrationMethod.MinMax, other settings default) fed the same preprocessed batches.
+
+Evaluation, on data no model saw during calibration: the first --eval photos of the
+"evaluation" set (cut from other source photographs) plus foolbox's 20 labelled ImageNet images.
+Per INT8 model: top-1 agreement with FP32 and the cosine of its logits to FP32's, and top-1
+correct on the 20 labelled images.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+import models  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from trtq.fileio import atomic_path, atomic_write_text  # noqa: E402
+
+METHODS = ("max", "entropy", "percentile", "mse")
+ORT_STOCK = "ort-minmax"
+GOAL_AGREEMENT = 0.95
+ORT_REFERENCE_AGREEMENT = 0.78  # what the issue reports for stock ORT MinMax on this kind of data
+
+
+@dataclass
+class Scores:
+    model: str
+    agreement: float  # top-1 agreement with FP32 over all evaluation images
+    cosine_mean: float
+    cosine_min: float
+    labelled_correct: int
+    labelled_total: int
+    seconds: Optional[float] = None  # calibrate + quantize wall time
+
+
+def trtq_env() -> Dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(common.REPO)] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
+
+
+def run_trtq(args: List[str]) -> dict:
+    """Run ``python -m trtq ARGS --json``; return the JSON it prints (exit with its error if it fails)."""
+    cmd = [sys.executable, "-m", "trtq"] + args + ["--json"]
+    proc = subprocess.run(cmd, cwd=common.REPO, env=trtq_env(), capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+        raise SystemExit(f"{' '.join(cmd[2:4])} failed (exit {proc.returncode}): {last}")
+    return json.loads(proc.stdout)
+
+
+def trtq_int8(method: str, model: Path, config: Path, n: int, out_dir: Path, reuse: bool) -> (Path, float):
+    cache = out_dir / f"trtq-{method}.cache"
+    qdq = out_dir / f"trtq-{method}.qdq.onnx"
+    t0 = time.perf_counter()
+    if not (reuse and cache.exists()):
+        result = run_trtq(["calibrate", "--config", str(config), "--method", method, "--batch-size", "8",
+                           "--limit", str(n), "-o", str(cache), "--no-progress"])
+        if result.get("samples") != n:
+            raise SystemExit(f"trtq calibrate used {result.get('samples')} samples, expected {n}")
+    if not (reuse and qdq.exists()):
+        run_trtq(["quantize", "--config", str(config), "--model", str(model), "--cache", str(cache),
+                  "-o", str(qdq)])
+    return qdq, time.perf_counter() - t0
+
+
+def ort_int8(model: Path, images: Path, n: int, out_dir: Path, reuse: bool) -> (Path, float):
+    """ONNX Runtime's stock static QDQ quantization on the same calibration batches."""
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, quantize_static
+
+    dest = out_dir / f"{ORT_STOCK}.qdq.onnx"
+    t0 = time.perf_counter()
+    if reuse and dest.exists():
+        return dest, 0.0
+    input_name, pre = common.model_preprocess()
+    paths = common.list_images(images)[:n]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self._it = common.prefetched_batches(paths, pre, 8)
+
+        def get_next(self):
+            batch = next(self._it, None)
+            return None if batch is None else {input_name: batch}
+
+    with atomic_path(dest) as tmp:
+        quantize_static(str(model), str(tmp), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        calibrate_method=CalibrationMethod.MinMax)
+    return dest, time.perf_counter() - t0
+
+
+def logits(model: Path, x: np.ndarray, batch: int = 32) -> np.ndarray:
+    sess = models.ort_session(model)
+    name = sess.get_inputs()[0].name
+    return np.concatenate([sess.run(None, {name: x[i:i + batch]})[0] for i in range(0, len(x), batch)])
+
+
+def score(name: str, ref: np.ndarray, got: np.ndarray, labels: np.ndarray, seconds=None) -> Scores:
+    """``ref``/``got``: logits for all evaluation images; the last ``len(labels)`` are labelled."""
+    cos = common.cosine_rows(ref, got)
+    k = len(labels)
+    return Scores(
+        model=name,
+        agreement=float((ref.argmax(1) == got.argmax(1)).mean()),
+        cosine_mean=float(cos.mean()),
+        cosine_min=float(cos.min()),
+        labelled_correct=int((got[-k:].argmax(1) == labels).sum()),
+        labelled_total=k,
+        seconds=seconds,
+    )
+
+
+def report(rows: List[Scores], n_eval: int) -> str:
+    table = [[r.model, f"{r.agreement:.3f}", f"{r.cosine_mean:.4f}", f"{r.cosine_min:.4f}",
+              f"{r.labelled_correct}/{r.labelled_total}", f"{r.seconds:.0f}" if r.seconds else "-"]
+             for r in rows]
+    headers = [f"model", f"top-1 agree ({n_eval})", "cos mean", "cos min", "labelled top-1", "calib+quant s"]
+    return common.format_table(headers, table)
+
+
+def goals(rows: List[Scores]) -> List[str]:
+    fp32 = next(r for r in rows if r.model == "fp32")
+    trtq = [r for r in rows if r.model.startswith("trtq-")]
+    ort = next((r for r in rows if r.model == ORT_STOCK), None)
+    lines = []
+    if trtq:
+        best = max(trtq, key=lambda r: (r.agreement, r.cosine_mean))
+        ref = f"; stock ORT MinMax {ort.agreement:.3f}" if ort else ""
+        lines.append(f"[{common.verdict(best.agreement >= GOAL_AGREEMENT)}] best trtq method ({best.model}) "
+                     f"top-1 agreement >= {GOAL_AGREEMENT}: {best.agreement:.3f}{ref} "
+                     f"(issue's reference for stock ORT: about {ORT_REFERENCE_AGREEMENT})")
+        lines.append(f"[{common.verdict(best.labelled_correct >= fp32.labelled_correct)}] no loss on the labelled "
+                     f"images ({best.model}): {best.labelled_correct}/{best.labelled_total} vs FP32 "
+                     f"{fp32.labelled_correct}/{fp32.labelled_total}")
+    return lines
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", type=Path, default=common.DEFAULT_WORK, help="work folder (default .bench/)")
+    ap.add_argument("--calib", type=int, default=512, help="calibration photos (default 512)")
+    ap.add_argument("--eval", type=int, default=500, help="evaluation photos (default 500) + 20 labelled")
+    ap.add_argument("--methods", default=",".join(METHODS), help="trtq methods (default all four)")
+    ap.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime's quantize_static")
+    ap.add_argument("--reuse", action="store_true", help="reuse caches / Q/DQ models already in the work folder")
+    ap.add_argument("--seed", type=int, default=0, help="photo set seed")
+    args = ap.parse_args(argv)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if any(m not in METHODS for m in methods):
+        print(f"--methods takes {', '.join(METHODS)}", file=sys.stderr)
+        return 2
+
+    work = Path(args.work).resolve()
+    out_dir = work / "accuracy"
+    model = models.ensure_model(work)
+    calib = common.photo_set(work, "calibration", args.calib, args.seed)
+    evals = common.photo_set(work, "evaluation", args.eval, args.seed)
+    config = common.write_run_config(out_dir / "run.yaml", model, calib)
+    samples = common.imagenet_samples()
+    labels = np.array([label for _, label in samples])
+    print(f"model {model.name}; calibration: first {args.calib} photos of {calib}; evaluation: first "
+          f"{args.eval} photos of {evals} + {len(samples)} labelled ImageNet images (foolbox)", flush=True)
+
+    int8: Dict[str, tuple] = {}
+    for m in methods:
+        int8[f"trtq-{m}"] = trtq_int8(m, model, config, args.calib, out_dir, args.reuse)
+        print(f"  trtq-{m}: {int8[f'trtq-{m}'][1]:.0f} s", file=sys.stderr, flush=True)
+    if not args.no_ort:
+        int8[ORT_STOCK] = ort_int8(model, calib, args.calib, out_dir, args.reuse)
+        print(f"  {ORT_STOCK}: {int8[ORT_STOCK][1]:.0f} s", file=sys.stderr, flush=True)
+
+    _, pre = common.model_preprocess()
+    eval_paths = common.list_images(evals)[:args.eval] + [p for p, _ in samples]
+    x = np.concatenate(list(common.prefetched_batches(eval_paths, pre, 64)))
+    ref = logits(model, x)
+    rows = [score("fp32", ref, ref, labels)]
+    for name, (path, seconds) in int8.items():
+        rows.append(score(name, ref, logits(path, x), labels, seconds))
+
+    print()
+    print(report(rows, len(x)))
+    print()
+    for line in goals(rows):
+        print(line)
+    atomic_write_text(work / "bench_accuracy.json", json.dumps(
+        {"calib": args.calib, "eval": len(x), "rows": [asdict(r) for r in rows]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

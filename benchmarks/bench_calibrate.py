@@ -1,0 +1,324 @@
+"""Benchmark: ``trtq calibrate`` against ONNX Runtime's own calibrators on EfficientNet-Lite0.
+
+    python benchmarks/bench_calibrate.py [--work .bench] [--sizes 256,1024] [--cases all]
+
+Every case runs alone in a fresh subprocess on the same first N calibration photos, batch 8:
+
+  fp32              plain ONNX Runtime inference of the same batches (the floor)
+  ort-minmax        onnxruntime.quantization create_calibrator(CalibrationMethod.MinMax)
+  ort-entropy       ... CalibrationMethod.Entropy   (stock settings)
+  ort-percentile    ... CalibrationMethod.Percentile (stock settings)
+  trtq-max|entropy|percentile|mse
+                    python -m trtq calibrate --config ... --method M --batch-size 8 --limit N -o ...
+
+Wall time is the subprocess's (start-up and imports included, for every case alike); peak RSS
+is its ru_maxrss from wait4. Each child runs under an address-space cap (--mem-cap-gb) and a wall
+clock limit (--timeout): ONNX Runtime's histogram calibrators keep every activation of every batch
+in memory and do not fit 1024 images here, which is reported as "killed (> N GB)".
+The ONNX Runtime cases decode with this folder's own preprocessor (common.preprocess_image, same
+config), two threads ahead of the model like trtq's loader, so they do not wait on JPEG decoding.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+import models  # noqa: E402
+
+from trtq.fileio import atomic_write_text  # noqa: E402
+
+ORT_CASES = ("fp32", "ort-minmax", "ort-entropy", "ort-percentile")
+TRTQ_METHODS = ("max", "entropy", "percentile", "mse")
+TRTQ_CASES = tuple(f"trtq-{m}" for m in TRTQ_METHODS)
+ALL_CASES = ORT_CASES + TRTQ_CASES
+REFERENCE = {"trtq-max": "ort-minmax", "trtq-entropy": "ort-entropy",
+             "trtq-percentile": "ort-entropy", "trtq-mse": "ort-entropy"}
+
+# goals from the issue
+RSS_LIMIT = 1.5 * common.GIB
+RSS_GROWTH = 1.10
+MAX_VS_MINMAX = 0.7
+HIST_VS_ENTROPY = 0.2
+
+
+# --------------------------------------------------------------------------------------------
+# worker side: one ONNX Runtime case, run in its own process
+# --------------------------------------------------------------------------------------------
+
+
+def run_ort_case(case: str, model: Path, images: Path, limit: int, batch_size: int, out: Path) -> None:
+    """Run one ONNX Runtime case; write {samples, seconds, amax} as JSON to ``out``."""
+    import numpy as np
+    from onnxruntime.quantization.calibrate import CalibrationDataReader, CalibrationMethod, create_calibrator
+
+    input_name, pre = common.model_preprocess()
+    paths = common.list_images(images)[:limit]
+    if len(paths) != limit:
+        raise SystemExit(f"{images} has {len(paths)} images, need {limit}")
+    t0 = time.perf_counter()
+    amax: Dict[str, float] = {}
+    if case == "fp32":
+        sess = models.ort_session(model)
+        for batch in common.prefetched_batches(paths, pre, batch_size):
+            sess.run(None, {input_name: batch})
+    else:
+        class Reader(CalibrationDataReader):
+            def __init__(self):
+                self._it = common.prefetched_batches(paths, pre, batch_size)
+
+            def get_next(self):
+                batch = next(self._it, None)
+                return None if batch is None else {input_name: batch}
+
+        method = {"ort-minmax": CalibrationMethod.MinMax, "ort-entropy": CalibrationMethod.Entropy,
+                  "ort-percentile": CalibrationMethod.Percentile}[case]
+        calibrator = create_calibrator(
+            str(model), augmented_model_path=str(out.with_suffix(".augmented.onnx")), calibrate_method=method,
+        )
+        calibrator.collect_data(Reader())
+        ranges = calibrator.compute_data()
+        for name, td in ranges.data.items():
+            amax[name] = float(max(np.abs(np.asarray(v, dtype=np.float64)).max() for v in td.range_value))
+    seconds = time.perf_counter() - t0
+    atomic_write_text(out, json.dumps({"case": case, "samples": len(paths), "seconds": seconds, "amax": amax}))
+
+
+# --------------------------------------------------------------------------------------------
+# driver side
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CaseRow:
+    case: str
+    images: int
+    status: str  # "ok" or a label such as "killed (> 20 GB)"
+    seconds: Optional[float]
+    peak_rss: Optional[int]
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def read_trt_cache_amax(path: Path) -> Dict[str, float]:
+    """amax per tensor from a TensorRT calibration.cache (scale = amax / 127, big-endian hex)."""
+    out = {}
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    for line in lines[1:]:
+        if not line.strip():
+            continue
+        name, _, hexval = line.rpartition(": ")
+        out[name] = struct.unpack(">f", bytes.fromhex(hexval.strip()))[0] * 127.0
+    return out
+
+
+def case_command(case: str, model: Path, config: Path, images: Path, n: int, batch: int, out: Path) -> List[str]:
+    if case in ORT_CASES:
+        return [sys.executable, str(Path(__file__).resolve()), "--worker", case, "--model", str(model),
+                "--images", str(images), "--limit", str(n), "--batch-size", str(batch), "--out", str(out)]
+    method = case[len("trtq-"):]
+    return [sys.executable, "-m", "trtq", "calibrate", "--config", str(config), "--method", method,
+            "--batch-size", str(batch), "--limit", str(n), "-o", str(out), "--json", "--no-progress"]
+
+
+def run_case(case: str, n: int, args, model: Path, config: Path, images: Path) -> CaseRow:
+    out_dir = Path(args.work) / "calibrate"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    suffix = ".json" if case in ORT_CASES else ".cache"
+    out = out_dir / f"{case}-{n}{suffix}"
+    if out.exists():
+        out.unlink()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(common.REPO)] + [p for p in [env.get("PYTHONPATH")] if p])
+    cap = int(args.mem_cap_gb * common.GIB)
+    runs = []
+    for _ in range(max(1, args.repeat)):
+        runs.append(common.run_measured(case_command(case, model, config, images, n, args.batch_size, out),
+                                        timeout=args.timeout, mem_cap=cap, env=env, cwd=common.REPO))
+        if runs[-1].status != "ok":
+            break
+    m = min(runs, key=lambda r: (r.status != "ok", r.seconds))  # fastest clean run; RSS barely varies
+    status = m.label(cap, args.timeout)
+    detail = ""
+    if m.status == "ok":
+        if case in ORT_CASES:
+            done = json.loads(out.read_text())["samples"]
+        else:
+            done = json.loads(m.stdout)["samples"]
+        if done != n:
+            status, detail = "failed", f"used {done} samples, not {n}"
+    elif m.status == "failed":
+        tail = [ln for ln in m.stderr.strip().splitlines() if ln.strip()][-1:] or [""]
+        detail = tail[0][:160]
+    return CaseRow(case, n, status, m.seconds, m.peak_rss, detail)
+
+
+def fmt_ratio(a: Optional[float], b: Optional[float]) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def report(rows: List[CaseRow], sizes: List[int], mem_cap_gb: float) -> str:
+    by = {(r.case, r.images): r for r in rows}
+    table = []
+    notes: List[str] = []
+    for n in sizes:
+        for r in [r for r in rows if r.images == n]:
+            floor = by.get(("fp32", n))
+            ref_name = REFERENCE.get(r.case)
+            ref = by.get((ref_name, n)) if ref_name else None
+            ok_ref = ref is not None and ref.ok and r.ok
+            if r.detail:
+                notes.append(f"{r.case} {n}: {r.detail}")
+            table.append([
+                r.case, n, r.status + (" *" if r.detail else ""),
+                f"{r.seconds:.1f}" if r.ok else "-",
+                f"{n / r.seconds:.1f}" if r.ok else "-",
+                f"{r.peak_rss / common.MIB:.0f}" if r.peak_rss else "-",
+                fmt_ratio(r.seconds, floor.seconds) if r.ok and floor and floor.ok else "-",
+                ref_name or "",
+                fmt_ratio(r.seconds, ref.seconds) if ok_ref else ("n/a: ref " + ref.status if ref else "-"),
+                fmt_ratio(r.peak_rss, ref.peak_rss) if ok_ref else "-",
+            ])
+    headers = ["case", "images", "status", "wall s", "img/s", "peak RSS MiB", "x floor",
+               "reference", "time x ref", "RSS x ref"]
+    return "\n".join([common.format_table(headers, table)] + ["* " + n for n in notes])
+
+
+def goals(rows: List[CaseRow], sizes: List[int]) -> List[str]:
+    by = {(r.case, r.images): r for r in rows}
+    lines = []
+    lo, hi = min(sizes), max(sizes)
+
+    def line(ok: Optional[bool], text: str, got: str) -> None:
+        lines.append(f"[{common.verdict(ok)}] {text}: {got}")
+
+    for case in TRTQ_CASES:
+        big, small = by.get((case, hi)), by.get((case, lo))
+        if big is None:
+            continue
+        ok = big.ok and big.peak_rss <= RSS_LIMIT
+        line(ok, f"{case} peak RSS <= {RSS_LIMIT / common.GIB:.1f} GiB at {hi} images",
+             f"{big.peak_rss / common.MIB:.0f} MiB ({big.status})")
+        if small is not None and small is not big and small.ok and big.ok:
+            growth = big.peak_rss / small.peak_rss
+            line(growth <= RSS_GROWTH, f"{case} RSS at {hi} within +{(RSS_GROWTH - 1) * 100:.0f}% of {lo}",
+                 f"{(growth - 1) * 100:+.1f}%")
+    for n in sizes:
+        t, ref = by.get(("trtq-max", n)), by.get(("ort-minmax", n))
+        if t is not None and ref is not None:
+            ok = (t.ok and ref.ok and t.seconds <= MAX_VS_MINMAX * ref.seconds) if ref.ok else (t.ok or None)
+            got = fmt_ratio(t.seconds, ref.seconds) if t.ok and ref.ok else f"trtq {t.status}, ORT {ref.status}"
+            line(ok, f"trtq-max wall <= {MAX_VS_MINMAX}x ORT MinMax at {n} images", got)
+    ref = by.get(("ort-entropy", lo))
+    for case in ("trtq-entropy", "trtq-percentile", "trtq-mse"):
+        t = by.get((case, lo))
+        if t is None or ref is None:
+            continue
+        ok = t.ok and ref.ok and t.seconds <= HIST_VS_ENTROPY * ref.seconds
+        got = fmt_ratio(t.seconds, ref.seconds) if t.ok and ref.ok else f"trtq {t.status}, ORT {ref.status}"
+        line(ok if ref.ok else None, f"{case} wall <= {HIST_VS_ENTROPY}x ORT Entropy at {lo} images", got)
+    if hi != lo:
+        orts = [by[(c, hi)] for c in ("ort-entropy", "ort-percentile") if (c, hi) in by]
+        trtqs = [by[(c, hi)] for c in ("trtq-entropy", "trtq-percentile", "trtq-mse") if (c, hi) in by]
+        if orts and trtqs:
+            ort_failed = [r for r in orts if not r.ok]
+            ok = all(r.ok for r in trtqs) and bool(ort_failed)
+            got = ("trtq: " + ", ".join(f"{r.case} {r.status}" for r in trtqs) + "; ORT: "
+                   + ", ".join(f"{r.case} {r.status}" for r in orts))
+            line(ok, f"histogram methods finish {hi} images where ORT cannot", got)
+    return lines
+
+
+def cross_check(work: Path, sizes: List[int]) -> List[str]:
+    """trtq max vs ORT MinMax ranges on the same images: both are max|x| per tensor."""
+    lines = []
+    for n in sizes:
+        cache = work / "calibrate" / f"trtq-max-{n}.cache"
+        ort_json = work / "calibrate" / f"ort-minmax-{n}.json"
+        if not (cache.exists() and ort_json.exists()):
+            continue
+        ours = read_trt_cache_amax(cache)
+        theirs = json.loads(ort_json.read_text())["amax"]
+        common_names = sorted(set(ours) & set(theirs))
+        if not common_names:
+            continue
+        rel = [abs(ours[k] - theirs[k]) / max(abs(theirs[k]), 1e-12) for k in common_names]
+        worst = max(range(len(rel)), key=rel.__getitem__)
+        lines.append(
+            f"check {n} images: trtq max vs ORT MinMax amax on {len(common_names)} shared tensors "
+            f"(trtq {len(ours)}, ORT {len(theirs)}): median rel diff {sorted(rel)[len(rel) // 2]:.1e}, "
+            f"max {rel[worst]:.1e} ({common_names[worst]})"
+        )
+    return lines
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", type=Path, default=common.DEFAULT_WORK, help="work folder (default .bench/)")
+    ap.add_argument("--sizes", default="256,1024", help="image counts, comma-separated (default 256,1024)")
+    ap.add_argument("--cases", default="all", help="comma-separated subset of: " + ", ".join(ALL_CASES))
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--timeout", type=float, default=900.0, help="wall seconds per case (default 900)")
+    ap.add_argument("--mem-cap-gb", type=float, default=20.0, help="address-space cap per case (default 20)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per case; the fastest is reported (default 1)")
+    ap.add_argument("--seed", type=int, default=0, help="photo set seed")
+    # internal: run one ONNX Runtime case in this process
+    ap.add_argument("--worker", choices=ORT_CASES, help=argparse.SUPPRESS)
+    ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--images", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--limit", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        run_ort_case(args.worker, args.model, args.images, args.limit, args.batch_size, args.out)
+        return 0
+    sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
+    cases = list(ALL_CASES) if args.cases == "all" else [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [c for c in cases if c not in ALL_CASES]
+    if unknown or not sizes:
+        print(f"unknown case(s) {unknown}; choose from {', '.join(ALL_CASES)}", file=sys.stderr)
+        return 2
+    cases = [c for c in ALL_CASES if c in cases]  # floor and references first
+    work = Path(args.work).resolve()
+    model = models.ensure_model(work)
+    images = common.photo_set(work, "calibration", max(sizes), args.seed)
+    config = common.write_run_config(work / "calibrate" / "run.yaml", model, images)
+
+    print(f"model {model.name}, {max(sizes)} calibration photos in {images}, batch {args.batch_size}, "
+          f"{os.cpu_count()} CPUs, cap {args.mem_cap_gb:g} GB / {args.timeout:.0f} s per case, "
+          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    rows: List[CaseRow] = []
+    for n in sizes:
+        for case in cases:
+            row = run_case(case, n, args, model, config, images)
+            rows.append(row)
+            rss = f"{row.peak_rss / common.MIB:.0f} MiB" if row.peak_rss else "-"
+            print(f"  {case:16s} {n:5d} images  {row.status:18s} {row.seconds:7.1f} s  {rss}", file=sys.stderr,
+                  flush=True)
+    print(f"\nload average at the end {os.getloadavg()[0]:.2f} (other work on the machine skews wall times)")
+    print(report(rows, sizes, args.mem_cap_gb))
+    print()
+    for line in goals(rows, sizes) + cross_check(work, sizes):
+        print(line)
+    atomic_write_text(work / "bench_calibrate.json",
+                      json.dumps({"sizes": sizes, "rows": [asdict(r) for r in rows]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
