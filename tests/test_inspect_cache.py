@@ -26,9 +26,8 @@ def stored_amax(a: float) -> float:
 
 
 def tiny_model():
-    """x -> Conv(W) -> c -> Relu -> r -> Add(r, x_skip?) ... small and exact: x, c, r, y are activations."""
+    """x -> Conv(W) -> c -> Relu -> r -> Sigmoid -> y: the activations are x, c, r, y."""
     import numpy as np
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     w = numpy_helper.from_array(np.ones((2, 1, 1, 1), dtype=np.float32), "W")

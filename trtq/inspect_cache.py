@@ -10,7 +10,7 @@ import re
 import statistics
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, List, Mapping, Optional, Sequence, Union
 
 from trtq.calib.cache import CalibrationTable, scale_hex, scale_of, version_code
 from trtq.errors import ConfigError
