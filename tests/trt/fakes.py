@@ -81,11 +81,12 @@ def fake_trt(version: str) -> SimpleNamespace:
 class RecordingConfig:
     """An IBuilderConfig stand-in recording what the compat layer sets on it."""
 
-    def __init__(self, timing_accepts=True, timing_raises=False, has_level=True):
+    def __init__(self, timing_accepts=True, timing_raises=False, has_level=True, timing_ignores=False):
         self.calls = []
         self.flags = []
         self._timing_accepts = timing_accepts
         self._timing_raises = timing_raises
+        self._timing_ignores = timing_ignores  # TensorRT 8.6: garbage in, empty cache out
         if has_level:
             self.builder_optimization_level = 3
         self.timing_cache = None
@@ -99,11 +100,19 @@ class RecordingConfig:
     def create_timing_cache(self, data):
         if data and self._timing_raises:
             raise RuntimeError("corrupt timing cache")
-        return ("cache", bytes(data))
+        return FakeTimingCache(b"" if self._timing_ignores else bytes(data))
 
     def set_timing_cache(self, cache, ignore_mismatch):
-        self.calls.append(("timing", cache, ignore_mismatch))
-        if cache[1] and not self._timing_accepts:
+        self.calls.append(("timing", cache.data, ignore_mismatch))
+        if cache.data and not self._timing_accepts:
             return False
         self.timing_cache = cache
         return True
+
+
+class FakeTimingCache:
+    def __init__(self, data):
+        self.data = data
+
+    def serialize(self):
+        return b"HEADER" + self.data

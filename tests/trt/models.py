@@ -50,15 +50,18 @@ def residual_cnn(path: Path, batch: Union[int, str] = 2, opset: int = 13, seed: 
     return _save(helper.make_model(graph), path, opset)
 
 
-def reduce_mean_opset18(path: Path) -> Path:
-    """ReduceMean with an ``axes`` input: opset 18, beyond TensorRT 8.6's parser."""
-    axes = numpy_helper.from_array(np.array([1], dtype=np.int64), "axes")
+def unsupported_op_opset18(path: Path) -> Path:
+    """An opset-18 model whose one node is a custom-domain op no TensorRT parser knows."""
+    node = helper.make_node("NoSuchOp", ["x"], ["y"], domain="trtq.test")
     graph = helper.make_graph(
-        [helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=1)], "rm18",
+        [node], "unsupported",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 1])], [axes],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
     )
-    return _save(helper.make_model(graph), path, 18)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("trtq.test", 1)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
 
 
 def ort_run(model_path: Path, feeds: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:

@@ -87,3 +87,27 @@ def test_stale_cache_is_refused_before_tensorrt_is_needed(tmp_path, sample_model
     with pytest.raises(CacheError, match="calibrated for a different model"):
         build_engine(sample_model, tmp_path / "m.plan", BuildOptions(), cache_path=path)
     assert not (tmp_path / "m.plan").exists()
+
+
+def test_conv_kernel_shape_added_for_qdq_weights(tmp_path):
+    """TensorRT's parser needs kernel_shape when Conv weights come through DequantizeLinear."""
+    import numpy as np
+    import onnx
+
+    from tests.trt.models import activation_amax, ort_run, residual_cnn
+    from trtq.config import QuantizeOptions
+    from trtq.quantize import quantize_model
+    from trtq.trt.build import add_conv_kernel_shapes
+
+    path = residual_cnn(tmp_path / "m.onnx", batch=2)
+    x = np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    model = quantize_model(onnx.load(str(path)), activation_amax(path, [{"x": x}]), QuantizeOptions()).model
+    onnx.save(model, str(tmp_path / "q.onnx"))
+    add_conv_kernel_shapes(model)
+    convs = [n for n in model.graph.node if n.op_type == "Conv"]
+    assert len(convs) == 2
+    for n in convs:
+        assert [list(a.ints) for a in n.attribute if a.name == "kernel_shape"] == [[3, 3]]
+    onnx.save(model, str(tmp_path / "q2.onnx"))
+    assert np.array_equal(ort_run(tmp_path / "q.onnx", {"x": x})["y"], ort_run(tmp_path / "q2.onnx", {"x": x})["y"])
+    assert add_conv_kernel_shapes(model) == 0  # idempotent

@@ -226,20 +226,40 @@ def test_calibration_profile_only_where_it_exists():
 def test_timing_cache_good_data_is_used():
     cfg = RecordingConfig()
     cache, usable = compat.load_timing_cache(cfg, b"TIMING")
-    assert usable and cfg.timing_cache == ("cache", b"TIMING")
+    assert usable and cfg.timing_cache.data == b"TIMING"
 
 
-@pytest.mark.parametrize("cfg", [RecordingConfig(timing_raises=True), RecordingConfig(timing_accepts=False)])
+@pytest.mark.parametrize("cfg", [
+    RecordingConfig(timing_raises=True),  # TensorRT raises on the bytes
+    RecordingConfig(timing_accepts=False),  # set_timing_cache refuses it (other GPU/version)
+    RecordingConfig(timing_ignores=True),  # accepted, but nothing was loaded (8.6 with garbage)
+])
 def test_timing_cache_corrupt_or_foreign_gives_fresh_cache(cfg):
     cache, usable = compat.load_timing_cache(cfg, b"\x00garbage")
     assert not usable
-    assert cfg.timing_cache == ("cache", b"")  # an empty cache is attached instead
+    assert cfg.timing_cache.data == b""  # an empty cache is attached instead
+
+
+def test_timing_cache_rejected_when_tensorrt_logs_an_error():
+    cfg = RecordingConfig()
+    logger = compat.make_logger(TRT86)
+    real_create = cfg.create_timing_cache
+
+    def create(data):
+        if data:
+            logger.log(FakeILogger.ERROR, "timing cache is corrupted")
+        return real_create(data)
+
+    cfg.create_timing_cache = create
+    _, usable = compat.load_timing_cache(cfg, b"TIMING", logger)
+    assert not usable and cfg.timing_cache.data == b""
+    assert logger.errors == []  # not left behind to be reported as a build error
 
 
 def test_timing_cache_absent():
     cfg = RecordingConfig()
     _, usable = compat.load_timing_cache(cfg, None)
-    assert not usable and cfg.timing_cache == ("cache", b"")
+    assert not usable and cfg.timing_cache.data == b""
 
 
 # -- I/O tensors -------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import pytest
 from trtq.config import BenchOptions, BuildOptions, DataOptions, InputSource, ProfileShapes
 from trtq.errors import DataError, ModelError
 from tests.trt.models import (
-    TACTICS, activation_amax, cosine, ort_run, read_trt_cache, reduce_mean_opset18, rel_max_err,
+    TACTICS, activation_amax, cosine, ort_run, read_trt_cache, rel_max_err, unsupported_op_opset18,
     residual_cnn, write_trt_cache,
 )
 
@@ -187,11 +187,11 @@ def test_runtime_refuses_non_plan(tiny, tmp_path, content):
 def test_parse_error_names_opset_and_leaves_no_file(tmp_path):
     from trtq.trt.build import build_engine
 
-    model = reduce_mean_opset18(tmp_path / "rm18.onnx")
+    model = unsupported_op_opset18(tmp_path / "bad18.onnx")
     out = tmp_path / "out"
     with pytest.raises(ModelError) as info:
-        build_engine(model, out / "rm18.plan", opts(precision="fp32"))
-    assert "cannot parse rm18.onnx" in info.value.message
+        build_engine(model, out / "bad18.plan", opts(precision="fp32"))
+    assert "cannot parse bad18.onnx" in info.value.message and "NoSuchOp" in info.value.message
     assert "opset 18" in info.value.hint and "opset 17" in info.value.hint
     assert not out.exists() or list(out.iterdir()) == []
 

@@ -156,9 +156,53 @@ def _onnx_opset(model: Any) -> Optional[int]:
     return None
 
 
+def add_conv_kernel_shapes(model: Any) -> int:
+    """Set the optional ``kernel_shape`` of Conv/ConvTranspose nodes that lack it; return how many.
+
+    TensorRT's ONNX parser (seen with 8.6) cannot infer a convolution's spatial dims when the
+    weight arrives through DequantizeLinear instead of as an initializer, and fails with
+    "The input tensor shape misaligns with the input kernel shape". Exporters such as the
+    PyTorch dynamo exporter omit the attribute. The weight is followed back through
+    Q/DQ/Cast/Identity to its initializer; the attribute is spec-legal and changes no result.
+    """
+    from onnx import helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    passthrough = {"QuantizeLinear", "DequantizeLinear", "Cast", "Identity"}
+    fixed = 0
+    for node in model.graph.node:
+        if node.op_type not in ("Conv", "ConvTranspose") or len(node.input) < 2:
+            continue
+        if any(a.name == "kernel_shape" for a in node.attribute):
+            continue
+        name, dims = node.input[1], None
+        for _ in range(8):
+            if name in inits:
+                dims = list(inits[name].dims)
+                break
+            src = producer.get(name)
+            if src is None:
+                break
+            if src.op_type == "Constant":
+                for a in src.attribute:
+                    if a.name == "value":
+                        dims = list(a.t.dims)
+                break
+            if src.op_type not in passthrough or not src.input:
+                break
+            name = src.input[0]
+        if dims and len(dims) >= 3:
+            node.attribute.append(helper.make_attribute("kernel_shape", [int(d) for d in dims[2:]]))
+            fixed += 1
+    return fixed
+
+
 def _parse(trt: Any, parser: Any, logger: Any, model: Any, model_path: Path, work_dir: Path) -> None:
     """Parse an in-memory ONNX ModelProto (via a temporary file when it is over protobuf's 2 GB)."""
     opset = _onnx_opset(model)
+    if add_conv_kernel_shapes(model):
+        log.debug("added kernel_shape to convolutions whose weights pass through Q/DQ")
     if model.ByteSize() < (2 << 30) - (1 << 20):
         ok = parser.parse(model.SerializeToString(), str(model_path))
     else:  # pragma: no cover - needs a > 2 GB model
@@ -346,7 +390,7 @@ def build_engine(
 
     timing_path = Path(options.timing_cache) if options.timing_cache else None
     timing_data = _read_timing_cache(timing_path)
-    _, timing_loaded = compat.load_timing_cache(config, timing_data)
+    _, timing_loaded = compat.load_timing_cache(config, timing_data, logger)
     if timing_data and not timing_loaded:
         log.warning("timing cache %s is corrupt or from another TensorRT/GPU: rebuilding it", timing_path)
 

@@ -249,15 +249,19 @@ def set_calibration_profile(config: Any, profile: Any) -> bool:
     return True
 
 
-def load_timing_cache(config: Any, data: Optional[bytes]) -> Tuple[Any, bool]:
+def load_timing_cache(config: Any, data: Optional[bytes], logger: Any = None) -> Tuple[Any, bool]:
     """Attach a timing cache made from ``data``; (cache, True) when the data was usable.
 
     A corrupt or foreign cache (another TensorRT / GPU) gives a fresh empty cache and False:
-    the build goes on, only slower.
+    the build goes on, only slower. TensorRT 8.6 accepts garbage bytes without raising (it logs
+    an error and starts empty), so the data also counts as unusable when TensorRT logged an
+    error while reading it, or when the loaded cache serializes no larger than an empty one.
     """
-    cache = None
+    empty = config.create_timing_cache(b"")
     usable = False
+    cache = None
     if data:
+        errors_before = len(getattr(logger, "errors", []) or [])
         try:
             cache = config.create_timing_cache(data)
         except Exception as e:  # TensorRT raises on some corrupt inputs
@@ -269,8 +273,13 @@ def load_timing_cache(config: Any, data: Optional[bytes]) -> Tuple[Any, bool]:
             except Exception as e:
                 log.debug("set_timing_cache failed: %s", e)
                 usable = False
+        if len(getattr(logger, "errors", []) or []) > errors_before:
+            usable = False  # TensorRT complained about the data: not an error of the build
+            del logger.errors[errors_before:]
+        if usable and len(bytes(cache.serialize())) <= len(bytes(empty.serialize())):
+            usable = False  # nothing was loaded from the data
     if not usable:
-        cache = config.create_timing_cache(b"")
+        cache = empty
         config.set_timing_cache(cache, False)
     return cache, usable
 
