@@ -1,0 +1,134 @@
+"""Helpers behind benchmarks/: preprocessing, measured subprocesses, cache reading, goal lines."""
+import struct
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+from PIL import Image
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import bench_calibrate  # noqa: E402
+import common  # noqa: E402
+import models  # noqa: E402
+
+from trtq.config import PreprocessOptions, ResizeOptions  # noqa: E402
+
+
+def test_imagenet_samples_parse_labels(tmp_path):
+    for name in ("imagenet_01_559.jpg", "imagenet_00_243.jpg", "cifar10_00_3.png", "imagenet_x_1.jpg"):
+        (tmp_path / name).write_bytes(b"")
+    got = common.imagenet_samples(tmp_path)
+    assert [(p.name, label) for p, label in got] == [("imagenet_00_243.jpg", 243), ("imagenet_01_559.jpg", 559)]
+
+
+def test_foolbox_ships_twenty_labelled_images():
+    got = common.imagenet_samples()
+    assert len(got) == 20
+    assert all(0 <= label < 1000 for _, label in got)
+
+
+def test_preprocess_by_hand(tmp_path):
+    # 4 wide x 2 high; centre crop 2x2 keeps columns 1..2
+    px = np.arange(4 * 2 * 3, dtype=np.uint8).reshape(2, 4, 3) * 10
+    path = tmp_path / "a.png"
+    Image.fromarray(px).save(path)
+    opts = PreprocessOptions(center_crop=(2,), scale=1.0, mean=(127.0, 127.0, 127.0), std=(128.0, 128.0, 128.0))
+    got = common.preprocess_image(path, opts)
+    want = ((px[:, 1:3, :].astype(np.float32) - 127.0) / 128.0).transpose(2, 0, 1)
+    assert got.shape == (3, 2, 2) and got.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
+
+
+def test_preprocess_matches_trtq_batcher(tmp_path):
+    """The ORT reference cases must see exactly the tensors trtq calibrates on."""
+    from trtq.config import DataOptions, InputSource
+    from trtq.data.batcher import Batcher
+    from trtq.model import TensorSpec
+
+    rng = np.random.default_rng(0)
+    for i, (w, h) in enumerate([(398, 381), (300, 451), (640, 333)]):  # odd sizes: rounding matters
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(tmp_path / f"p{i}.jpg")
+    pre = PreprocessOptions(resize=ResizeOptions(mode="shorter", size=(64,), interpolation="bicubic"),
+                            center_crop=(56,), scale=1.0, mean=(127.0,) * 3, std=(128.0,) * 3)
+    data = DataOptions(inputs={"input": InputSource(images=str(tmp_path), preprocess=pre)}, batch_size=3)
+    batch = next(iter(Batcher(data, [TensorSpec("input", ("N", 3, 56, 56), "float32")])))
+    ours = np.stack([common.preprocess_image(p, pre) for p in common.list_images(tmp_path)])
+    np.testing.assert_array_equal(batch.arrays["input"][:batch.valid], ours)
+
+
+def _py(code: str):
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def test_run_measured_reports_peak_rss_of_that_child():
+    big = common.run_measured(_py("import numpy as np; a = np.ones(300 * 2**20 // 8); print(a.sum())"), timeout=60)
+    small = common.run_measured(_py("print(1)"), timeout=60)
+    assert big.status == "ok" and big.stdout.strip() == str(float(300 * 2**20 // 8))
+    assert big.peak_rss > 300 * common.MIB
+    assert small.peak_rss < 100 * common.MIB  # not the previous child's figure
+
+
+def test_run_measured_timeout_cap_and_failure():
+    t = common.run_measured(_py("import time; time.sleep(30)"), timeout=0.5)
+    assert t.status == "timeout" and t.seconds < 10
+    assert t.label(None, 0.5).startswith("timeout")
+    k = common.run_measured(_py("import numpy as np; a = np.ones(2 * 2**30 // 8)"), timeout=60, mem_cap=1 * common.GIB)
+    assert k.status == "killed" and k.label(common.GIB, 60) == "killed (> 1 GB)"
+    f = common.run_measured(_py("import sys; sys.exit(3)"), timeout=60)
+    assert f.status == "failed" and f.returncode == 3
+
+
+def test_read_trt_cache_amax(tmp_path):
+    scale = 2.5 / 127.0
+    path = tmp_path / "c.cache"
+    path.write_text("TRT-8600-MinMaxCalibration\ninput: 3c010204\nname: with: colon: "
+                    + struct.pack(">f", scale).hex() + "\n")
+    got = bench_calibrate.read_trt_cache_amax(path)
+    assert got["input"] == pytest.approx(1.0, rel=1e-6)
+    assert got["name: with: colon"] == pytest.approx(2.5, rel=1e-6)
+
+
+def test_calibrate_goals_pass_and_fail():
+    G = common.GIB
+    row = bench_calibrate.CaseRow
+    rows = [
+        row("ort-minmax", 256, "ok", 100.0, 2 * G), row("ort-entropy", 256, "ok", 1000.0, 16 * G),
+        row("ort-entropy", 1024, "killed (> 20 GB)", 300.0, 20 * G),
+        row("trtq-max", 256, "ok", 60.0, 1.0 * G), row("trtq-max", 1024, "ok", 240.0, 1.2 * G),
+        row("trtq-entropy", 256, "ok", 150.0, 1.0 * G), row("trtq-entropy", 1024, "ok", 600.0, 1.05 * G),
+    ]
+    lines = bench_calibrate.goals(rows, [256, 1024])
+    text = "\n".join(lines)
+    assert "[PASS] trtq-max peak RSS <= 1.5 GiB at 1024" in text
+    assert "[FAIL] trtq-max RSS at 1024 within +10% of 256: +20.0%" in text
+    assert "[PASS] trtq-max wall <= 0.7x ORT MinMax at 256 images: 0.60x" in text
+    assert "[PASS] trtq-entropy wall <= 0.2x ORT Entropy at 256 images: 0.15x" in text
+    assert "[PASS] histogram methods finish 1024 images where ORT cannot" in text
+
+
+def test_fold_constants_removes_constant_subgraph():
+    c1 = helper.make_node("Constant", [], ["c1"], value=helper.make_tensor("v", TensorProto.FLOAT, [2], [1.0, 2.0]))
+    neg = helper.make_node("Neg", ["c1"], ["c2"])
+    add = helper.make_node("Add", ["x", "c2"], ["y"])
+    g = helper.make_graph([c1, neg, add], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
+    assert models.fold_constants(m) == 2
+    assert [n.op_type for n in m.graph.node] == ["Add"]
+    onnx.checker.check_model(m)
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(sess.run(None, {"x": np.array([10, 20], np.float32)})[0], [9.0, 18.0])
+
+
+def test_cosine_rows():
+    a = np.array([[1.0, 0.0], [1.0, 1.0]])
+    b = np.array([[0.0, 2.0], [2.0, 2.0]])
+    np.testing.assert_allclose(common.cosine_rows(a, b), [0.0, 1.0])
