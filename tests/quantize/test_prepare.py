@@ -1,0 +1,172 @@
+"""Real-model quirks: Constant weights, weights as inputs, old opsets, unnamed and unsorted nodes."""
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.quantize.conftest import (
+    activation_amax,
+    conv,
+    conv_weight,
+    init,
+    make_model,
+    nodes_of,
+    random_feeds,
+    run,
+    value,
+)
+from trtq.config import QuantizeOptions
+from trtq.quantize import quantize_model
+from trtq.quantize.graph import default_opset
+
+
+def quantize_checked(model, **opts):
+    amax = activation_amax(model, [random_feeds(model)])
+    result = quantize_model(model, amax, QuantizeOptions(**opts))
+    onnx.checker.check_model(result.model, full_check=True)
+    return result, amax
+
+
+def constant(name, array):
+    return helper.make_node("Constant", [], [name], name=f"{name}_const", value=numpy_helper.from_array(array))
+
+
+def test_paddle_style_constant_weights_are_quantized():
+    """Constant -> Identity -> Conv weight, Constant -> Reshape -> Add bias (paddle2onnx)."""
+    rng = np.random.default_rng(1)
+    w = conv_weight(rng, 16, 16)
+    model = make_model(
+        [
+            constant("w_c", w),
+            helper.make_node("Identity", ["w_c"], ["w"], name="w_id"),
+            constant("b_c", rng.standard_normal(16).astype(np.float32)),
+            constant("b_shape", np.array([1, 16, 1, 1], np.int64)),
+            helper.make_node("Reshape", ["b_c", "b_shape"], ["b"], name="b_reshape"),
+            conv("c", "x", "w", "h"),
+            helper.make_node("Add", ["h", "b"], ["y"], name="bias_add"),
+        ],
+        [value("x", [1, 16, 6, 6])], [value("y", None)],
+    )
+    result, _ = quantize_checked(model)
+    q = result.model
+    assert result.quantized == ["c"]  # the bias Add is not a residual Add
+    assert not nodes_of(q, "Constant") and not nodes_of(q, "Identity") and not nodes_of(q, "Reshape")
+    (wq,) = [n for n in nodes_of(q, "QuantizeLinear") if n.input[0] == "w"]
+    assert wq.attribute[0].name == "axis" and wq.attribute[0].i == 0
+    assert {"w", "b"} <= {i.name for i in q.graph.initializer}
+    assert "w_c" not in {i.name for i in q.graph.initializer}  # the Identity was a rename
+    feeds = random_feeds(model)
+    np.testing.assert_allclose(run(q, feeds)[0], run(model, feeds)[0], atol=0.25)
+
+
+def test_weights_listed_as_graph_inputs_are_treated_as_weights():
+    rng = np.random.default_rng(2)
+    model = make_model(
+        [conv("c", "x", "w", "y")], [value("x", [1, 16, 6, 6]), value("w", [16, 16, 3, 3])], [value("y", None)],
+        [init("w", conv_weight(rng, 16, 16))],
+    )
+    result, _ = quantize_checked(model)
+    assert result.quantized == ["c"]
+    assert [i.name for i in result.model.graph.input] == ["x"]
+    assert any("removed 1 initializers from the graph inputs" in n for n in result.notes)
+    run(result.model, {"x": random_feeds(model)["x"]})
+
+
+def _old_opset_model(opset):
+    rng = np.random.default_rng(3)
+    nodes = [
+        conv("c1", "x", "w1", "h"),
+        helper.make_node(
+            "BatchNormalization", ["h", "s", "b", "m", "v"], ["bn"], name="bn", **({"spatial": 1} if opset < 9 else {})
+        ),
+        helper.make_node("Relu", ["bn"], ["r"], name="relu"),
+        helper.make_node("Flatten", ["r"], ["f"], name="flat", axis=1),
+        helper.make_node("Gemm", ["f", "wg", "bg"], ["y"], name="fc", transB=1),
+    ]
+    inits = [
+        init("w1", conv_weight(rng, 16, 16)), init("s", np.ones(16, np.float32)), init("b", np.zeros(16, np.float32)),
+        init("m", np.zeros(16, np.float32)), init("v", np.ones(16, np.float32)),
+        init("wg", rng.standard_normal((32, 16 * 16)).astype(np.float32) * 0.05), init("bg", np.zeros(32, np.float32)),
+    ]
+    model = make_model(nodes, [value("x", ["N", 16, 4, 4])], [value("y", ["N", 32])], inits, opset=opset)
+    model.ir_version = 4 if opset == 9 else 6
+    return model
+
+
+@pytest.mark.parametrize("opset", [9, 11])
+def test_old_opsets_are_upgraded_to_13_for_per_channel_qdq(opset):
+    model = _old_opset_model(opset)
+    result, _ = quantize_checked(model)
+    q = result.model
+    assert default_opset(model) == opset  # the caller's model is untouched
+    assert default_opset(q) == 13 and q.ir_version >= 7
+    assert f"upgraded default-domain opset {opset} -> 13" in result.notes
+    assert result.quantized == ["c1", "fc"]
+    axes = {n.input[0]: [a.i for a in n.attribute if a.name == "axis"] for n in nodes_of(q, "QuantizeLinear")}
+    assert axes == {"x": [], "w1": [0], "f": [], "wg": [0]}
+    feeds = random_feeds(model, batch=3)
+    ref, out = run(model, feeds)[0], run(q, feeds)[0]
+    assert out.shape == (3, 32)
+    assert np.corrcoef(ref.ravel(), out.ravel())[0, 1] > 0.99
+
+
+@pytest.mark.parametrize("opset", [13, 17, 19])
+def test_opsets_13_and_later_are_kept(opset):
+    rng = np.random.default_rng(4)
+    model = make_model(
+        [conv("c", "x", "w", "y")], [value("x", [1, 16, 4, 4])], [value("y", None)],
+        [init("w", conv_weight(rng, 16, 16))], opset=opset,
+    )
+    result, _ = quantize_checked(model)
+    assert default_opset(result.model) == opset and result.quantized == ["c"]
+    assert not any("upgraded" in n for n in result.notes)
+    run(result.model, random_feeds(model))
+
+
+def test_unnamed_nodes_get_stable_names_and_unsorted_graphs_are_sorted():
+    rng = np.random.default_rng(5)
+    nodes = [
+        helper.make_node("Relu", ["h"], ["r"]),  # before its producer: not topologically sorted
+        helper.make_node("Conv", ["x", "w"], ["h"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["r", "w2"], ["y"], name="dup", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["y"], ["z"], name="dup"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [value("x", [1, 16, 4, 4])], [value("z", [1, 16, 4, 4])],
+        [init("w", conv_weight(rng, 16, 16)), init("w2", conv_weight(rng, 16, 16))],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    amax = {"x": 3.0, "r": 2.0}
+    result = quantize_model(model, amax, QuantizeOptions())
+    onnx.checker.check_model(result.model, full_check=True)
+    names = [n.name for n in result.model.graph.node if n.op_type not in ("QuantizeLinear", "DequantizeLinear")]
+    assert names == ["Conv_0", "Relu_1", "dup", "dup__2"]  # <op>_<position> after sorting
+    assert result.quantized == ["Conv_0", "dup"]
+    run(result.model, {"x": np.ones((1, 16, 4, 4), np.float32)})
+
+
+def test_int64_constants_and_shape_subgraphs_are_left_alone():
+    """Shape -> Slice -> Concat -> Reshape (the sample model's flatten) must survive preparation."""
+    rng = np.random.default_rng(6)
+    model = make_model(
+        [
+            conv("c", "x", "w", "h"),
+            helper.make_node("Shape", ["h"], ["shp"], name="shape"),
+            helper.make_node("Slice", ["shp", "zero", "one"], ["n"], name="slice"),
+            helper.make_node("Concat", ["n", "minus1"], ["target"], name="cat", axis=0),
+            helper.make_node("Reshape", ["h", "target"], ["f"], name="flatten"),
+            helper.make_node("MatMul", ["f", "wm"], ["y"], name="fc"),
+        ],
+        [value("x", ["N", 16, 2, 2])], [value("y", ["N", 16])],
+        [init("w", conv_weight(rng, 16, 16)), init("zero", np.array([0], np.int64)),
+         init("one", np.array([1], np.int64)), init("minus1", np.array([-1], np.int64)),
+         init("wm", rng.standard_normal((64, 16)).astype(np.float32))],
+    )
+    result, _ = quantize_checked(model)
+    assert result.quantized == ["c", "fc"]
+    q = result.model
+    fc = next(n for n in q.graph.node if n.name == "fc")
+    assert fc.input[0] == "f_DequantizeLinear_Output"
+    assert run(q, random_feeds(model, batch=5))[0].shape == (5, 16)
+    assert TensorProto.INT64 in {i.data_type for i in q.graph.initializer}
