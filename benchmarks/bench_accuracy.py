@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
@@ -69,7 +69,7 @@ def run_trtq(args: List[str]) -> dict:
     return json.loads(proc.stdout)
 
 
-def trtq_int8(method: str, model: Path, config: Path, n: int, out_dir: Path, reuse: bool) -> (Path, float):
+def trtq_int8(method: str, model: Path, config: Path, n: int, out_dir: Path, reuse: bool) -> Tuple[Path, float]:
     cache = out_dir / f"trtq-{method}.cache"
     qdq = out_dir / f"trtq-{method}.qdq.onnx"
     t0 = time.perf_counter()
@@ -84,7 +84,7 @@ def trtq_int8(method: str, model: Path, config: Path, n: int, out_dir: Path, reu
     return qdq, time.perf_counter() - t0
 
 
-def ort_int8(model: Path, images: Path, n: int, out_dir: Path, reuse: bool) -> (Path, float):
+def ort_int8(model: Path, images: Path, n: int, out_dir: Path, reuse: bool) -> Tuple[Path, float]:
     """ONNX Runtime's stock static QDQ quantization on the same calibration batches."""
     from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, quantize_static
 
@@ -134,7 +134,7 @@ def report(rows: List[Scores], n_eval: int) -> str:
     table = [[r.model, f"{r.agreement:.3f}", f"{r.cosine_mean:.4f}", f"{r.cosine_min:.4f}",
               f"{r.labelled_correct}/{r.labelled_total}", f"{r.seconds:.0f}" if r.seconds else "-"]
              for r in rows]
-    headers = [f"model", f"top-1 agree ({n_eval})", "cos mean", "cos min", "labelled top-1", "calib+quant s"]
+    headers = ["model", f"top-1 agree ({n_eval})", "cos mean", "cos min", "labelled top-1", "calib+quant s"]
     return common.format_table(headers, table)
 
 

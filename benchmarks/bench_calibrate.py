@@ -28,7 +28,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
@@ -110,6 +110,24 @@ class CaseRow:
     def ok(self) -> bool:
         return self.status == "ok"
 
+    @property
+    def stopped(self) -> bool:
+        """Killed at the memory cap or the timeout: its time and RSS are lower bounds."""
+        return self.status.startswith(("killed", "timeout"))
+
+
+def compare(r: CaseRow, ref: Optional[CaseRow], attr: str) -> Tuple[str, Optional[float], bool]:
+    """(text, ratio, exact) of ``r.attr / ref.attr``. A stopped reference ran at least that long /
+    that big, so the ratio is then an upper bound (printed "<0.12x")."""
+    if ref is None or not r.ok or not getattr(ref, attr):
+        return "-", None, False
+    ratio = getattr(r, attr) / getattr(ref, attr)
+    if ref.ok:
+        return f"{ratio:.2f}x", ratio, True
+    if ref.stopped:
+        return f"<{ratio:.2f}x", ratio, False
+    return "-", None, False
+
 
 def read_trt_cache_amax(path: Path) -> Dict[str, float]:
     """amax per tensor from a TensorRT calibration.cache (scale = amax / 127, big-endian hex)."""
@@ -164,11 +182,7 @@ def run_case(case: str, n: int, args, model: Path, config: Path, images: Path) -
     return CaseRow(case, n, status, m.seconds, m.peak_rss, detail)
 
 
-def fmt_ratio(a: Optional[float], b: Optional[float]) -> str:
-    return f"{a / b:.2f}x" if a and b else "-"
-
-
-def report(rows: List[CaseRow], sizes: List[int], mem_cap_gb: float) -> str:
+def report(rows: List[CaseRow], sizes: List[int]) -> str:
     by = {(r.case, r.images): r for r in rows}
     table = []
     notes: List[str] = []
@@ -177,18 +191,18 @@ def report(rows: List[CaseRow], sizes: List[int], mem_cap_gb: float) -> str:
             floor = by.get(("fp32", n))
             ref_name = REFERENCE.get(r.case)
             ref = by.get((ref_name, n)) if ref_name else None
-            ok_ref = ref is not None and ref.ok and r.ok
             if r.detail:
                 notes.append(f"{r.case} {n}: {r.detail}")
+            more = ">" if r.stopped else ""  # a stopped case would have needed more
             table.append([
                 r.case, n, r.status + (" *" if r.detail else ""),
-                f"{r.seconds:.1f}" if r.ok else "-",
-                f"{n / r.seconds:.1f}" if r.ok else "-",
-                f"{r.peak_rss / common.MIB:.0f}" if r.peak_rss else "-",
-                fmt_ratio(r.seconds, floor.seconds) if r.ok and floor and floor.ok else "-",
+                f"{more}{r.seconds:.1f}" if r.ok or r.stopped else "-",
+                f"{'<' if more else ''}{n / r.seconds:.1f}" if r.ok or r.stopped else "-",
+                f"{more}{r.peak_rss / common.MIB:.0f}" if r.peak_rss else "-",
+                compare(r, floor, "seconds")[0],
                 ref_name or "",
-                fmt_ratio(r.seconds, ref.seconds) if ok_ref else ("n/a: ref " + ref.status if ref else "-"),
-                fmt_ratio(r.peak_rss, ref.peak_rss) if ok_ref else "-",
+                compare(r, ref, "seconds")[0],
+                compare(r, ref, "peak_rss")[0],
             ])
     headers = ["case", "images", "status", "wall s", "img/s", "peak RSS MiB", "x floor",
                "reference", "time x ref", "RSS x ref"]
@@ -214,20 +228,25 @@ def goals(rows: List[CaseRow], sizes: List[int]) -> List[str]:
             growth = big.peak_rss / small.peak_rss
             line(growth <= RSS_GROWTH, f"{case} RSS at {hi} within +{(RSS_GROWTH - 1) * 100:.0f}% of {lo}",
                  f"{(growth - 1) * 100:+.1f}%")
-    for n in sizes:
-        t, ref = by.get(("trtq-max", n)), by.get(("ort-minmax", n))
-        if t is not None and ref is not None:
-            ok = (t.ok and ref.ok and t.seconds <= MAX_VS_MINMAX * ref.seconds) if ref.ok else (t.ok or None)
-            got = fmt_ratio(t.seconds, ref.seconds) if t.ok and ref.ok else f"trtq {t.status}, ORT {ref.status}"
-            line(ok, f"trtq-max wall <= {MAX_VS_MINMAX}x ORT MinMax at {n} images", got)
-    ref = by.get(("ort-entropy", lo))
-    for case in ("trtq-entropy", "trtq-percentile", "trtq-mse"):
-        t = by.get((case, lo))
+    def versus(case: str, ref_case: str, n: int, target: float) -> None:
+        t, ref = by.get((case, n)), by.get((ref_case, n))
         if t is None or ref is None:
-            continue
-        ok = t.ok and ref.ok and t.seconds <= HIST_VS_ENTROPY * ref.seconds
-        got = fmt_ratio(t.seconds, ref.seconds) if t.ok and ref.ok else f"trtq {t.status}, ORT {ref.status}"
-        line(ok if ref.ok else None, f"{case} wall <= {HIST_VS_ENTROPY}x ORT Entropy at {lo} images", got)
+            return
+        text, ratio, exact = compare(t, ref, "seconds")
+        if ratio is None:
+            ok, text = None, f"trtq {t.status}, ORT {ref.status}"
+        elif exact:
+            ok = ratio <= target
+        else:  # reference stopped early: only an upper bound on the ratio is known
+            ok = True if ratio <= target else None
+            text += f" (ORT {ref.status} after {ref.seconds:.0f} s)"
+        ref_label = {"ort-minmax": "ORT MinMax", "ort-entropy": "ORT Entropy"}[ref_case]
+        line(ok, f"{case} wall <= {target}x {ref_label} at {n} images", text)
+
+    for n in sizes:
+        versus("trtq-max", "ort-minmax", n, MAX_VS_MINMAX)
+    for case in ("trtq-entropy", "trtq-percentile", "trtq-mse"):
+        versus(case, "ort-entropy", lo, HIST_VS_ENTROPY)
     if hi != lo:
         orts = [by[(c, hi)] for c in ("ort-entropy", "ort-percentile") if (c, hi) in by]
         trtqs = [by[(c, hi)] for c in ("trtq-entropy", "trtq-percentile", "trtq-mse") if (c, hi) in by]
@@ -263,6 +282,13 @@ def cross_check(work: Path, sizes: List[int]) -> List[str]:
     return lines
 
 
+def print_results(rows: List[CaseRow], sizes: List[int], work: Path) -> None:
+    print(report(rows, sizes))
+    print()
+    for line in goals(rows, sizes) + cross_check(work, sizes):
+        print(line)
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, default=common.DEFAULT_WORK, help="work folder (default .bench/)")
@@ -273,6 +299,7 @@ def parse_args(argv):
     ap.add_argument("--mem-cap-gb", type=float, default=20.0, help="address-space cap per case (default 20)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per case; the fastest is reported (default 1)")
     ap.add_argument("--seed", type=int, default=0, help="photo set seed")
+    ap.add_argument("--report-only", action="store_true", help="print the tables of the last run again (its JSON)")
     # internal: run one ONNX Runtime case in this process
     ap.add_argument("--worker", choices=ORT_CASES, help=argparse.SUPPRESS)
     ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
@@ -287,6 +314,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.worker:
         run_ort_case(args.worker, args.model, args.images, args.limit, args.batch_size, args.out)
         return 0
+    work = Path(args.work).resolve()
+    if args.report_only:
+        saved = json.loads((work / "bench_calibrate.json").read_text())
+        rows = [CaseRow(**r) for r in saved["rows"]]
+        print_results(rows, saved["sizes"], work)
+        return 0
     sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
     cases = list(ALL_CASES) if args.cases == "all" else [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in ALL_CASES]
@@ -294,7 +327,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"unknown case(s) {unknown}; choose from {', '.join(ALL_CASES)}", file=sys.stderr)
         return 2
     cases = [c for c in ALL_CASES if c in cases]  # floor and references first
-    work = Path(args.work).resolve()
     model = models.ensure_model(work)
     images = common.photo_set(work, "calibration", max(sizes), args.seed)
     config = common.write_run_config(work / "calibrate" / "run.yaml", model, images)
@@ -311,10 +343,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"  {case:16s} {n:5d} images  {row.status:18s} {row.seconds:7.1f} s  {rss}", file=sys.stderr,
                   flush=True)
     print(f"\nload average at the end {os.getloadavg()[0]:.2f} (other work on the machine skews wall times)")
-    print(report(rows, sizes, args.mem_cap_gb))
-    print()
-    for line in goals(rows, sizes) + cross_check(work, sizes):
-        print(line)
+    print_results(rows, sizes, work)
     atomic_write_text(work / "bench_calibrate.json",
                       json.dumps({"sizes": sizes, "rows": [asdict(r) for r in rows]}, indent=1))
     return 0

@@ -112,6 +112,18 @@ def test_calibrate_goals_pass_and_fail():
     assert "[PASS] histogram methods finish 1024 images where ORT cannot" in text
 
 
+def test_calibrate_goal_against_a_stopped_reference_is_an_upper_bound():
+    row = bench_calibrate.CaseRow
+    G = common.GIB
+    fast = [row("ort-entropy", 256, "killed (> 20 GB)", 1000.0, 19 * G), row("trtq-mse", 256, "ok", 150.0, G)]
+    text = "\n".join(bench_calibrate.goals(fast, [256]))
+    assert "[PASS] trtq-mse wall <= 0.2x ORT Entropy at 256 images: <0.15x (ORT killed (> 20 GB) after 1000 s)" in text
+    slow = [fast[0], row("trtq-mse", 256, "ok", 400.0, G)]
+    assert "[n/a] trtq-mse wall <= 0.2x ORT Entropy at 256 images: <0.40x" in "\n".join(bench_calibrate.goals(slow, [256]))
+    table = bench_calibrate.report(fast, [256])
+    assert ">1000.0" in table and "<0.15x" in table
+
+
 def test_fold_constants_removes_constant_subgraph():
     c1 = helper.make_node("Constant", [], ["c1"], value=helper.make_tensor("v", TensorProto.FLOAT, [2], [1.0, 2.0]))
     neg = helper.make_node("Neg", ["c1"], ["c2"])
