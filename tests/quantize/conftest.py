@@ -1,4 +1,4 @@
-"""Helpers for the quantizer tests: real amax from FP32 runs, ORT sessions, real images."""
+"""Helpers for the quantizer tests: real amax from FP32 runs, ORT sessions, real and synthetic images."""
 from pathlib import Path
 from typing import Dict, List, Sequence
 
@@ -66,25 +66,59 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
 
 
-def imagenet_batch(names=("astronaut", "coffee", "chelsea", "rocket"), size=224) -> np.ndarray:
-    """Real photos from scikit-image: resize shorter side 256, center crop 224, ImageNet mean/std."""
-    skdata = pytest.importorskip("skimage.data")
+SAMPLE_IMAGES = ROOT / "sample_data" / "images"
+_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
+_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+
+
+def preprocess(img, size=224) -> np.ndarray:
+    """PIL image -> CHW float32: resize shorter side 256, center crop 224, ImageNet mean/std."""
     from PIL import Image
 
-    mean = np.array([0.485, 0.456, 0.406], dtype=np.float32)
-    std = np.array([0.229, 0.224, 0.225], dtype=np.float32)
-    out = []
-    for name in names:
-        img = Image.fromarray(getattr(skdata, name)()).convert("RGB")
-        w, h = img.size
-        s = 256 / min(w, h)
-        img = img.resize((max(size, round(w * s)), max(size, round(h * s))), Image.BILINEAR)
-        w, h = img.size
-        left, top = (w - size) // 2, (h - size) // 2
-        img = img.crop((left, top, left + size, top + size))
-        x = (np.asarray(img, dtype=np.float32) / 255.0 - mean) / std
-        out.append(x.transpose(2, 0, 1))
-    return np.stack(out).astype(np.float32)
+    img = img.convert("RGB")
+    w, h = img.size
+    s = 256 / min(w, h)
+    img = img.resize((max(size, round(w * s)), max(size, round(h * s))), Image.BILINEAR)
+    w, h = img.size
+    left, top = (w - size) // 2, (h - size) // 2
+    img = img.crop((left, top, left + size, top + size))
+    x = (np.asarray(img, dtype=np.float32) / 255.0 - _MEAN) / _STD
+    return x.transpose(2, 0, 1).astype(np.float32)
+
+
+def photo_batch(pattern="*_0.*") -> np.ndarray:
+    """Real photos from the repository's sample_data/images (crops of scikit-image's data)."""
+    from PIL import Image
+
+    paths = sorted(SAMPLE_IMAGES.glob(pattern))
+    if not paths:
+        pytest.skip(f"no sample images matching {pattern} in {SAMPLE_IMAGES}")
+    return np.stack([preprocess(Image.open(p)) for p in paths])
+
+
+def text_page(seed=0, size=480):
+    """A synthetic document page: lines of black text on white (the orientation model's task)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = np.random.default_rng(seed)
+    words = "the quick brown fox jumps over a lazy dog while engines quantize every layer of the model".split()
+    img = Image.new("RGB", (size, size), "white")
+    draw = ImageDraw.Draw(img)
+    try:
+        font = ImageFont.load_default(size=18)
+    except TypeError:  # Pillow < 10.1: the small bitmap font
+        font = ImageFont.load_default()
+    y = 10
+    while y < size - 20:
+        draw.text((12, y), " ".join(rng.choice(words, 6)), fill="black", font=font)
+        y += 26
+    return img
+
+
+def page_rotations(seed=0) -> np.ndarray:
+    """A text page turned by 0, 90, 180, 270 degrees (counter-clockwise), preprocessed."""
+    page = text_page(seed)
+    return np.stack([preprocess(page.rotate(90 * k, expand=True)) for k in range(4)])
 
 
 def make_model(nodes, inputs, outputs, initializers=(), opset=13) -> onnx.ModelProto:
@@ -121,16 +155,6 @@ def initializer(model: onnx.ModelProto, name: str) -> np.ndarray:
 @pytest.fixture(scope="session")
 def sample_fp32() -> onnx.ModelProto:
     return onnx.load(str(SAMPLE_MODEL))
-
-
-@pytest.fixture(scope="session")
-def sample_images() -> np.ndarray:
-    return imagenet_batch()
-
-
-@pytest.fixture(scope="session")
-def sample_amax(sample_fp32, sample_images) -> Dict[str, float]:
-    return activation_amax(sample_fp32, [{"x": sample_images}])
 
 
 def conv_weight(rng, out_c, in_c, k=3) -> np.ndarray:

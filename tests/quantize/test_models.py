@@ -6,61 +6,46 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.quantize.conftest import activation_amax, cosine, imagenet_batch, nodes_of, run
+from tests.quantize.conftest import (
+    activation_amax,
+    cosine,
+    nodes_of,
+    page_rotations,
+    photo_batch,
+    run,
+    text_page,
+)
 from trtq.config import QuantizeOptions
 from trtq.quantize import quantize_model
 
 
-def _page_rotations(size=224) -> np.ndarray:
-    """scikit-image's scanned page turned by 0/90/180/270 degrees: the classifier's own task."""
-    skdata = pytest.importorskip("skimage.data")
-    from PIL import Image
-
-    page = skdata.page()
-    mean = np.array([0.485, 0.456, 0.406], np.float32)
-    std = np.array([0.229, 0.224, 0.225], np.float32)
-    out = []
-    for k in range(4):
-        img = Image.fromarray(np.ascontiguousarray(np.rot90(page, k))).convert("RGB")
-        w, h = img.size
-        s = 256 / min(w, h)
-        img = img.resize((max(size, round(w * s)), max(size, round(h * s))), Image.BILINEAR)
-        w, h = img.size
-        img = img.crop(((w - size) // 2, (h - size) // 2, (w - size) // 2 + size, (h - size) // 2 + size))
-        out.append(((np.asarray(img, np.float32) / 255.0 - mean) / std).transpose(2, 0, 1))
-    return np.stack(out).astype(np.float32)
-
-
 @pytest.fixture(scope="module")
-def sample_data():
-    pages = _page_rotations()
-    photos = imagenet_batch()
-    return pages, photos
-
-
-@pytest.fixture(scope="module")
-def calibrated(sample_fp32, sample_data):
-    pages, photos = sample_data
-    return activation_amax(sample_fp32, [{"x": pages}, {"x": photos}])
+def calibrated(sample_fp32):
+    """amax over one batch: a text page in 4 orientations and 8 real photos."""
+    x = np.concatenate([page_rotations(seed=0), photo_batch("*_0.*")])
+    return activation_amax(sample_fp32, [{"x": x}])
 
 
 @pytest.mark.parametrize("fp16", [False, True])
-def test_sample_model_quantizes_and_stays_close_to_fp32(sample_fp32, sample_data, calibrated, fp16):
+def test_sample_model_quantizes_and_stays_close_to_fp32(sample_fp32, calibrated, fp16):
     result = quantize_model(sample_fp32, calibrated, QuantizeOptions(fp16=fp16))
     q = result.model
     onnx.checker.check_model(q, full_check=True)
     convs = [n.name for n in sample_fp32.graph.node if n.op_type == "Conv"]
-    assert result.quantized == convs  # every Conv, depthwise and SE convs included
+    assert result.quantized == convs  # every Conv, depthwise and squeeze-excite convs included
     assert result.missing_amax == []
     assert [name for name, _ in result.left_float] == ["MatMul.0"]  # the 4-class head: N = 4
     assert len(nodes_of(q, "QuantizeLinear")) == result.qdq_pairs == 2 * len(convs)
-    pages, photos = sample_data
-    ref_pages, got_pages = run(sample_fp32, {"x": pages})[0], run(q, {"x": pages})[0]
-    assert list(ref_pages.argmax(1)) == [0, 3, 2, 1]  # the FP32 model reads the rotations right
-    assert list(got_pages.argmax(1)) == list(ref_pages.argmax(1))
-    assert cosine(ref_pages, got_pages) > 0.999
-    ref_photos, got_photos = run(sample_fp32, {"x": photos})[0], run(q, {"x": photos})[0]
-    assert cosine(ref_photos, got_photos) > 0.95  # off-task inputs: low-confidence outputs move more
+    # the model's own task, on a page it was not calibrated on: same answers, nearly same scores
+    pages = page_rotations(seed=1)
+    ref, got = run(sample_fp32, {"x": pages})[0], run(q, {"x": pages})[0]
+    assert list(ref.argmax(1)) == [0, 3, 2, 1] and ref.max(1).min() > 0.9  # FP32 reads the turns right
+    assert list(got.argmax(1)) == [0, 3, 2, 1]
+    assert cosine(ref, got) > 0.9999 and np.abs(ref - got).max() < 0.02
+    # photos are off-task: FP32 is unsure there and INT8 moves the low scores more, within bounds
+    photos = photo_batch("*_[12].*")
+    ref, got = run(sample_fp32, {"x": photos})[0], run(q, {"x": photos})[0]
+    assert cosine(ref, got) > 0.8
 
 
 # ------------------------------------------------------------------------------------------------
@@ -75,17 +60,30 @@ def _rapidocr_models() -> Path:
 
 
 def _ocr_input(kind: str) -> np.ndarray:
-    skdata = pytest.importorskip("skimage.data")
     from PIL import Image
 
-    page = Image.fromarray(skdata.page()).convert("RGB")
+    page = text_page(seed=2)
     if kind == "det":
-        img = np.asarray(page.resize((384, 192), Image.BILINEAR), np.float32) / 255.0
+        img = np.asarray(page.resize((384, 384), Image.BILINEAR), np.float32) / 255.0
         x = (img - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225]
-    else:  # a text line, 48 px high
-        line = page.crop((0, 20, 300, 60)).resize((192 if kind == "cls" else 320, 48), Image.BILINEAR)
+    else:  # one text line, 48 px high
+        line = page.crop((8, 6, 330, 34)).resize((192 if kind == "cls" else 320, 48), Image.BILINEAR)
         x = (np.asarray(line, np.float32) / 255.0 - 0.5) / 0.5
     return x.transpose(2, 0, 1)[None].astype(np.float32)
+
+
+def _ctc_decode(scores: np.ndarray) -> list:
+    best = scores[0].argmax(-1)
+    return [int(c) for i, c in enumerate(best) if c != 0 and (i == 0 or c != best[i - 1])]
+
+
+def _edit_distance(a: list, b: list) -> int:
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
+    return row[-1]
 
 
 @pytest.mark.slow
@@ -122,7 +120,13 @@ def test_ppocr_models_from_rapidocr(kind, filename, opset):
     if kind == "rec":
         reasons = [r for _, r in result.left_float]
         assert sum(r.startswith("attention") for r in reasons) == 4  # 2 blocks x (QK^T, PV)
-        assert (ref.argmax(-1) == got.argmax(-1)).mean() >= 0.95  # CTC labels per time step
+        # decomposed LayerNorm (ReduceMean/Sub/Pow/Sqrt/Div), Softmax and activations read float tensors
+        dq_outputs = {n.output[0] for n in nodes_of(q, "DequantizeLinear")}
+        float_ops = ("ReduceMean", "Sub", "Pow", "Sqrt", "Div", "Softmax", "Sigmoid", "Mul")
+        assert not [n.name for n in q.graph.node if n.op_type in float_ops and dq_outputs & set(n.input)]
+        # greedy CTC decoding: the INT8 text differs from the FP32 text by a few characters at most
+        a, b = _ctc_decode(ref), _ctc_decode(got)
+        assert len(a) >= 10 and _edit_distance(a, b) <= 0.2 * len(a)
     elif kind == "cls":
         assert ref.argmax() == got.argmax() and cosine(ref, got) > 0.99
     else:  # det: probability map; max calibration leaves it coarser but the text mask holds

@@ -114,6 +114,9 @@ def test_conv_transpose_weight_axis_1_and_depthwise_axis_0():
     assert axis_of(q_of(q, "wt")[0]) == 1
     np.testing.assert_allclose(initializer(q, "wt_scale"), np.abs(wt).max(axis=(0, 2, 3)) / 127.0, rtol=1e-6)
     assert axis_of(q_of(q, "wd")[0]) == 0 and initializer(q, "wd_scale").shape == (32,)
+    # TensorRT 8.6 cannot infer kernel_shape from a weight behind DequantizeLinear: it is written out
+    kernel = {n.name: [list(a.ints) for a in n.attribute if a.name == "kernel_shape"] for n in q.graph.node}
+    assert kernel["up"] == [[2, 2]] and kernel["dw"] == [[3, 3]]
 
 
 def test_per_tensor_weights_when_per_channel_is_off():

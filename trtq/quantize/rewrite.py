@@ -96,8 +96,10 @@ def insert_qdq(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
         else:
             before.setdefault(first_use[key], []).append(key)
 
+    dims = {i.name: list(i.dims) for i in graph.initializer}
     for idx, slot, key in plan.uses:
         nodes[idx].input[slot] = dq_output[key]
+        _add_kernel_shape(nodes[idx], slot, dims.get(key[0]))
 
     ordered: List[onnx.NodeProto] = []
     for idx, node in enumerate(nodes):
@@ -109,3 +111,16 @@ def insert_qdq(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
     del graph.node[:]
     graph.node.extend(ordered)
     return model
+
+
+def _add_kernel_shape(node: onnx.NodeProto, slot: int, weight_dims) -> None:
+    """Give a Conv/ConvTranspose whose weight now comes from DequantizeLinear its ``kernel_shape``.
+
+    The attribute is optional in ONNX (inferred from the weight), but TensorRT 8.6's parser cannot
+    infer it once the weight is the output of a DequantizeLinear instead of an initializer.
+    """
+    if node.op_type not in ("Conv", "ConvTranspose") or slot != 1 or not weight_dims or len(weight_dims) < 3:
+        return
+    if any(a.name == "kernel_shape" for a in node.attribute):
+        return
+    node.attribute.append(helper.make_attribute("kernel_shape", [int(d) for d in weight_dims[2:]]))
