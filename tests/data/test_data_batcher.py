@@ -347,3 +347,13 @@ def test_bad_option_values(photos):
         Batcher(folder_options(photos, batch_size=0), [spec()])
     with pytest.raises(ConfigError, match="data.prefetch"):
         Batcher(folder_options(photos, prefetch=0), [spec()])
+
+
+def test_model_input_dtype(photos):
+    b = Batcher(folder_options(photos, batch_size=2), [spec(dtype="float16")])
+    x = next(iter(b)).arrays["x"]
+    ref = next(iter(Batcher(folder_options(photos, batch_size=2), [spec()]))).arrays["x"]
+    assert x.dtype == np.float16
+    np.testing.assert_array_equal(x, ref.astype(np.float16))
+    with pytest.raises(DataError, match="model input x takes uint8 but image preprocessing makes float32"):
+        Batcher(folder_options(photos), [spec(dtype="uint8")])

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from trtq.config import PreprocessOptions, ResizeOptions
+from trtq.config import PreprocessOptions, ResizeOptions, load_config
 from trtq.data.preprocess import build_preprocess, crop_offsets, letterbox_size, resized_size
 from trtq.errors import ConfigError, DataError
 
@@ -17,6 +17,53 @@ PIL_FILTERS = {
 }
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406])
 IMAGENET_STD = np.array([0.229, 0.224, 0.225])
+
+
+def from_yaml(tmp_path, text: str) -> PreprocessOptions:
+    """The preprocess section of a config file, loaded the way trtq loads configs."""
+    path = tmp_path / "trtq.yaml"
+    path.write_text(text)
+    return load_config(path, environ={}).data.inputs["x"].preprocess
+
+
+TORCHVISION_YAML = """
+data:
+  inputs:
+    x:
+      images: imgs
+      preprocess:
+        color: rgb
+        resize: {mode: shorter, size: 256, interpolation: bilinear}
+        center_crop: 224
+        scale: 0.00392156862745098
+        mean: [0.485, 0.456, 0.406]
+        std: [0.229, 0.224, 0.225]
+        layout: nchw
+"""
+
+PADDLEOCR_YAML = """
+data:
+  inputs:
+    x:
+      images: imgs
+      preprocess:
+        color: COLOR
+        resize: {mode: letterbox, size: [48, 192], pad_value: 127.5, anchor: top_left}
+        scale: 0.00392156862745098
+        mean: [0.5]
+        std: [0.5]
+"""
+
+YOLO_YAML = """
+data:
+  inputs:
+    x:
+      images: imgs
+      preprocess:
+        color: rgb
+        resize: {mode: letterbox, size: [640, 640], pad_value: 114}
+        scale: 0.00392156862745098
+"""
 
 
 def rgb(width, height, seed=0):
@@ -59,12 +106,8 @@ def test_crop_offsets_like_torchvision():
 # ------------------------------------------------------------------------------------ three real recipes
 
 
-def test_torchvision_imagenet_recipe():
-    opts = PreprocessOptions(
-        color="rgb",
-        resize=ResizeOptions(mode="shorter", size=(256,), interpolation="bilinear"),
-        center_crop=(224, 224), scale=1 / 255, mean=tuple(IMAGENET_MEAN), std=tuple(IMAGENET_STD), layout="nchw",
-    )
+def test_torchvision_imagenet_recipe(tmp_path):
+    opts = from_yaml(tmp_path, TORCHVISION_YAML)
     for w, h in ((301, 200), (200, 343), (256, 256)):
         img = rgb(w, h, seed=w)
         got = build_preprocess(opts)(img)
@@ -81,13 +124,9 @@ def test_torchvision_imagenet_recipe():
 
 @pytest.mark.parametrize("color", ["rgb", "bgr"])
 @pytest.mark.parametrize("size", [(100, 30), (300, 30)])
-def test_paddleocr_recipe(color, size):
+def test_paddleocr_recipe(tmp_path, color, size):
     """Fixed height, keep aspect, pad right (pad 127.5 px = 0 after normalizing), scale to [-1, 1]."""
-    opts = PreprocessOptions(
-        color=color,
-        resize=ResizeOptions(mode="letterbox", size=(48, 192), pad_value=127.5, anchor="top_left"),
-        scale=1 / 255, mean=(0.5,), std=(0.5,),
-    )
+    opts = from_yaml(tmp_path, PADDLEOCR_YAML.replace("COLOR", color))
     w, h = size
     img = rgb(w, h, seed=3)
     got = build_preprocess(opts)(img)
@@ -102,10 +141,8 @@ def test_paddleocr_recipe(color, size):
     assert np.all(got[:, :, nw:] == 0.0) and np.all(got[:, nh:, :] == 0.0)
 
 
-def test_yolo_recipe():
-    opts = PreprocessOptions(
-        color="rgb", resize=ResizeOptions(mode="letterbox", size=(640, 640), pad_value=114.0), scale=1 / 255,
-    )
+def test_yolo_recipe(tmp_path):
+    opts = from_yaml(tmp_path, YOLO_YAML)
     img = rgb(320, 200, seed=5)
     got = build_preprocess(opts)(img)
     canvas = np.full((640, 640, 3), 114.0)

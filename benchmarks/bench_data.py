@@ -1,0 +1,193 @@
+"""Benchmark trtq's data pipeline on real photos.
+
+1. Throughput: real photos -> 224x224 float32 NCHW batches with torchvision ImageNet preprocessing
+   (resize shorter side 256 bilinear, center crop 224, /255, mean/std), once through trtq's Batcher
+   (default workers) and once through a plain single-threaded PIL + numpy loop doing the same work.
+   Both must produce the same bytes (checked on the first batches).
+2. Memory: peak RSS of a full Batcher pass over 1k and over 10k photos, each in a fresh subprocess.
+
+    python3 benchmarks/bench_data.py [--work .bench] [--count 1000] [--big 10000]
+
+Goals: Batcher >= 1.8x the plain loop; peak RSS for 10k within +10 % of 1k.
+"""
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import numpy as np
+from PIL import Image, ImageOps
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout, not installed
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from photos import make_photo_set  # noqa: E402
+
+from trtq.config import DataOptions, InputSource, PreprocessOptions, ResizeOptions  # noqa: E402
+from trtq.model import TensorSpec  # noqa: E402
+
+MEAN = np.array([0.485, 0.456, 0.406], np.float32).reshape(3, 1, 1)
+STD = np.array([0.229, 0.224, 0.225], np.float32).reshape(3, 1, 1)
+SPEC = TensorSpec("x", ("N", 3, 224, 224), "float32")
+PREPROCESS = PreprocessOptions(
+    color="rgb",
+    resize=ResizeOptions(mode="shorter", size=(256,), interpolation="bilinear"),
+    center_crop=(224, 224),
+    scale=1.0 / 255.0,
+    mean=(0.485, 0.456, 0.406),
+    std=(0.229, 0.224, 0.225),
+)
+
+
+def batcher_for(folder: Path, batch_size: int, workers=None):
+    from trtq.data.batcher import Batcher
+
+    opts = DataOptions(inputs={"x": InputSource(images=str(folder), preprocess=PREPROCESS)},
+                       batch_size=batch_size, workers=workers)
+    return Batcher(opts, [SPEC])
+
+
+def plain_sample(path: Path) -> np.ndarray:
+    """What a hand-written loop does: open, rotate, RGB, resize shorter side, crop, normalize."""
+    img = ImageOps.exif_transpose(Image.open(path)).convert("RGB")
+    w, h = img.size
+    if w <= h:
+        nw, nh = 256, (2 * 256 * h + w) // (2 * w)  # round half up, as trtq documents
+    else:
+        nw, nh = (2 * 256 * w + h) // (2 * h), 256
+    img = img.resize((nw, nh), Image.BILINEAR)
+    top, left = int(round((nh - 224) / 2.0)), int(round((nw - 224) / 2.0))
+    img = img.crop((left, top, left + 224, top + 224))
+    x = np.asarray(img, dtype=np.float32).transpose(2, 0, 1) * np.float32(1.0 / 255.0)
+    return (x - MEAN) / STD
+
+
+def plain_batches(paths: List[Path], batch_size: int):
+    for start in range(0, len(paths), batch_size):
+        chunk = paths[start:start + batch_size]
+        rows = [plain_sample(p) for p in chunk]
+        rows += [rows[-1]] * (batch_size - len(rows))
+        yield np.stack(rows)
+
+
+def warm_page_cache(paths: List[Path]) -> None:
+    for p in paths:
+        with open(p, "rb") as f:
+            f.read()
+
+
+def timed(fn) -> Tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) for fn()."""
+    w0, c0 = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - w0, time.process_time() - c0
+
+
+def throughput(folder: Path, batch_size: int, repeats: int) -> Dict[str, float]:
+    """Alternate the two pipelines ``repeats`` times each (other load hits both alike)."""
+    from trtq.data.sources import list_image_folder
+
+    paths = [folder / rel for rel in list_image_folder(folder)]
+    warm_page_cache(paths)
+    batcher = batcher_for(folder, batch_size)
+    # same work: identical bytes on the first batches
+    for (a, b) in zip(plain_batches(paths[: 2 * batch_size], batch_size), batcher):
+        if not np.array_equal(a, b.arrays["x"]):
+            raise SystemExit("plain loop and Batcher disagree: the comparison would be unfair")
+    runs = {
+        "plain": lambda: sum(1 for _ in plain_batches(paths, batch_size)),
+        "trtq": lambda: sum(1 for _ in batcher),
+    }
+    walls: Dict[str, List[float]] = {k: [] for k in runs}
+    cpus: Dict[str, List[float]] = {k: [] for k in runs}
+    for r in range(repeats):
+        for name in (("plain", "trtq") if r % 2 == 0 else ("trtq", "plain")):
+            wall, cpu = timed(runs[name])
+            walls[name].append(wall)
+            cpus[name].append(cpu)
+    n = len(paths)
+    out: Dict[str, float] = {"images": n, "workers": batcher.workers}
+    for name in runs:
+        out[name] = n / min(walls[name])
+        out[name + "_median"] = n / float(np.median(walls[name]))
+        out[name + "_cpu_ms"] = 1000 * float(np.median(cpus[name])) / n
+    return out
+
+
+def peak_rss_child(folder: Path, batch_size: int) -> None:
+    """Child process: one full Batcher pass; print peak RSS (KiB) as JSON."""
+    batcher = batcher_for(folder, batch_size)
+    checksum = 0.0
+    n = 0
+    for batch in batcher:
+        checksum += float(batch.arrays["x"][: batch.valid, 0, 0, 0].sum())
+        n += batch.valid
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    print(json.dumps({"samples": n, "peak_rss_kib": peak, "checksum": checksum}))
+
+
+def peak_rss(folder: Path, batch_size: int) -> Dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child-rss", str(folder), "--batch-size", str(batch_size)],
+        check=True, capture_output=True, text=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="trtq data pipeline benchmark")
+    ap.add_argument("--work", type=Path, default=Path(os.environ.get("TRTQ_BENCH_DIR", ROOT / ".bench")))
+    ap.add_argument("--count", type=int, default=1000, help="photos for the throughput run and the small RSS run")
+    ap.add_argument("--big", type=int, default=10000, help="photos for the large RSS run (0: skip)")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--child-rss", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child_rss:
+        peak_rss_child(args.child_rss, args.batch_size)
+        return
+
+    small = args.work / f"photos-{args.count}"
+    t0 = time.perf_counter()
+    make_photo_set(small, args.count, seed=0, sources="calibration")
+    if args.big:
+        make_photo_set(args.work / f"photos-{args.big}", args.big, seed=0, sources="calibration")
+    print(f"datasets ready in {time.perf_counter() - t0:.1f} s under {args.work}")
+
+    load_before = os.getloadavg()[0]
+    tp = throughput(small, args.batch_size, args.repeats)
+    load_after = os.getloadavg()[0]
+    print()
+    print(f"throughput: {tp['images']} real photos -> [{args.batch_size},3,224,224] float32, "
+          f"{os.cpu_count()} CPUs, {args.repeats} alternating runs each")
+    print(f"  {'pipeline':<34} {'best img/s':>10} {'median img/s':>13} {'CPU ms/img':>11}")
+    print(f"  {'plain PIL+numpy loop (1 thread)':<34} {tp['plain']:>10.1f} {tp['plain_median']:>13.1f} "
+          f"{tp['plain_cpu_ms']:>11.2f}")
+    print(f"  {'trtq Batcher (' + str(tp['workers']) + ' workers)':<34} {tp['trtq']:>10.1f} {tp['trtq_median']:>13.1f} "
+          f"{tp['trtq_cpu_ms']:>11.2f}")
+    ratio = tp["trtq"] / tp["plain"]
+    print(f"  ratio {ratio:.2f}x best, {tp['trtq_median'] / tp['plain_median']:.2f}x median "
+          f"(goal >= 1.8x: {'met' if ratio >= 1.8 else 'NOT met'})")
+    print(f"  1-min load average {load_before:.2f} before, {load_after:.2f} after "
+          f"(other processes on these {os.cpu_count()} CPUs lower the ratio)")
+
+    if args.big:
+        a = peak_rss(small, args.batch_size)
+        b = peak_rss(args.work / f"photos-{args.big}", args.batch_size)
+        growth = b["peak_rss_kib"] / a["peak_rss_kib"]
+        print()
+        print("peak RSS of one full Batcher pass (fresh subprocess each)")
+        print(f"  {'images':>7} {'peak RSS MiB':>13}")
+        print(f"  {a['samples']:>7} {a['peak_rss_kib'] / 1024:>13.1f}")
+        print(f"  {b['samples']:>7} {b['peak_rss_kib'] / 1024:>13.1f}")
+        print(f"  ratio {growth:.3f} (goal <= 1.10: {'met' if growth <= 1.10 else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()
