@@ -6,6 +6,7 @@ thread. Nothing is decoded when a source is built: folders are listed and ``.npy
 """
 import glob
 import logging
+import mmap
 import os
 import threading
 from collections import OrderedDict
@@ -375,9 +376,11 @@ class NpySource:
         f, row = self._locate(index)
         path = self.files[f]
         try:
-            x = np.array(self._map(f)[row], dtype=self.dtype)
+            arr = self._map(f)
+            x = np.array(arr[row], dtype=self.dtype)
         except (OSError, ValueError) as e:  # the file changed or became unreadable while reading
             raise SampleError(f"cannot read sample {row} of {path}: {_reason(e)}", "re-save it with np.save", str(path), _reason(e)) from None
+        _release_row(arr, row)
         if x.dtype.kind in "fc" and not np.isfinite(x).all():
             raise SampleError(
                 f"{path} sample {row} has NaN or Inf values",
@@ -401,6 +404,31 @@ class NpySource:
     def close(self) -> None:
         with self._lock:
             self._maps.clear()
+
+
+def _release_row(arr: np.ndarray, row: int) -> None:
+    """Drop the mapped pages of ``arr[row]`` from this process (they stay in the page cache).
+
+    Without this, every page read through a memory map counts in the process's RSS until the map
+    is closed, so RSS would grow with the size of a big ``.npy`` file. Best effort.
+    """
+    mm = getattr(arr, "base", None)
+    if not isinstance(mm, mmap.mmap) or not hasattr(mm, "madvise") or not arr.flags.c_contiguous:
+        return
+    row_bytes = arr.strides[0] if arr.ndim else 0
+    if row_bytes <= 0:
+        return
+    start_in_map = getattr(arr, "offset", 0) % mmap.ALLOCATIONGRANULARITY  # numpy maps from an aligned offset
+    begin = start_in_map + row * row_bytes
+    end = begin + row_bytes
+    page = mmap.PAGESIZE
+    begin -= begin % page
+    end = min(len(mm), -(-end // page) * page)
+    if end > begin:
+        try:
+            mm.madvise(mmap.MADV_DONTNEED, begin, end - begin)
+        except (OSError, ValueError):
+            pass
 
 
 def make_source(input_name: str, src: InputSource, sample_shape: Tuple[int, ...], dtype: str):
