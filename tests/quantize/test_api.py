@@ -171,7 +171,8 @@ def test_several_inputs_and_dynamic_batch():
             conv("cc", "cat", "wc", "y"),
         ],
         [value("a", ["N", 16, 5, 5]), value("b", ["N", 16, 5, 5])], [value("y", None)],
-        [init("wa", conv_weight(rng, 16, 16)), init("wb", conv_weight(rng, 16, 16)), init("wc", conv_weight(rng, 16, 32))],
+        [init("wa", conv_weight(rng, 16, 16)), init("wb", conv_weight(rng, 16, 16)),
+         init("wc", conv_weight(rng, 16, 32))],
     )
     amax = activation_amax(model, [random_feeds(model, batch=2)])
     result = quantize_model(model, amax, QuantizeOptions())

@@ -103,37 +103,10 @@ def make_plan(
         if rule is None or node.domain not in ("", "ai.onnx"):
             continue
         reason = gate(node) or rules.attention_reason(index, node) or rules.size_reason(index, node)
-        slots: List[Tuple[int, PairKey]] = []
         missing: List[str] = []
-        for slot in rule.inputs:
-            if reason:
-                break
-            tensor = node.input[slot] if slot < len(node.input) else ""
-            if not tensor:
-                reason = f"input {slot} is missing"
-                break
-            reason = _type_reason(index, tensor)
-            if reason:
-                break
-            if index.is_constant(tensor):
-                weight = index.array(tensor)
-                if not np.all(np.isfinite(weight)):
-                    reason = f"weight {tensor} has NaN or Inf values"
-                    break
-                axis = None
-                if per_channel and slot == rule.weight_slot:
-                    axis = rule.channel_axis(node, weight.ndim)
-                    if axis is not None and not 0 <= axis < weight.ndim:
-                        axis = None
-                slots.append((slot, (tensor, axis)))
-            elif index.is_static(tensor):
-                reason = f"input {tensor} is computed from constants by ops trtq does not fold"
-            elif rule.constant_weight_required and slot == rule.weight_slot:
-                reason = f"weight {tensor} is computed at run time, not a constant"
-            else:
-                key = activation(tensor, missing)
-                if key is not None:
-                    slots.append((slot, key))
+        slots: List[Tuple[int, PairKey]] = []
+        if not reason:
+            reason, slots = _table_inputs(index, node, rule, per_channel, lambda t: activation(t, missing))
         if not reason and missing:
             reason = "no amax in the cache for " + ", ".join(missing)
             plan.missing_amax.extend(t for t in missing if t not in plan.missing_amax)
@@ -163,6 +136,8 @@ def make_plan(
         decisions[idx] = [(skip, key)]
 
     # 3. Concat: the quantized tensors around one Concat share the largest amax
+    used = {key[0] for slots in decisions.values() for _, key in slots if key[0] in act_amax}
+    act_amax = {t: v for t, v in act_amax.items() if t in used}
     _share_concat_scales(index, act_amax)
 
     # 4. pairs in node order, with their scales
@@ -177,6 +152,41 @@ def make_plan(
                     plan.pairs[key] = QdqPair(tensor, None, activation_scale(act_amax[tensor]), False)
             plan.uses.append((idx, slot, key))
     return plan
+
+
+def _table_inputs(index: GraphIndex, node: onnx.NodeProto, rule: rules.OpRule, per_channel: bool, activation):
+    """(reason to keep float or None, [(slot, pair)]) for one op of the placement table.
+
+    ``activation(tensor)`` returns the pair of a computed tensor, or None when amax is missing
+    (it records the tensor); the caller turns missing amax into the reason.
+    """
+    slots: List[Tuple[int, PairKey]] = []
+    for slot in rule.inputs:
+        tensor = node.input[slot] if slot < len(node.input) else ""
+        if not tensor:
+            return f"input {slot} is missing", []
+        reason = _type_reason(index, tensor)
+        if reason:
+            return reason, []
+        if index.is_constant(tensor):
+            weight = index.array(tensor)
+            if not np.all(np.isfinite(weight)):
+                return f"weight {tensor} has NaN or Inf values", []
+            axis = None
+            if per_channel and slot == rule.weight_slot:
+                axis = rule.channel_axis(node, weight.ndim)
+                if axis is not None and not 0 <= axis < weight.ndim:
+                    axis = None
+            slots.append((slot, (tensor, axis)))
+        elif index.is_static(tensor):
+            return f"input {tensor} is computed from constants by ops trtq does not fold", []
+        elif rule.constant_weight_required and slot == rule.weight_slot:
+            return f"weight {tensor} is computed at run time, not a constant", []
+        else:
+            key = activation(tensor)
+            if key is not None:
+                slots.append((slot, key))
+    return None, slots
 
 
 def _share_concat_scales(index: GraphIndex, act_amax: Dict[str, float]) -> None:

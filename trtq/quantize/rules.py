@@ -172,6 +172,8 @@ def size_reason(index: GraphIndex, node: onnx.NodeProto) -> Optional[str]:
                 return f"GEMV (weight {list(wdims)}) kept float: too small for INT8 kernels"
             k, n = wdims[-2], wdims[-1]
         else:
+            if len(wdims) != 2:
+                return None
             n, k = (wdims[0], wdims[1]) if int(attr(node, "transB", 0)) else (wdims[1], wdims[0])
         if k < MIN_GEMM_DIM or n < MIN_GEMM_DIM:
             return f"GEMM K={k} N={n} below {MIN_GEMM_DIM}: too small for INT8 kernels"
