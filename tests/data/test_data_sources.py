@@ -285,3 +285,24 @@ def test_npy_nan_names_file_and_sample(tmp_path):
     src.load(1)
     with pytest.raises(DataError, match=r"n\.npy sample 2 has NaN or Inf values"):
         src.load(2)
+
+
+def _rss_file_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssFile:"):
+                return int(line.split()[1])
+    return -1
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/status"), reason="needs Linux /proc")
+def test_npy_reads_do_not_pile_up_in_rss(tmp_path):
+    rows = np.ones((64, 160_000), np.float32)  # 40 MB
+    np.save(tmp_path / "big.npy", rows)
+    del rows
+    src = make_source("x", InputSource(npy=(str(tmp_path / "big.npy"),)), (160_000,), "float32")
+    before = _rss_file_kib()
+    total = sum(float(src.load(i)[0]) for i in range(len(src)))
+    grown = _rss_file_kib() - before
+    assert total == 64.0
+    assert grown < 8 * 1024, f"file-backed RSS grew by {grown} KiB while reading 40 MB"

@@ -157,6 +157,8 @@ def decode_image(path: str) -> Image.Image:
     try:
         with Image.open(path) as img:
             img.load()
+            if img.mode == "I" and img.format == "PNG":
+                img = img.convert("I;16")  # Pillow < 11 opens 16-bit gray PNGs as "I"
             orientation = img.getexif().get(_EXIF_ORIENTATION)
             if orientation in (2, 3, 4, 5, 6, 7, 8):
                 img = ImageOps.exif_transpose(img)
