@@ -4,12 +4,14 @@ A source knows how many samples it has and produces sample ``i`` (already prepro
 like the model input without the batch dim, in the model input's dtype) on demand, from any
 thread. Nothing is decoded when a source is built: folders are listed and ``.npy`` headers read.
 """
+import bisect
 import glob
 import logging
 import mmap
 import os
 import threading
 from collections import OrderedDict
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -266,8 +268,6 @@ class ImageSource:
         return out
 
     def describe(self) -> Dict[str, Any]:
-        from dataclasses import asdict
-
         return {
             "kind": self.kind,
             "path": self.origin,
@@ -351,8 +351,6 @@ class NpySource:
         return int(self._ends[-1])
 
     def _locate(self, index: int) -> Tuple[int, int]:
-        import bisect
-
         f = bisect.bisect_right(self._ends, index)
         start = self._ends[f - 1] if f else 0
         return f, index - start
