@@ -287,6 +287,28 @@ def test_concat_quantized_inputs_and_output_share_the_largest_amax():
     assert float(initializer(q, "x_scale")) == pytest.approx(amax["x"] / 127.0, rel=1e-6)
 
 
+def test_concat_scale_group_counts_only_quantized_tensors():
+    """Concat output not quantized: its inputs a and b share a scale only while both have Q/DQ."""
+    rng = np.random.default_rng(17)
+    model = make_model(
+        [
+            conv("ca", "x", "wa", "a"), conv("cb", "x", "wb", "b"),
+            helper.make_node("Concat", ["a", "b"], ["cat"], name="concat", axis=1),
+            conv("cd", "a", "wd", "y1"), conv("ce", "b", "we", "y2"),
+        ],
+        [value("x", [1, 16, 6, 6])], [value("cat", None), value("y1", None), value("y2", None)],
+        [init("wa", conv_weight(rng, 16, 16) * 4), init("wb", conv_weight(rng, 16, 16)),
+         init("wd", conv_weight(rng, 16, 16)), init("we", conv_weight(rng, 16, 16))],
+    )
+    amax = activation_amax(model, [random_feeds(model)])
+    assert amax["a"] > amax["b"]
+    both = quantize(model, amax).model
+    assert float(initializer(both, "b_scale")) == pytest.approx(amax["a"] / 127.0, rel=1e-6)
+    only_b = quantize(model, amax, exclude=("cd",)).model  # a keeps no Q/DQ
+    assert not q_of(only_b, "a")
+    assert float(initializer(only_b, "b_scale")) == pytest.approx(amax["b"] / 127.0, rel=1e-6)
+
+
 def test_amax_is_found_through_data_movement_ops():
     """NHWC input: x -> Transpose -> Conv. A cache naming only x still quantizes the Conv."""
     rng = np.random.default_rng(11)
