@@ -81,7 +81,9 @@ def build_twice(name: str, model: Path, out: Path, options: BuildOptions, rebuil
         log.info("rebuilding %s with the saved timing cache", name)
         warm = build_engine(model, plan, opts, **kw)
         row["rebuild_s"] = warm.seconds
-        row["timing_cache_loaded"] = bool((warm.metadata.get("timing_cache") or {}).get("loaded"))
+        tc_meta = warm.metadata.get("timing_cache") or {}
+        row["timing_cache_loaded"] = bool(tc_meta.get("loaded"))
+        row["timing_cache_problem"] = tc_meta.get("problem")
     return row
 
 
@@ -89,6 +91,23 @@ def _replace(options: BuildOptions, **kw) -> BuildOptions:
     import dataclasses
 
     return dataclasses.replace(options, **kw)
+
+
+def warm_up(out: Path, options: BuildOptions) -> None:
+    """Build a one-layer engine first, so the first timed build does not also pay for loading
+    TensorRT's libraries and creating the CUDA context."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from trtq.trt.build import build_engine
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "warmup",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(out / "warmup.onnx"))
+    build_engine(out / "warmup.onnx", out / "warmup.plan", _replace(options, precision="fp32", profiles={}))
 
 
 def predictions_onnxruntime(model_path: Path, batcher, input_name: str) -> np.ndarray:
@@ -115,7 +134,7 @@ def predictions_engine(plan: Path, batcher, input_name: str) -> np.ndarray:
 
 
 def render(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
-    head = ["engine", "build s", "rebuild s", "median ms", "p99 ms", "img/s", "vs fp32", "top-1 agree"]
+    head = ["engine", "build s", "rebuild s", "cache used", "median ms", "p99 ms", "img/s", "vs fp32", "top-1 agree"]
 
     def fmt(v, spec):
         return "-" if v is None else format(v, spec)
@@ -124,6 +143,7 @@ def render(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
     for r in rows:
         lines.append([
             r["engine"], fmt(r.get("build_s"), ".1f"), fmt(r.get("rebuild_s"), ".1f"),
+            "-" if "timing_cache_loaded" not in r else ("yes" if r["timing_cache_loaded"] else "no"),
             fmt(r.get("median_ms"), ".3f"), fmt(r.get("p99_ms"), ".3f"), fmt(r.get("samples_per_s"), ",.0f"),
             fmt(r.get("speedup_vs_fp32"), ".2f") + ("x" if r.get("speedup_vs_fp32") else ""),
             fmt(r.get("top1_agreement"), ".4f"),
@@ -134,8 +154,11 @@ def render(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
     text.append(
         f"({meta['model']}, batch {meta['batch']}, {meta['gpu']}, TensorRT {meta['tensorrt']}; "
         f"top-1 agreement with FP32 ONNX Runtime on {meta['eval_images']} images; "
-        f"INT8 float rest in {'FP32' if meta['no_fp16_fallback'] else 'FP16'})"
+        f"INT8 float rest in {'FP32' if meta['no_fp16_fallback'] else 'FP16'}; opt level {meta['opt_level']})"
     )
+    refused = sorted({r["timing_cache_problem"] for r in rows if r.get("timing_cache_problem")})
+    for why in refused:
+        text.append(f"note: saved timing cache not used on rebuild: {why}")
     return "\n".join(text)
 
 
@@ -165,6 +188,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     rebuild = not a.no_rebuild
     rows: List[Dict[str, Any]] = []
 
+    warm_up(a.out, base)
     if "fp32" in wanted:
         rows.append(build_twice("fp32", a.model, a.out, _replace(base, precision="fp32"), rebuild))
     if "fp16" in wanted:

@@ -18,7 +18,7 @@ def _save(model: onnx.ModelProto, path: Path, opset: int) -> Path:
     return path
 
 
-def residual_cnn(path: Path, batch: Union[int, str] = 2, opset: int = 13, seed: int = 0) -> Path:
+def residual_cnn(path: Path, batch: Union[int, str] = 2, opset: int = 13, seed: int = 0, head: bool = True) -> Path:
     """x[B,3,16,16] -> Conv3x3+Relu -> Conv3x3 + skip -> Relu -> GAP -> Flatten -> Gemm -> y[B,16].
 
     32 channels and a 32x16 GEMM: wide enough that the quantizer's rules put Q/DQ on every
@@ -41,11 +41,15 @@ def residual_cnn(path: Path, batch: Union[int, str] = 2, opset: int = 13, seed: 
         helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
         helper.make_node("Gemm", ["f", "wg", "bg"], ["y"], name="fc", transB=1),
     ]
+    if head:
+        out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, K])
+    else:
+        nodes, inits = nodes[:5], inits[:4]
+        out = helper.make_tensor_value_info("r2", TensorProto.FLOAT, [batch, C, 16, 16])
     graph = helper.make_graph(
         nodes, "residual_cnn",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, K])],
-        inits,
+        [out], inits,
     )
     return _save(helper.make_model(graph), path, opset)
 

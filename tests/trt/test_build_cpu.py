@@ -111,3 +111,52 @@ def test_conv_kernel_shape_added_for_qdq_weights(tmp_path):
     onnx.save(model, str(tmp_path / "q2.onnx"))
     assert np.array_equal(ort_run(tmp_path / "q.onnx", {"x": x})["y"], ort_run(tmp_path / "q2.onnx", {"x": x})["y"])
     assert add_conv_kernel_shapes(model) == 0  # idempotent
+
+
+class _ParserError:
+    def __init__(self, desc, node):
+        self._desc, self._node = desc, node
+
+    def desc(self):
+        return self._desc
+
+    def node(self):
+        return self._node
+
+
+class _Parser:
+    def __init__(self, errors):
+        self.errors = errors
+        self.num_errors = len(errors)
+
+    def get_error(self, i):
+        return self.errors[i]
+
+
+def _one_node_model(opset):
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("NoSuchOp", ["x"], ["y"], name="mystery", domain="trtq.test")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("version,opset,hint", [
+    ("8.6.0", 18, "TensorRT 8.6.0 reads ONNX opset <= 17 and this model is opset 18: re-export with opset 17"),
+    ("8.6.0", 13, "TensorRT 8.6.0 reads ONNX opset <= 17; check that every op is supported"),
+    ("10.3.0", 18, "check that every op is supported by TensorRT 10.3.0"),
+])
+def test_parser_error_names_the_onnx_node(tmp_path, version, opset, hint):
+    from tests.trt.fakes import fake_trt
+    from trtq.errors import ModelError
+    from trtq.trt import compat
+    from trtq.trt.build import _parser_error
+
+    trt = fake_trt(version)
+    parser = _Parser([_ParserError("Plugin not found", 0), _ParserError("second", 0)])
+    err = _parser_error(trt, parser, compat.make_logger(trt), tmp_path / "m.onnx", _one_node_model(opset))
+    assert isinstance(err, ModelError)
+    assert err.message == (f"TensorRT {version} cannot parse m.onnx at node #0 (NoSuchOp 'mystery'): "
+                           "Plugin not found (+1 more)")
+    assert err.hint.startswith(hint)

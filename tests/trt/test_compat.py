@@ -225,18 +225,18 @@ def test_calibration_profile_only_where_it_exists():
 
 def test_timing_cache_good_data_is_used():
     cfg = RecordingConfig()
-    cache, usable = compat.load_timing_cache(cfg, b"TIMING")
-    assert usable and cfg.timing_cache.data == b"TIMING"
+    cache, usable, why = compat.load_timing_cache(cfg, b"TIMING")
+    assert usable and why == "" and cfg.timing_cache.data == b"TIMING"
 
 
-@pytest.mark.parametrize("cfg", [
-    RecordingConfig(timing_raises=True),  # TensorRT raises on the bytes
-    RecordingConfig(timing_accepts=False),  # set_timing_cache refuses it (other GPU/version)
-    RecordingConfig(timing_ignores=True),  # accepted, but nothing was loaded (8.6 with garbage)
+@pytest.mark.parametrize("cfg,why", [
+    (RecordingConfig(timing_raises=True), "cannot read it (corrupt timing cache)"),  # TensorRT raises
+    (RecordingConfig(timing_accepts=False), "another TensorRT version or GPU"),  # set_timing_cache refuses
+    (RecordingConfig(timing_ignores=True), "loaded nothing"),  # accepted, nothing loaded (8.6 + garbage)
 ])
-def test_timing_cache_corrupt_or_foreign_gives_fresh_cache(cfg):
-    cache, usable = compat.load_timing_cache(cfg, b"\x00garbage")
-    assert not usable
+def test_timing_cache_corrupt_or_foreign_gives_fresh_cache(cfg, why):
+    cache, usable, reason = compat.load_timing_cache(cfg, b"\x00garbage")
+    assert not usable and why in reason
     assert cfg.timing_cache.data == b""  # an empty cache is attached instead
 
 
@@ -251,14 +251,15 @@ def test_timing_cache_rejected_when_tensorrt_logs_an_error():
         return real_create(data)
 
     cfg.create_timing_cache = create
-    _, usable = compat.load_timing_cache(cfg, b"TIMING", logger)
+    _, usable, reason = compat.load_timing_cache(cfg, b"TIMING", logger)
     assert not usable and cfg.timing_cache.data == b""
+    assert reason == "TensorRT refused it: timing cache is corrupted"
     assert logger.errors == []  # not left behind to be reported as a build error
 
 
 def test_timing_cache_absent():
     cfg = RecordingConfig()
-    _, usable = compat.load_timing_cache(cfg, None)
+    _, usable, _ = compat.load_timing_cache(cfg, None)
     assert not usable and cfg.timing_cache.data == b""
 
 

@@ -6,13 +6,15 @@ preprocessing of configs/sample.yaml. The output is a softmax over 4 classes.
 Tolerances, against ONNX Runtime FP32 on the same 16 inputs (|dp| = probability difference):
   * FP32 engine: max |dp| <= 1e-2 (TF32 convolutions by default) and the same top-1 everywhere.
   * FP16 engine: max |dp| <= 3e-2 (FP16 through ~30 conv/hardswish layers).
-  * INT8 engines: this is a sanity bound, not an accuracy claim. Max calibration on 16 images
-    costs this small MobileNet-style net real accuracy: ONNX Runtime running trtq's own Q/DQ model
-    is already at mean |dp| ~0.056 with 88% top-1 agreement (measured). So: still a softmax,
-    mean |dp| <= 0.1, top-1 agreement >= 0.5 (twice chance for 4 classes), and mean |dp| >= 0.005,
-    which shows INT8 is really in use (FP32/FP16 engines stay below 0.001).
+  * INT8 engines: sanity bounds, not accuracy claims. Max calibration on 16 images costs this
+    small MobileNet-style net real accuracy: ONNX Runtime running trtq's own Q/DQ model is at mean
+    |dp| 0.056 and 88% top-1 agreement; TensorRT measured 0.067 / 81% (explicit) and 0.067 / 56%
+    (implicit: it also quantizes the hardswish/SE layers the Q/DQ rules keep in float). Bounds:
+    still a softmax; 0.005 <= mean |dp| <= 0.1 (the lower bound shows INT8 is really in use: the
+    FP32/FP16 engines stay below 0.001); top-1 agreement >= 0.75 explicit, >= 0.4 implicit (well
+    above the 0.25 of chance, which is what wrong tensor names or scales give).
     Explicit mode runs the same Q/DQ graph as ONNX Runtime: mean |dp| between the two <= 0.05
-    and the same top-1 wherever the FP32 winner leads by more than 0.2.
+    (measured 0.037) and the same top-1 wherever the FP32 winner leads by more than 0.2.
 """
 from pathlib import Path
 
@@ -96,7 +98,7 @@ def test_sample_int8(sample, mode, tmp_path):
     y, diff, agree, confident = _build_and_run(sample, f"int8_{mode}", precision="int8", mode=mode)
     assert np.allclose(y.sum(1), 1.0, atol=1e-2)  # still a softmax
     assert 0.005 <= diff.mean() <= 0.1
-    assert agree.mean() >= 0.5
+    assert agree.mean() >= (0.75 if mode == "explicit" else 0.4)
     if mode == "explicit":
         import onnx
 

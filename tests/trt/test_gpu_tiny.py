@@ -191,22 +191,30 @@ def test_parse_error_names_opset_and_leaves_no_file(tmp_path):
     out = tmp_path / "out"
     with pytest.raises(ModelError) as info:
         build_engine(model, out / "bad18.plan", opts(precision="fp32"))
-    assert "cannot parse bad18.onnx" in info.value.message and "NoSuchOp" in info.value.message
+    assert "cannot parse bad18.onnx at node #0 (NoSuchOp" in info.value.message
     assert "opset 18" in info.value.hint and "opset 17" in info.value.hint
     assert not out.exists() or list(out.iterdir()) == []
 
 
-def test_timing_cache_corrupt_then_reused(tiny, tmp_path):
+def test_timing_cache_corrupt_then_reused(tmp_path):
+    """A garbage timing cache costs a warning, never the build; a saved one is reused.
+
+    Convolutions only: TensorRT 8.5/8.6 refuse their own timing cache once it holds Myelin entries
+    (GEMM/pooling heads): "Myelin error from unknown graph ... The timing cache will not be used!"
+    (fixed in 10.x). trtq reports that as a warning like any unusable cache.
+    """
     from trtq.trt.build import build_engine
 
-    tc = tmp_path / "tiny.timing.cache"
+    model = residual_cnn(tmp_path / "convs.onnx", batch=BATCH, head=False)
+    tc = tmp_path / "convs.timing.cache"
     tc.write_bytes(b"this is not a timing cache" * 10)
-    first = build_engine(tiny["model"], tmp_path / "a.plan", opts(precision="fp32", timing_cache=str(tc)))
+    first = build_engine(model, tmp_path / "a.plan", opts(precision="fp32", timing_cache=str(tc)))
     assert first.metadata["timing_cache"]["loaded"] is False
+    assert first.metadata["timing_cache"]["problem"]
     data = tc.read_bytes()
     assert data and not data.startswith(b"this is not")
-    second = build_engine(tiny["model"], tmp_path / "b.plan", opts(precision="fp32", timing_cache=str(tc)))
-    assert second.metadata["timing_cache"]["loaded"] is True
+    second = build_engine(model, tmp_path / "b.plan", opts(precision="fp32", timing_cache=str(tc)))
+    assert second.metadata["timing_cache"] == {"path": str(tc), "loaded": True, "problem": None}
 
 
 def test_bench_numbers_are_sane(built):

@@ -128,15 +128,21 @@ def resolve_profiles(
 # ------------------------------------------------------------------------------------------------
 
 
-def _parser_error(trt: Any, parser: Any, logger: Any, model_path: Path, opset: Optional[int]) -> ModelError:
+def _parser_error(trt: Any, parser: Any, logger: Any, model_path: Path, model: Any) -> ModelError:
+    """ModelError with TensorRT's first parser message, the ONNX node it names, and a hint."""
     v = compat.version_of(trt)
+    opset = _onnx_opset(model) if model is not None else None
     first = ""
+    where = ""
     if parser.num_errors:
         err = parser.get_error(0)
         first = str(err.desc())
         node = err.node() if hasattr(err, "node") else -1
         if isinstance(node, int) and node >= 0:
-            first += f" (node #{node})"
+            where = f" at node #{node}"
+            if model is not None and node < len(model.graph.node):
+                n = model.graph.node[node]
+                where += f" ({n.op_type}" + (f" '{n.name}'" if n.name else "") + ")"
     elif logger.errors:
         first = logger.errors[0]
     more = f" (+{parser.num_errors - 1} more)" if parser.num_errors > 1 else ""
@@ -146,7 +152,9 @@ def _parser_error(trt: Any, parser: Any, logger: Any, model_path: Path, opset: O
         hint = f"TensorRT {v} reads ONNX opset <= 17; check that every op is supported (run with -v for details)"
     else:
         hint = f"check that every op is supported by TensorRT {v} (run with -v for details)"
-    return ModelError(f"TensorRT {v} cannot parse {model_path.name}: {first or 'unknown error'}{more}", hint)
+    return ModelError(
+        f"TensorRT {v} cannot parse {model_path.name}{where}: {first or 'unknown error'}{more}", hint
+    )
 
 
 def _onnx_opset(model: Any) -> Optional[int]:
@@ -200,7 +208,6 @@ def add_conv_kernel_shapes(model: Any) -> int:
 
 def _parse(trt: Any, parser: Any, logger: Any, model: Any, model_path: Path, work_dir: Path) -> None:
     """Parse an in-memory ONNX ModelProto (via a temporary file when it is over protobuf's 2 GB)."""
-    opset = _onnx_opset(model)
     if add_conv_kernel_shapes(model):
         log.debug("added kernel_shape to convolutions whose weights pass through Q/DQ")
     if model.ByteSize() < (2 << 30) - (1 << 20):
@@ -215,15 +222,14 @@ def _parse(trt: Any, parser: Any, logger: Any, model: Any, model_path: Path, wor
             onnx.save_model(model, str(path), save_as_external_data=True, location="model.data")
             ok = parser.parse_from_file(str(path))
     if not ok:
-        raise _parser_error(trt, parser, logger, model_path, opset)
+        raise _parser_error(trt, parser, logger, model_path, model)
 
 
 def _parse_file(trt: Any, parser: Any, logger: Any, model_path: Path) -> None:
     if not parser.parse_from_file(str(model_path)):
         from trtq.model import load_model
 
-        opset = _onnx_opset(load_model(model_path, load_external_data=False))
-        raise _parser_error(trt, parser, logger, model_path, opset)
+        raise _parser_error(trt, parser, logger, model_path, load_model(model_path, load_external_data=False))
 
 
 def _network_inputs(network: Any) -> List[Tuple[str, Shape]]:
@@ -390,9 +396,10 @@ def build_engine(
 
     timing_path = Path(options.timing_cache) if options.timing_cache else None
     timing_data = _read_timing_cache(timing_path)
-    _, timing_loaded = compat.load_timing_cache(config, timing_data, logger)
+    _, timing_loaded, timing_problem = compat.load_timing_cache(config, timing_data, logger)
     if timing_data and not timing_loaded:
-        log.warning("timing cache %s is corrupt or from another TensorRT/GPU: rebuilding it", timing_path)
+        log.warning("timing cache %s not used (%s): building without it and saving a new one",
+                    timing_path, timing_problem)
 
     blob = builder.build_serialized_network(network, config)
     if blob is None:
@@ -437,7 +444,10 @@ def build_engine(
         "optimization_level": options.optimization_level,
         "workspace_mb": options.workspace_mb,
         "tactic_sources": list(options.tactic_sources) if options.tactic_sources is not None else None,
-        "timing_cache": {"path": str(timing_path), "loaded": timing_loaded} if timing_path else None,
+        "timing_cache": (
+            {"path": str(timing_path), "loaded": timing_loaded, "problem": timing_problem or None}
+            if timing_path else None
+        ),
         "tensorrt_warnings": len(logger.warnings),
         "inputs": [_io_entry(engine, t, input_=True) for t in io if t.is_input],
         "outputs": [_io_entry(engine, t, input_=False) for t in io if not t.is_input],

@@ -249,39 +249,46 @@ def set_calibration_profile(config: Any, profile: Any) -> bool:
     return True
 
 
-def load_timing_cache(config: Any, data: Optional[bytes], logger: Any = None) -> Tuple[Any, bool]:
-    """Attach a timing cache made from ``data``; (cache, True) when the data was usable.
+def load_timing_cache(config: Any, data: Optional[bytes], logger: Any = None) -> Tuple[Any, bool, str]:
+    """Attach a timing cache made from ``data``: (cache, usable, why not).
 
-    A corrupt or foreign cache (another TensorRT / GPU) gives a fresh empty cache and False:
-    the build goes on, only slower. TensorRT 8.6 accepts garbage bytes without raising (it logs
-    an error and starts empty), so the data also counts as unusable when TensorRT logged an
+    A corrupt or foreign cache (another TensorRT / GPU) gives a fresh empty cache, False and the
+    reason: the build goes on, only slower. TensorRT 8.6 accepts garbage bytes without raising (it
+    logs an error and starts empty), so the data also counts as unusable when TensorRT logged an
     error while reading it, or when the loaded cache serializes no larger than an empty one.
+    Known TensorRT 8.5/8.6 bug (fixed in 10.x): a cache holding Myelin entries is refused by the
+    same version that wrote it ("Myelin error from unknown graph ... will not be used").
     """
     empty = config.create_timing_cache(b"")
     usable = False
+    reason = "no timing cache yet"
     cache = None
     if data:
-        errors_before = len(getattr(logger, "errors", []) or [])
+        errors = getattr(logger, "errors", None)
+        errors_before = len(errors) if isinstance(errors, list) else 0
         try:
             cache = config.create_timing_cache(data)
         except Exception as e:  # TensorRT raises on some corrupt inputs
-            log.debug("create_timing_cache failed: %s", e)
+            reason = f"TensorRT cannot read it ({e})"
             cache = None
         if cache is not None:
             try:
                 usable = bool(config.set_timing_cache(cache, False))  # ignore_mismatch=False
+                reason = "" if usable else "it was made by another TensorRT version or GPU"
             except Exception as e:
-                log.debug("set_timing_cache failed: %s", e)
+                reason = f"TensorRT refused it ({e})"
                 usable = False
-        if len(getattr(logger, "errors", []) or []) > errors_before:
+        if isinstance(errors, list) and len(errors) > errors_before:
             usable = False  # TensorRT complained about the data: not an error of the build
-            del logger.errors[errors_before:]
+            reason = f"TensorRT refused it: {errors[errors_before]}"
+            del errors[errors_before:]
         if usable and len(bytes(cache.serialize())) <= len(bytes(empty.serialize())):
-            usable = False  # nothing was loaded from the data
+            usable = False
+            reason = "TensorRT loaded nothing from it"
     if not usable:
         cache = empty
         config.set_timing_cache(cache, False)
-    return cache, usable
+    return cache, usable, ("" if usable else reason)
 
 
 def serialize_timing_cache(config: Any) -> Optional[bytes]:
