@@ -30,7 +30,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from trtq.quantize.graph import FLOAT, FLOAT16, GraphIndex, default_opset, has_subgraph
-from trtq.quantize.rewrite import _Namer, _taken_names
+from trtq.quantize.rewrite import Namer, taken_names
 
 FP16_MAX = 65504.0
 # a tensor whose calibrated amax is above this keeps its producer and readers in float32: unseen
@@ -110,7 +110,7 @@ def cast_float_rest(model: onnx.ModelProto, amax: Optional[Mapping[str, float]] 
     opset = default_opset(model)
     orig_type = dict(index.types)
     types = dict(index.types)
-    namer = _Namer(_taken_names(graph))
+    namer = Namer(taken_names(graph))
     nodes = index.nodes
 
     # 1. which slots move to float16

@@ -10,7 +10,8 @@ One pair per (tensor, scale): every quantized consumer of a tensor reads the sam
 output. A tensor that needs a second variant (the same weight per-channel on two different axes)
 gets ``<t>_axis<k>`` / ``<t>_per_tensor`` as its base. A name already used in the model gets
 ``_<n>`` appended. A pair for a computed tensor sits right after its producer; a pair for a graph
-input or a weight sits right before its first quantized consumer.
+input or a weight sits right before its first quantized consumer. A Conv/ConvTranspose whose weight
+now comes from DequantizeLinear gets an explicit ``kernel_shape`` (TensorRT 8.6 needs it).
 """
 from typing import Dict, List, Set
 
@@ -21,7 +22,7 @@ from onnx import helper, numpy_helper
 from trtq.quantize.plan import PairKey, Plan
 
 
-def _taken_names(graph: onnx.GraphProto) -> Set[str]:
+def taken_names(graph: onnx.GraphProto) -> Set[str]:
     names: Set[str] = set()
     for node in graph.node:
         names.add(node.name)
@@ -34,7 +35,9 @@ def _taken_names(graph: onnx.GraphProto) -> Set[str]:
     return names
 
 
-class _Namer:
+class Namer:
+    """Hands out names not yet used in the graph: ``want``, else ``want_1``, ``want_2``..."""
+
     def __init__(self, taken: Set[str]):
         self.taken = taken
 
@@ -50,7 +53,7 @@ class _Namer:
 def insert_qdq(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
     """Rewrite ``model`` (already a private copy) in place with the pairs of ``plan``."""
     graph = model.graph
-    namer = _Namer(_taken_names(graph))
+    namer = Namer(taken_names(graph))
     nodes: List[onnx.NodeProto] = list(graph.node)
 
     bases: Dict[PairKey, str] = {}
