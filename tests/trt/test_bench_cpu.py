@@ -1,7 +1,6 @@
 """Bench statistics, option checks and the text table (no GPU)."""
 import sys
 
-import numpy as np
 import pytest
 
 from trtq.config import BenchOptions

@@ -197,12 +197,15 @@ def test_parse_error_names_opset_and_leaves_no_file(tmp_path):
 
 
 def test_timing_cache_corrupt_then_reused(tmp_path):
-    """A garbage timing cache costs a warning, never the build; a saved one is reused.
+    """A garbage timing cache costs a warning, never the build; a saved one is valid and reused.
 
-    Convolutions only: TensorRT 8.5/8.6 refuse their own timing cache once it holds Myelin entries
-    (GEMM/pooling heads): "Myelin error from unknown graph ... The timing cache will not be used!"
-    (fixed in 10.x). trtq reports that as a warning like any unusable cache.
+    TensorRT 8.5/8.6 refuse the timing cache they wrote themselves ("[myelinCache.h::
+    deserializeFromBuffer] Myelin error from unknown graph ... The timing cache will not be used!",
+    reported by KataGo and others, fixed in 10.x); seen here with 8.6.0 even for a convolutions-only
+    model. There the second build must report exactly that refusal and still succeed.
     """
+    import tensorrt as trt
+
     from trtq.trt.build import build_engine
 
     model = residual_cnn(tmp_path / "convs.onnx", batch=BATCH, head=False)
@@ -210,11 +213,18 @@ def test_timing_cache_corrupt_then_reused(tmp_path):
     tc.write_bytes(b"this is not a timing cache" * 10)
     first = build_engine(model, tmp_path / "a.plan", opts(precision="fp32", timing_cache=str(tc)))
     assert first.metadata["timing_cache"]["loaded"] is False
-    assert first.metadata["timing_cache"]["problem"]
+    old_trt = int(trt.__version__.split(".")[0]) < 10
+    problem = first.metadata["timing_cache"]["problem"]
+    assert ("Magic tag does not match" in problem) if old_trt else bool(problem)  # 8.6.0's words
     data = tc.read_bytes()
     assert data and not data.startswith(b"this is not")
     second = build_engine(model, tmp_path / "b.plan", opts(precision="fp32", timing_cache=str(tc)))
-    assert second.metadata["timing_cache"] == {"path": str(tc), "loaded": True, "problem": None}
+    state = second.metadata["timing_cache"]
+    if old_trt:
+        assert state["loaded"] or "Myelin error from unknown graph" in state["problem"]
+    else:
+        assert state == {"path": str(tc), "loaded": True, "problem": None}
+    assert second.plan_path.stat().st_size > 0
 
 
 def test_bench_numbers_are_sane(built):

@@ -164,7 +164,7 @@ def bench_plan(path: Path, options: BenchOptions) -> BenchResult:
         first_input = s.input_tensors[0] if s.input_tensors else None
         batch = int(s.shapes[first_input.name][0]) if first_input and s.shapes[first_input.name] else 1
         meta = s.metadata or {}
-        gpu_name = meta.get("gpu_name") or cuda.device_info()[0]
+        gpu_name = cuda.device_info()[0]
         return BenchResult(
             plan=str(path),
             precision=meta.get("precision"),

@@ -21,7 +21,7 @@ def metadata_path(plan_path: Path) -> Path:
 
 
 def write_metadata(plan_path: Path, meta: Dict[str, Any]) -> None:
-    atomic_write_text(metadata_path(plan_path), json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(metadata_path(plan_path), render_metadata(meta))
 
 
 def render_metadata(meta: Dict[str, Any]) -> str:
@@ -38,7 +38,7 @@ def read_metadata(plan_path: Path) -> Optional[Dict[str, Any]]:
     except (OSError, ValueError) as e:
         raise ModelError(
             f"cannot read engine metadata {path} ({e.__class__.__name__})",
-            f"delete it or rebuild the engine with trtq build",
+            "delete it or rebuild the engine with trtq build",
         ) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ModelError(
