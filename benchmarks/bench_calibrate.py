@@ -105,6 +105,7 @@ class CaseRow:
     seconds: Optional[float]
     peak_rss: Optional[int]
     detail: str = ""
+    cpu_seconds: Optional[float] = None  # user + system of the process tree
 
     @property
     def ok(self) -> bool:
@@ -179,7 +180,7 @@ def run_case(case: str, n: int, args, model: Path, config: Path, images: Path) -
     elif m.status == "failed":
         tail = [ln for ln in m.stderr.strip().splitlines() if ln.strip()][-1:] or [""]
         detail = tail[0][:160]
-    return CaseRow(case, n, status, m.seconds, m.peak_rss, detail)
+    return CaseRow(case, n, status, m.seconds, m.peak_rss, detail, m.cpu_seconds)
 
 
 def report(rows: List[CaseRow], sizes: List[int]) -> str:
@@ -198,13 +199,14 @@ def report(rows: List[CaseRow], sizes: List[int]) -> str:
                 r.case, n, r.status + (" *" if r.detail else ""),
                 f"{more}{r.seconds:.1f}" if r.ok or r.stopped else "-",
                 f"{'<' if more else ''}{n / r.seconds:.1f}" if r.ok or r.stopped else "-",
+                f"{more}{r.cpu_seconds:.0f}" if r.cpu_seconds is not None else "-",
                 f"{more}{r.peak_rss / common.MIB:.0f}" if r.peak_rss else "-",
                 compare(r, floor, "seconds")[0],
                 ref_name or "",
                 compare(r, ref, "seconds")[0],
                 compare(r, ref, "peak_rss")[0],
             ])
-    headers = ["case", "images", "status", "wall s", "img/s", "peak RSS MiB", "x floor",
+    headers = ["case", "images", "status", "wall s", "img/s", "CPU s", "peak RSS MiB", "x floor",
                "reference", "time x ref", "RSS x ref"]
     return "\n".join([common.format_table(headers, table)] + ["* " + n for n in notes])
 
@@ -340,8 +342,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             row = run_case(case, n, args, model, config, images)
             rows.append(row)
             rss = f"{row.peak_rss / common.MIB:.0f} MiB" if row.peak_rss else "-"
-            print(f"  {case:16s} {n:5d} images  {row.status:18s} {row.seconds:7.1f} s  {rss}", file=sys.stderr,
-                  flush=True)
+            print(f"  {case:16s} {n:5d} images  {row.status:18s} {row.seconds:7.1f} s  "
+                  f"CPU {row.cpu_seconds:7.1f} s  {rss}", file=sys.stderr, flush=True)
     print(f"\nload average at the end {os.getloadavg()[0]:.2f} (other work on the machine skews wall times)")
     print_results(rows, sizes, work)
     atomic_write_text(work / "bench_calibrate.json",

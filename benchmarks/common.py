@@ -204,6 +204,7 @@ class Measured:
     status: str  # "ok", "killed", "timeout", "failed"
     seconds: float
     peak_rss: int  # bytes, of the child and everything it waited for
+    cpu_seconds: float  # user + system, same scope
     returncode: Optional[int]
     stdout: str
     stderr: str
@@ -222,7 +223,7 @@ def run_measured(
     cmd: Sequence[str], timeout: float, mem_cap: Optional[int] = None,
     env: Optional[Dict[str, str]] = None, cwd: Optional[Path] = None,
 ) -> Measured:
-    """Run ``cmd`` alone in a new session; return wall time, peak RSS and how it ended.
+    """Run ``cmd`` alone in a new session; return wall and CPU time, peak RSS and how it ended.
 
     Peak RSS comes from ``wait4`` on that very child (ru_maxrss covers the child and the
     descendants it waited for), so earlier cases do not leak into later figures. ``mem_cap``
@@ -272,7 +273,8 @@ def run_measured(
         status = "killed"
     else:
         status = "failed"
-    return Measured(status, seconds, peak, rc, stdout, stderr)
+    cpu = float(rusage.ru_utime + rusage.ru_stime)
+    return Measured(status, seconds, peak, cpu, rc, stdout, stderr)
 
 
 # --------------------------------------------------------------------------------------------
