@@ -1,4 +1,5 @@
 """Helpers behind benchmarks/: preprocessing, measured subprocesses, cache reading, goal lines."""
+import importlib.util
 import struct
 import sys
 import textwrap
@@ -27,6 +28,8 @@ def test_imagenet_samples_parse_labels(tmp_path):
     assert [(p.name, label) for p, label in got] == [("imagenet_00_243.jpg", 243), ("imagenet_01_559.jpg", 559)]
 
 
+@pytest.mark.skipif(importlib.util.find_spec("foolbox") is None,
+                    reason="foolbox is not installed (pip install --no-deps foolbox)")
 def test_foolbox_ships_twenty_labelled_images():
     got = common.imagenet_samples()
     assert len(got) == 20
