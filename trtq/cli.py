@@ -355,7 +355,7 @@ def _calibrate_tensorrt(cfg):
     batcher = Batcher(cfg.data, specs)
     algorithm = ALGORITHM_FOR_METHOD[cfg.calibrate.method]
     out = Path(cfg.calibrate.output)
-    table = calibrate_with_tensorrt(Path(cfg.model), batcher, algorithm, out)
+    table = calibrate_with_tensorrt(Path(cfg.model), batcher, algorithm, out, options=cfg.build)
     return CalibrationResult(
         cache_path=out, method=cfg.calibrate.method, algorithm=table.algorithm,
         trt_version=table.trt_version or resolve_trt_version(None), amax=dict(table.amax),
@@ -380,16 +380,15 @@ def inspect_cache(cache, config_path, as_json, verbose, quiet, model, other, sor
     """Decode a calibration cache (TensorRT or ONNX Runtime format): header, scales, amax, gaps, diffs."""
     st = _apply_common(as_json, verbose, quiet)
     from trtq import inspect_cache as ic
-    from trtq.calib.cache import read_cache
 
-    table = read_cache(Path(cache))
+    table = ic.load_for_inspection(Path(cache))
     result: Dict[str, Any] = {"summary": ic.summarize(table, Path(cache), sort=sort_key, top=top)}
     if model:
         from trtq.model import load_model
 
         result["model_check"] = ic.check_against_model(table, load_model(model))
     if other:
-        result["diff"] = ic.diff(table, read_cache(Path(other)), sort=sort_key, top=top)
+        result["diff"] = ic.diff(table, ic.load_for_inspection(Path(other)), sort=sort_key, top=top)
     _emit(st, ic.to_jsonable(result), ic.render_text(result))
 
 
@@ -471,26 +470,16 @@ def compare(config_path, as_json, verbose, quiet, reference, candidate, data, pr
     data_out = report.to_dict()
     text = report.render_text()
     if layers is not None:
+        from trtq.compare.sensitivity import render_layer_table
+
         data_out["per_layer"] = [row.to_dict() for row in layers]
-        text += "\n\n" + _per_layer_text(layers, per_layer_mode)
+        text += "\n\n" + render_layer_table(layers, per_layer_mode)
     _emit(st, data_out, text)
     failed = report.gate(cfg.compare)
     if failed:
         from trtq.errors import TrtqError
 
         raise TrtqError("accuracy gate failed: " + "; ".join(failed))
-
-
-def _per_layer_text(rows, mode: str) -> str:
-    title = ("per-layer sensitivity (each layer quantized alone vs FP32, worst first)" if mode == "only"
-             else "per-layer sensitivity (all layers but one quantized; gain from keeping it float, largest first)")
-    lines = [title]
-    for row in rows:
-        d = row.to_dict()
-        metrics = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                            for k, v in d.items() if k not in ("node", "op_type"))
-        lines.append(f"  {d.get('node')} ({d.get('op_type')})  {metrics}")
-    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------------

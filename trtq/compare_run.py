@@ -25,5 +25,5 @@ def run_compare(cfg, candidate: Path, cache: Optional[Path], per_layer_mode: Opt
         table = read_cache(cache)
         check_cache_for_model(cache, Path(cfg.model), cfg.quantize.allow_stale, table.amax)
         layers = per_layer_sensitivity(reference_model, table.amax, cfg.quantize, batcher,
-                                       mode=per_layer_mode, top=top)
+                                       mode=per_layer_mode, top=top, limit=cfg.compare.limit)
     return report, layers

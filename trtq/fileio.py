@@ -29,11 +29,19 @@ def atomic_path(dest: PathLike) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        # mkstemp creates 0600; give the file the mode a plain open() would (0666 minus umask)
+        os.chmod(tmp_path, 0o666 & ~_umask())
         os.replace(tmp_path, dest)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(dest: PathLike, data: bytes) -> None:

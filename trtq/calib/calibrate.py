@@ -150,6 +150,11 @@ def run_calibration(
         hist = HistogramAccumulator(maxima, num_bins=opts.num_bins)
         stream("histogram", 2, hist.update)
         counts = hist.counts
+        if hist.exceeded:
+            log.warning(
+                "%d tensor(s) had values above their first-pass max in the second pass (data not "
+                "deterministic?): %s; they were counted in the last bin",
+                len(hist.exceeded), ", ".join(sorted(hist.exceeded)[:5]))
     raw_amax = compute_all(opts.method, maxima, counts, opts.percentile)
     amax, zero = _finalize_amax({name: float(raw_amax[name]) for name in tensors})
     seconds = time.perf_counter() - started
