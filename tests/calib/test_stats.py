@@ -430,6 +430,56 @@ def test_stats_round_trip(tmp_path):
     assert got.meta == meta
 
 
+def test_stats_zeros_round_trip_and_old_files(tmp_path):
+    maxima, counts = _stats()
+    zeros = {n: int(c[0]) // 2 for n, c in counts.items()}
+    path = tmp_path / "stats.npz"
+    S.save_stats(path, maxima, counts, {}, zeros)
+    assert S.load_stats(path).zeros == zeros
+    # a file from before zeros were saved: no zeros array, read as "unknown" (empty)
+    with np.load(path) as z:
+        old = {k: z[k] for k in ("header", "maxima", "counts")}
+    np.savez(tmp_path / "old.npz", **old)
+    assert S.load_stats(tmp_path / "old.npz").zeros == {}
+    with pytest.raises(ValueError):
+        S.save_stats(tmp_path / "bad.npz", maxima, counts, {}, {n: int(c[0]) + 1 for n, c in counts.items()})
+
+
+def test_zeros_are_counted_and_merge():
+    a = np.array([0.0, 0.0, -0.0, 1e-9, 0.5, -1.0], dtype=np.float32)
+    h = S.HistogramAccumulator({"t": 1.0, "z": 0.0}, num_bins=16)
+    h.update("t", a)
+    h.update("z", np.zeros(5, dtype=np.float32))
+    assert h.zeros == {"t": 3, "z": 5}  # -0.0 is zero, 1e-9 is not
+    assert h.counts["t"][0] == 4
+    other = S.HistogramAccumulator({"t": 1.0}, num_bins=16)
+    other.update("t", np.zeros(7, dtype=np.float32))
+    h.merge(other)
+    assert h.zeros["t"] == 10
+
+
+def test_entropy_leaves_exact_zeros_out_like_tensorrt():
+    """ReLU6 output: most values exactly 0, the rest spread up to a saturated 6.0. TensorRT's
+    EntropyCalibration2 keeps the full range for such tensors (6.0015 measured on
+    EfficientNet-Lite0); counting the zeros makes the search clip to 1/8 of it."""
+    rng = np.random.default_rng(3)
+    x = np.clip(rng.normal(1.0, 1.5, 400_000), 0.0, 6.0).astype(np.float32)
+    x[: 200_000] = 0.0
+    mx = S.AbsMaxAccumulator()
+    mx.update("r", x)
+    h = S.HistogramAccumulator(mx.maxima)
+    h.update("r", x)
+    m = mx.maxima["r"]
+    with_zeros = S.compute_amax("entropy", h.counts["r"], m)
+    without = S.compute_amax("entropy", h.counts["r"], m, zeros=h.zeros["r"])
+    assert with_zeros < 0.5 * m
+    assert without >= 0.99 * m
+    assert S.compute_all("entropy", mx.maxima, h.counts, zeros=h.zeros)["r"] == without
+    # the other methods count zeros as values
+    for method in ("percentile", "mse"):
+        assert S.compute_amax(method, h.counts["r"], m, zeros=h.zeros["r"]) == S.compute_amax(method, h.counts["r"], m)
+
+
 def test_stats_name_without_npz_suffix(tmp_path):
     maxima, counts = _stats()
     path = tmp_path / "stats.bin"
@@ -479,4 +529,4 @@ def test_stats_bad_files(tmp_path):
     with pytest.raises(CacheError):
         S.load_stats(pickled)
     with zipfile.ZipFile(good) as z:
-        assert sorted(z.namelist()) == ["counts.npy", "header.npy", "maxima.npy"]
+        assert sorted(z.namelist()) == ["counts.npy", "header.npy", "maxima.npy", "zeros.npy"]

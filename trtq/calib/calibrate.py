@@ -145,17 +145,18 @@ def run_calibration(
     if samples == 0:
         raise DataError("no samples were usable for calibration", "check the data folder and --skip-bad report")
     maxima = maxima_acc.maxima
-    counts = None
+    counts = zeros = None
     if need_hist:
         hist = HistogramAccumulator(maxima, num_bins=opts.num_bins)
         stream("histogram", 2, hist.update)
         counts = hist.counts
+        zeros = hist.zeros
         if hist.exceeded:
             log.warning(
                 "%d tensor(s) had values above their first-pass max in the second pass (data not "
                 "deterministic?): %s; they were counted in the last bin",
                 len(hist.exceeded), ", ".join(sorted(hist.exceeded)[:5]))
-    raw_amax = compute_all(opts.method, maxima, counts, opts.percentile)
+    raw_amax = compute_all(opts.method, maxima, counts, opts.percentile, zeros)
     amax, zero = _finalize_amax({name: float(raw_amax[name]) for name in tensors})
     seconds = time.perf_counter() - started
 
@@ -166,7 +167,8 @@ def run_calibration(
         if stats_path is not None:
             meta = {k: v for k, v in provenance.items() if k not in ("amax", "method", "algorithm")}
             meta["tensors"] = tensors
-            save_stats(stats_path, {n: maxima[n] for n in tensors}, {n: counts[n] for n in tensors}, meta)
+            save_stats(stats_path, {n: maxima[n] for n in tensors}, {n: counts[n] for n in tensors}, meta,
+                       {n: zeros[n] for n in tensors})
         _write_outputs(out, algorithm, trt_version, amax, provenance)
     return CalibrationResult(
         cache_path=out if write else None, method=opts.method, algorithm=algorithm, trt_version=trt_version,
@@ -223,7 +225,7 @@ def calibrate_from_stats(cfg: TrtqConfig, stats_path: Path) -> CalibrationResult
             "omit it: saved statistics keep their bin count",
         )
     tensors = list(meta.get("tensors") or list(stats.maxima))
-    raw = compute_all(opts.method, stats.maxima, stats.counts, opts.percentile)
+    raw = compute_all(opts.method, stats.maxima, stats.counts, opts.percentile, stats.zeros)
     amax, zero = _finalize_amax({n: float(raw[n]) for n in tensors})
     trt_version = resolve_trt_version(opts.trt_version)
     algorithm = ALGORITHM_FOR_METHOD[opts.method]
