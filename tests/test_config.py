@@ -17,7 +17,7 @@ def write(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
 def test_defaults_without_file():
     cfg = load_config(None, environ={})
     assert cfg == TrtqConfig()
-    assert cfg.calibrate.method == "entropy" and cfg.calibrate.num_bins == 2048
+    assert cfg.calibrate.method == "mse" and cfg.calibrate.num_bins == 2048
 
 
 def test_precedence_defaults_yaml_env_flags(tmp_path):

@@ -112,7 +112,7 @@ Method = Literal["max", "entropy", "percentile", "mse"]
 
 @dataclass(frozen=True)
 class CalibrateOptions:
-    method: Method = "entropy"
+    method: Method = "mse"
     percentile: float = 99.99
     num_bins: int = 2048
     tensors: Tuple[str, ...] = ()  # empty: every tensor a TensorRT cache can name

@@ -240,7 +240,7 @@ def test_sample_model_with_its_config(trtq, sample_config, tmp_path):
     out = tmp_path / "sample.cache"
     r = trtq(["calibrate", "--config", sample_config, "-o", out, "--limit", "16"])
     assert r.code == 0, r
-    assert "calibrated 16 samples (2 batches) with entropy" in r.out and str(out) in r.out
+    assert "calibrated 16 samples (2 batches) with mse" in r.out and str(out) in r.out
     table = read_cache(out)
     assert table.algorithm == "EntropyCalibration2" and len(table.amax) > 50
     assert all(a > 0 for a in table.amax.values())
