@@ -18,9 +18,10 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from trtq import __version__
 from trtq.config import BuildOptions
 from trtq.errors import ConfigError, DataError, TrtqError, UsageError
-from trtq.fileio import atomic_path
+from trtq.fileio import atomic_path, sha256_file
 from trtq.trt import compat
 
 log = logging.getLogger(__name__)
@@ -196,7 +197,6 @@ def calibrate_with_tensorrt(
     TensorRT calibrates in (level 0 unless given: the engine is not kept).
     """
     from trtq.calib.cache import read_cache, write_provenance
-    from trtq.calib.calibrate import source_provenance
     from trtq.model import input_specs, load_model
     from trtq.trt import cuda
     from trtq.trt.build import _configure, _parse_file
@@ -270,10 +270,21 @@ def calibrate_with_tensorrt(
     with atomic_path(output_cache) as tmp:
         tmp.write_bytes(calibrator.cache)
         table = read_cache(tmp)  # refuse to publish anything trtq cannot read back
-        prov = source_provenance(model_path, specs, batcher, feeder.samples)
-        prov["data"]["shapes"] = {k: list(v) for k, v in shapes.items()}
         write_provenance(output_cache, {
-            **prov,
+            "format": "trtq-calibration/1",
+            "trtq_version": __version__,
+            "model": {
+                "path": str(model_path),
+                "sha256": sha256_file(model_path),
+                "inputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype} for s in specs],
+            },
+            "data": {
+                "fingerprint": batcher.fingerprint(),
+                "samples": feeder.samples,
+                "batch_size": batcher.batch_size,
+                "shapes": {k: list(v) for k, v in shapes.items()},
+                "skipped": len(getattr(batcher, "skipped", []) or []),
+            },
             "method": {"name": "max" if algorithm == "MinMaxCalibration" else "entropy", "backend": "tensorrt"},
             "algorithm": algorithm,
             "trt_version": str(trt.__version__),
