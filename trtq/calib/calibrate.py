@@ -177,8 +177,8 @@ def run_calibration(
     )
 
 
-def source_provenance(model_path, specs, batcher, samples: int) -> dict:
-    """The ``format`` / ``model`` / ``data`` part of a provenance file (any calibration backend)."""
+def build_provenance(cfg, model_path, specs, batcher, samples, trt_version, algorithm, amax) -> dict:
+    opts = cfg.calibrate
     return {
         "format": "trtq-calibration/1",
         "trtq_version": __version__,
@@ -192,17 +192,9 @@ def source_provenance(model_path, specs, batcher, samples: int) -> dict:
             "samples": samples,
             "batch_size": batcher.batch_size,
             "shapes": {k: list(v) for k, v in batcher.shapes.items()},
-            "skipped": len(getattr(batcher, "skipped", None) or []),
+            "skipped": len(getattr(batcher, "skipped", [])),
+            "options": to_dict(cfg.data),
         },
-    }
-
-
-def build_provenance(cfg, model_path, specs, batcher, samples, trt_version, algorithm, amax) -> dict:
-    opts = cfg.calibrate
-    prov = source_provenance(model_path, specs, batcher, samples)
-    prov["data"]["options"] = to_dict(cfg.data)
-    return {
-        **prov,
         "method": {"name": opts.method, "percentile": opts.percentile, "num_bins": opts.num_bins},
         "algorithm": algorithm,
         "trt_version": trt_version,
