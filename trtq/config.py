@@ -271,7 +271,7 @@ def _env_overrides(environ: Mapping[str, str]) -> Dict[str, Any]:
 
 
 # TRTQ_* variables with another meaning (read elsewhere, not config keys)
-_ENV_IGNORED = {"TRTQ_TEST_MODELS", "TRTQ_BENCH_DIR", "TRTQ_GPU_TESTS"}
+_ENV_IGNORED = {"TRTQ_TEST_MODELS", "TRTQ_BENCH_DIR", "TRTQ_GPU_TESTS", "TRTQ_NO_NUMBA"}
 
 
 def _scalar_paths(tp: Any, prefix: str) -> Dict[str, str]:

@@ -130,9 +130,7 @@ def run_calibration(
         t0 = time.perf_counter()
         done_batches = done_samples = 0
         for batch in batcher:
-            acts = collector.run(batch.arrays, batch.valid)
-            for name, value in acts.items():
-                update(name, value)
+            update(collector.run(batch.arrays, batch.valid))
             done_batches += 1
             done_samples += batch.valid
             if progress is not None:
@@ -141,14 +139,18 @@ def run_calibration(
         samples, batches = done_samples, done_batches
 
     maxima_acc = AbsMaxAccumulator()
-    stream("max", 1, maxima_acc.update)
+    stream("max", 1, maxima_acc.update_batch)
     if samples == 0:
         raise DataError("no samples were usable for calibration", "check the data folder and --skip-bad report")
     maxima = maxima_acc.maxima
     counts = zeros = None
     if need_hist:
+        from trtq.calib.kernels import numba_enabled
+
+        if not numba_enabled():
+            log.info("histograms on the numpy fallback; pip install 'trtq[fast]' (numba) makes this pass ~3x faster")
         hist = HistogramAccumulator(maxima, num_bins=opts.num_bins)
-        stream("histogram", 2, hist.update)
+        stream("histogram", 2, hist.update_batch)
         counts = hist.counts
         zeros = hist.zeros
         if hist.exceeded:

@@ -29,6 +29,7 @@ from typing import Dict, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
+from trtq.calib import kernels
 from trtq.errors import CacheError, ConfigError, DataError
 from trtq.fileio import atomic_path
 
@@ -63,21 +64,28 @@ class AbsMaxAccumulator:
         self._max: Dict[str, float] = {}
 
     def update(self, name: str, array) -> None:
-        a = np.asarray(array)
-        if a.size == 0:
-            self._max.setdefault(name, 0.0)
-            return
-        if a.dtype.kind not in "fiub":
-            raise DataError(f"activation '{name}' has non-numeric dtype {a.dtype}", "calibrate float tensors only")
-        # max and -min instead of abs(): no temporary array; NaN propagates through both
-        hi = float(a.max())
-        lo = float(a.min())
-        m = max(hi, -lo)
-        if not (math.isfinite(hi) and math.isfinite(lo)):
-            raise _nonfinite_error(name)
-        prev = self._max.get(name)
-        if prev is None or m > prev:
-            self._max[name] = m
+        self.update_batch({name: array})
+
+    def update_batch(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Fold one batch of activations in; the tensors are reduced in parallel."""
+        tasks = []
+        for name, array in arrays.items():
+            a = np.asarray(array)
+            if a.size == 0:
+                self._max.setdefault(name, 0.0)
+                continue
+            if a.dtype.kind not in "fiub":
+                raise DataError(f"activation '{name}' has non-numeric dtype {a.dtype}", "calibrate float tensors only")
+            tasks += [(name, p) for p in kernels.parts(a.reshape(-1))]
+        results = kernels.parallel_map(lambda t: kernels.abs_max_min(t[1]), tasks)
+        for (name, _), (hi, lo) in zip(tasks, results):
+            # NaN propagates through max and min
+            if not (math.isfinite(hi) and math.isfinite(lo)):
+                raise _nonfinite_error(name)
+            m = max(hi, -lo)
+            prev = self._max.get(name)
+            if prev is None or m > prev:
+                self._max[name] = m
 
     @property
     def maxima(self) -> Dict[str, float]:
@@ -132,11 +140,41 @@ class HistogramAccumulator:
         return np.linspace(0.0, self.maxima[name], self.num_bins + 1)
 
     def update(self, name: str, array) -> None:
-        if name not in self._counts:
-            raise ValueError(f"tensor '{name}' has no max from the first pass")
-        a = np.asarray(array)
-        if a.size == 0:
-            return
+        self.update_batch({name: array})
+
+    def update_batch(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Fold one batch of activations in; large tensors are split and counted in parallel."""
+        tasks = []
+        for name, array in arrays.items():
+            if name not in self._counts:
+                raise ValueError(f"tensor '{name}' has no max from the first pass")
+            a = np.asarray(array)
+            if a.size == 0:
+                continue
+            if self.maxima[name] == 0.0 or self._scale[name] is None:
+                self._update_special(name, a)
+                continue
+            tasks += [(name, p) for p in kernels.parts(a.reshape(-1))]
+        nb = self.num_bins
+
+        def count(task):
+            name, part = task
+            c = np.zeros(nb, dtype=np.int64)
+            zeros, flags = kernels.histogram_into(part, self._scale[name], c)
+            return c, zeros, flags
+
+        results = kernels.parallel_map(count, tasks)
+        for (name, _), (_, _, flags) in zip(tasks, results):
+            if flags & kernels.NONFINITE:
+                raise _nonfinite_error(name)
+        for (name, _), (c, zeros, flags) in zip(tasks, results):
+            self._counts[name] += c
+            self._zeros[name] += zeros
+            if flags & kernels.EXCEEDED:
+                self.exceeded.add(name)
+
+    def _update_special(self, name: str, a: np.ndarray) -> None:
+        """Max 0 (everything in bin 0), or a max so small that num_bins / max overflows float32."""
         counts = self._counts[name]
         if self.maxima[name] == 0.0:
             if not np.isfinite(a).all():
@@ -147,22 +185,16 @@ class HistogramAccumulator:
             counts[0] += a.size
             self._zeros[name] += a.size - nonzero
             return
-        scale = self._scale[name]
-        if scale is not None:
-            x = np.abs(a.reshape(-1), dtype=np.float32)  # new float32 buffer, also for float16/64 inputs
-            np.multiply(x, scale, out=x)
-        else:  # tiny max: divide first so nothing overflows
-            x = np.abs(a.reshape(-1), dtype=np.float64)
-            np.divide(x, self.maxima[name], out=x)
-            np.multiply(x, float(self.num_bins), out=x)
+        x = np.abs(a.reshape(-1), dtype=np.float64)  # divide first so nothing overflows
+        np.divide(x, self.maxima[name], out=x)
+        np.multiply(x, float(self.num_bins), out=x)
         top = float(x.max())  # NaN propagates; Inf stays Inf
         if not math.isfinite(top):
             raise _nonfinite_error(name)
-        if top >= self.num_bins:  # the max itself (or values above it): clip into the last bin
+        if top >= self.num_bins:
             if top >= self.num_bins * (1.0 + 1e-6):
                 self.exceeded.add(name)
             np.minimum(x, self.num_bins - 1, out=x)
-        # truncation == floor for x >= 0
         counts += np.bincount(x.astype(np.intp), minlength=self.num_bins)
         self._zeros[name] += x.size - int(np.count_nonzero(x))
 

@@ -1,0 +1,140 @@
+"""The per-array kernels of trtq.calib.kernels and the I/O-bound collector of trtq.calib.collect.
+
+The numba kernel and the numpy fallback must give the same counts, bit for bit, as a direct numpy
+statement of the binning rule; the collector must return what a plain ONNX Runtime run returns.
+"""
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from trtq.calib import kernels
+from trtq.calib.collect import OrtCollector, select_tensors
+from trtq.calib.stats import AbsMaxAccumulator, HistogramAccumulator
+
+NUM_BINS = 2048
+
+
+def _reference(a: np.ndarray, scale: np.float32, num_bins: int):
+    """The binning rule written directly: floor(|x| * scale) in float32, clipped to the last bin."""
+    y = np.abs(a.astype(np.float32)).reshape(-1) * np.float32(scale)
+    k = np.minimum(np.floor(y), num_bins - 1).astype(np.int64)
+    return np.bincount(k, minlength=num_bins), int((y == 0).sum())
+
+
+def _arrays():
+    rng = np.random.default_rng(0)
+    relu = np.maximum(rng.normal(size=(3, 17, 31)), 0).astype(np.float32)  # many zeros, odd size
+    heavy = rng.standard_t(2, size=100_003).astype(np.float32)
+    tiny = np.array([0.0, -0.0, 1e-30, 5.0], np.float32)
+    return {"relu": relu, "heavy": heavy, "tiny": tiny,
+            "half": heavy[:4099].astype(np.float16), "double": heavy[:5000].astype(np.float64)}
+
+
+@pytest.fixture(params=["numba", "numpy"])
+def implementation(request, monkeypatch):
+    if request.param == "numba":
+        pytest.importorskip("numba")
+        monkeypatch.delenv("TRTQ_NO_NUMBA", raising=False)
+        assert kernels.numba_enabled()
+    else:
+        monkeypatch.setenv("TRTQ_NO_NUMBA", "1")
+        assert not kernels.numba_enabled()
+    return request.param
+
+
+@pytest.mark.parametrize("name", list(_arrays()))
+def test_histogram_into_matches_the_rule(implementation, name):
+    a = _arrays()[name]
+    top = float(np.abs(a.astype(np.float64)).max())
+    scale = np.float32(NUM_BINS / top)
+    counts = np.zeros(NUM_BINS, np.int64)
+    zeros, flags = kernels.histogram_into(a, scale, counts)
+    expected, expected_zeros = _reference(a, scale, NUM_BINS)
+    assert np.array_equal(counts, expected)
+    assert zeros == expected_zeros
+    assert flags == 0
+    assert counts[-1] >= 1  # the max lands in the last bin
+
+
+def test_histogram_into_flags(implementation):
+    counts = np.zeros(16, np.int64)
+    _, flags = kernels.histogram_into(np.array([0.5, 3.0], np.float32), np.float32(16.0), counts)
+    assert flags == kernels.EXCEEDED  # 3.0 * 16 is past the 16 bins: counted in the last one
+    assert counts[8] == 1 and counts[15] == 1
+    for bad in (np.nan, np.inf, -np.inf):
+        _, flags = kernels.histogram_into(np.array([1.0, bad, 0.25], np.float32), np.float32(8.0),
+                                          np.zeros(16, np.int64))
+        assert flags & kernels.NONFINITE
+
+
+def test_accumulators_split_large_tensors_in_parallel(monkeypatch):
+    """Parts and threads must not change the result: compare with one-part, inline runs."""
+    rng = np.random.default_rng(3)
+    batch = {"a": rng.normal(size=(4, 64, 33, 33)).astype(np.float32),
+             "b": np.maximum(rng.normal(size=(4, 1000)), 0).astype(np.float32)}
+    results = []
+    for part, cores in ((1 << 21, 1), (1000, 4)):
+        monkeypatch.setattr(kernels, "PART", part)
+        monkeypatch.setattr(kernels, "usable_cores", lambda cores=cores: cores)
+        mx = AbsMaxAccumulator()
+        mx.update_batch(batch)
+        h = HistogramAccumulator(mx.maxima)
+        h.update_batch(batch)
+        results.append((mx.maxima, h.counts, h.zeros))
+    (m1, c1, z1), (m2, c2, z2) = results
+    assert m1 == m2 and z1 == z2
+    assert all(np.array_equal(c1[k], c2[k]) for k in c1)
+    assert m1["a"] == float(np.abs(batch["a"]).max())
+
+
+# --------------------------------------------------------------------------------------------
+# collector
+# --------------------------------------------------------------------------------------------
+
+
+def _conv_model(path):
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["img", "w"], ["conv"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["conv"], ["relu"]),
+        helper.make_node("GlobalAveragePool", ["relu"], ["pool"]),
+        helper.make_node("Flatten", ["pool"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "conv", [helper.make_tensor_value_info("img", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 4])],
+        initializer=[numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    onnx.save(model, str(path))
+    return model
+
+
+def test_collector_returns_fresh_activations_every_batch(tmp_path):
+    import onnxruntime as ort
+
+    model = _conv_model(tmp_path / "m.onnx")
+    tensors = select_tensors(model)
+    assert tensors[0] == "img"
+    collector = OrtCollector(model, tensors, ["CPUExecutionProvider"])
+    plain = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    # same shape twice (reused bound buffers), then a smaller last batch, then back
+    for n in (5, 5, 3, 5):
+        x = rng.normal(size=(n, 3, 8, 8)).astype(np.float32)
+        got = collector.run({"img": x})
+        assert set(got) == set(tensors)
+        np.testing.assert_array_equal(got["img"], x)
+        np.testing.assert_array_equal(got["out"], plain.run(["out"], {"img": x})[0])
+        assert got["relu"].shape == (n, 4, 8, 8)
+        np.testing.assert_allclose(got["relu"].mean(axis=(2, 3)), got["out"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(got["relu"], np.maximum(got["conv"], 0))
+
+
+def test_collector_drops_padding_rows(tmp_path):
+    model = _conv_model(tmp_path / "m.onnx")
+    collector = OrtCollector(model, select_tensors(model), ["CPUExecutionProvider"])
+    x = np.random.default_rng(2).normal(size=(4, 3, 8, 8)).astype(np.float32)
+    got = collector.run({"img": x}, valid=3)
+    assert all(v.shape[0] == 3 for v in got.values())
