@@ -16,8 +16,18 @@ def write(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
 
 def test_defaults_without_file():
     cfg = load_config(None, environ={})
-    assert cfg == TrtqConfig()
+    assert cfg == TrtqConfig(calibrate=CalibrateOptions(method="mse"))
     assert cfg.calibrate.method == "mse" and cfg.calibrate.num_bins == 2048
+
+
+def test_method_default_depends_on_the_backend_but_a_given_method_stays(tmp_path):
+    assert load_config(None, {"calibrate.backend": "tensorrt"}, environ={}).calibrate.method == "entropy"
+    p = write(tmp_path, "calibrate: {method: mse}\n")
+    # the config's explicit choice is kept (the TensorRT backend then refuses it with a message)
+    assert load_config(p, {"calibrate.backend": "tensorrt"}, environ={}).calibrate.method == "mse"
+    p = write(tmp_path, "calibrate: {backend: tensorrt}\n")
+    assert load_config(p, environ={}).calibrate.method == "entropy"
+    assert CalibrateOptions().resolved().method == "mse"
 
 
 def test_precedence_defaults_yaml_env_flags(tmp_path):
@@ -94,7 +104,7 @@ def test_missing_and_invalid_files(tmp_path):
         load_config(write(tmp_path, "a: 1\n b: 2\n"), environ={})
     with pytest.raises(ConfigError, match="mapping at the top level"):
         load_config(write(tmp_path, "- 1\n- 2\n"), environ={})
-    assert load_config(write(tmp_path, ""), environ={}) == TrtqConfig()
+    assert load_config(write(tmp_path, ""), environ={}) == load_config(None, environ={})
 
 
 def test_environment_errors():

@@ -247,7 +247,7 @@ def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
 @_common
 @click.option("-m", "--model", type=click.Path(dir_okay=False), help="FP32 ONNX model.")
 @_data_options
-@click.option("--method", type=click.Choice(["max", "entropy", "percentile", "mse"]), help="Range method (default mse; --backend tensorrt: entropy).")
+@click.option("--method", type=click.Choice(["max", "entropy", "percentile", "mse"]), help="Range method (default mse; with --backend tensorrt: entropy).")
 @click.option("--percentile", type=float, help="Percentile for --method percentile (default 99.99).")
 @click.option("--num-bins", type=int, help="Histogram bins (default 2048).")
 @click.option("--tensors", multiple=True, metavar="NAMES", help="Only these tensors (comma-separated or repeated).")
@@ -287,11 +287,6 @@ def calibrate(config_path, as_json, verbose, quiet, model, data, preprocess, bat
         _dry_run(st, cfg)
         return
     show = progress if progress is not None else sys.stderr.isatty()
-    if cfg.calibrate.backend == "tensorrt" and method is None and cfg.calibrate.method not in ("max", "entropy"):
-        import dataclasses
-
-        # TensorRT has only MinMax and EntropyCalibration2; its own default is the latter
-        cfg = dataclasses.replace(cfg, calibrate=dataclasses.replace(cfg.calibrate, method="entropy"))
     if cfg.calibrate.backend == "tensorrt":
         result = _calibrate_tensorrt(cfg)
     else:

@@ -112,7 +112,7 @@ Method = Literal["max", "entropy", "percentile", "mse"]
 
 @dataclass(frozen=True)
 class CalibrateOptions:
-    method: Method = "mse"
+    method: Optional[Method] = None  # None: the backend's default, see DEFAULT_METHOD / resolved()
     percentile: float = 99.99
     num_bins: int = 2048
     tensors: Tuple[str, ...] = ()  # empty: every tensor a TensorRT cache can name
@@ -121,6 +121,17 @@ class CalibrateOptions:
     backend: Literal["onnxruntime", "tensorrt"] = "onnxruntime"
     providers: Tuple[str, ...] = ()  # ONNX Runtime providers; default CUDA if present, else CPU
     save_stats: Optional[str] = _path_field()
+
+    def resolved(self) -> "CalibrateOptions":
+        """These options with ``method`` set: the backend's default when not given."""
+        if self.method is not None:
+            return self
+        return dataclasses.replace(self, method=DEFAULT_METHOD[self.backend])
+
+
+# mse: best INT8 agreement measured (README); TensorRT's calibrators have only MinMax and
+# EntropyCalibration2, and the latter is its own default
+DEFAULT_METHOD = {"onnxruntime": "mse", "tensorrt": "entropy"}
 
 
 @dataclass(frozen=True)
@@ -214,7 +225,8 @@ def load_config(
         cfg = apply_overrides(cfg, env_values, source="environment")
     if overrides:
         cfg = apply_overrides(cfg, {k: v for k, v in overrides.items() if v is not None}, "option")
-    return cfg
+    # defaults that depend on other settings, once every layer is in
+    return dataclasses.replace(cfg, calibrate=cfg.calibrate.resolved())
 
 
 def apply_overrides(cfg: Any, values: Mapping[str, Any], source: str = "option") -> Any:

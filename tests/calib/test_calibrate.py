@@ -273,3 +273,14 @@ def test_compare_gate_failure_exits_1(trtq, mlp, tmp_path):
     assert "accuracy gate failed" in r.err
     r = trtq(["compare", "--reference", model, "--candidate", model, "--data", data, "--min-cosine", "0.999"])
     assert r.code == 0, r
+
+
+def test_tensorrt_backend_keeps_an_explicit_method(trtq, mlp, tmp_path):
+    """A config's method: mse is not silently swapped for entropy by --backend tensorrt."""
+    model, data, _, _ = mlp
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("calibrate: {method: mse}\n")
+    r = trtq(["calibrate", "--config", cfg, "--model", model, "--data", data, "--backend", "tensorrt",
+              "-o", tmp_path / "c.cache"])
+    assert r.code == 2 and "supports --method max or entropy, not mse" in r.err
+    assert not (tmp_path / "c.cache").exists()

@@ -105,7 +105,7 @@ def run_calibration(
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs, load_model
 
-    opts = cfg.calibrate
+    opts = cfg.calibrate.resolved()
     if not cfg.model:
         raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
     model_path = Path(cfg.model)
@@ -180,7 +180,7 @@ def run_calibration(
 
 
 def build_provenance(cfg, model_path, specs, batcher, samples, trt_version, algorithm, amax) -> dict:
-    opts = cfg.calibrate
+    opts = cfg.calibrate.resolved()
     return {
         "format": "trtq-calibration/1",
         "trtq_version": __version__,
@@ -210,7 +210,7 @@ def calibrate_from_stats(cfg: TrtqConfig, stats_path: Path) -> CalibrationResult
     from trtq.calib.stats import compute_all, load_stats
 
     t0 = time.perf_counter()
-    opts = cfg.calibrate
+    opts = cfg.calibrate.resolved()
     stats = load_stats(Path(stats_path))
     meta = dict(stats.meta)
     model_meta = meta.get("model") or {}
