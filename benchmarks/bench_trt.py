@@ -52,6 +52,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--no-rebuild", action="store_true", help="skip the timed rebuild with the saved timing cache")
     p.add_argument("--duration", type=float, default=3.0, help="seconds of timed inference per engine")
     p.add_argument("--warmup", type=float, default=0.5)
+    p.add_argument("--rebuild-engines", default="all",
+                   help="engines to rebuild with their saved timing cache (comma-separated; default all)")
+    p.add_argument("--reuse-plans", action="store_true",
+                   help="take engines an earlier run built into --out as they are (build times from then)")
+    p.add_argument("--trt-cache", type=Path,
+                   help="int8-implicit: a cache TensorRT's EntropyCalibration2 already wrote for this model "
+                        "(trtq calibrate --backend tensorrt), instead of calibrating again")
     p.add_argument("--only", default="fp32,fp16,int8-explicit,int8-implicit", help="engines to include")
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)
@@ -65,10 +72,18 @@ def data_options(folder: Path, input_name: str, shape, preset_name: str, batch: 
                        batch_size=batch, limit=limit, last_batch="pad")
 
 
-def build_twice(name: str, model: Path, out: Path, options: BuildOptions, rebuild: bool, **kw) -> Dict[str, Any]:
-    """Cold build with an empty timing cache, then (optionally) a rebuild that loads it."""
+def build_twice(name: str, model: Path, out: Path, options: BuildOptions, rebuild: bool, reuse: bool = False,
+                **kw) -> Dict[str, Any]:
+    """Cold build with an empty timing cache, then (optionally) a rebuild that loads it.
+
+    With ``reuse``, a plan built by an earlier run into the same folder (its row saved beside it)
+    is taken as it is: builds can be spread over several calls and all engines timed in one."""
     from trtq.trt.build import build_engine
 
+    saved = out / f"{name}.row.json"
+    if reuse and saved.exists() and (out / f"{name}.plan").exists():
+        log.info("reusing %s from an earlier run (%s)", name, saved)
+        return json.loads(saved.read_text())
     tc = out / f"{name}.timing.cache"
     if tc.exists():
         tc.unlink()
@@ -84,6 +99,7 @@ def build_twice(name: str, model: Path, out: Path, options: BuildOptions, rebuil
         tc_meta = warm.metadata.get("timing_cache") or {}
         row["timing_cache_loaded"] = bool(tc_meta.get("loaded"))
         row["timing_cache_problem"] = tc_meta.get("problem")
+    atomic_write_text(saved, json.dumps(row))
     return row
 
 
@@ -185,29 +201,35 @@ def main(argv: Optional[List[str]] = None) -> int:
         profiles={spec.name: ProfileShapes(fixed, fixed, fixed)} if spec.is_dynamic else {},
     )
     fp16_rest = not a.no_fp16_fallback
-    rebuild = not a.no_rebuild
+    rebuild_names = set(wanted if a.rebuild_engines == "all" else a.rebuild_engines.split(","))
+    rebuild = {n: (not a.no_rebuild and n in rebuild_names) for n in wanted}
     rows: List[Dict[str, Any]] = []
 
     warm_up(a.out, base)
     if "fp32" in wanted:
-        rows.append(build_twice("fp32", a.model, a.out, _replace(base, precision="fp32"), rebuild))
+        rows.append(build_twice("fp32", a.model, a.out, _replace(base, precision="fp32"), rebuild["fp32"], a.reuse_plans))
     if "fp16" in wanted:
-        rows.append(build_twice("fp16", a.model, a.out, _replace(base, precision="fp16"), rebuild))
+        rows.append(build_twice("fp16", a.model, a.out, _replace(base, precision="fp16"), rebuild["fp16"], a.reuse_plans))
     if "int8-explicit" in wanted:
         rows.append(build_twice("int8-explicit", a.model, a.out, _replace(base, precision="int8", fp16=fp16_rest),
-                                rebuild, cache_path=a.cache))
+                                rebuild["int8-explicit"], a.reuse_plans, cache_path=a.cache))
     if "int8-implicit" in wanted:
-        calib = Batcher(data_options(a.data, spec.name, spec.shape, a.preset, a.batch, a.calib_images), specs)
-        trt_cache = a.out / "tensorrt-entropy2.cache"
-        log.info("TensorRT EntropyCalibration2 on %d images", calib.num_samples)
-        t0 = time.perf_counter()
-        calibrate_with_tensorrt(a.model, calib, "EntropyCalibration2", trt_cache,
-                                _replace(base, optimization_level=0))
-        calib_s = time.perf_counter() - t0
+        trt_cache = a.trt_cache or a.out / "tensorrt-entropy2.cache"
+        calib_s = None
+        implicit_row = a.out / "int8-implicit.row.json"
+        if a.trt_cache is None and not (a.reuse_plans and implicit_row.exists()):
+            calib = Batcher(data_options(a.data, spec.name, spec.shape, a.preset, a.batch, a.calib_images), specs)
+            log.info("TensorRT EntropyCalibration2 on %d images", calib.num_samples)
+            t0 = time.perf_counter()
+            calibrate_with_tensorrt(a.model, calib, "EntropyCalibration2", trt_cache,
+                                    _replace(base, optimization_level=0))
+            calib_s = time.perf_counter() - t0
         row = build_twice("int8-implicit", a.model, a.out,
-                          _replace(base, precision="int8", mode="implicit", fp16=fp16_rest), rebuild,
-                          cache_path=trt_cache)
-        row["calibration_s"] = calib_s
+                          _replace(base, precision="int8", mode="implicit", fp16=fp16_rest), rebuild["int8-implicit"],
+                          a.reuse_plans, cache_path=trt_cache)
+        if calib_s is not None:
+            row["calibration_s"] = calib_s
+            atomic_write_text(implicit_row, json.dumps(row))
         rows.append(row)
 
     log.info("timing %d engines", len(rows))

@@ -101,6 +101,7 @@ def run_calibration(
     """Calibrate ``cfg.model`` on ``cfg.data`` with ``cfg.calibrate`` and write the cache."""
     from trtq.calib.cache import ALGORITHM_FOR_METHOD
     from trtq.calib.collect import OrtCollector, select_tensors
+    from trtq.calib.replay import ReplayedBatches
     from trtq.calib.stats import AbsMaxAccumulator, HistogramAccumulator, compute_all, save_stats
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs, load_model
@@ -125,11 +126,11 @@ def run_calibration(
     samples = 0
     batches = 0
 
-    def stream(stage: str, index: int, update):
+    def stream(stage: str, index: int, update, source):
         nonlocal samples, batches
         t0 = time.perf_counter()
         done_batches = done_samples = 0
-        for batch in batcher:
+        for batch in source:
             update(collector.run(batch.arrays, batch.valid))
             done_batches += 1
             done_samples += batch.valid
@@ -138,26 +139,27 @@ def run_calibration(
                                   time.perf_counter() - t0))
         samples, batches = done_samples, done_batches
 
-    maxima_acc = AbsMaxAccumulator()
-    stream("max", 1, maxima_acc.update_batch)
-    if samples == 0:
-        raise DataError("no samples were usable for calibration", "check the data folder and --skip-bad report")
-    maxima = maxima_acc.maxima
-    counts = zeros = None
-    if need_hist:
-        from trtq.calib.kernels import numba_enabled
+    with ReplayedBatches(batcher, enabled=need_hist) as replay:
+        maxima_acc = AbsMaxAccumulator()
+        stream("max", 1, maxima_acc.update_batch, replay.first())
+        if samples == 0:
+            raise DataError("no samples were usable for calibration", "check the data folder and --skip-bad report")
+        maxima = maxima_acc.maxima
+        counts = zeros = None
+        if need_hist:
+            from trtq.calib.kernels import numba_enabled
 
-        if not numba_enabled():
-            log.info("histograms on the numpy fallback; pip install 'trtq[fast]' (numba) makes this pass ~3x faster")
-        hist = HistogramAccumulator(maxima, num_bins=opts.num_bins)
-        stream("histogram", 2, hist.update_batch)
-        counts = hist.counts
-        zeros = hist.zeros
-        if hist.exceeded:
-            log.warning(
-                "%d tensor(s) had values above their first-pass max in the second pass (data not "
-                "deterministic?): %s; they were counted in the last bin",
-                len(hist.exceeded), ", ".join(sorted(hist.exceeded)[:5]))
+            if not numba_enabled():
+                log.info("histograms on the numpy fallback; pip install 'trtq[fast]' (numba) makes this pass ~3x faster")
+            hist = HistogramAccumulator(maxima, num_bins=opts.num_bins)
+            stream("histogram", 2, hist.update_batch, replay.second())
+            counts = hist.counts
+            zeros = hist.zeros
+            if hist.exceeded:
+                log.warning(
+                    "%d tensor(s) had values above their first-pass max in the second pass (data not "
+                    "deterministic?): %s; they were counted in the last bin",
+                    len(hist.exceeded), ", ".join(sorted(hist.exceeded)[:5]))
     raw_amax = compute_all(opts.method, maxima, counts, opts.percentile, zeros)
     amax, zero = _finalize_amax({name: float(raw_amax[name]) for name in tensors})
     seconds = time.perf_counter() - started

@@ -102,7 +102,7 @@ def _compile_numba():
 
     @numba.njit(nogil=True, cache=True)
     def histogram_f32(x, scale, counts, exceed_at):  # pragma: no cover - compiled
-        # counts: int32[lanes, num_bins]; lane j takes elements j, j+lanes, ... so that runs of
+        # counts: int64[lanes, num_bins] (measured faster than int32 here); lane j takes elements j, j+lanes, ... so that runs of
         # equal bins (the zeros of a ReLU) do not serialise on one counter.
         lanes = counts.shape[0]
         last = counts.shape[1] - 1
@@ -147,7 +147,7 @@ def histogram_into(part: np.ndarray, scale: np.float32, counts: np.ndarray) -> T
     exceed_at = np.float32(num_bins * _EXCEED_TOLERANCE)
     kernel = _kernel()
     if kernel is not None:
-        lanes = np.zeros((4, num_bins), dtype=np.int32)  # a part is < 2**31 elements
+        lanes = np.zeros((4, num_bins), dtype=np.int64)
         zeros = 0
         nonfinite = exceeded = False
         if part.dtype == np.float32:
