@@ -101,6 +101,7 @@ def run_calibration(
     """Calibrate ``cfg.model`` on ``cfg.data`` with ``cfg.calibrate`` and write the cache."""
     from trtq.calib.cache import ALGORITHM_FOR_METHOD
     from trtq.calib.collect import OrtCollector, select_tensors
+    from trtq.calib.derive import abs_max, derive_extremes, monotone_links
     from trtq.calib.replay import ReplayedBatches
     from trtq.calib.stats import AbsMaxAccumulator, HistogramAccumulator, compute_all, save_stats
     from trtq.data.batcher import Batcher
@@ -118,8 +119,12 @@ def run_calibration(
     algorithm = ALGORITHM_FOR_METHOD[opts.method]
     batcher = Batcher(cfg.data, specs)
     tensors = select_tensors(model, opts.tensors)
-    collector = OrtCollector(model, tensors, opts.providers)
     need_hist = opts.method != "max" or opts.save_stats is not None
+    # Relu/Clip outputs whose range follows from their input's: not measured in the max pass,
+    # and with max alone not even exposed by ONNX Runtime (trtq.calib.derive)
+    links = monotone_links(model, tensors)
+    measured = [t for t in tensors if t not in links]
+    collector = OrtCollector(model, tensors if need_hist else measured, opts.providers)
     stages = 2 if need_hist else 1
 
     started = time.perf_counter()
@@ -141,9 +146,15 @@ def run_calibration(
 
     with ReplayedBatches(batcher, enabled=need_hist) as replay:
         maxima_acc = AbsMaxAccumulator()
-        stream("max", 1, maxima_acc.update_batch, replay.first())
+
+        def update_max(acts):
+            maxima_acc.update_batch({k: v for k, v in acts.items() if k not in links} if need_hist else acts)
+
+        stream("max", 1, update_max, replay.first())
         if samples == 0:
             raise DataError("no samples were usable for calibration", "check the data folder and --skip-bad report")
+        derived = derive_extremes(maxima_acc.extremes, links)
+        maxima_acc.add_derived({name: abs_max(derived[name]) for name in links})
         maxima = maxima_acc.maxima
         counts = zeros = None
         if need_hist:

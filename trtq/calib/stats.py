@@ -62,6 +62,7 @@ class AbsMaxAccumulator:
 
     def __init__(self) -> None:
         self._max: Dict[str, float] = {}
+        self._ext: Dict[str, Tuple[float, float]] = {}  # signed (min, max), for trtq.calib.derive
 
     def update(self, name: str, array) -> None:
         self.update_batch({name: array})
@@ -82,20 +83,33 @@ class AbsMaxAccumulator:
             # NaN propagates through max and min
             if not (math.isfinite(hi) and math.isfinite(lo)):
                 raise _nonfinite_error(name)
-            m = max(hi, -lo)
-            prev = self._max.get(name)
-            if prev is None or m > prev:
-                self._max[name] = m
+            self._fold(name, max(hi, -lo), (lo, hi))
+
+    def _fold(self, name: str, m: float, ext: Optional[Tuple[float, float]]) -> None:
+        prev = self._max.get(name)
+        if prev is None or m > prev:
+            self._max[name] = m
+        if ext is not None:
+            old = self._ext.get(name)
+            self._ext[name] = ext if old is None else (min(old[0], ext[0]), max(old[1], ext[1]))
 
     @property
     def maxima(self) -> Dict[str, float]:
         return dict(self._max)
 
+    @property
+    def extremes(self) -> Dict[str, Tuple[float, float]]:
+        """Signed ``(min, max)`` per tensor that had any element."""
+        return dict(self._ext)
+
+    def add_derived(self, amax: Mapping[str, float]) -> None:
+        """Maxima known without measuring (see trtq.calib.derive); kept in the given order."""
+        for name, m in amax.items():
+            self._max[name] = float(m)
+
     def merge(self, other: "AbsMaxAccumulator") -> None:
         for name, m in other._max.items():
-            prev = self._max.get(name)
-            if prev is None or m > prev:
-                self._max[name] = m
+            self._fold(name, m, other._ext.get(name))
 
 
 # --------------------------------------------------------------------------------------------
