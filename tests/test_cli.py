@@ -1,7 +1,6 @@
 """The CLI contract: one-line errors, exit codes, nothing written on failure."""
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

@@ -8,7 +8,6 @@ Exit codes: 0 ok, 1 operation failed, 2 usage/config error, 3 invalid input (dat
 """
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path

@@ -1,6 +1,6 @@
 """The ``compare`` command's orchestration: batches from the config, two runners, the report."""
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Optional
 
 
 def run_compare(cfg, candidate: Path, cache: Optional[Path], per_layer_mode: Optional[str], top: Optional[int]):

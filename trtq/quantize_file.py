@@ -1,7 +1,6 @@
 """File-level quantize step: model file + cache file -> Q/DQ model file (used by quantize and build)."""
 import logging
 from pathlib import Path
-from typing import Tuple
 
 from trtq.config import QuantizeOptions
 from trtq.errors import ModelError

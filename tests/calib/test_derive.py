@@ -1,6 +1,5 @@
 """Ranges derived from a Relu/Clip input (trtq.calib.derive) equal the measured ones."""
 import numpy as np
-import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 

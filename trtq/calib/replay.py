@@ -10,7 +10,7 @@ fails (disk full), the second pass simply iterates the batcher again.
 import logging
 import shutil
 import tempfile
-from typing import Iterator, List, Optional, Tuple
+from typing import Iterator, List, Tuple
 
 import numpy as np
 
