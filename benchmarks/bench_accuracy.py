@@ -88,6 +88,17 @@ def trtq_int8(method: str, model: Path, config: Path, n: int, out_dir: Path, reu
     return qdq, time.perf_counter() - t0
 
 
+def trtq_bias_corrected(method: str, model: Path, config: Path, out_dir: Path, reuse: bool) -> Tuple[Path, float]:
+    """The same cache quantized with --bias-correction (input means from the first 128 calibration photos)."""
+    cache = out_dir / f"trtq-{method}.cache"
+    qdq = out_dir / f"trtq-{method}-bc.qdq.onnx"
+    t0 = time.perf_counter()
+    if not (reuse and qdq.exists()):
+        run_trtq(["quantize", "--config", str(config), "--model", str(model), "--cache", str(cache),
+                  "-o", str(qdq), "--bias-correction"])
+    return qdq, time.perf_counter() - t0
+
+
 def ort_int8(model: Path, images: Path, n: int, out_dir: Path, reuse: bool,
              symmetric: bool = False) -> Tuple[Path, float]:
     """ONNX Runtime's static QDQ quantization on the same calibration batches: stock settings, or
@@ -172,6 +183,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--eval", type=int, default=500, help="evaluation photos (default 500) + 20 labelled")
     ap.add_argument("--methods", default=",".join(METHODS), help="trtq methods (default all four)")
     ap.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime's quantize_static")
+    ap.add_argument("--no-bias-correction", action="store_true",
+                    help="skip the trtq-METHOD+bc rows (quantize --bias-correction)")
     ap.add_argument("--reuse", action="store_true", help="reuse caches / Q/DQ models already in the work folder")
     ap.add_argument("--seed", type=int, default=0, help="photo set seed")
     args = ap.parse_args(argv)
@@ -195,6 +208,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     for m in methods:
         int8[f"trtq-{m}"] = trtq_int8(m, model, config, args.calib, out_dir, args.reuse)
         print(f"  trtq-{m}: {int8[f'trtq-{m}'][1]:.0f} s", file=sys.stderr, flush=True)
+        if not args.no_bias_correction:
+            int8[f"trtq-{m}+bc"] = trtq_bias_corrected(m, model, config, out_dir, args.reuse)
+            print(f"  trtq-{m}+bc: {int8[f'trtq-{m}+bc'][1]:.0f} s", file=sys.stderr, flush=True)
     if not args.no_ort:
         int8[ORT_STOCK] = ort_int8(model, calib, args.calib, out_dir, args.reuse)
         print(f"  {ORT_STOCK}: {int8[ORT_STOCK][1]:.0f} s", file=sys.stderr, flush=True)

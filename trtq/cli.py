@@ -405,19 +405,28 @@ def inspect_cache(cache, config_path, as_json, verbose, quiet, model, other, sor
 @click.option("--fp16", is_flag=True, default=None, help="Cast the non-quantized rest to float16.")
 @click.option("--per-channel/--per-tensor", default=None, help="Weight scales per output channel (default) or per tensor.")
 @click.option("--allow-stale", is_flag=True, default=None, help="Use a cache whose provenance names another model.")
-def quantize(config_path, as_json, verbose, quiet, model, cache, output, exclude, fp16, per_channel, allow_stale):
+@click.option("--bias-correction", is_flag=True, default=None,
+              help="Cancel the mean shift of INT8 weight rounding in Conv/Gemm biases (needs --data or a config with data).")
+@click.option("--bias-samples", type=int, help="Samples whose activation means bias correction uses (default 128).")
+@click.option("--data", "data", multiple=True, metavar="[INPUT=]PATH", help="Data for --bias-correction, as for calibrate.")
+@click.option("--preprocess", type=click.Choice(["imagenet", "inception", "yolo", "paddle", "unit", "raw"]),
+              help="Preprocessing preset for --data.")
+def quantize(config_path, as_json, verbose, quiet, model, cache, output, exclude, fp16, per_channel, allow_stale,
+             bias_correction, bias_samples, data, preprocess):
     """Write an explicit Q/DQ ONNX model (TensorRT 8.6/10/11 ready) from a calibration cache."""
     st = _apply_common(as_json, verbose, quiet)
     cfg = _load_config(config_path, {
         "model": model, "quantize.output": output, "quantize.exclude": list(exclude) or None,
         "quantize.fp16": fp16, "quantize.per_channel": per_channel, "quantize.allow_stale": allow_stale,
+        "quantize.bias_correction": bias_correction, "quantize.bias_samples": bias_samples,
     })
+    cfg = _apply_data_flags(cfg, data, preprocess)
     if not cfg.model:
         raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
     from trtq.quantize_file import quantize_file
 
     out = Path(cfg.quantize.output) if cfg.quantize.output else Path(cfg.model).with_suffix(".qdq.onnx")
-    result = quantize_file(Path(cfg.model), Path(cache), out, cfg.quantize)
+    result = quantize_file(Path(cfg.model), Path(cache), out, cfg.quantize, cfg.data)
     data = result.to_dict()
     data["output"] = str(out)
     lines = [f"quantized   {len(result.quantized)} nodes -> {out}"]

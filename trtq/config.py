@@ -141,6 +141,8 @@ class QuantizeOptions:
     per_channel: bool = True
     fp16: bool = False  # cast the non-quantized rest to float16
     allow_stale: bool = False
+    bias_correction: bool = False  # subtract the weight-rounding mean shift from biases (needs data)
+    bias_samples: int = 128  # calibration samples whose activation means bias correction uses
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,16 @@ import logging
 from pathlib import Path
 
 from trtq.config import QuantizeOptions
-from trtq.errors import ModelError
+from trtq.errors import ModelError, UsageError
 from trtq.fileio import atomic_path
 
 log = logging.getLogger(__name__)
 
 
-def quantized_model(model_path: Path, cache_path: Path, options: QuantizeOptions):
-    """Read model and cache, refuse a stale cache, and return the QuantizeResult (not saved)."""
+def quantized_model(model_path: Path, cache_path: Path, options: QuantizeOptions, data=None):
+    """Read model and cache, refuse a stale cache, and return the QuantizeResult (not saved).
+
+    ``data`` (DataOptions) feeds bias correction when ``options.bias_correction`` is set."""
     from trtq.calib.cache import read_cache
     from trtq.calib.freshness import check_cache_for_model
     from trtq.model import load_model
@@ -19,7 +21,31 @@ def quantized_model(model_path: Path, cache_path: Path, options: QuantizeOptions
     model = load_model(model_path)
     table = read_cache(Path(cache_path))
     check_cache_for_model(Path(cache_path), Path(model_path), options.allow_stale, table.amax)
-    return quantize_model(model, table.amax, options)
+    result = quantize_model(model, table.amax, options)
+    apply_bias_correction(model, result, options, data)
+    return result
+
+
+def apply_bias_correction(model, result, options: QuantizeOptions, data) -> None:
+    """Correct the biases of ``result.model`` in place when the options ask for it."""
+    if not options.bias_correction:
+        return
+    import dataclasses
+
+    from trtq.data.batcher import Batcher
+    from trtq.model import input_specs
+    from trtq.quantize.bias import bias_correct
+
+    if data is None or not data.inputs:
+        raise UsageError("bias correction needs calibration data",
+                         "pass --data DIR --preprocess PRESET, or a config with data.inputs")
+    if options.bias_samples < 1:
+        raise UsageError(f"bias_samples must be >= 1, got {options.bias_samples}")
+    limit = min(options.bias_samples, data.limit) if data.limit else options.bias_samples
+    batcher = Batcher(dataclasses.replace(data, limit=limit), input_specs(model))
+    corrected = bias_correct(model, result.model, batcher)
+    result.notes.append(f"bias correction: {len(corrected)} layers, input means from {batcher.num_samples} samples")
+    log.info("bias correction on %d layers (%d samples)", len(corrected), batcher.num_samples)
 
 
 def save_model(model, output: Path) -> None:
@@ -35,8 +61,8 @@ def save_model(model, output: Path) -> None:
         onnx.save(model, str(tmp))
 
 
-def quantize_file(model_path: Path, cache_path: Path, output: Path, options: QuantizeOptions):
-    result = quantized_model(model_path, cache_path, options)
+def quantize_file(model_path: Path, cache_path: Path, output: Path, options: QuantizeOptions, data=None):
+    result = quantized_model(model_path, cache_path, options, data)
     save_model(result.model, output)
     for name in result.missing_amax[:10]:
         log.warning("no amax for tensor %s in %s: its consumers stay float", name, cache_path)
