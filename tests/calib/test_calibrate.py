@@ -201,7 +201,7 @@ def test_failed_run_leaves_the_previous_cache(trtq, mlp, tmp_path):
 def test_ctrl_c_exits_130_and_keeps_the_previous_cache(mlp, tmp_path):
     model, data, x, _ = mlp
     out = tmp_path / "c.cache"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     base = [sys.executable, "-m", "trtq", "calibrate", "--model", str(model), "-o", str(out)]
     r = subprocess.run(base + ["--data", str(data)], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
