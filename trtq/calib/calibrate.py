@@ -6,6 +6,7 @@ edges make the histograms exactly additive, so the result does not depend on bat
 sharding. Memory holds one batch of activations plus the histograms (bins x tensors x 8 bytes).
 """
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,11 +121,15 @@ def run_calibration(
     batcher = Batcher(cfg.data, specs)
     tensors = select_tensors(model, opts.tensors)
     need_hist = opts.method != "max" or opts.save_stats is not None
-    # Relu/Clip outputs whose range follows from their input's: not measured in the max pass,
-    # and with max alone not even exposed by ONNX Runtime (trtq.calib.derive)
+    # Relu/Clip outputs whose range follows from their input's are not exposed by ONNX Runtime in
+    # the max pass (trtq.calib.derive)
     links = monotone_links(model, tensors)
     measured = [t for t in tensors if t not in links]
-    collector = OrtCollector(model, tensors if need_hist else measured, opts.providers)
+    collector = OrtCollector(model, measured, opts.providers)
+    if need_hist:  # load numba and the kernel while pass 1 runs (its first use is in pass 2)
+        from trtq.calib.kernels import numba_enabled
+
+        threading.Thread(target=numba_enabled, name="trtq-numba-warmup", daemon=True).start()
     stages = 2 if need_hist else 1
 
     started = time.perf_counter()
@@ -146,11 +151,7 @@ def run_calibration(
 
     with ReplayedBatches(batcher, enabled=need_hist) as replay:
         maxima_acc = AbsMaxAccumulator()
-
-        def update_max(acts):
-            maxima_acc.update_batch({k: v for k, v in acts.items() if k not in links} if need_hist else acts)
-
-        stream("max", 1, update_max, replay.first())
+        stream("max", 1, maxima_acc.update_batch, replay.first())
         if samples == 0:
             raise DataError("no samples were usable for calibration", "check the data folder and --skip-bad report")
         derived = derive_extremes(maxima_acc.extremes, links)
@@ -163,6 +164,10 @@ def run_calibration(
             if not numba_enabled():
                 log.info("histograms on the numpy fallback; pip install 'trtq[fast]' (numba) makes this pass ~3x faster")
             hist = HistogramAccumulator(maxima, num_bins=opts.num_bins)
+            # pass 2 needs every tensor: a session that exposes them all (the first one is freed
+            # first, so the peak holds one set of activations)
+            collector = None
+            collector = OrtCollector(model, tensors, opts.providers)
             stream("histogram", 2, hist.update_batch, replay.second())
             counts = hist.counts
             zeros = hist.zeros
