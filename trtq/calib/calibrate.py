@@ -162,7 +162,7 @@ def run_calibration(
             from trtq.calib.kernels import numba_enabled
 
             if not numba_enabled():
-                log.info("histograms on the numpy fallback; pip install 'trtq[fast]' (numba) makes this pass ~3x faster")
+                log.info("histograms on the numpy fallback; pip install 'trtq[fast]' (numba) makes this pass ~2x faster")
             hist = HistogramAccumulator(maxima, num_bins=opts.num_bins)
             # pass 2 needs every tensor: a session that exposes them all (the first one is freed
             # first, so the peak holds one set of activations)
