@@ -21,20 +21,18 @@ def quantized_model(model_path: Path, cache_path: Path, options: QuantizeOptions
     model = load_model(model_path)
     table = read_cache(Path(cache_path))
     check_cache_for_model(Path(cache_path), Path(model_path), options.allow_stale, table.amax)
-    result = quantize_model(model, table.amax, options)
-    apply_bias_correction(model, result, options, data)
-    return result
+    return quantize_model(model, table.amax, options, bias_data=bias_batches(model, options, data))
 
 
-def apply_bias_correction(model, result, options: QuantizeOptions, data) -> None:
-    """Correct the biases of ``result.model`` in place when the options ask for it."""
+def bias_batches(model, options: QuantizeOptions, data):
+    """The batches bias correction reads (``options.bias_samples`` of ``data``), or None when the
+    options do not ask for it."""
     if not options.bias_correction:
-        return
+        return None
     import dataclasses
 
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs
-    from trtq.quantize.bias import bias_correct
 
     if data is None or not data.inputs:
         raise UsageError("bias correction needs calibration data",
@@ -42,10 +40,7 @@ def apply_bias_correction(model, result, options: QuantizeOptions, data) -> None
     if options.bias_samples < 1:
         raise UsageError(f"bias_samples must be >= 1, got {options.bias_samples}")
     limit = min(options.bias_samples, data.limit) if data.limit else options.bias_samples
-    batcher = Batcher(dataclasses.replace(data, limit=limit), input_specs(model))
-    corrected = bias_correct(model, result.model, batcher)
-    result.notes.append(f"bias correction: {len(corrected)} layers, input means from {batcher.num_samples} samples")
-    log.info("bias correction on %d layers (%d samples)", len(corrected), batcher.num_samples)
+    return Batcher(dataclasses.replace(data, limit=limit), input_specs(model))
 
 
 def save_model(model, output: Path) -> None:
@@ -64,6 +59,9 @@ def save_model(model, output: Path) -> None:
 def quantize_file(model_path: Path, cache_path: Path, output: Path, options: QuantizeOptions, data=None):
     result = quantized_model(model_path, cache_path, options, data)
     save_model(result.model, output)
+    for note in result.notes:
+        if note.startswith("bias correction"):
+            log.info("%s", note)
     for name in result.missing_amax[:10]:
         log.warning("no amax for tensor %s in %s: its consumers stay float", name, cache_path)
     return result

@@ -80,13 +80,15 @@ def test_corrected_layers_have_the_fp32_mean(group, with_bias):
     onnx.checker.check_model(qdq)
 
 
-def test_quantize_bias_correction_on_the_sample(trtq, sample_config, tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--fp16"]])
+def test_quantize_bias_correction_on_the_sample(trtq, sample_config, tmp_path, extra):
+    """Also with --fp16: the correction is made on the float graph, before the FP16 cast."""
     cache = tmp_path / "c.cache"
     assert trtq(["calibrate", "--config", sample_config, "-o", cache, "--method", "max"]).code == 0
     plain, corrected = tmp_path / "p.onnx", tmp_path / "b.onnx"
-    assert trtq(["quantize", "--config", sample_config, "--cache", cache, "-o", plain]).code == 0
+    assert trtq(["quantize", "--config", sample_config, "--cache", cache, "-o", plain, *extra]).code == 0
     r = trtq(["quantize", "--config", sample_config, "--cache", cache, "-o", corrected, "--bias-correction",
-              "--bias-samples", "8", "--json"])
+              "--bias-samples", "8", "--json", *extra])
     assert r.code == 0, r
     note = [n for n in json.loads(r.out)["notes"] if n.startswith("bias correction")]
     assert note and int(note[0].split()[2]) > 5 and "from 8 samples" in note[0]

@@ -7,10 +7,12 @@
 - :mod:`~trtq.quantize.plan` with the table in :mod:`~trtq.quantize.rules`: which node inputs get
   Q/DQ and with which scale (:mod:`~trtq.quantize.scales`);
 - :mod:`~trtq.quantize.rewrite`: the QuantizeLinear/DequantizeLinear pairs, with stable names;
+- :mod:`~trtq.quantize.bias` (``options.bias_correction`` with data): biases corrected for the
+  mean shift of weight rounding, on the float graph (before the FP16 cast);
 - :mod:`~trtq.quantize.fp16` (``options.fp16``): the float rest cast to float16.
 """
 from dataclasses import dataclass, field
-from typing import Collection, List, Mapping, Optional, Tuple
+from typing import Collection, Iterable, List, Mapping, Optional, Tuple
 
 import onnx
 
@@ -78,11 +80,13 @@ def quantize_model(
     amax: Mapping[str, float],
     options: Optional[QuantizeOptions] = None,
     only_nodes: Optional[Collection[str]] = None,
+    bias_data: Optional[Iterable] = None,
 ) -> QuantizeResult:
     """Explicit INT8 Q/DQ copy of an FP32 ``model``; ``amax`` maps tensor names to amax.
 
-    ``only_nodes`` restricts quantization to those node names (per-layer sensitivity). The
-    input model is not modified.
+    ``only_nodes`` restricts quantization to those node names (per-layer sensitivity).
+    ``bias_data`` (batches, e.g. a Batcher) feeds bias correction when ``options.bias_correction``
+    is set; without it no correction is made. The input model is not modified.
     """
     options = options if options is not None else QuantizeOptions()
     if is_quantized(model):
@@ -108,6 +112,13 @@ def quantize_model(
             )
     plan = make_plan(index, amax, options.exclude, options.per_channel, only_nodes)
     out = insert_qdq(prepared, plan)
+    if options.bias_correction and bias_data is not None:
+        from trtq.quantize.bias import bias_correct
+
+        corrected = bias_correct(model, out, bias_data)
+        samples = getattr(bias_data, "num_samples", None)
+        notes.append(f"bias correction: {len(corrected)} layers"
+                     + (f", input means from {samples} samples" if samples is not None else ""))
     if options.fp16:
         out = cast_float_rest(out, amax)
         notes.append("cast the float rest to float16 (Q/DQ and graph inputs/outputs stay float32)")
