@@ -41,3 +41,10 @@ def test_unknown_preset():
     with pytest.raises(ConfigError, match="unknown preprocessing preset"):
         preset("vgg", [1, 3, 224, 224])
     assert set(PRESETS) >= {"imagenet", "yolo", "paddle"}
+
+
+def test_cli_preset_choice_names_every_preset():
+    from trtq.cli import _PRESET_CHOICE
+    from trtq.presets import PRESETS
+
+    assert list(_PRESET_CHOICE.choices) == list(PRESETS)

@@ -155,8 +155,12 @@ def _apply_data_flags(cfg, data: Sequence[str], preprocess: Optional[str]):
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, inputs=inputs))
 
 
+# the names of trtq.presets.PRESETS (not imported here: the CLI stays fast to import)
+_PRESET_CHOICE = click.Choice(["imagenet", "inception", "yolo", "paddle", "unit", "raw"])
+
+
 def _data_options(f):
-    f = click.option("--preprocess", type=click.Choice(["imagenet", "inception", "yolo", "paddle", "unit", "raw"]),
+    f = click.option("--preprocess", type=_PRESET_CHOICE,
                      help="Preprocessing preset for image folders (instead of a config).")(f)
     f = click.option("--data", "data", multiple=True, metavar="[INPUT=]PATH",
                      help="Image folder, .txt file list, .npy file or glob; repeat per input as NAME=PATH.")(f)
@@ -409,7 +413,7 @@ def inspect_cache(cache, config_path, as_json, verbose, quiet, model, other, sor
               help="Cancel the mean shift of INT8 weight rounding in Conv/Gemm biases (needs --data or a config with data).")
 @click.option("--bias-samples", type=int, help="Samples whose activation means bias correction uses (default 128).")
 @click.option("--data", "data", multiple=True, metavar="[INPUT=]PATH", help="Data for --bias-correction, as for calibrate.")
-@click.option("--preprocess", type=click.Choice(["imagenet", "inception", "yolo", "paddle", "unit", "raw"]),
+@click.option("--preprocess", type=_PRESET_CHOICE,
               help="Preprocessing preset for --data.")
 def quantize(config_path, as_json, verbose, quiet, model, cache, output, exclude, fp16, per_channel, allow_stale,
              bias_correction, bias_samples, data, preprocess):

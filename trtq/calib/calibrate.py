@@ -103,6 +103,7 @@ def run_calibration(
     from trtq.calib.cache import ALGORITHM_FOR_METHOD
     from trtq.calib.collect import OrtCollector, select_tensors
     from trtq.calib.derive import abs_max, derive_extremes, monotone_links
+    from trtq.calib.kernels import numba_enabled
     from trtq.calib.replay import ReplayedBatches
     from trtq.calib.stats import AbsMaxAccumulator, HistogramAccumulator, compute_all, save_stats
     from trtq.data.batcher import Batcher
@@ -127,8 +128,6 @@ def run_calibration(
     measured = [t for t in tensors if t not in links]
     collector = OrtCollector(model, measured, opts.providers)
     if need_hist:  # load numba and the kernel while pass 1 runs (its first use is in pass 2)
-        from trtq.calib.kernels import numba_enabled
-
         threading.Thread(target=numba_enabled, name="trtq-numba-warmup", daemon=True).start()
     stages = 2 if need_hist else 1
 
@@ -159,8 +158,6 @@ def run_calibration(
         maxima = maxima_acc.maxima
         counts = zeros = None
         if need_hist:
-            from trtq.calib.kernels import numba_enabled
-
             if not numba_enabled():
                 log.info("histograms on the numpy fallback; pip install 'trtq[fast]' (numba) makes this pass ~2x faster")
             hist = HistogramAccumulator(maxima, num_bins=opts.num_bins)
