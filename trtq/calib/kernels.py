@@ -33,6 +33,7 @@ R = TypeVar("R")
 
 _pool: Optional[ThreadPoolExecutor] = None
 _pool_lock = threading.Lock()
+_kernel_lock = threading.Lock()  # its own: compiling must not hold up the pool (calibrate warms up during pass 1)
 _numba_kernel = None
 _numba_state = "untried"  # "untried" | "ok" | "missing"
 
@@ -87,7 +88,7 @@ def _kernel():
     if os.environ.get("TRTQ_NO_NUMBA", "").strip() not in ("", "0"):
         return None
     if _numba_state == "untried":
-        with _pool_lock:
+        with _kernel_lock:
             if _numba_state == "untried":
                 try:
                     _numba_kernel = _compile_numba()
