@@ -411,18 +411,27 @@ def inspect_cache(cache, config_path, as_json, verbose, quiet, model, other, sor
 @click.option("--allow-stale", is_flag=True, default=None, help="Use a cache whose provenance names another model.")
 @click.option("--bias-correction", is_flag=True, default=None,
               help="Cancel the mean shift of INT8 weight rounding in Conv/Gemm biases (needs --data or a config with data).")
-@click.option("--bias-samples", type=int, help="Samples whose activation means bias correction uses (default 128).")
-@click.option("--data", "data", multiple=True, metavar="[INPUT=]PATH", help="Data for --bias-correction, as for calibrate.")
+@click.option("--weight-rounding", type=click.Choice(["nearest", "gptq"]),
+              help="INT8 weight levels: nearest (default) or gptq, chosen for each layer's output error "
+                   "on the data (needs --data or a config with data).")
+@click.option("--float-layers", type=int, metavar="N",
+              help="Leave float the N layers that add the most error alone (ranked as compare --per-layer "
+                   "does, on the data).")
+@click.option("--samples", type=int,
+              help="Calibration samples --bias-correction, gptq rounding and --float-layers read (default 128).")
+@click.option("--data", "data", multiple=True, metavar="[INPUT=]PATH",
+              help="Data for --bias-correction, --weight-rounding gptq and --float-layers, as for calibrate.")
 @click.option("--preprocess", type=_PRESET_CHOICE,
               help="Preprocessing preset for --data.")
 def quantize(config_path, as_json, verbose, quiet, model, cache, output, exclude, fp16, per_channel, allow_stale,
-             bias_correction, bias_samples, data, preprocess):
+             bias_correction, weight_rounding, float_layers, samples, data, preprocess):
     """Write an explicit Q/DQ ONNX model (TensorRT 8.6/10/11 ready) from a calibration cache."""
     st = _apply_common(as_json, verbose, quiet)
     cfg = _load_config(config_path, {
         "model": model, "quantize.output": output, "quantize.exclude": list(exclude) or None,
         "quantize.fp16": fp16, "quantize.per_channel": per_channel, "quantize.allow_stale": allow_stale,
-        "quantize.bias_correction": bias_correction, "quantize.bias_samples": bias_samples,
+        "quantize.bias_correction": bias_correction, "quantize.weight_rounding": weight_rounding,
+        "quantize.float_layers": float_layers, "quantize.samples": samples,
     })
     cfg = _apply_data_flags(cfg, data, preprocess)
     if not cfg.model:
@@ -434,6 +443,9 @@ def quantize(config_path, as_json, verbose, quiet, model, cache, output, exclude
     data = result.to_dict()
     data["output"] = str(out)
     lines = [f"quantized   {len(result.quantized)} nodes -> {out}"]
+    from trtq.quantize_file import DATA_STEP_NOTES
+
+    lines += [f"            {note}" for note in result.notes if note.startswith(DATA_STEP_NOTES)]
     if result.left_float:
         lines.append(f"left float  {len(result.left_float)} nodes:")
         lines += [f"  {name}: {reason}" for name, reason in result.left_float[:20]]

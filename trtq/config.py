@@ -108,6 +108,7 @@ class DataOptions:
 # --------------------------------------------------------------------------------------------
 
 Method = Literal["max", "entropy", "percentile", "mse"]
+WeightRounding = Literal["nearest", "gptq"]
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,9 @@ class QuantizeOptions:
     fp16: bool = False  # cast the non-quantized rest to float16
     allow_stale: bool = False
     bias_correction: bool = False  # subtract the weight-rounding mean shift from biases (needs data)
-    bias_samples: int = 128  # calibration samples whose activation means bias correction uses
+    weight_rounding: WeightRounding = "nearest"  # gptq: levels that minimise each layer's output error (needs data)
+    float_layers: int = 0  # leave this many of the most error-adding layers float (ranked on data)
+    samples: int = 128  # calibration samples bias correction, gptq rounding and float_layers read
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,13 @@ from trtq.fileio import atomic_path
 
 log = logging.getLogger(__name__)
 
+DATA_STEP_NOTES = ("float layers", "weight rounding", "bias correction")  # notes of the steps that read data
+
 
 def quantized_model(model_path: Path, cache_path: Path, options: QuantizeOptions, data=None):
     """Read model and cache, refuse a stale cache, and return the QuantizeResult (not saved).
 
-    ``data`` (DataOptions) feeds bias correction when ``options.bias_correction`` is set."""
+    ``data`` (DataOptions) feeds the data-driven steps (bias correction, gptq rounding) the options ask for."""
     from trtq.calib.cache import read_cache
     from trtq.calib.freshness import check_cache_for_model
     from trtq.model import load_model
@@ -21,13 +23,21 @@ def quantized_model(model_path: Path, cache_path: Path, options: QuantizeOptions
     model = load_model(model_path)
     table = read_cache(Path(cache_path))
     check_cache_for_model(Path(cache_path), Path(model_path), options.allow_stale, table.amax)
-    return quantize_model(model, table.amax, options, bias_data=bias_batches(model, options, data))
+    return quantize_model(model, table.amax, options, data=sample_batches(model, options, data))
 
 
-def bias_batches(model, options: QuantizeOptions, data):
-    """The batches bias correction reads (``options.bias_samples`` of ``data``), or None when the
-    options do not ask for it."""
-    if not options.bias_correction:
+def needs_data(options: QuantizeOptions) -> bool:
+    return options.bias_correction or options.weight_rounding != "nearest" or options.float_layers > 0
+
+
+def sample_batches(model, options: QuantizeOptions, data):
+    """The batches the data-driven steps read (bias correction, gptq rounding, float_layers: the
+    first ``options.samples`` of ``data``), or None when the options ask for none of them."""
+    if options.float_layers < 0:
+        raise UsageError(f"float_layers must be >= 0, got {options.float_layers}")
+    if options.samples < 1:
+        raise UsageError(f"quantize samples must be >= 1, got {options.samples}")
+    if not needs_data(options):
         return None
     import dataclasses
 
@@ -35,11 +45,11 @@ def bias_batches(model, options: QuantizeOptions, data):
     from trtq.model import input_specs
 
     if data is None or not data.inputs:
-        raise UsageError("bias correction needs calibration data",
+        what = ("bias correction" if options.bias_correction else
+                f"{options.weight_rounding} weight rounding" if options.weight_rounding != "nearest" else "float_layers")
+        raise UsageError(f"{what} needs calibration data",
                          "pass --data DIR --preprocess PRESET, or a config with data.inputs")
-    if options.bias_samples < 1:
-        raise UsageError(f"bias_samples must be >= 1, got {options.bias_samples}")
-    limit = min(options.bias_samples, data.limit) if data.limit else options.bias_samples
+    limit = min(options.samples, data.limit) if data.limit else options.samples
     return Batcher(dataclasses.replace(data, limit=limit), input_specs(model))
 
 
@@ -60,7 +70,7 @@ def quantize_file(model_path: Path, cache_path: Path, output: Path, options: Qua
     result = quantized_model(model_path, cache_path, options, data)
     save_model(result.model, output)
     for note in result.notes:
-        if note.startswith("bias correction"):
+        if note.startswith(DATA_STEP_NOTES):
             log.info("%s", note)
     for name in result.missing_amax[:10]:
         log.warning("no amax for tensor %s in %s: its consumers stay float", name, cache_path)

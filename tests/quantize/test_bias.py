@@ -88,10 +88,10 @@ def test_quantize_bias_correction_on_the_sample(trtq, sample_config, tmp_path, e
     plain, corrected = tmp_path / "p.onnx", tmp_path / "b.onnx"
     assert trtq(["quantize", "--config", sample_config, "--cache", cache, "-o", plain, *extra]).code == 0
     r = trtq(["quantize", "--config", sample_config, "--cache", cache, "-o", corrected, "--bias-correction",
-              "--bias-samples", "8", "--json", *extra])
+              "--samples", "8", "--json", *extra])
     assert r.code == 0, r
     note = [n for n in json.loads(r.out)["notes"] if n.startswith("bias correction")]
-    assert note and int(note[0].split()[2]) > 5 and "from 8 samples" in note[0]
+    assert note and int(note[0].split()[2]) > 5 and "on 8 samples" in note[0]
     a, b = onnx.load(str(plain)), onnx.load(str(corrected))
     assert [n.op_type for n in a.graph.node] == [n.op_type for n in b.graph.node]
     ia = {i.name: numpy_helper.to_array(i) for i in a.graph.initializer}

@@ -7,6 +7,8 @@
 - :mod:`~trtq.quantize.plan` with the table in :mod:`~trtq.quantize.rules`: which node inputs get
   Q/DQ and with which scale (:mod:`~trtq.quantize.scales`);
 - :mod:`~trtq.quantize.rewrite`: the QuantizeLinear/DequantizeLinear pairs, with stable names;
+- :mod:`~trtq.quantize.rounding` (``options.weight_rounding == "gptq"`` with data): weight levels
+  chosen for each layer's output error instead of nearest;
 - :mod:`~trtq.quantize.bias` (``options.bias_correction`` with data): biases corrected for the
   mean shift of weight rounding, on the float graph (before the FP16 cast);
 - :mod:`~trtq.quantize.fp16` (``options.fp16``): the float rest cast to float16.
@@ -80,13 +82,14 @@ def quantize_model(
     amax: Mapping[str, float],
     options: Optional[QuantizeOptions] = None,
     only_nodes: Optional[Collection[str]] = None,
-    bias_data: Optional[Iterable] = None,
+    data: Optional[Iterable] = None,
 ) -> QuantizeResult:
     """Explicit INT8 Q/DQ copy of an FP32 ``model``; ``amax`` maps tensor names to amax.
 
     ``only_nodes`` restricts quantization to those node names (per-layer sensitivity).
-    ``bias_data`` (batches, e.g. a Batcher) feeds bias correction when ``options.bias_correction``
-    is set; without it no correction is made. The input model is not modified.
+    ``data`` (batches, e.g. a Batcher; iterated once per step) feeds gptq weight rounding and bias
+    correction when the options ask for them; without it neither runs. The input model is not
+    modified.
     """
     options = options if options is not None else QuantizeOptions()
     if is_quantized(model):
@@ -110,15 +113,14 @@ def quantize_model(
                 + (" ..." if len(unknown) > 5 else ""),
                 "use node names from a quantize report",
             )
-    plan = make_plan(index, amax, options.exclude, options.per_channel, only_nodes)
+    keep_float = {}
+    if data is not None and options.float_layers > 0 and only_nodes is None:
+        keep_float = _most_sensitive(model, amax, options, data)
+        notes.append(f"float layers: {len(keep_float)} most sensitive left float: " + ", ".join(keep_float))
+    plan = make_plan(index, amax, options.exclude, options.per_channel, only_nodes, keep_float)
     out = insert_qdq(prepared, plan)
-    if options.bias_correction and bias_data is not None:
-        from trtq.quantize.bias import bias_correct
-
-        corrected = bias_correct(model, out, bias_data)
-        samples = getattr(bias_data, "num_samples", None)
-        notes.append(f"bias correction: {len(corrected)} layers"
-                     + (f", input means from {samples} samples" if samples is not None else ""))
+    if data is not None:
+        notes += _data_steps(model, out, options, data)
     if options.fp16:
         out = cast_float_rest(out, amax)
         notes.append("cast the float rest to float16 (Q/DQ and graph inputs/outputs stay float32)")
@@ -130,6 +132,50 @@ def quantize_model(
         notes=notes,
         qdq_pairs=len(plan.pairs),
     )
+
+
+RANK_SAMPLES = 64  # samples the float_layers ranking runs each layer on (at most)
+
+
+def _most_sensitive(fp32: onnx.ModelProto, amax: Mapping[str, float], options: QuantizeOptions, data) -> dict:
+    """The ``options.float_layers`` layers with the lowest output SQNR when quantized alone
+    (compare --per-layer's ``only`` mode, nearest rounding), name -> reason."""
+    import dataclasses
+
+    from trtq.compare.sensitivity import per_layer_sensitivity
+
+    base = dataclasses.replace(options, float_layers=0, bias_correction=False, weight_rounding="nearest")
+    limit = min(options.samples, RANK_SAMPLES)
+    rows = per_layer_sensitivity(fp32, amax, base, data, mode="only", top=options.float_layers, limit=limit)
+    return {r.node: f"float_layers: SQNR {r.sqnr_db:.1f} dB quantized alone, among the {options.float_layers} worst"
+            for r in rows}
+
+
+def _data_steps(fp32: onnx.ModelProto, qdq: onnx.ModelProto, options: QuantizeOptions, data) -> List[str]:
+    """gptq rounding and bias correction on ``qdq`` (in place), the FP32 model's activations
+    on ``data``; returns their notes. Bias correction measures its shift against the chosen levels."""
+    notes = []
+    samples = getattr(data, "num_samples", None)
+    of = f" on {samples} samples" if samples is not None else ""
+    rounded = {}
+    if options.weight_rounding == "gptq":
+        from trtq.quantize.rounding import optimize_rounding
+
+        rounded, report = optimize_rounding(qdq, fp32, data)
+        notes.append(f"weight rounding gptq: {report.layers} layers{of}, output error "
+                     f"{report.error_ratio:.2f}x nearest rounding's"
+                     + (f"; nearest kept for {len(report.skipped)}: "
+                        + ", ".join(f"{n} ({why})" for n, why in report.skipped[:3]) if report.skipped else ""))
+    if options.bias_correction:
+        from trtq.quantize.bias import bias_correct
+
+        corrected = bias_correct(fp32, qdq, data, rounded=rounded)
+        notes.append(f"bias correction: {len(corrected)} layers" + (f", input means{of}" if of else ""))
+    if rounded:
+        from trtq.quantize.rounding import apply_rounding
+
+        apply_rounding(qdq, rounded)
+    return notes
 
 
 __all__ = ["QuantizeResult", "quantize_model", "is_quantized", "QUANTIZED_OPS"]

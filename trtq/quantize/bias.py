@@ -9,7 +9,7 @@ pixels see zeros), so the correction is exact for 1x1 convolutions and close for
 Measured on EfficientNet-Lite0 (depthwise convolutions are the usual victims): top-1 agreement with
 FP32 0.874 -> 0.922 and logit SQNR 17.6 -> 22.0 dB on 500 photo crops, means from 128 photos.
 """
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import onnx
@@ -18,23 +18,16 @@ from onnx import numpy_helper
 from trtq.quantize.graph import GraphIndex, attr
 
 
-def _float_source(index: GraphIndex, tensor: str) -> str:
-    """The float tensor behind a DequantizeLinear(QuantizeLinear(x)) pair, else the tensor."""
-    dq = index.producer_node(tensor)
-    if dq is not None and dq.op_type == "DequantizeLinear":
-        q = index.producer_node(dq.input[0])
-        if q is not None and q.op_type == "QuantizeLinear":
-            return q.input[0]
-    return tensor
-
-
-def _rounded_weight(index: GraphIndex, tensor: str) -> Optional[Tuple[np.ndarray, np.ndarray]]:
-    """(W, Wq) when ``tensor`` is DQ(Q(W)) of an int8 float initializer, else None."""
-    dq = index.producer_node(tensor)
-    q = index.producer_node(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
-    if q is None or q.op_type != "QuantizeLinear" or not (index.is_constant(q.input[0]) and index.is_constant(q.input[1])):
+def _rounded_weight(index: GraphIndex, tensor: str,
+                    rounded: Mapping[str, np.ndarray]) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """(W, Wq) when ``tensor`` is DQ(Q(W)) of an int8 float initializer, else None. ``Wq`` is
+    ``rounded[W's name]`` when given (levels chosen by :mod:`~trtq.quantize.rounding`)."""
+    q = index.quantized_constant(tensor)
+    if q is None:
         return None
     w = index.array(q.input[0]).astype(np.float64)
+    if q.input[0] in rounded:
+        return w, np.asarray(rounded[q.input[0]], dtype=np.float64)
     s = index.array(q.input[1]).astype(np.float64)
     if s.ndim == 1 and w.ndim > 1:
         axis = attr(q, "axis", 1) % w.ndim
@@ -47,14 +40,14 @@ def _rounded_weight(index: GraphIndex, tensor: str) -> Optional[Tuple[np.ndarray
 Target = Tuple[onnx.NodeProto, str, np.ndarray]  # (node, float input activation, weight error Wq - W)
 
 
-def _targets(index: GraphIndex) -> List[Target]:
+def _targets(index: GraphIndex, rounded: Mapping[str, np.ndarray]) -> List[Target]:
     """Every correctable Conv/Gemm of the Q/DQ model ``index`` describes."""
     out = []
     for node in index.nodes:
         if node.op_type not in ("Conv", "Gemm") or len(node.input) < 2:
             continue
-        rounded = _rounded_weight(index, node.input[1])
-        if rounded is None:
+        pair = _rounded_weight(index, node.input[1], rounded)
+        if pair is None:
             continue
         bias = node.input[2] if len(node.input) > 2 else ""
         if bias and (not index.is_constant(bias) or index.fan_out(bias) > 1):
@@ -62,8 +55,8 @@ def _targets(index: GraphIndex) -> List[Target]:
         if node.op_type == "Gemm" and (attr(node, "transA", 0) or attr(node, "alpha", 1.0) != 1.0
                                        or attr(node, "beta", 1.0) != 1.0):
             continue
-        w, wq = rounded
-        out.append((node, _float_source(index, node.input[0]), wq - w))
+        w, wq = pair
+        out.append((node, index.float_source(node.input[0]), wq - w))
     return out
 
 
@@ -81,13 +74,14 @@ def _shift(node, error: np.ndarray, mean: np.ndarray) -> Optional[np.ndarray]:
     return (d * mu).sum(axis=1)
 
 
-def correct_biases(qdq: onnx.ModelProto, means: Dict[str, np.ndarray]) -> List[str]:
+def correct_biases(qdq: onnx.ModelProto, means: Dict[str, np.ndarray],
+                   rounded: Optional[Mapping[str, np.ndarray]] = None) -> List[str]:
     """Subtract each layer's mean shift from its bias (in place); returns the corrected node names.
 
     ``means``: per-channel mean of each layer's float input (axis 1 for Conv, last for Gemm).
     """
     index = GraphIndex(qdq)
-    return _apply(qdq, index, _targets(index), means)
+    return _apply(qdq, index, _targets(index, rounded or {}), means)
 
 
 def _apply(qdq: onnx.ModelProto, index: GraphIndex, targets: List[Target], means: Dict[str, np.ndarray]) -> List[str]:
@@ -135,13 +129,15 @@ def input_means(fp32: onnx.ModelProto, tensors: List[str], batcher, providers=()
     return {name: sums[name] / counts[name] for name in sums}
 
 
-def bias_correct(fp32: onnx.ModelProto, qdq: onnx.ModelProto, batcher, providers=()) -> List[str]:
+def bias_correct(fp32: onnx.ModelProto, qdq: onnx.ModelProto, batcher, providers=(),
+                 rounded: Optional[Mapping[str, np.ndarray]] = None) -> List[str]:
     """Measure the input means the correctable layers of ``qdq`` need on ``fp32`` (the float model
-    it was made from, same tensor names), then correct their biases in place."""
+    it was made from, same tensor names), then correct their biases in place. ``rounded``: weights
+    whose levels were optimised (initializer name -> level x scale), not yet in ``qdq``."""
     from trtq.model import calibratable_tensors
 
     index = GraphIndex(qdq)
-    targets = _targets(index)
+    targets = _targets(index, rounded or {})
     available = set(calibratable_tensors(fp32))
     sources = sorted({src for _, src, _ in targets if src in available})
     if not sources:

@@ -121,6 +121,26 @@ class GraphIndex:
         idx = self.producer.get(name)
         return None if idx is None else self.nodes[idx]
 
+    def qdq_pair(self, name: str) -> Optional[Tuple[onnx.NodeProto, onnx.NodeProto]]:
+        """(QuantizeLinear, DequantizeLinear) when ``name`` is DQ(Q(x)), else None."""
+        dq = self.producer_node(name)
+        if dq is None or dq.op_type != "DequantizeLinear":
+            return None
+        q = self.producer_node(dq.input[0])
+        return (q, dq) if q is not None and q.op_type == "QuantizeLinear" else None
+
+    def float_source(self, name: str) -> str:
+        """The float tensor behind a DQ(Q(x)) pair, else ``name`` itself."""
+        pair = self.qdq_pair(name)
+        return pair[0].input[0] if pair else name
+
+    def quantized_constant(self, name: str) -> Optional[onnx.NodeProto]:
+        """The QuantizeLinear node when ``name`` is DQ(Q(W)) with W and its scale initializers."""
+        pair = self.qdq_pair(name)
+        if pair is None or not (self.is_constant(pair[0].input[0]) and self.is_constant(pair[0].input[1])):
+            return None
+        return pair[0]
+
     def source_through(self, name: str, ops: frozenset) -> List[str]:
         """``name`` followed by the tensors it was computed from through a chain of ``ops``."""
         chain = [name]

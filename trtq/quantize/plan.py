@@ -76,15 +76,18 @@ def make_plan(
     exclude: Collection[str],
     per_channel: bool,
     only_nodes: Optional[Collection[str]],
+    keep_float: Optional[Mapping[str, str]] = None,
 ) -> Plan:
+    """``keep_float``: node name -> reason, nodes left float on top of ``exclude``."""
     plan = Plan()
+    keep_float = keep_float or {}
     exclusions = Exclusions(exclude)
     only = set(only_nodes) if only_nodes is not None else None
     act_amax: Dict[str, float] = {}
     decisions: Dict[int, List[Tuple[int, PairKey]]] = {}
 
     def gate(node: onnx.NodeProto) -> Optional[str]:
-        reason = exclusions.reason(node)
+        reason = keep_float.get(node.name) or exclusions.reason(node)
         if reason is None and only is not None and node.name not in only:
             reason = "not selected (only_nodes)"
         return reason

@@ -371,9 +371,9 @@ def build_engine(
         qopts = quantize_options
         if recipe.quantizer_fp16 != qopts.fp16 and recipe.quantizer_fp16:
             qopts = dataclasses.replace(qopts, fp16=True)
-        from trtq.quantize_file import bias_batches
+        from trtq.quantize_file import sample_batches
 
-        qresult = quantize_model(model, table.amax, qopts, bias_data=bias_batches(model, qopts, data_options))
+        qresult = quantize_model(model, table.amax, qopts, data=sample_batches(model, qopts, data_options))
         quant_info = _quantize_summary(qresult)
         _parse(trt, parser, logger, qresult.model, model_path, output.parent)
     else:
