@@ -54,6 +54,7 @@ class Scores:
     cosine_min: float
     labelled_correct: int
     labelled_total: int
+    sqnr_db: float  # logits, all evaluation images: 10 log10(sum ref^2 / sum (ref - got)^2)
     seconds: Optional[float] = None  # calibrate + quantize wall time
 
 
@@ -88,14 +89,28 @@ def trtq_int8(method: str, model: Path, config: Path, n: int, out_dir: Path, reu
     return qdq, time.perf_counter() - t0
 
 
-def trtq_bias_corrected(method: str, model: Path, config: Path, out_dir: Path, reuse: bool) -> Tuple[Path, float]:
-    """The same cache quantized with --bias-correction (input means from the first 128 calibration photos)."""
+# quantize variants on the same cache: row suffix -> (file suffix, quantize flags); the data-driven
+# steps read the first 128 calibration photos (quantize's default --samples)
+VARIANTS = {
+    "+bc": ("bc", ["--bias-correction"]),
+    "+gptq+bc": ("gptq-bc", ["--weight-rounding", "gptq", "--bias-correction"]),
+}
+
+
+def float_variant(n: int) -> Tuple[str, Tuple[str, List[str]]]:
+    return f"+gptq+bc+float{n}", (f"gptq-bc-float{n}", ["--weight-rounding", "gptq", "--bias-correction",
+                                                       "--float-layers", str(n)])
+
+
+def trtq_variant(method: str, variant: Tuple[str, List[str]], model: Path, config: Path, out_dir: Path,
+                 reuse: bool) -> Tuple[Path, float]:
+    """The method's cache quantized with extra quantize flags (wall time of that quantize)."""
     cache = out_dir / f"trtq-{method}.cache"
-    qdq = out_dir / f"trtq-{method}-bc.qdq.onnx"
+    qdq = out_dir / f"trtq-{method}-{variant[0]}.qdq.onnx"
     t0 = time.perf_counter()
     if not (reuse and qdq.exists()):
         run_trtq(["quantize", "--config", str(config), "--model", str(model), "--cache", str(cache),
-                  "-o", str(qdq), "--bias-correction"])
+                  "-o", str(qdq)] + variant[1])
     return qdq, time.perf_counter() - t0
 
 
@@ -145,15 +160,18 @@ def score(name: str, ref: np.ndarray, got: np.ndarray, labels: np.ndarray, secon
         cosine_min=float(cos.min()),
         labelled_correct=int((got[-k:].argmax(1) == labels).sum()),
         labelled_total=k,
+        sqnr_db=float(10 * np.log10((ref.astype(np.float64) ** 2).sum()
+                                    / max(((ref - got).astype(np.float64) ** 2).sum(), 1e-300))),
         seconds=seconds,
     )
 
 
 def report(rows: List[Scores], n_eval: int) -> str:
-    table = [[r.model, f"{r.agreement:.3f}", f"{r.cosine_mean:.4f}", f"{r.cosine_min:.4f}",
+    table = [[r.model, f"{r.agreement:.3f}", f"{r.sqnr_db:.1f}" if r.sqnr_db < 200 else "inf",
+              f"{r.cosine_mean:.4f}", f"{r.cosine_min:.4f}",
               f"{r.labelled_correct}/{r.labelled_total}", f"{r.seconds:.0f}" if r.seconds else "-"]
              for r in rows]
-    headers = ["model", f"top-1 agree ({n_eval})", "cos mean", "cos min", "labelled top-1", "calib+quant s"]
+    headers = ["model", f"top-1 agree ({n_eval})", "SQNR dB", "cos mean", "cos min", "labelled top-1", "calib+quant s"]
     return common.format_table(headers, table)
 
 
@@ -185,6 +203,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime's quantize_static")
     ap.add_argument("--no-bias-correction", action="store_true",
                     help="skip the trtq-METHOD+bc rows (quantize --bias-correction)")
+    ap.add_argument("--no-gptq", action="store_true",
+                    help="skip the trtq-METHOD+gptq+bc rows (quantize --weight-rounding gptq --bias-correction)")
+    ap.add_argument("--float-layers", type=int, default=1,
+                    help="also quantize the best method's cache (mse) with gptq, bias correction and "
+                         "--float-layers N (default 1; 0: no such row)")
     ap.add_argument("--reuse", action="store_true", help="reuse caches / Q/DQ models already in the work folder")
     ap.add_argument("--seed", type=int, default=0, help="photo set seed")
     args = ap.parse_args(argv)
@@ -208,9 +231,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     for m in methods:
         int8[f"trtq-{m}"] = trtq_int8(m, model, config, args.calib, out_dir, args.reuse)
         print(f"  trtq-{m}: {int8[f'trtq-{m}'][1]:.0f} s", file=sys.stderr, flush=True)
-        if not args.no_bias_correction:
-            int8[f"trtq-{m}+bc"] = trtq_bias_corrected(m, model, config, out_dir, args.reuse)
-            print(f"  trtq-{m}+bc: {int8[f'trtq-{m}+bc'][1]:.0f} s", file=sys.stderr, flush=True)
+        variants = dict(VARIANTS)
+        if args.no_bias_correction:
+            variants.pop("+bc")
+        if args.no_gptq:
+            variants.pop("+gptq+bc")
+        if args.float_layers > 0 and m == "mse":
+            suffix, variant = float_variant(args.float_layers)
+            variants[suffix] = variant
+        for suffix, variant in variants.items():
+            int8[f"trtq-{m}{suffix}"] = trtq_variant(m, variant, model, config, out_dir, args.reuse)
+            print(f"  trtq-{m}{suffix}: {int8[f'trtq-{m}{suffix}'][1]:.0f} s", file=sys.stderr, flush=True)
     if not args.no_ort:
         int8[ORT_STOCK] = ort_int8(model, calib, args.calib, out_dir, args.reuse)
         print(f"  {ORT_STOCK}: {int8[ORT_STOCK][1]:.0f} s", file=sys.stderr, flush=True)

@@ -59,7 +59,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--trt-cache", type=Path,
                    help="int8-implicit: a cache TensorRT's EntropyCalibration2 already wrote for this model "
                         "(trtq calibrate --backend tensorrt), instead of calibrating again")
-    p.add_argument("--only", default="fp32,fp16,int8-explicit,int8-implicit", help="engines to include")
+    p.add_argument("--only", default="fp32,fp16,int8-explicit,int8-implicit", help="engines to include "
+                   "(also: int8-gptq, explicit INT8 quantized with --weight-rounding gptq --bias-correction "
+                   "--float-layers N on the first 128 --data images)")
+    p.add_argument("--float-layers", type=int, default=0,
+                   help="int8-gptq: layers left float (default 0: on TensorRT 8.6.0 EfficientNet-Lite0's "
+                        "worst layer, a depthwise conv, gives a wrong engine when left float)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)
 
@@ -213,6 +218,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if "int8-explicit" in wanted:
         rows.append(build_twice("int8-explicit", a.model, a.out, _replace(base, precision="int8", fp16=fp16_rest),
                                 rebuild["int8-explicit"], a.reuse_plans, cache_path=a.cache))
+    gptq_options = QuantizeOptions(weight_rounding="gptq", bias_correction=True, float_layers=a.float_layers)
+    if "int8-gptq" in wanted:
+        rows.append(build_twice("int8-gptq", a.model, a.out, _replace(base, precision="int8", fp16=fp16_rest),
+                                rebuild["int8-gptq"], a.reuse_plans, cache_path=a.cache, quantize_options=gptq_options,
+                                data_options=data_options(a.data, spec.name, spec.shape, a.preset, a.batch,
+                                                          gptq_options.samples)))
     if "int8-implicit" in wanted:
         trt_cache = a.trt_cache or a.out / "tensorrt-entropy2.cache"
         calib_s = None
@@ -244,16 +255,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     ref = predictions_onnxruntime(a.model, ev, spec.name)
     for r in rows:
         r["top1_agreement"] = float((predictions_engine(Path(r["plan"]), ev, spec.name) == ref).mean())
-    if "int8-explicit" in wanted:
+    # the Q/DQ models the explicit engines were built from, on ONNX Runtime (same images)
+    for engine, qopts in (("int8-explicit", QuantizeOptions()), ("int8-gptq", gptq_options)):
+        if engine not in wanted:
+            continue
         import onnx
 
         from trtq.calib.cache import read_cache
         from trtq.quantize import quantize_model
 
-        qdq = quantize_model(load_model(a.model), read_cache(a.cache).amax, QuantizeOptions()).model
-        qdq_path = a.out / "int8-explicit.qdq.onnx"
+        samples = None
+        if qopts.weight_rounding != "nearest":
+            samples = Batcher(data_options(a.data, spec.name, spec.shape, a.preset, a.batch, qopts.samples), specs)
+        qdq = quantize_model(load_model(a.model), read_cache(a.cache).amax, qopts, data=samples).model
+        qdq_path = a.out / f"{engine}.qdq.onnx"
         onnx.save(qdq, str(qdq_path))
-        rows.append({"engine": "qdq-onnxruntime", "top1_agreement":
+        rows.append({"engine": f"{engine} on onnxruntime", "top1_agreement":
                      float((predictions_onnxruntime(qdq_path, ev, spec.name) == ref).mean())})
 
     import tensorrt

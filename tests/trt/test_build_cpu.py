@@ -160,3 +160,37 @@ def test_parser_error_names_the_onnx_node(tmp_path, version, opset, hint):
     assert err.message == (f"TensorRT {version} cannot parse m.onnx at node #0 (NoSuchOp 'mystery'): "
                            "Plugin not found (+1 more)")
     assert err.hint.startswith(hint)
+
+
+def _depthwise_pair_model():
+    """x -> depthwise 3x3 Conv (group 16) -> 1x1 Conv: both quantizable."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(16, 1, 3, 3)).astype(np.float32), "wd"),
+             numpy_helper.from_array(rng.normal(size=(16, 16, 1, 1)).astype(np.float32), "wp")]
+    nodes = [helper.make_node("Conv", ["x", "wd"], ["d"], name="dw", group=16, kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["d", "wp"], ["y"], name="pw", kernel_shape=[1, 1])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+@pytest.mark.parametrize("version,excluded,warned", [
+    ("8.6.0", "dw", True),      # measured: wrong engines on TensorRT 8.6.0
+    ("10.3.0", "dw", False),    # not seen there
+    ("8.6.0", "pw", False),     # a plain conv left float was fine
+])
+def test_float_depthwise_conv_warns_on_tensorrt_8(caplog, version, excluded, warned):
+    from tests.trt.fakes import fake_trt
+    from trtq.config import QuantizeOptions
+    from trtq.quantize import quantize_model
+    from trtq.trt.build import warn_float_grouped_convs
+
+    result = quantize_model(_depthwise_pair_model(), {"x": 3.0, "d": 5.0},
+                            QuantizeOptions(exclude=(f"^{excluded}$",)))
+    with caplog.at_level("WARNING", logger="trtq.trt.build"):
+        risky = warn_float_grouped_convs(fake_trt(version), result)
+    assert risky == (["dw"] if excluded == "dw" else [])
+    assert ("wrong outputs" in caplog.text) == warned

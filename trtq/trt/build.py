@@ -304,6 +304,21 @@ def _quantize_summary(result: Any) -> Dict[str, int]:
     return out
 
 
+def warn_float_grouped_convs(trt: Any, result: Any) -> List[str]:
+    """Warn about grouped Convs the user left float (--exclude / float_layers) on a TensorRT that
+    builds them wrongly between INT8 layers (see compat.float_grouped_conv_is_unsafe); returns them."""
+    chosen = {name for name, why in result.left_float if why.startswith(("excluded by", "float_layers"))}
+    risky = [n.name for n in result.model.graph.node
+             if n.name in chosen and n.op_type == "Conv"
+             and any(a.name == "group" and a.i > 1 for a in n.attribute)]
+    if risky and compat.float_grouped_conv_is_unsafe(trt):
+        log.warning(
+            "%d grouped/depthwise Conv(s) left float between INT8 layers (%s): TensorRT %s built such engines "
+            "with wrong outputs in our tests; check this engine with trtq compare, or quantize them",
+            len(risky), ", ".join(risky[:3]) + (" ..." if len(risky) > 3 else ""), compat.version_of(trt))
+    return risky
+
+
 # ------------------------------------------------------------------------------------------------
 # build
 # ------------------------------------------------------------------------------------------------
@@ -375,6 +390,7 @@ def build_engine(
 
         qresult = quantize_model(model, table.amax, qopts, data=sample_batches(model, qopts, data_options))
         quant_info = _quantize_summary(qresult)
+        warn_float_grouped_convs(trt, qresult)
         _parse(trt, parser, logger, qresult.model, model_path, output.parent)
     else:
         _parse_file(trt, parser, logger, model_path)
