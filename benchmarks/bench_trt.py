@@ -63,8 +63,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    "(also: int8-gptq, explicit INT8 quantized with --weight-rounding gptq --bias-correction "
                    "--float-layers N on the first 128 --data images)")
     p.add_argument("--float-layers", type=int, default=0,
-                   help="int8-gptq: layers left float (default 0: on TensorRT 8.6.0 EfficientNet-Lite0's "
-                        "worst layer, a depthwise conv, gives a wrong engine when left float)")
+                   help="int8-gptq: layers left float (default 0; on TensorRT 8 build also leaves float the "
+                        "INT8 layers a float depthwise conv feeds, see README)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)
 

@@ -9,6 +9,7 @@ Modes (``BuildOptions.precision`` / ``mode``):
 How each mode maps onto the installed TensorRT is decided in :func:`trtq.trt.compat.plan_build`.
 """
 import dataclasses
+import re
 import logging
 import time
 from dataclasses import dataclass
@@ -304,19 +305,60 @@ def _quantize_summary(result: Any) -> Dict[str, int]:
     return out
 
 
-def warn_float_grouped_convs(trt: Any, result: Any) -> List[str]:
-    """Warn about grouped Convs the user left float (--exclude / float_layers) on a TensorRT that
-    builds them wrongly between INT8 layers (see compat.float_grouped_conv_is_unsafe); returns them."""
-    chosen = {name for name, why in result.left_float if why.startswith(("excluded by", "float_layers"))}
-    risky = [n.name for n in result.model.graph.node
-             if n.name in chosen and n.op_type == "Conv"
-             and any(a.name == "group" and a.i > 1 for a in n.attribute)]
-    if risky and compat.float_grouped_conv_is_unsafe(trt):
+_FLOAT_CHOICES = ("excluded by", "float_layers")  # left_float reasons the user chose
+_PASS_THROUGH = frozenset({"Relu", "Clip", "LeakyRelu", "Pad", "Identity", "BatchNormalization",
+                           "QuantizeLinear", "DequantizeLinear"})
+
+
+def float_grouped_convs(result: Any) -> List[str]:
+    """Grouped/depthwise Convs the user chose to leave float (--exclude / float_layers)."""
+    chosen = {name for name, why in result.left_float if why.startswith(_FLOAT_CHOICES)}
+    return [n.name for n in result.model.graph.node
+            if n.name in chosen and n.op_type == "Conv" and any(a.name == "group" and a.i > 1 for a in n.attribute)]
+
+
+def quantized_consumers(result: Any, names: Sequence[str]) -> List[str]:
+    """Quantized compute nodes fed by the outputs of ``names`` through activations, Pad and Q/DQ."""
+    from trtq.quantize.graph import GraphIndex
+
+    index = GraphIndex(result.model)
+    quantized = set(result.quantized)
+    wanted = set(names)
+    found: List[str] = []
+    stack = [o for n in index.nodes if n.name in wanted for o in n.output]
+    seen = set()
+    while stack:
+        tensor = stack.pop()
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        for node in index.consumer_nodes(tensor):
+            if node.name in quantized:
+                if node.name not in found:
+                    found.append(node.name)
+            elif node.op_type in _PASS_THROUGH:
+                stack.extend(node.output)
+    return found
+
+
+def float_grouped_conv_workaround(trt: Any, result: Any) -> List[str]:
+    """On a TensorRT that builds float grouped Convs between INT8 layers wrongly
+    (compat.float_grouped_conv_is_unsafe), the quantized layers those Convs feed, which must stay
+    float too (measured on 8.6.0: then the engine is right); logs what it does. Empty otherwise."""
+    risky = float_grouped_convs(result)
+    if not risky or not compat.float_grouped_conv_is_unsafe(trt):
+        return []
+    extra = quantized_consumers(result, risky)
+    shown = ", ".join(risky[:3]) + (" ..." if len(risky) > 3 else "")
+    if extra:
         log.warning(
-            "%d grouped/depthwise Conv(s) left float between INT8 layers (%s): TensorRT %s built such engines "
-            "with wrong outputs in our tests; check this engine with trtq compare, or quantize them",
-            len(risky), ", ".join(risky[:3]) + (" ..." if len(risky) > 3 else ""), compat.version_of(trt))
-    return risky
+            "TensorRT %s builds wrong engines when a float grouped/depthwise Conv (%s) feeds INT8 layers: "
+            "also leaving float %s", compat.version_of(trt), shown, ", ".join(extra[:5]) + (" ..." if len(extra) > 5 else ""))
+    else:
+        log.warning("%d grouped/depthwise Conv(s) left float between INT8 layers (%s): TensorRT %s built such "
+                    "engines with wrong outputs in our tests; check this engine with trtq compare",
+                    len(risky), shown, compat.version_of(trt))
+    return extra
 
 
 # ------------------------------------------------------------------------------------------------
@@ -389,8 +431,13 @@ def build_engine(
         from trtq.quantize_file import sample_batches
 
         qresult = quantize_model(model, table.amax, qopts, data=sample_batches(model, qopts, data_options))
+        extra = float_grouped_conv_workaround(trt, qresult)
+        if extra:  # again, with the float choices made explicit (float_layers would rank anew)
+            chosen = [n for n, why in qresult.left_float if why.startswith(_FLOAT_CHOICES)]
+            qopts = dataclasses.replace(qopts, float_layers=0, exclude=tuple(qopts.exclude) + tuple(
+                f"^{re.escape(n)}$" for n in chosen + extra))
+            qresult = quantize_model(model, table.amax, qopts, data=sample_batches(model, qopts, data_options))
         quant_info = _quantize_summary(qresult)
-        warn_float_grouped_convs(trt, qresult)
         _parse(trt, parser, logger, qresult.model, model_path, output.parent)
     else:
         _parse_file(trt, parser, logger, model_path)

@@ -66,7 +66,8 @@ def float_grouped_conv_is_unsafe(trt: Any) -> bool:
     """TensorRT 8.x: a grouped (depthwise) Conv left float between INT8 layers of a Q/DQ network
     built without an error into engines whose outputs were garbage (TensorRT 8.6.0, H100,
     EfficientNet-Lite0: top-1 agreement 0 with any one depthwise conv excluded; a 1x1 conv excluded
-    was fine). Not seen on 10+, which we could not run."""
+    was fine, and so was a depthwise conv excluded together with the 1x1 conv it feeds). 10+ not
+    run here."""
     return version_of(trt).major < 10
 
 
