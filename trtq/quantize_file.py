@@ -1,5 +1,6 @@
 """File-level quantize step: model file + cache file -> Q/DQ model file (used by quantize and build)."""
 import logging
+import re
 from pathlib import Path
 
 from trtq.config import QuantizeOptions
@@ -66,12 +67,24 @@ def save_model(model, output: Path) -> None:
         onnx.save(model, str(tmp))
 
 
+def _warn_tensorrt8_float_convs(result) -> None:
+    from trtq.quantize.float_choice import float_grouped_convs, quantized_consumers
+
+    risky = float_grouped_convs(result)
+    consumers = quantized_consumers(result, risky) if risky else []
+    if consumers:
+        log.warning("for TensorRT 8: a float grouped/depthwise Conv (%s) feeding INT8 layers gave wrong "
+                    "engines on 8.6.0; also --exclude %s (trtq build does that itself)", ", ".join(risky[:3]),
+                    " --exclude ".join(f"'^{re.escape(n)}$'" for n in consumers[:3]))
+
+
 def quantize_file(model_path: Path, cache_path: Path, output: Path, options: QuantizeOptions, data=None):
     result = quantized_model(model_path, cache_path, options, data)
     save_model(result.model, output)
     for note in result.notes:
         if note.startswith(DATA_STEP_NOTES):
             log.info("%s", note)
+    _warn_tensorrt8_float_convs(result)
     for name in result.missing_amax[:10]:
         log.warning("no amax for tensor %s in %s: its consumers stay float", name, cache_path)
     return result

@@ -269,6 +269,8 @@ def test_cli_float_layers_leaves_the_worst_layer_float(trtq, sample_config, samp
     plain = trtq(["quantize", "--config", sample_config, "--cache", sample_cache, "-o", tmp_path / "p.onnx",
                   "--json"])
     assert len(data["quantized"]) == len(json.loads(plain.out)["quantized"]) - 2
+    # the sample's worst layer is a depthwise conv: TensorRT 8 users are told what else to exclude
+    assert "Conv.1" in chosen and "for TensorRT 8" in r.err and "--exclude '^Conv\\.2$'" in r.err
 
 
 @pytest.mark.parametrize("flags,message", [

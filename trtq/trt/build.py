@@ -9,8 +9,8 @@ Modes (``BuildOptions.precision`` / ``mode``):
 How each mode maps onto the installed TensorRT is decided in :func:`trtq.trt.compat.plan_build`.
 """
 import dataclasses
-import re
 import logging
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -305,46 +305,12 @@ def _quantize_summary(result: Any) -> Dict[str, int]:
     return out
 
 
-_FLOAT_CHOICES = ("excluded by", "float_layers")  # left_float reasons the user chose
-_PASS_THROUGH = frozenset({"Relu", "Clip", "LeakyRelu", "Pad", "Identity", "BatchNormalization",
-                           "QuantizeLinear", "DequantizeLinear"})
-
-
-def float_grouped_convs(result: Any) -> List[str]:
-    """Grouped/depthwise Convs the user chose to leave float (--exclude / float_layers)."""
-    chosen = {name for name, why in result.left_float if why.startswith(_FLOAT_CHOICES)}
-    return [n.name for n in result.model.graph.node
-            if n.name in chosen and n.op_type == "Conv" and any(a.name == "group" and a.i > 1 for a in n.attribute)]
-
-
-def quantized_consumers(result: Any, names: Sequence[str]) -> List[str]:
-    """Quantized compute nodes fed by the outputs of ``names`` through activations, Pad and Q/DQ."""
-    from trtq.quantize.graph import GraphIndex
-
-    index = GraphIndex(result.model)
-    quantized = set(result.quantized)
-    wanted = set(names)
-    found: List[str] = []
-    stack = [o for n in index.nodes if n.name in wanted for o in n.output]
-    seen = set()
-    while stack:
-        tensor = stack.pop()
-        if tensor in seen:
-            continue
-        seen.add(tensor)
-        for node in index.consumer_nodes(tensor):
-            if node.name in quantized:
-                if node.name not in found:
-                    found.append(node.name)
-            elif node.op_type in _PASS_THROUGH:
-                stack.extend(node.output)
-    return found
-
-
 def float_grouped_conv_workaround(trt: Any, result: Any) -> List[str]:
     """On a TensorRT that builds float grouped Convs between INT8 layers wrongly
     (compat.float_grouped_conv_is_unsafe), the quantized layers those Convs feed, which must stay
     float too (measured on 8.6.0: then the engine is right); logs what it does. Empty otherwise."""
+    from trtq.quantize.float_choice import float_grouped_convs, quantized_consumers
+
     risky = float_grouped_convs(result)
     if not risky or not compat.float_grouped_conv_is_unsafe(trt):
         return []
@@ -433,7 +399,9 @@ def build_engine(
         qresult = quantize_model(model, table.amax, qopts, data=sample_batches(model, qopts, data_options))
         extra = float_grouped_conv_workaround(trt, qresult)
         if extra:  # again, with the float choices made explicit (float_layers would rank anew)
-            chosen = [n for n, why in qresult.left_float if why.startswith(_FLOAT_CHOICES)]
+            from trtq.quantize.float_choice import FLOAT_CHOICES
+
+            chosen = [n for n, why in qresult.left_float if why.startswith(FLOAT_CHOICES)]
             qopts = dataclasses.replace(qopts, float_layers=0, exclude=tuple(qopts.exclude) + tuple(
                 f"^{re.escape(n)}$" for n in chosen + extra))
             qresult = quantize_model(model, table.amax, qopts, data=sample_batches(model, qopts, data_options))
