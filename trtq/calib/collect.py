@@ -4,7 +4,7 @@ The collector streams: each ``run`` returns only the current batch's tensors; st
 the accumulators in :mod:`trtq.calib.stats`, never the activations.
 """
 import logging
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import onnx
@@ -148,6 +148,20 @@ class OrtCollector:
                 value = value[:valid]
             out[name] = value
         return out
+
+
+def observe(model: onnx.ModelProto, observers: Sequence[Any], batches, providers: Sequence[str] = ()) -> None:
+    """One ONNX Runtime pass of ``model`` over ``batches`` exposing every tensor the observers name
+    (``observer.tensors``); each batch's values go to every ``observer.add(values)`` (valid only
+    during that call: the collector reuses its buffers)."""
+    tensors = sorted({t for o in observers for t in o.tensors})
+    if not tensors:
+        return
+    collector = OrtCollector(model, tensors, providers)
+    for batch in batches:
+        values = collector.run(batch.arrays, batch.valid)
+        for o in observers:
+            o.add(values)
 
 
 def _first_line(e: Exception) -> str:

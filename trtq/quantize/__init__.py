@@ -152,28 +152,34 @@ def _most_sensitive(fp32: onnx.ModelProto, amax: Mapping[str, float], options: Q
 
 
 def _data_steps(fp32: onnx.ModelProto, qdq: onnx.ModelProto, options: QuantizeOptions, data) -> List[str]:
-    """gptq rounding and bias correction on ``qdq`` (in place), the FP32 model's activations
-    on ``data``; returns their notes. Bias correction measures its shift against the chosen levels."""
+    """gptq rounding and bias correction on ``qdq`` (in place), from one pass of the FP32 model over
+    ``data``; returns their notes. Bias correction measures its shift against the chosen levels."""
+    if options.weight_rounding != "gptq" and not options.bias_correction:
+        return []
+    from trtq.calib.collect import observe
+    from trtq.model import calibratable_tensors
+    from trtq.quantize.bias import ChannelMeans, correct_biases, correction_sources
+    from trtq.quantize.rounding import SecondMoments, apply_rounding, round_weights, rounding_targets
+
+    available = set(calibratable_tensors(fp32))
+    moments = SecondMoments(rounding_targets(qdq, available)) if options.weight_rounding == "gptq" else None
+    means = ChannelMeans(correction_sources(qdq, available)) if options.bias_correction else None
+    observe(fp32, [o for o in (moments, means) if o is not None], data)
+
     notes = []
     samples = getattr(data, "num_samples", None)
     of = f" on {samples} samples" if samples is not None else ""
     rounded = {}
-    if options.weight_rounding == "gptq":
-        from trtq.quantize.rounding import optimize_rounding
-
-        rounded, report = optimize_rounding(qdq, fp32, data)
+    if moments is not None:
+        rounded, report = round_weights(moments)
         notes.append(f"weight rounding gptq: {report.layers} layers{of}, output error "
                      f"{report.error_ratio:.2f}x nearest rounding's"
                      + (f"; nearest kept for {len(report.skipped)}: "
                         + ", ".join(f"{n} ({why})" for n, why in report.skipped[:3]) if report.skipped else ""))
-    if options.bias_correction:
-        from trtq.quantize.bias import bias_correct
-
-        corrected = bias_correct(fp32, qdq, data, rounded=rounded)
+    if means is not None:
+        corrected = correct_biases(qdq, means.result(), rounded)
         notes.append(f"bias correction: {len(corrected)} layers" + (f", input means{of}" if of else ""))
     if rounded:
-        from trtq.quantize.rounding import apply_rounding
-
         apply_rounding(qdq, rounded)
     return notes
 

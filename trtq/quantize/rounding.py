@@ -24,7 +24,7 @@ channel keep nearest rounding (``H`` would be singular and the choice would fit 
 """
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Collection, Dict, List, Optional, Tuple
 
 import numpy as np
 import onnx
@@ -204,6 +204,7 @@ class SecondMoments:
 
     def __init__(self, targets: List[Target]):
         self.targets = targets
+        self.tensors = sorted({t.source for t in targets})  # what :func:`trtq.calib.collect.observe` exposes
         self.sums: Dict[str, np.ndarray] = {}
         self.counts: Dict[str, int] = {}
 
@@ -303,32 +304,21 @@ class RoundingReport:
     error_ratio: float  # sum of output errors after / with nearest rounding, all layers
 
 
-def optimize_rounding(qdq: onnx.ModelProto, fp32: onnx.ModelProto, batcher,
-                      providers=()) -> Tuple[Dict[str, np.ndarray], RoundingReport]:
+def rounding_targets(qdq: onnx.ModelProto, available: Collection[str]) -> List[Target]:
+    """The targets of ``qdq`` whose float input is among ``available`` (the FP32 model's tensors)."""
+    return [t for t in find_targets(GraphIndex(qdq)) if t.source in available]
+
+
+def round_weights(moments: SecondMoments) -> Tuple[Dict[str, np.ndarray], RoundingReport]:
     """Rounded weights (W's initializer name -> float array of exact levels x scale) for every
-    target layer of ``qdq``, from input second moments of ``fp32`` on the batcher's samples.
+    target of ``moments``, once it has seen the data (see :func:`trtq.calib.collect.observe`).
 
     Nothing is written: :func:`apply_rounding` puts the arrays into the model.
     """
-    from trtq.calib.collect import OrtCollector
-    from trtq.model import calibratable_tensors
-
-    index = GraphIndex(qdq)
-    available = set(calibratable_tensors(fp32))
-    targets = [t for t in find_targets(index) if t.source in available]
-    skipped: List[Tuple[str, str]] = []
-    if not targets:
-        return {}, RoundingReport(0, skipped, 1.0)
-    moments = SecondMoments(targets)
-    collector = OrtCollector(fp32, sorted({t.source for t in targets}), providers)
-    for batch in batcher:
-        values = collector.run(batch.arrays, batch.valid)
-        moments.add(values)
-        del values
-    del collector
     out: Dict[str, np.ndarray] = {}
+    skipped: List[Tuple[str, str]] = []
     before = after = 0.0
-    for t in targets:
+    for t in moments.targets:
         h = moments.moment(t)
         name = t.node.name or t.node.output[0]
         if h is None:
