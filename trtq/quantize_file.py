@@ -68,10 +68,10 @@ def save_model(model, output: Path) -> None:
 
 
 def _warn_tensorrt8_float_convs(result) -> None:
-    from trtq.quantize.float_choice import float_grouped_convs, quantized_consumers
+    from trtq.quantize.float_choice import grouped_conv_consumers
+    from trtq.quantize.graph import GraphIndex
 
-    risky = float_grouped_convs(result)
-    consumers = quantized_consumers(result, risky) if risky else []
+    risky, consumers = grouped_conv_consumers(GraphIndex(result.model), result.left_float, result.quantized)
     if consumers:
         log.warning("for TensorRT 8: a float grouped/depthwise Conv (%s) feeding INT8 layers gave wrong "
                     "engines on 8.6.0; also --exclude %s (trtq build does that itself)", ", ".join(risky[:3]),

@@ -189,17 +189,21 @@ def test_float_depthwise_conv_takes_its_consumer_float_on_tensorrt_8(version, ex
     from tests.trt.fakes import fake_trt
     from trtq.config import QuantizeOptions
     from trtq.quantize import quantize_model
-    from trtq.trt.build import float_grouped_conv_workaround
+    from trtq.trt import compat
+    from trtq.trt.build import warn_float_grouped_convs
 
+    trt = fake_trt(version)
     result = quantize_model(_depthwise_pair_model(), {"x": 3.0, "r": 5.0},
-                            QuantizeOptions(exclude=(f"^{excluded}$",)))
+                            QuantizeOptions(exclude=(f"^{excluded}$",)),
+                            float_grouped_consumers=compat.float_grouped_conv_is_unsafe(trt))
+    assert ("pw" in dict(result.left_float)) == (excluded == "pw" or bool(extra))
     records = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = records.append  # the CLI tests may have stopped trtq's loggers propagating
     logger = logging.getLogger("trtq.trt.build")
     logger.addHandler(handler)
     try:
-        assert float_grouped_conv_workaround(fake_trt(version), result) == extra
+        assert warn_float_grouped_convs(trt, result) == extra
     finally:
         logger.removeHandler(handler)
     assert any("also leaving float pw" in r.getMessage() for r in records) == bool(extra)

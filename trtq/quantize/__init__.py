@@ -83,13 +83,16 @@ def quantize_model(
     options: Optional[QuantizeOptions] = None,
     only_nodes: Optional[Collection[str]] = None,
     data: Optional[Iterable] = None,
+    float_grouped_consumers: bool = False,
 ) -> QuantizeResult:
     """Explicit INT8 Q/DQ copy of an FP32 ``model``; ``amax`` maps tensor names to amax.
 
     ``only_nodes`` restricts quantization to those node names (per-layer sensitivity).
     ``data`` (batches, e.g. a Batcher; iterated once per step) feeds gptq weight rounding and bias
-    correction when the options ask for them; without it neither runs. The input model is not
-    modified.
+    correction when the options ask for them; without it neither runs.
+    ``float_grouped_consumers``: also leave float the quantized layers a grouped Conv left float
+    (--exclude / float_layers) feeds (what TensorRT 8 needs, see :mod:`~trtq.quantize.float_choice`).
+    The input model is not modified.
     """
     options = options if options is not None else QuantizeOptions()
     if is_quantized(model):
@@ -118,6 +121,14 @@ def quantize_model(
         keep_float = _most_sensitive(model, amax, options, data)
         notes.append(f"float layers: {len(keep_float)} most sensitive left float: " + ", ".join(keep_float))
     plan = make_plan(index, amax, options.exclude, options.per_channel, only_nodes, keep_float)
+    if float_grouped_consumers:
+        from trtq.quantize.float_choice import GROUPED_CONSUMER_REASON, grouped_conv_consumers
+
+        risky, extra = grouped_conv_consumers(index, plan.left_float, plan.quantized)
+        if extra:
+            keep_float = dict(keep_float, **{n: GROUPED_CONSUMER_REASON for n in extra})
+            plan = make_plan(index, amax, options.exclude, options.per_channel, only_nodes, keep_float)
+            notes.append(f"float grouped conv consumers: {', '.join(extra)} left float (fed by {', '.join(risky)})")
     out = insert_qdq(prepared, plan)
     if data is not None:
         notes += _data_steps(model, out, options, data)

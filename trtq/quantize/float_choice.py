@@ -1,10 +1,11 @@
 """Layers the user chose to leave float, and what they feed: for TensorRT 8, whose engines came out
 wrong when a float grouped/depthwise Conv fed an INT8 layer (measured on 8.6.0; see
 trtq.trt.compat.float_grouped_conv_is_unsafe). ``build`` on TensorRT 8 leaves those consumers float
-too; ``quantize`` (no TensorRT version known) names them in a warning."""
-from typing import Any, List, Sequence
+too (``quantize_model(float_grouped_consumers=True)``); ``quantize`` (no TensorRT version known)
+names them in a warning."""
+from typing import Collection, List, Sequence, Tuple
 
-from trtq.quantize.graph import GraphIndex
+from trtq.quantize.graph import GraphIndex, attr
 
 FLOAT_CHOICES = ("excluded by", "float_layers")  # left_float reasons the user chose
 # what can sit between a conv and the next layer's input: activations (Mul: x * sigmoid(x)), Pad, Q/DQ
@@ -13,17 +14,19 @@ _PASS_THROUGH = frozenset({"Relu", "Clip", "LeakyRelu", "PRelu", "HardSwish", "H
                            "QuantizeLinear", "DequantizeLinear"})
 
 
-def float_grouped_convs(result: Any) -> List[str]:
-    """Grouped/depthwise Convs of a QuantizeResult the user chose to leave float."""
-    chosen = {name for name, why in result.left_float if why.startswith(FLOAT_CHOICES)}
-    return [n.name for n in result.model.graph.node
-            if n.name in chosen and n.op_type == "Conv" and any(a.name == "group" and a.i > 1 for a in n.attribute)]
+GROUPED_CONSUMER_REASON = "fed by a float grouped conv (TensorRT 8 builds that pair wrongly)"
 
 
-def quantized_consumers(result: Any, names: Sequence[str]) -> List[str]:
-    """Quantized compute nodes fed by the outputs of ``names`` through activations, Pad and Q/DQ."""
-    index = GraphIndex(result.model)
-    quantized = set(result.quantized)
+def float_grouped_convs(index: GraphIndex, left_float: Sequence[Tuple[str, str]]) -> List[str]:
+    """Grouped/depthwise Convs among ``left_float`` (node, reason) that the user chose to leave float."""
+    chosen = {name for name, why in left_float if why.startswith(FLOAT_CHOICES)}
+    return [n.name for n in index.nodes
+            if n.name in chosen and n.op_type == "Conv" and int(attr(n, "group", 1)) > 1]
+
+
+def quantized_consumers(index: GraphIndex, names: Sequence[str], quantized: Collection[str]) -> List[str]:
+    """Nodes in ``quantized`` fed by the outputs of ``names`` through activations, Pad and Q/DQ."""
+    quantized = set(quantized)
     wanted = set(names)
     found: List[str] = []
     stack = [o for n in index.nodes if n.name in wanted for o in n.output]
@@ -40,3 +43,10 @@ def quantized_consumers(result: Any, names: Sequence[str]) -> List[str]:
             elif node.op_type in _PASS_THROUGH:
                 stack.extend(node.output)
     return found
+
+
+def grouped_conv_consumers(index: GraphIndex, left_float: Sequence[Tuple[str, str]],
+                           quantized: Collection[str]) -> Tuple[List[str], List[str]]:
+    """(float grouped Convs the user chose, the quantized nodes they feed)."""
+    risky = float_grouped_convs(index, left_float)
+    return risky, (quantized_consumers(index, risky, quantized) if risky else [])

@@ -10,7 +10,6 @@ How each mode maps onto the installed TensorRT is decided in :func:`trtq.trt.com
 """
 import dataclasses
 import logging
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -305,22 +304,23 @@ def _quantize_summary(result: Any) -> Dict[str, int]:
     return out
 
 
-def float_grouped_conv_workaround(trt: Any, result: Any) -> List[str]:
-    """On a TensorRT that builds float grouped Convs between INT8 layers wrongly
-    (compat.float_grouped_conv_is_unsafe), the quantized layers those Convs feed, which must stay
-    float too (measured on 8.6.0: then the engine is right); logs what it does. Empty otherwise."""
-    from trtq.quantize.float_choice import float_grouped_convs, quantized_consumers
+def warn_float_grouped_convs(trt: Any, result: Any) -> List[str]:
+    """Log what the TensorRT 8 float grouped-conv workaround (``quantize_model(float_grouped_consumers=
+    compat.float_grouped_conv_is_unsafe(trt))``) left float; returns those consumers. Float grouped
+    Convs it could not protect (no quantized consumer found) get a warning to check the engine."""
+    from trtq.quantize.float_choice import GROUPED_CONSUMER_REASON, float_grouped_convs
+    from trtq.quantize.graph import GraphIndex
 
-    risky = float_grouped_convs(result)
-    if not risky or not compat.float_grouped_conv_is_unsafe(trt):
+    if not compat.float_grouped_conv_is_unsafe(trt):
         return []
-    extra = quantized_consumers(result, risky)
+    risky = float_grouped_convs(GraphIndex(result.model), result.left_float)
+    extra = [n for n, why in result.left_float if why == GROUPED_CONSUMER_REASON]
     shown = ", ".join(risky[:3]) + (" ..." if len(risky) > 3 else "")
     if extra:
         log.warning(
             "TensorRT %s builds wrong engines when a float grouped/depthwise Conv (%s) feeds INT8 layers: "
             "also leaving float %s", compat.version_of(trt), shown, ", ".join(extra[:5]) + (" ..." if len(extra) > 5 else ""))
-    else:
+    elif risky:
         log.warning("%d grouped/depthwise Conv(s) left float between INT8 layers (%s): TensorRT %s built such "
                     "engines with wrong outputs in our tests; check this engine with trtq compare",
                     len(risky), shown, compat.version_of(trt))
@@ -396,15 +396,9 @@ def build_engine(
             qopts = dataclasses.replace(qopts, fp16=True)
         from trtq.quantize_file import sample_batches
 
-        qresult = quantize_model(model, table.amax, qopts, data=sample_batches(model, qopts, data_options))
-        extra = float_grouped_conv_workaround(trt, qresult)
-        if extra:  # again, with the float choices made explicit (float_layers would rank anew)
-            from trtq.quantize.float_choice import FLOAT_CHOICES
-
-            chosen = [n for n, why in qresult.left_float if why.startswith(FLOAT_CHOICES)]
-            qopts = dataclasses.replace(qopts, float_layers=0, exclude=tuple(qopts.exclude) + tuple(
-                f"^{re.escape(n)}$" for n in chosen + extra))
-            qresult = quantize_model(model, table.amax, qopts, data=sample_batches(model, qopts, data_options))
+        qresult = quantize_model(model, table.amax, qopts, data=sample_batches(model, qopts, data_options),
+                                 float_grouped_consumers=compat.float_grouped_conv_is_unsafe(trt))
+        warn_float_grouped_convs(trt, qresult)
         quant_info = _quantize_summary(qresult)
         _parse(trt, parser, logger, qresult.model, model_path, output.parent)
     else:
