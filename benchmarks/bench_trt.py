@@ -263,11 +263,15 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         from trtq.calib.cache import read_cache
         from trtq.quantize import quantize_model
+        from trtq.quantize_file import sample_batches
+        from trtq.trt import compat
 
-        samples = None
-        if qopts.weight_rounding != "nearest":
-            samples = Batcher(data_options(a.data, spec.name, spec.shape, a.preset, a.batch, qopts.samples), specs)
-        qdq = quantize_model(load_model(a.model), read_cache(a.cache).amax, qopts, data=samples).model
+        fp32 = load_model(a.model)
+        samples = sample_batches(fp32, qopts, data_options(a.data, spec.name, spec.shape, a.preset, a.batch,
+                                                           qopts.samples))
+        # the same Q/DQ model build made the engine from (TensorRT 8: float grouped-conv consumers)
+        qdq = quantize_model(fp32, read_cache(a.cache).amax, qopts, data=samples,
+                             float_grouped_consumers=compat.float_grouped_conv_is_unsafe(compat.import_tensorrt())).model
         qdq_path = a.out / f"{engine}.qdq.onnx"
         onnx.save(qdq, str(qdq_path))
         rows.append({"engine": f"{engine} on onnxruntime", "top1_agreement":
