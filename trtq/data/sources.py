@@ -406,6 +406,9 @@ class NpySource:
             self._maps.clear()
 
 
+_RELEASE_MARGIN = 2 << 20  # bytes either side of a row: one PMD-sized folio
+
+
 def _release_row(arr: np.ndarray, row: int) -> None:
     """Drop the mapped pages of ``arr[row]`` from this process (they stay in the page cache).
 
@@ -421,6 +424,10 @@ def _release_row(arr: np.ndarray, row: int) -> None:
     start_in_map = getattr(arr, "offset", 0) % mmap.ALLOCATIONGRANULARITY  # numpy maps from an aligned offset
     begin = start_in_map + row * row_bytes
     end = begin + row_bytes
+    # the kernel maps more than the row it faults in (fault-around, large page-cache folios), so
+    # pages next to the row, already released ones included, can be mapped again: drop a margin
+    begin = max(0, begin - _RELEASE_MARGIN)
+    end = min(len(mm), end + _RELEASE_MARGIN)
     page = mmap.PAGESIZE
     begin -= begin % page
     end = min(len(mm), -(-end // page) * page)
