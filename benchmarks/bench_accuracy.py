@@ -12,6 +12,8 @@ next to ONNX Runtime's ``quantize_static`` (QuantFormat.QDQ, per_channel=True,
 CalibrationMethod.MinMax, other settings default: asymmetric uint8 activations) fed the same
 preprocessed batches, and the same with symmetric int8 activations (``ort-minmax-sym``: the only
 activation format TensorRT runs, so the fair comparison for trtq).
+Variants of each trtq cache: +bc (--bias-correction), +gptq+bc (--weight-rounding gptq), +c
+(--center-activations) with and without those, and mse+gptq+bc+floatN (--float-layers N).
 
 Evaluation, on data no model saw during calibration: the first --eval photos of the
 "evaluation" set (cut from other source photographs) plus foolbox's 20 labelled ImageNet images.
@@ -94,6 +96,9 @@ def trtq_int8(method: str, model: Path, config: Path, n: int, out_dir: Path, reu
 VARIANTS = {
     "+bc": ("bc", ["--bias-correction"]),
     "+gptq+bc": ("gptq-bc", ["--weight-rounding", "gptq", "--bias-correction"]),
+    "+c": ("c", ["--center-activations"]),
+    "+c+bc": ("c-bc", ["--center-activations", "--bias-correction"]),
+    "+c+gptq+bc": ("c-gptq-bc", ["--center-activations", "--weight-rounding", "gptq", "--bias-correction"]),
 }
 
 
@@ -205,6 +210,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="skip the trtq-METHOD+bc rows (quantize --bias-correction)")
     ap.add_argument("--no-gptq", action="store_true",
                     help="skip the trtq-METHOD+gptq+bc rows (quantize --weight-rounding gptq --bias-correction)")
+    ap.add_argument("--no-centring", action="store_true",
+                    help="skip the trtq-METHOD+c* rows (quantize --center-activations)")
     ap.add_argument("--float-layers", type=int, default=1,
                     help="also quantize the best method's cache (mse) with gptq, bias correction and "
                          "--float-layers N (default 1; 0: no such row)")
@@ -232,10 +239,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         int8[f"trtq-{m}"] = trtq_int8(m, model, config, args.calib, out_dir, args.reuse)
         print(f"  trtq-{m}: {int8[f'trtq-{m}'][1]:.0f} s", file=sys.stderr, flush=True)
         variants = dict(VARIANTS)
-        if args.no_bias_correction:
-            variants.pop("+bc")
         if args.no_gptq:
-            variants.pop("+gptq+bc")
+            variants = {k: v for k, v in variants.items() if "gptq" not in k}
+        if args.no_bias_correction:
+            variants = {k: v for k, v in variants.items() if not k.endswith("+bc")}
+        if args.no_centring:
+            variants = {k: v for k, v in variants.items() if not k.startswith("+c")}
         if args.float_layers > 0 and m == "mse":
             suffix, variant = float_variant(args.float_layers)
             variants[suffix] = variant

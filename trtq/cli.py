@@ -419,12 +419,15 @@ def inspect_cache(cache, config_path, as_json, verbose, quiet, model, other, sor
                    "does, on the data).")
 @click.option("--samples", type=int,
               help="Calibration samples --bias-correction, gptq rounding and --float-layers read (default 128).")
+@click.option("--center-activations", is_flag=True, default=None,
+              help="Shift ReLU/Clip outputs that feed quantized Conv/Gemm to use both halves of INT8 "
+                   "(half the step; an exact rewrite of biases, clip bounds and pad values).")
 @click.option("--data", "data", multiple=True, metavar="[INPUT=]PATH",
               help="Data for --bias-correction, --weight-rounding gptq and --float-layers, as for calibrate.")
 @click.option("--preprocess", type=_PRESET_CHOICE,
               help="Preprocessing preset for --data.")
 def quantize(config_path, as_json, verbose, quiet, model, cache, output, exclude, fp16, per_channel, allow_stale,
-             bias_correction, weight_rounding, float_layers, samples, data, preprocess):
+             bias_correction, weight_rounding, float_layers, samples, center_activations, data, preprocess):
     """Write an explicit Q/DQ ONNX model (TensorRT 8.6/10/11 ready) from a calibration cache."""
     st = _apply_common(as_json, verbose, quiet)
     cfg = _load_config(config_path, {
@@ -432,6 +435,7 @@ def quantize(config_path, as_json, verbose, quiet, model, cache, output, exclude
         "quantize.fp16": fp16, "quantize.per_channel": per_channel, "quantize.allow_stale": allow_stale,
         "quantize.bias_correction": bias_correction, "quantize.weight_rounding": weight_rounding,
         "quantize.float_layers": float_layers, "quantize.samples": samples,
+        "quantize.center_activations": center_activations,
     })
     cfg = _apply_data_flags(cfg, data, preprocess)
     if not cfg.model:

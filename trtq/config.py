@@ -146,6 +146,7 @@ class QuantizeOptions:
     weight_rounding: WeightRounding = "nearest"  # gptq: levels that minimise each layer's output error (needs data)
     float_layers: int = 0  # leave this many of the most error-adding layers float (ranked on data)
     samples: int = 128  # calibration samples bias correction, gptq rounding and float_layers read
+    center_activations: bool = False  # shift ReLU/Clip outputs so symmetric INT8 uses both halves
 
 
 @dataclass(frozen=True)

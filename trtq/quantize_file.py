@@ -9,7 +9,7 @@ from trtq.fileio import atomic_path
 
 log = logging.getLogger(__name__)
 
-DATA_STEP_NOTES = ("float layers", "weight rounding", "bias correction")  # notes of the steps that read data
+DATA_STEP_NOTES = ("float layers", "centred activations", "weight rounding", "bias correction")  # notes the text output shows
 
 
 def quantized_model(model_path: Path, cache_path: Path, options: QuantizeOptions, data=None):

@@ -6,6 +6,8 @@
   node names);
 - :mod:`~trtq.quantize.plan` with the table in :mod:`~trtq.quantize.rules`: which node inputs get
   Q/DQ and with which scale (:mod:`~trtq.quantize.scales`);
+- :mod:`~trtq.quantize.centering` (``options.center_activations``): one-sided activations feeding
+  quantized layers shifted to use both halves of INT8 (an exact float rewrite, then re-planned);
 - :mod:`~trtq.quantize.rewrite`: the QuantizeLinear/DequantizeLinear pairs, with stable names;
 - :mod:`~trtq.quantize.rounding` (``options.weight_rounding == "gptq"`` with data): weight levels
   chosen for each layer's output error instead of nearest;
@@ -43,6 +45,7 @@ class QuantizeResult:
     missing_amax: List[str]  # activation tensors the rules needed but amax lacked
     notes: List[str] = field(default_factory=list)  # what preparing the model changed
     qdq_pairs: int = 0  # QuantizeLinear/DequantizeLinear pairs inserted
+    centred: List[dict] = field(default_factory=list)  # center_activations: tensor, shift, amax
 
     def to_dict(self) -> dict:
         return {
@@ -51,6 +54,7 @@ class QuantizeResult:
             "missing_amax": list(self.missing_amax),
             "notes": list(self.notes),
             "qdq_pairs": self.qdq_pairs,
+            "centred": list(self.centred),
             "opset": default_opset(self.model),
         }
 
@@ -129,9 +133,27 @@ def quantize_model(
             keep_float = dict(keep_float, **{n: GROUPED_CONSUMER_REASON for n in extra})
             plan = make_plan(index, amax, options.exclude, options.per_channel, only_nodes, keep_float)
             notes.append(f"float grouped conv consumers: {', '.join(extra)} left float (fed by {', '.join(risky)})")
+    observed, centred = model, []  # the float model the data steps read
+    if options.center_activations:
+        plan, centred = _centre(prepared, index, plan, amax, options, only_nodes, keep_float)
+        if centred:
+            index = GraphIndex(prepared)
+            notes.append(f"centred activations: {len(centred)} shifted to use both halves of INT8: "
+                         + ", ".join(c.describe() for c in centred[:3]) + (" ..." if len(centred) > 3 else ""))
+        else:
+            notes.append("centred activations: none (no Relu/Clip output with a biased producer feeds only "
+                         "quantized Conv/Gemm without implicit padding)")
+        if centred and data is not None and options.weight_rounding == "gptq":
+            # gptq chooses the readers' levels for the shifted inputs they see
+            observed = onnx.ModelProto()
+            observed.CopyFrom(prepared)
     out = insert_qdq(prepared, plan)
+    if centred and not (data is not None and options.weight_rounding == "gptq"):
+        from trtq.quantize.centering import settle_on_levels
+
+        settle_on_levels(out, centred)  # before bias correction, which then reads the unshifted model
     if data is not None:
-        notes += _data_steps(model, out, options, data)
+        notes += _data_steps(observed, out, options, data)
     if options.fp16:
         out = cast_float_rest(out, amax)
         notes.append("cast the float rest to float16 (Q/DQ and graph inputs/outputs stay float32)")
@@ -142,7 +164,25 @@ def quantize_model(
         missing_amax=plan.missing_amax,
         notes=notes,
         qdq_pairs=len(plan.pairs),
+        centred=[{"tensor": c.tensor, "shift": c.shift, "amax": c.amax} for c in centred],
     )
+
+
+def _centre(prepared: onnx.ModelProto, index: GraphIndex, plan, amax: Mapping[str, float], options: QuantizeOptions, only_nodes, keep_float):
+    """Centre what :func:`~trtq.quantize.centering.find_centrings` allows in the float model
+    ``prepared`` (in place; ``index`` describes it) and re-plan with the halved amax; (plan, centrings)."""
+    from trtq.quantize.centering import apply_centrings, find_centrings
+    from trtq.quantize.plan import find_amax
+
+    uses = {(i, s) for i, s, _ in plan.uses}
+    acts = {p.tensor: find_amax(index, amax, p.tensor) for p in plan.pairs.values() if not p.weight}
+    centred = find_centrings(index, {t: a for t, a in acts.items() if a is not None}, lambda i, s: (i, s) in uses)
+    if not centred:
+        return plan, []
+    apply_centrings(prepared, centred)
+    shifted = dict(amax, **{c.tensor: c.amax for c in centred})
+    plan = make_plan(GraphIndex(prepared), shifted, options.exclude, options.per_channel, only_nodes, keep_float)
+    return plan, centred
 
 
 RANK_SAMPLES = 64  # samples the float_layers ranking runs each layer on (at most)

@@ -18,7 +18,7 @@ from onnx import numpy_helper
 from trtq.quantize.graph import GraphIndex, attr
 
 
-def _rounded_weight(index: GraphIndex, tensor: str,
+def rounded_weight(index: GraphIndex, tensor: str,
                     rounded: Mapping[str, np.ndarray]) -> Optional[Tuple[np.ndarray, np.ndarray]]:
     """(W, Wq) when ``tensor`` is DQ(Q(W)) of an int8 float initializer, else None. ``Wq`` is
     ``rounded[W's name]`` when given (levels chosen by :mod:`~trtq.quantize.rounding`)."""
@@ -46,7 +46,7 @@ def _targets(index: GraphIndex, rounded: Mapping[str, np.ndarray]) -> List[Targe
     for node in index.nodes:
         if node.op_type not in ("Conv", "Gemm") or len(node.input) < 2:
             continue
-        pair = _rounded_weight(index, node.input[1], rounded)
+        pair = rounded_weight(index, node.input[1], rounded)
         if pair is None:
             continue
         bias = node.input[2] if len(node.input) > 2 else ""

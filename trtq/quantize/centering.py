@@ -1,0 +1,256 @@
+"""Centred activations: one-sided activations shifted so symmetric INT8 uses both halves.
+
+TensorRT quantizes activations symmetrically (zero point 0), so a ReLU/ReLU6 output in ``[0, a]``
+only ever uses levels 0..127: half the INT8 range is wasted and the step is ``a / 127``. When the
+activation sits between a layer with a bias and quantized layers that read it linearly, the graph
+can be rewritten, exactly in float, to carry ``x - c`` with ``c = a / 2`` instead:
+
+- the producer's bias gets ``-c`` and the activation ``Clip(lo - c, hi - c)`` (a Relu becomes
+  ``Clip(-c)``), so it outputs ``x - c``;
+- an explicit constant ``Pad`` in between pads with ``value - c`` (the consumers still see zeros
+  where the original model padded with zeros);
+- every reader (a Conv without implicit padding, or a Gemm on its first input) gets
+  ``+ c * sum(W)`` per output channel on its bias.
+
+The shifted tensor spans ``[lo - c, top - c]`` = ``[-a/2, a/2]`` (``top = min(amax, hi)``), so its
+per-tensor scale halves and INT8 rounding noise drops by 6 dB where it enters those layers. Clipping
+is unchanged: values above the calibrated amax are clipped as before.
+
+Measured on EfficientNet-Lite0 (mse cache, gptq + bias correction, ONNX Runtime, 520 photo crops):
+logit SQNR 21.8 -> 24.0 dB with its 32 ReLU6 outputs centred.
+
+Nothing here depends on data; :func:`find_centrings` only reads the graph and the plan's amax, and
+:func:`apply_centrings` edits the float model before the Q/DQ rewrite.
+"""
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from trtq.quantize.graph import GraphIndex, attr
+
+MIN_GAIN = 1.25  # centre only where the INT8 step shrinks at least this much
+BIAS_OPS = ("Conv", "Gemm", "BatchNormalization")  # producers whose additive bias absorbs -c
+
+
+@dataclass(frozen=True)
+class Centring:
+    tensor: str  # the quantized tensor (the activation's output, or the Pad's after it)
+    shift: float  # c: the tensor now carries x - c
+    amax: float  # its new amax: half the range [lo, min(amax, hi)]
+    activation: str  # node names, for the report and the rewrite
+    producer: str
+    pad: Optional[str]
+    readers: tuple
+
+    def describe(self) -> str:
+        return f"{self.tensor} (-{self.shift:g}, amax {self.amax:g})"
+
+
+def _constant(index: GraphIndex, name: str) -> Optional[float]:
+    if not name or not index.is_constant(name):
+        return None
+    arr = index.array(name)
+    return float(arr.reshape(-1)[0]) if arr.size == 1 else None
+
+
+def _activation_bounds(index: GraphIndex, node: onnx.NodeProto):
+    """(lo, hi) of a Relu or a Clip with constant bounds (hi may be inf), else None."""
+    if node.op_type == "Relu":
+        return 0.0, math.inf
+    if node.op_type != "Clip" or len(node.input) < 2:
+        return None
+    lo = _constant(index, node.input[1])
+    hi = _constant(index, node.input[2]) if len(node.input) > 2 and node.input[2] else math.inf
+    if lo is None or hi is None or not math.isfinite(lo):
+        return None
+    return lo, hi
+
+
+def _only_use(index: GraphIndex, tensor: str) -> Optional[onnx.NodeProto]:
+    if index.fan_out(tensor) != 1 or tensor in index.graph_outputs:
+        return None
+    uses = index.consumers.get(tensor, [])
+    return index.nodes[uses[0][0]] if len(uses) == 1 else None
+
+
+def _adjustable_bias(index: GraphIndex, node: onnx.NodeProto, slot: int) -> bool:
+    """The node's bias input is absent or an initializer only this node reads."""
+    name = node.input[slot] if len(node.input) > slot else ""
+    return not name or (index.is_constant(name) and index.fan_out(name) == 1)
+
+
+def _producer_ok(index: GraphIndex, node: Optional[onnx.NodeProto]) -> bool:
+    if node is None or node.op_type not in BIAS_OPS or node.domain not in ("", "ai.onnx"):
+        return False
+    if node.op_type == "Conv":
+        return index.is_constant(node.input[1]) and _adjustable_bias(index, node, 2)
+    if node.op_type == "Gemm":
+        return (attr(node, "beta", 1.0) != 0 and index.is_constant(node.input[1])
+                and _adjustable_bias(index, node, 2))
+    return len(node.input) > 2 and index.is_constant(node.input[2]) and index.fan_out(node.input[2]) == 1
+
+
+def _reader_ok(index: GraphIndex, node: onnx.NodeProto, slot: int) -> bool:
+    """A linear reader whose output can take ``+ c * sum(W)``: a Conv without implicit padding or
+    a Gemm (transA 0), on its data input, with a constant weight and an adjustable bias."""
+    if slot != 0 or node.domain not in ("", "ai.onnx") or len(node.input) < 2 or not index.is_constant(node.input[1]):
+        return False
+    if node.op_type == "Conv":
+        pads = attr(node, "pads", None) or []
+        return (not any(pads) and attr(node, "auto_pad", b"NOTSET") in (b"NOTSET", b"VALID", "NOTSET", "VALID")
+                and _adjustable_bias(index, node, 2))
+    if node.op_type == "Gemm":
+        return not attr(node, "transA", 0) and attr(node, "beta", 1.0) != 0 and _adjustable_bias(index, node, 2)
+    return False
+
+
+def find_centrings(index: GraphIndex, tensors: Dict[str, float], quantized_input: Callable[[int, int], bool]) -> List[Centring]:
+    """The centrings possible for the quantized activation ``tensors`` (name -> amax) of the float
+    graph ``index``; ``quantized_input(node index, slot)`` says whether that input gets Q/DQ."""
+    out = []
+    for tensor, amax in tensors.items():
+        if not amax > 0 or index.fan_out(tensor) != len(index.consumers.get(tensor, [])) or tensor in index.graph_outputs:
+            continue
+        node = index.producer_node(tensor)
+        pad = None
+        if node is not None and node.op_type == "Pad":
+            if attr(node, "mode", b"constant") not in (b"constant", "constant") or _only_use(index, node.input[0]) is None:
+                continue
+            if len(node.input) > 2 and node.input[2] and _constant(index, node.input[2]) is None:
+                continue
+            pad, node = node, index.producer_node(node.input[0])
+        if node is None:
+            continue
+        bounds = _activation_bounds(index, node)
+        if bounds is None or _only_use(index, node.input[0]) is None:
+            continue
+        producer = index.producer_node(node.input[0])
+        if not _producer_ok(index, producer):
+            continue
+        readers = index.consumers.get(tensor, [])
+        if not readers or not all(_reader_ok(index, index.nodes[i], s) and quantized_input(i, s) for i, s in readers):
+            continue
+        lo, hi = bounds
+        top = min(float(amax), hi)
+        half = (top - lo) / 2
+        if not half > 0 or float(amax) / half < MIN_GAIN:
+            continue
+        out.append(Centring(tensor, (lo + top) / 2, half, node.name, producer.name,
+                            pad.name if pad is not None else None,
+                            tuple(index.nodes[i].name for i, _ in readers)))
+    return out
+
+
+# -- the rewrite ---------------------------------------------------------------------------------
+
+
+class _Editor:
+    def __init__(self, model: onnx.ModelProto):
+        self.graph = model.graph
+        self.inits = {i.name: i for i in self.graph.initializer}
+        self.nodes = {n.name: n for n in self.graph.node}
+        names = set(self.inits) | {o for n in self.graph.node for o in n.output} | {i.name for i in self.graph.input}
+        self.taken = names
+
+    def array(self, name: str) -> np.ndarray:
+        return numpy_helper.to_array(self.inits[name])
+
+    def set(self, name: str, arr: np.ndarray) -> None:
+        self.inits[name].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+
+    def new(self, base: str, arr: np.ndarray) -> str:
+        name, k = base, 1
+        while name in self.taken:
+            k += 1
+            name = f"{base}_{k}"
+        self.taken.add(name)
+        init = numpy_helper.from_array(np.ascontiguousarray(arr), name)
+        self.graph.initializer.append(init)
+        self.inits[name] = init
+        return name
+
+    def add_to_bias(self, node: onnx.NodeProto, slot: int, delta: np.ndarray, dtype) -> None:
+        """bias += delta (a new initializer when the node has none)."""
+        if len(node.input) > slot and node.input[slot]:
+            old = self.array(node.input[slot])
+            self.set(node.input[slot], (old.astype(np.float64) + delta).astype(old.dtype))
+        else:
+            while len(node.input) < slot:
+                node.input.append("")
+            node.input.append(self.new(f"{node.name}/centring_bias", np.asarray(delta).astype(dtype)))
+
+
+def _weight_sums(node: onnx.NodeProto, w: np.ndarray) -> np.ndarray:
+    """sum(W) per output channel as the node applies W: Conv [Cout, ...]; Gemm columns of op(B)."""
+    w = w.astype(np.float64)
+    if node.op_type == "Conv":
+        return w.reshape(w.shape[0], -1).sum(axis=1)
+    b = w.T if attr(node, "transB", 0) else w
+    return b.sum(axis=0)
+
+
+def settle_on_levels(qdq: onnx.ModelProto, centrings: List[Centring]) -> None:
+    """Move each reader's ``+ c * sum(W)`` to ``+ c * sum(Wq)`` (nearest INT8 levels) in the Q/DQ
+    model, in place. The reader then errs by ``(Wq - W) x`` exactly as without centring, instead of
+    ``(Wq - W)(x - c)``: for ReLU outputs, mostly below ``c``, that keeps the mean error small when
+    no gptq rounding chose the levels for the shifted inputs (measured on EfficientNet-Lite0,
+    nearest rounding: 14.7 dB without this, 18.1 with it, 17.6 not centred)."""
+    from trtq.quantize.bias import rounded_weight
+
+    index = GraphIndex(qdq)
+    ed = _Editor(qdq)
+    by_name = {n.name: n for n in index.nodes}
+    for c in centrings:
+        for name in c.readers:
+            reader = by_name[name]
+            pair = rounded_weight(index, reader.input[1], {})
+            if pair is None or len(reader.input) < 3 or not reader.input[2]:
+                continue
+            w, wq = pair
+            scale = float(attr(reader, "alpha", 1.0)) / float(attr(reader, "beta", 1.0)) if reader.op_type == "Gemm" else 1.0
+            ed.add_to_bias(reader, 2, c.shift * scale * (_weight_sums(reader, wq) - _weight_sums(reader, w)), np.float32)
+
+
+def apply_centrings(model: onnx.ModelProto, centrings: List[Centring]) -> None:
+    """Rewrite the float ``model`` in place so each centring's tensor carries ``x - shift``; the
+    model computes the same function (up to float rounding)."""
+    ed = _Editor(model)
+    for c in centrings:
+        producer, act = ed.nodes[c.producer], ed.nodes[c.activation]
+        shift = np.float64(c.shift)
+        if producer.op_type == "BatchNormalization":
+            ed.set(producer.input[2], (ed.array(producer.input[2]).astype(np.float64) - shift).astype(np.float32))
+        else:
+            w = ed.array(producer.input[1])
+            channels = w.shape[0] if producer.op_type == "Conv" else (
+                w.shape[0] if attr(producer, "transB", 0) else w.shape[1])
+            beta = float(attr(producer, "beta", 1.0)) if producer.op_type == "Gemm" else 1.0
+            ed.add_to_bias(producer, 2, np.full(channels, -shift / beta), w.dtype)
+        if act.op_type == "Relu":
+            act.op_type = "Clip"
+            act.input.append(ed.new(f"{act.name}/centred_min", np.array(-shift, np.float32)))
+        else:
+            lo = float(ed.array(act.input[1]).reshape(-1)[0])
+            act.input[1] = ed.new(f"{act.name}/centred_min", np.array(lo - shift, np.float32))
+            if len(act.input) > 2 and act.input[2]:
+                hi = float(ed.array(act.input[2]).reshape(-1)[0])
+                act.input[2] = ed.new(f"{act.name}/centred_max", np.array(hi - shift, np.float32))
+        if c.pad is not None:
+            pad = ed.nodes[c.pad]
+            value = float(ed.array(pad.input[2]).reshape(-1)[0]) if len(pad.input) > 2 and pad.input[2] else 0.0
+            while len(pad.input) < 3:
+                pad.input.append("")
+            pad.input[2] = ed.new(f"{pad.name}/centred_value", np.array(value - shift, np.float32))
+        for name in c.readers:
+            reader = ed.nodes[name]
+            w = ed.array(reader.input[1])
+            sums = _weight_sums(reader, w)
+            scale = float(attr(reader, "alpha", 1.0)) / float(attr(reader, "beta", 1.0)) if reader.op_type == "Gemm" else 1.0
+            ed.add_to_bias(reader, 2, shift * scale * sums, w.dtype)
+
+
+__all__ = ["Centring", "MIN_GAIN", "find_centrings", "apply_centrings", "settle_on_levels"]
