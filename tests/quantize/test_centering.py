@@ -20,7 +20,8 @@ from trtq.quantize.prepare import prepare_model
 
 
 def _chain(rng, act="clip", pad=True, producer="conv", reader_pads=None, extra_output=False, clip=(0.0, 6.0)):
-    """x -> producer -> activation -> [Pad] -> depthwise 3x3 -> Relu -> 1x1 -> GAP -> Gemm -> Relu -> Gemm."""
+    """x -> producer -> activation -> [Pad] -> depthwise 3x3 -> Relu -> 1x1 -> Relu -> GAP -> Flatten
+    -> Gemm -> Relu -> Gemm."""
     c = 8
     nodes, inits = [], []
     inits.append(init("w0", (rng.standard_normal((c, 4, 1, 1)) * 0.8).astype(np.float32)))
@@ -52,7 +53,8 @@ def _chain(rng, act="clip", pad=True, producer="conv", reader_pads=None, extra_o
     nodes.append(helper.make_node("Relu", ["y1"], ["a1"], name="act1"))
     inits.append(init("w2", (rng.standard_normal((16, c, 1, 1)) * 0.4).astype(np.float32)))
     nodes.append(helper.make_node("Conv", ["a1", "w2"], ["y2"], name="pw2"))  # no bias: one gets added
-    nodes.append(helper.make_node("GlobalAveragePool", ["y2"], ["g"], name="gap"))
+    nodes.append(helper.make_node("Relu", ["y2"], ["a2"], name="act3"))
+    nodes.append(helper.make_node("GlobalAveragePool", ["a2"], ["g"], name="gap"))
     nodes.append(helper.make_node("Flatten", ["g"], ["f"], name="flat"))
     inits += [init("wf", (rng.standard_normal((32, 16)) * 0.3).astype(np.float32)),
               init("bf", rng.standard_normal(32).astype(np.float32) * 0.1),
@@ -72,7 +74,7 @@ def _centrings(model, amax=None):
     prepared, _ = prepare_model(model)
     index = GraphIndex(prepared)
     amax = amax or activation_amax(model, _feeds(np.random.default_rng(1)))
-    acts = {"p0": amax.get("p0", amax["a0"]), "a0": amax["a0"], "a1": amax["a1"], "ha": amax["ha"]}
+    acts = {"p0": amax.get("p0", amax["a0"]), "a0": amax["a0"], "a1": amax["a1"], "ha": amax["ha"], "f": amax["f"]}
     return prepared, find_centrings(index, {t: a for t, a in acts.items() if t in index.producer},
                                     lambda i, s: True)
 
@@ -83,8 +85,9 @@ def test_rewrite_keeps_the_function(act, pad, producer):
     rng = np.random.default_rng(0)
     model = _chain(rng, act=act, pad=pad, producer=producer)
     prepared, found = _centrings(model)
-    # the Pad output (or the activation), the dw conv's Relu output and the Gemm's Relu output
-    assert sorted(c.tensor for c in found) == sorted(["p0" if pad else "a0", "a1", "ha"])
+    # the Pad output (or the activation), the dw conv's Relu output, the pooled Relu output and the
+    # Gemm's Relu output
+    assert sorted(c.tensor for c in found) == sorted(["p0" if pad else "a0", "a1", "f", "ha"])
     assert all(c.shift > 0 and c.amax == pytest.approx(c.shift) for c in found)
     feeds = _feeds(np.random.default_rng(5))
     before = [run(prepared, f)[0] for f in feeds]
@@ -92,6 +95,8 @@ def test_rewrite_keeps_the_function(act, pad, producer):
     onnx.checker.check_model(prepared)
     for b, f in zip(before, feeds):
         np.testing.assert_allclose(run(prepared, f)[0], b, rtol=1e-4, atol=1e-4)
+    used = {i for n in prepared.graph.node for i in n.input}
+    assert [i.name for i in prepared.graph.initializer if i.name not in used] == []  # old bounds dropped
     # the shifted tensors really are centred: Clip bounds moved by the shift
     by_name = {n.name: n for n in prepared.graph.node}
     assert by_name["act0"].op_type == "Clip" and by_name["act1"].op_type == "Clip"
@@ -216,15 +221,15 @@ def test_quantize_center_activations_cli(trtq, tmp_path, extra):
               "--json", *extra])
     assert r.code == 0, r
     report = json.loads(r.out)
-    assert sorted(c["tensor"] for c in report["centred"]) == ["a1", "ha", "p0"], report["left_float"]
-    assert any(n.startswith("centred activations: 3 ") for n in report["notes"])
+    assert sorted(c["tensor"] for c in report["centred"]) == ["a1", "f", "ha", "p0"], report["left_float"]
+    assert any(n.startswith("centred activations: 4 ") for n in report["notes"])
     q = onnx.load(str(out))
     onnx.checker.check_model(q)
     ref = run(model, {"x": x})[0]
     got = run(q, {"x": x})[0]
     assert _sqnr(ref, got) > 20, _sqnr(ref, got)
     text = trtq(["quantize", "--config", tmp_path / "c.yaml", "--cache", cache, "-o", out, "--center-activations"])
-    assert text.code == 0 and "centred activations: 3 shifted" in text.out
+    assert text.code == 0 and "centred activations: 4 shifted" in text.out
 
 
 def test_nothing_to_centre_is_reported(trtq, sample_config, tmp_path):

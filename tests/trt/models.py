@@ -54,6 +54,42 @@ def residual_cnn(path: Path, batch: Union[int, str] = 2, opset: int = 13, seed: 
     return _save(helper.make_model(graph), path, opset)
 
 
+def relu6_cnn(path: Path, batch: int = 4, seed: int = 0) -> Path:
+    """EfficientNet-Lite-style block, every activation one-sided (what --center-activations shifts):
+    x[B,3,16,16] -> Conv1x1+Clip(0,6) -> Pad(1, zeros) -> depthwise Conv3x3+Clip(0,6) -> Conv1x1+Relu
+    -> GAP -> Flatten -> Gemm -> y[B,16]."""
+    rng = np.random.default_rng(seed)
+    C, K = 32, 16
+
+    def init(name, shape, std, mean=0.0):
+        return numpy_helper.from_array(rng.normal(mean, std, shape).astype(np.float32), name)
+
+    inits = [init("w1", (C, 3, 1, 1), 1.0), init("b1", (C,), 0.5, 1.0), init("wd", (C, 1, 3, 3), 0.6),
+             init("bd", (C,), 0.5, 0.5), init("w2", (C, C, 1, 1), 0.2), init("b2", (C,), 0.1),
+             init("wg", (K, C), 0.3), init("bg", (K,), 0.1),
+             numpy_helper.from_array(np.array(0.0, np.float32), "lo"),
+             numpy_helper.from_array(np.array(6.0, np.float32), "hi"),
+             numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads")]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="expand"),
+        helper.make_node("Clip", ["c1", "lo", "hi"], ["a1"], name="relu6_1"),
+        helper.make_node("Pad", ["a1", "pads"], ["p1"], name="pad", mode="constant"),
+        helper.make_node("Conv", ["p1", "wd", "bd"], ["c2"], name="depthwise", group=C, kernel_shape=[3, 3]),
+        helper.make_node("Clip", ["c2", "lo", "hi"], ["a2"], name="relu6_2"),
+        helper.make_node("Conv", ["a2", "w2", "b2"], ["c3"], name="project"),
+        helper.make_node("Relu", ["c3"], ["a3"], name="relu3"),
+        helper.make_node("GlobalAveragePool", ["a3"], ["g"], name="gap"),
+        helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "wg", "bg"], ["y"], name="fc", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "relu6_cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, K])], inits,
+    )
+    return _save(helper.make_model(graph), path, 13)
+
+
 def unsupported_op_opset18(path: Path) -> Path:
     """An opset-18 model whose one node is a custom-domain op no TensorRT parser knows."""
     node = helper.make_node("NoSuchOp", ["x"], ["y"], domain="trtq.test")

@@ -17,7 +17,7 @@ import pytest
 from trtq.config import BenchOptions, BuildOptions, DataOptions, InputSource, ProfileShapes
 from trtq.errors import DataError, ModelError
 from tests.trt.models import (
-    TACTICS, activation_amax, cosine, ort_run, read_trt_cache, rel_max_err, unsupported_op_opset18,
+    TACTICS, activation_amax, cosine, ort_run, read_trt_cache, rel_max_err, relu6_cnn, unsupported_op_opset18,
     residual_cnn, write_trt_cache,
 )
 
@@ -242,3 +242,31 @@ def test_bench_numbers_are_sane(built):
     (g,) = bench_plans([plans[0]], BenchOptions(duration=0.2, warmup=0.05, cuda_graph=True, include_copies=True))
     assert g.cuda_graph, g.notes
     assert g.iterations >= 5 and g.include_copies
+
+
+def test_centred_activations_engine_matches_its_qdq_model(tmp_path):
+    """--center-activations: Pads with a non-zero value and Clips with negative bounds; the engine
+    must compute what ONNX Runtime computes on the same Q/DQ model, and stay close to FP32."""
+    import onnx
+
+    from trtq.config import QuantizeOptions
+    from trtq.quantize import quantize_model
+    from trtq.trt.build import build_engine
+
+    model = relu6_cnn(tmp_path / "r6.onnx", batch=BATCH)
+    rng = np.random.default_rng(2)
+    batches = [rng.standard_normal((BATCH, 3, 16, 16)).astype(np.float32) for _ in range(3)]
+    amax = activation_amax(model, [{"x": b} for b in batches])
+    cache = write_trt_cache(tmp_path / "r6.cache", amax, "MinMaxCalibration", "8600")
+    qopts = QuantizeOptions(center_activations=True)
+    result = quantize_model(onnx.load(str(model)), amax, qopts)
+    assert [c["tensor"] for c in result.centred] == ["p1", "a2", "f"]  # the pad, depthwise and pooled outputs
+    onnx.save(result.model, str(tmp_path / "r6.qdq.onnx"))
+    built = build_engine(model, tmp_path / "r6.plan", opts(), cache_path=cache, quantize_options=qopts)
+    assert built.metadata["quantize"]["centred"] == 3
+    x = batches[0]
+    y = run_plan(built.plan_path, x)
+    twin = ort_run(tmp_path / "r6.qdq.onnx", {"x": x})["y"]
+    ref = ort_run(model, {"x": x})["y"]
+    assert rel_max_err(y, twin) <= 5e-2 and cosine(y, twin) >= 0.999, (rel_max_err(y, twin), cosine(y, twin))
+    assert cosine(y, ref) >= 0.995

@@ -8,7 +8,8 @@ can be rewritten, exactly in float, to carry ``x - c`` with ``c = a / 2`` instea
 - the producer's bias gets ``-c`` and the activation ``Clip(lo - c, hi - c)`` (a Relu becomes
   ``Clip(-c)``), so it outputs ``x - c``;
 - an explicit constant ``Pad`` in between pads with ``value - c`` (the consumers still see zeros
-  where the original model padded with zeros);
+  where the original model padded with zeros); pooling and reshaping ops in between commute with
+  the shift (``GlobalAveragePool(x - c) = GlobalAveragePool(x) - c``);
 - every reader (a Conv without implicit padding, or a Gemm on its first input) gets
   ``+ c * sum(W)`` per output channel on its bias.
 
@@ -43,7 +44,7 @@ class Centring:
     amax: float  # its new amax: half the range [lo, min(amax, hi)]
     activation: str  # node names, for the report and the rewrite
     producer: str
-    pad: Optional[str]
+    pads: tuple  # constant Pads between the activation and the tensor
     readers: tuple
 
     def describe(self) -> str:
@@ -108,6 +109,41 @@ def _reader_ok(index: GraphIndex, node: onnx.NodeProto, slot: int) -> bool:
     return False
 
 
+# ops with f(x - c) = f(x) - c for a scalar c, the activation's output may reach the quantized
+# tensor through (each read by nothing else); a constant Pad also does once its value moves by -c
+COMMUTING_OPS = frozenset({"Identity", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze",
+                           "GlobalAveragePool", "GlobalMaxPool", "MaxPool", "AveragePool", "Pad"})
+
+
+def _commutes(index: GraphIndex, node: onnx.NodeProto) -> bool:
+    if node.op_type not in COMMUTING_OPS or node.domain not in ("", "ai.onnx"):
+        return False
+    if node.op_type == "Pad":
+        value = node.input[2] if len(node.input) > 2 else ""
+        return attr(node, "mode", b"constant") in (b"constant", "constant") and (not value or _constant(index, value) is not None)
+    if node.op_type == "AveragePool":  # padded zeros that count in the average do not move with x
+        return not attr(node, "count_include_pad", 0) or not any(attr(node, "pads", None) or [])
+    return True
+
+
+def _through_commuting(index: GraphIndex, tensor: str):
+    """(the Relu/Clip behind ``tensor`` through commuting ops, the Pad names on the way), or
+    (None, ()) when there is none or something else reads an intermediate tensor."""
+    pads = []
+    node = index.producer_node(tensor)
+    for _ in range(16):
+        if node is None:
+            return None, ()
+        if node.op_type in ("Relu", "Clip"):
+            return node, tuple(pads)
+        if not _commutes(index, node) or _only_use(index, node.input[0]) is None:
+            return None, ()
+        if node.op_type == "Pad":
+            pads.append(node.name)
+        node = index.producer_node(node.input[0])
+    return None, ()
+
+
 def find_centrings(index: GraphIndex, tensors: Dict[str, float], quantized_input: Callable[[int, int], bool]) -> List[Centring]:
     """The centrings possible for the quantized activation ``tensors`` (name -> amax) of the float
     graph ``index``; ``quantized_input(node index, slot)`` says whether that input gets Q/DQ."""
@@ -115,14 +151,7 @@ def find_centrings(index: GraphIndex, tensors: Dict[str, float], quantized_input
     for tensor, amax in tensors.items():
         if not amax > 0 or index.fan_out(tensor) != len(index.consumers.get(tensor, [])) or tensor in index.graph_outputs:
             continue
-        node = index.producer_node(tensor)
-        pad = None
-        if node is not None and node.op_type == "Pad":
-            if attr(node, "mode", b"constant") not in (b"constant", "constant") or _only_use(index, node.input[0]) is None:
-                continue
-            if len(node.input) > 2 and node.input[2] and _constant(index, node.input[2]) is None:
-                continue
-            pad, node = node, index.producer_node(node.input[0])
+        node, pads = _through_commuting(index, tensor)
         if node is None:
             continue
         bounds = _activation_bounds(index, node)
@@ -139,8 +168,7 @@ def find_centrings(index: GraphIndex, tensors: Dict[str, float], quantized_input
         half = (top - lo) / 2
         if not half > 0 or float(amax) / half < MIN_GAIN:
             continue
-        out.append(Centring(tensor, (lo + top) / 2, half, node.name, producer.name,
-                            pad.name if pad is not None else None,
+        out.append(Centring(tensor, (lo + top) / 2, half, node.name, producer.name, pads,
                             tuple(index.nodes[i].name for i, _ in readers)))
     return out
 
@@ -168,10 +196,27 @@ class _Editor:
             k += 1
             name = f"{base}_{k}"
         self.taken.add(name)
-        init = numpy_helper.from_array(np.ascontiguousarray(arr), name)
-        self.graph.initializer.append(init)
-        self.inits[name] = init
+        self.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        self.inits[name] = self.graph.initializer[-1]  # append copies: keep the graph's own message
         return name
+
+    def drop_unused(self, names) -> None:
+        """Remove the initializers among ``names`` that no node (subgraphs included) reads any more."""
+        from trtq.quantize.graph import subgraph_names
+
+        used = {i for n in self.graph.node for i in n.input} | subgraph_names(self.graph)
+        used |= {o.name for o in self.graph.output}
+        gone = {n for n in names if n and n in self.inits and n not in used}
+        if not gone:
+            return
+        keep = [i for i in self.graph.initializer if i.name not in gone]
+        del self.graph.initializer[:]
+        self.graph.initializer.extend(keep)
+        inputs = [i for i in self.graph.input if i.name not in gone]
+        del self.graph.input[:]
+        self.graph.input.extend(inputs)
+        for n in gone:
+            del self.inits[n]
 
     def add_to_bias(self, node: onnx.NodeProto, slot: int, delta: np.ndarray, dtype) -> None:
         """bias += delta (a new initializer when the node has none)."""
@@ -219,6 +264,7 @@ def apply_centrings(model: onnx.ModelProto, centrings: List[Centring]) -> None:
     """Rewrite the float ``model`` in place so each centring's tensor carries ``x - shift``; the
     model computes the same function (up to float rounding)."""
     ed = _Editor(model)
+    replaced = set()
     for c in centrings:
         producer, act = ed.nodes[c.producer], ed.nodes[c.activation]
         shift = np.float64(c.shift)
@@ -230,6 +276,7 @@ def apply_centrings(model: onnx.ModelProto, centrings: List[Centring]) -> None:
                 w.shape[0] if attr(producer, "transB", 0) else w.shape[1])
             beta = float(attr(producer, "beta", 1.0)) if producer.op_type == "Gemm" else 1.0
             ed.add_to_bias(producer, 2, np.full(channels, -shift / beta), w.dtype)
+        replaced.update(act.input[1:])
         if act.op_type == "Relu":
             act.op_type = "Clip"
             act.input.append(ed.new(f"{act.name}/centred_min", np.array(-shift, np.float32)))
@@ -239,8 +286,9 @@ def apply_centrings(model: onnx.ModelProto, centrings: List[Centring]) -> None:
             if len(act.input) > 2 and act.input[2]:
                 hi = float(ed.array(act.input[2]).reshape(-1)[0])
                 act.input[2] = ed.new(f"{act.name}/centred_max", np.array(hi - shift, np.float32))
-        if c.pad is not None:
-            pad = ed.nodes[c.pad]
+        for pad_name in c.pads:
+            pad = ed.nodes[pad_name]
+            replaced.update(pad.input[2:3])
             value = float(ed.array(pad.input[2]).reshape(-1)[0]) if len(pad.input) > 2 and pad.input[2] else 0.0
             while len(pad.input) < 3:
                 pad.input.append("")
@@ -251,6 +299,7 @@ def apply_centrings(model: onnx.ModelProto, centrings: List[Centring]) -> None:
             sums = _weight_sums(reader, w)
             scale = float(attr(reader, "alpha", 1.0)) / float(attr(reader, "beta", 1.0)) if reader.op_type == "Gemm" else 1.0
             ed.add_to_bias(reader, 2, shift * scale * sums, w.dtype)
+    ed.drop_unused(replaced)
 
 
 __all__ = ["Centring", "MIN_GAIN", "find_centrings", "apply_centrings", "settle_on_levels"]

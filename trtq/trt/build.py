@@ -295,6 +295,8 @@ def _quantize_summary(result: Any) -> Dict[str, int]:
             out[attr] = len(value)
     if isinstance(getattr(result, "qdq_pairs", None), int):
         out["qdq_pairs"] = result.qdq_pairs
+    if getattr(result, "centred", None):
+        out["centred"] = len(result.centred)
     missing = getattr(result, "missing_amax", None) or []
     if missing:
         log.warning(
@@ -399,6 +401,10 @@ def build_engine(
         qresult = quantize_model(model, table.amax, qopts, data=sample_batches(model, qopts, data_options),
                                  float_grouped_consumers=compat.float_grouped_conv_is_unsafe(trt))
         warn_float_grouped_convs(trt, qresult)
+        if qresult.centred:
+            log.warning("center_activations: %d activations centred (constant Pads with a non-zero value, Clips "
+                        "with a negative lower bound); trtq has not yet checked such engines on TensorRT: run "
+                        "trtq compare on this engine before deploying it", len(qresult.centred))
         quant_info = _quantize_summary(qresult)
         _parse(trt, parser, logger, qresult.model, model_path, output.parent)
     else:
