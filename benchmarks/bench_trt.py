@@ -15,6 +15,7 @@ Prints one table on stdout and writes OUT/bench_trt.json. Needs TensorRT, cuda-p
 bundle's cuBLAS/cuDNN are stubs; pass ``--tactic-sources default`` on a full TensorRT install.
 """
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -61,7 +62,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         "(trtq calibrate --backend tensorrt), instead of calibrating again")
     p.add_argument("--only", default="fp32,fp16,int8-explicit,int8-implicit", help="engines to include "
                    "(also: int8-gptq, explicit INT8 quantized with --weight-rounding gptq --bias-correction "
-                   "--float-layers N on the first 128 --data images)")
+                   "--float-layers N on the first 128 --data images; int8-centred, the same with "
+                   "--center-activations)")
     p.add_argument("--float-layers", type=int, default=0,
                    help="int8-gptq: layers left float (default 0; on TensorRT 8 build also leaves float the "
                         "INT8 layers a float depthwise conv feeds, see README)")
@@ -224,6 +226,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                                 rebuild["int8-gptq"], a.reuse_plans, cache_path=a.cache, quantize_options=gptq_options,
                                 data_options=data_options(a.data, spec.name, spec.shape, a.preset, a.batch,
                                                           gptq_options.samples)))
+    centred_options = dataclasses.replace(gptq_options, center_activations=True)
+    if "int8-centred" in wanted:
+        rows.append(build_twice("int8-centred", a.model, a.out, _replace(base, precision="int8", fp16=fp16_rest),
+                                rebuild["int8-centred"], a.reuse_plans, cache_path=a.cache,
+                                quantize_options=centred_options,
+                                data_options=data_options(a.data, spec.name, spec.shape, a.preset, a.batch,
+                                                          centred_options.samples)))
     if "int8-implicit" in wanted:
         trt_cache = a.trt_cache or a.out / "tensorrt-entropy2.cache"
         calib_s = None
@@ -256,7 +265,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     for r in rows:
         r["top1_agreement"] = float((predictions_engine(Path(r["plan"]), ev, spec.name) == ref).mean())
     # the Q/DQ models the explicit engines were built from, on ONNX Runtime (same images)
-    for engine, qopts in (("int8-explicit", QuantizeOptions()), ("int8-gptq", gptq_options)):
+    for engine, qopts in (("int8-explicit", QuantizeOptions()), ("int8-gptq", gptq_options),
+                          ("int8-centred", centred_options)):
         if engine not in wanted:
             continue
         import onnx
