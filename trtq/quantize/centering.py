@@ -279,13 +279,17 @@ def apply_centrings(model: onnx.ModelProto, centrings: List[Centring]) -> None:
         replaced.update(act.input[1:])
         if act.op_type == "Relu":
             act.op_type = "Clip"
-            act.input.append(ed.new(f"{act.name}/centred_min", np.array(-shift, np.float32)))
+            lo, hi = 0.0, math.inf
         else:
             lo = float(ed.array(act.input[1]).reshape(-1)[0])
-            act.input[1] = ed.new(f"{act.name}/centred_min", np.array(lo - shift, np.float32))
-            if len(act.input) > 2 and act.input[2]:
-                hi = float(ed.array(act.input[2]).reshape(-1)[0])
-                act.input[2] = ed.new(f"{act.name}/centred_max", np.array(hi - shift, np.float32))
+            has_max = len(act.input) > 2 and act.input[2]
+            hi = float(ed.array(act.input[2]).reshape(-1)[0]) if has_max else math.inf
+        while len(act.input) < 3:
+            act.input.append("")
+        act.input[1] = ed.new(f"{act.name}/centred_min", np.array(lo - shift, np.float32))
+        # always an explicit max: ONNX Runtime 1.19's float16 Clip without one clipped at 0
+        top = hi - shift if math.isfinite(hi) else float(np.finfo(np.float32).max)
+        act.input[2] = ed.new(f"{act.name}/centred_max", np.array(top, np.float32))
         for pad_name in c.pads:
             pad = ed.nodes[pad_name]
             replaced.update(pad.input[2:3])
