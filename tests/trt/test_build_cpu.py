@@ -76,6 +76,34 @@ def test_build_without_tensorrt_is_exit_4_and_writes_nothing(tmp_path, sample_mo
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
 
 
+@pytest.mark.parametrize("qopts,named", [
+    ({"center_activations": True, "bias_correction": True}, "quantize.bias_correction, quantize.center_activations"),
+    ({}, None),
+])
+def test_implicit_build_says_which_quantize_settings_it_ignores(tmp_path, sample_model, monkeypatch, qopts, named):
+    import logging
+
+    from trtq.config import QuantizeOptions
+
+    cache = pytest.importorskip("trtq.calib.cache")
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # stops the build right after the warning
+    path = tmp_path / "calibration.cache"
+    cache.write_cache(path, cache.CalibrationTable("8.6.0", "EntropyCalibration2", {"x": 2.0}), "8.6.0")
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # the CLI tests may have stopped trtq's loggers propagating
+    logger = logging.getLogger("trtq.trt.build")
+    logger.addHandler(handler)
+    try:
+        with pytest.raises(EnvironmentMissing):
+            build_engine(sample_model, tmp_path / "m.plan", BuildOptions(mode="implicit"), cache_path=path,
+                         quantize_options=QuantizeOptions(**qopts))
+    finally:
+        logger.removeHandler(handler)
+    said = [r.getMessage() for r in records if "build.mode implicit" in r.getMessage()]
+    assert (said[0].split(": ", 1)[1].startswith(named) if named else said == []), said
+
+
 def test_stale_cache_is_refused_before_tensorrt_is_needed(tmp_path, sample_model, monkeypatch):
     cache = pytest.importorskip("trtq.calib.cache")
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # the check must come first

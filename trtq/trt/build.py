@@ -306,6 +306,14 @@ def _quantize_summary(result: Any) -> Dict[str, int]:
     return out
 
 
+def explicit_only_settings(q: QuantizeOptions) -> List[str]:
+    """The quantize.* settings a build of the Q/DQ model would use that differ from their defaults
+    (an implicit build has no Q/DQ model, so it cannot honour them)."""
+    default = QuantizeOptions()
+    keys = ("exclude", "per_channel", "bias_correction", "weight_rounding", "float_layers", "center_activations")
+    return [f"quantize.{k}" for k in keys if getattr(q, k) != getattr(default, k)]
+
+
 def warn_float_grouped_convs(trt: Any, result: Any) -> List[str]:
     """Log what the TensorRT 8 float grouped-conv workaround (``quantize_model(float_grouped_consumers=
     compat.float_grouped_conv_is_unsafe(trt))``) left float; returns those consumers. Float grouped
@@ -378,6 +386,11 @@ def build_engine(
         fallback if isinstance(fallback, dict) else {},
     )
 
+    if options.precision == "int8" and options.mode == "implicit":
+        unused = explicit_only_settings(quantize_options)
+        if unused:
+            log.warning("build.mode implicit builds the FP32 model with TensorRT's calibrator: %s apply only to "
+                        "explicit (Q/DQ) builds and are ignored", ", ".join(unused))
     trt = compat.import_tensorrt()
     cuda.require_gpu()
     recipe = compat.plan_build(trt, options.precision, options.mode, options.fp16)
