@@ -1,4 +1,6 @@
 """Build logic that needs no GPU: optimization profiles and the errors raised before TensorRT runs."""
+import contextlib
+import logging
 import sys
 
 import pytest
@@ -76,30 +78,35 @@ def test_build_without_tensorrt_is_exit_4_and_writes_nothing(tmp_path, sample_mo
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
 
 
+@contextlib.contextmanager
+def build_warnings():
+    """The build logger's warning records, read directly (the CLI tests may have stopped trtq's
+    loggers propagating to caplog)."""
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logger = logging.getLogger("trtq.trt.build")
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+
+
 @pytest.mark.parametrize("qopts,named", [
     ({"center_activations": True, "bias_correction": True}, "quantize.bias_correction, quantize.center_activations"),
     ({}, None),
 ])
 def test_implicit_build_says_which_quantize_settings_it_ignores(tmp_path, sample_model, monkeypatch, qopts, named):
-    import logging
-
     from trtq.config import QuantizeOptions
 
     cache = pytest.importorskip("trtq.calib.cache")
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # stops the build right after the warning
     path = tmp_path / "calibration.cache"
     cache.write_cache(path, cache.CalibrationTable("8.6.0", "EntropyCalibration2", {"x": 2.0}), "8.6.0")
-    records = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = records.append  # the CLI tests may have stopped trtq's loggers propagating
-    logger = logging.getLogger("trtq.trt.build")
-    logger.addHandler(handler)
-    try:
-        with pytest.raises(EnvironmentMissing):
-            build_engine(sample_model, tmp_path / "m.plan", BuildOptions(mode="implicit"), cache_path=path,
-                         quantize_options=QuantizeOptions(**qopts))
-    finally:
-        logger.removeHandler(handler)
+    with build_warnings() as records, pytest.raises(EnvironmentMissing):
+        build_engine(sample_model, tmp_path / "m.plan", BuildOptions(mode="implicit"), cache_path=path,
+                     quantize_options=QuantizeOptions(**qopts))
     said = [r.getMessage() for r in records if "build.mode implicit" in r.getMessage()]
     assert (said[0].split(": ", 1)[1].startswith(named) if named else said == []), said
 
@@ -212,8 +219,6 @@ def _depthwise_pair_model():
     ("8.6.0", "pw", []),       # a plain conv left float was fine
 ])
 def test_float_depthwise_conv_takes_its_consumer_float_on_tensorrt_8(version, excluded, extra):
-    import logging
-
     from tests.trt.fakes import fake_trt
     from trtq.config import QuantizeOptions
     from trtq.quantize import quantize_model
@@ -225,13 +230,6 @@ def test_float_depthwise_conv_takes_its_consumer_float_on_tensorrt_8(version, ex
                             QuantizeOptions(exclude=(f"^{excluded}$",)),
                             float_grouped_consumers=compat.float_grouped_conv_is_unsafe(trt))
     assert ("pw" in dict(result.left_float)) == (excluded == "pw" or bool(extra))
-    records = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = records.append  # the CLI tests may have stopped trtq's loggers propagating
-    logger = logging.getLogger("trtq.trt.build")
-    logger.addHandler(handler)
-    try:
+    with build_warnings() as records:
         assert warn_float_grouped_convs(trt, result) == extra
-    finally:
-        logger.removeHandler(handler)
     assert any("also leaving float pw" in r.getMessage() for r in records) == bool(extra)
