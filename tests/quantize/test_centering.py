@@ -185,6 +185,29 @@ def test_nearest_rounding_keeps_the_uncentred_weight_error():
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-4, atol=1e-4)
 
 
+def test_gptq_without_bias_correction_settles_the_readers_it_keeps_at_nearest():
+    """gptq keeps nearest where it has too few input rows (here the Gemms, 16 samples): those
+    readers get the nearest path's compensation; the ones gptq rounded keep theirs."""
+    from types import SimpleNamespace
+
+    model = _chain(np.random.default_rng(0))
+    x = np.random.default_rng(1).standard_normal((16, 4, 10, 10)).astype(np.float32) * 1.5
+    amax = activation_amax(model, [{"x": x}])
+    batches = [SimpleNamespace(arrays={"x": x[i:i + 8]}, valid=8) for i in (0, 8)]
+    nearest = quantize_model(model, amax, QuantizeOptions(center_activations=True))
+    gptq = quantize_model(model, amax, QuantizeOptions(center_activations=True, weight_rounding="gptq"), data=batches)
+    kept = [n for n in gptq.notes if n.startswith("weight rounding gptq")][0]
+    assert "nearest kept for 2: fc1" in kept and "fc2" in kept, kept
+
+    def bias(result, node):
+        n = next(n for n in result.model.graph.node if n.name == node)
+        return onnx.numpy_helper.to_array(next(i for i in result.model.graph.initializer if i.name == n.input[2]))
+
+    for node in ("fc1", "fc2"):  # kept at nearest: settled exactly as without gptq
+        np.testing.assert_allclose(bias(gptq, node), bias(nearest, node), rtol=1e-6, atol=1e-6)
+    assert not np.allclose(bias(gptq, "dw1"), bias(nearest, "dw1"), rtol=1e-6, atol=1e-6)  # gptq's own
+
+
 def _weights_only(model):
     """The Q/DQ model without its activation Q/DQ pairs (weights stay quantized)."""
     m = onnx.ModelProto()

@@ -153,7 +153,7 @@ def quantize_model(
 
         settle_on_levels(out, centred)  # before bias correction, which then reads the unshifted model
     if data is not None:
-        notes += _data_steps(observed, out, options, data)
+        notes += _data_steps(observed, out, options, data, centred)
     if options.fp16:
         out = cast_float_rest(out, amax)
         notes.append("cast the float rest to float16 (Q/DQ and graph inputs/outputs stay float32)")
@@ -202,9 +202,11 @@ def _most_sensitive(fp32: onnx.ModelProto, amax: Mapping[str, float], options: Q
             for r in rows}
 
 
-def _data_steps(fp32: onnx.ModelProto, qdq: onnx.ModelProto, options: QuantizeOptions, data) -> List[str]:
+def _data_steps(fp32: onnx.ModelProto, qdq: onnx.ModelProto, options: QuantizeOptions, data, centred=()) -> List[str]:
     """gptq rounding and bias correction on ``qdq`` (in place), from one pass of the FP32 model over
-    ``data``; returns their notes. Bias correction measures its shift against the chosen levels."""
+    ``data``; returns their notes. Bias correction measures its shift against the chosen levels.
+    ``centred``: the centrings ``fp32`` (then the centred float model) carries; readers gptq keeps
+    at nearest get their compensation settled on those levels when no bias correction follows."""
     if options.weight_rounding != "gptq" and not options.bias_correction:
         return []
     from trtq.calib.collect import observe
@@ -227,6 +229,10 @@ def _data_steps(fp32: onnx.ModelProto, qdq: onnx.ModelProto, options: QuantizeOp
                      f"{report.error_ratio:.2f}x nearest rounding's"
                      + (f"; nearest kept for {len(report.skipped)}: "
                         + ", ".join(f"{n} ({why})" for n, why in report.skipped[:3]) if report.skipped else ""))
+    if moments is not None and centred and not options.bias_correction and report.skipped:
+        from trtq.quantize.centering import settle_on_levels
+
+        settle_on_levels(qdq, list(centred), readers={name for name, _ in report.skipped})
     if means is not None:
         corrected = correct_biases(qdq, means.result(), rounded)
         notes.append(f"bias correction: {len(corrected)} layers" + (f", input means{of}" if of else ""))
