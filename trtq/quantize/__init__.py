@@ -134,21 +134,21 @@ def quantize_model(
             plan = make_plan(index, amax, options.exclude, options.per_channel, only_nodes, keep_float)
             notes.append(f"float grouped conv consumers: {', '.join(extra)} left float (fed by {', '.join(risky)})")
     observed, centred = model, []  # the float model the data steps read
+    gptq_levels = data is not None and options.weight_rounding == "gptq"
     if options.center_activations:
         plan, centred = _centre(prepared, index, plan, amax, options, only_nodes, keep_float)
         if centred:
-            index = GraphIndex(prepared)
             notes.append(f"centred activations: {len(centred)} shifted to use both halves of INT8: "
                          + ", ".join(c.describe() for c in centred[:3]) + (" ..." if len(centred) > 3 else ""))
         else:
             notes.append("centred activations: none (no Relu/Clip output with a biased producer feeds only "
                          "quantized Conv/Gemm without implicit padding)")
-        if centred and data is not None and options.weight_rounding == "gptq":
+        if centred and gptq_levels:
             # gptq chooses the readers' levels for the shifted inputs they see
             observed = onnx.ModelProto()
             observed.CopyFrom(prepared)
     out = insert_qdq(prepared, plan)
-    if centred and not (data is not None and options.weight_rounding == "gptq"):
+    if centred and not gptq_levels:
         from trtq.quantize.centering import settle_on_levels
 
         settle_on_levels(out, centred)  # before bias correction, which then reads the unshifted model
