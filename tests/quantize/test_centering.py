@@ -274,3 +274,23 @@ def test_config_key(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("model: m.onnx\nquantize:\n  center_activations: true\n")
     assert load_config(path).quantize.center_activations is True
+
+
+def test_editor_adds_a_bias_in_its_slot_under_a_free_name():
+    """InitializerEditor.add_to_bias (shared with bias correction): an empty bias slot is filled in
+    place, a taken name gets a suffix, an existing bias is added to in its own dtype."""
+    from trtq.quantize.edit import InitializerEditor
+
+    w = np.ones((2, 3, 1, 1), np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", ""], ["y"], name="c"),
+             helper.make_node("Conv", ["y", "w2", "b2"], ["z"], name="d")]
+    model = make_model(nodes, [value("x", [1, 3, 2, 2])], [value("z", None)],
+                       [init("w", w), init("w2", np.ones((2, 2, 1, 1), np.float32)),
+                        init("b2", np.array([1, 2], np.float32)), init("c/centring_bias", np.zeros(1, np.float32))])
+    ed = InitializerEditor(model)
+    ed.add_to_bias(ed.nodes["c"], 2, np.array([0.5, -0.5]), np.float32, "centring_bias")
+    ed.add_to_bias(ed.nodes["d"], 2, np.array([0.25, 0.25]), np.float32, "centring_bias")
+    assert list(ed.nodes["c"].input) == ["x", "w", "c/centring_bias_2"]
+    assert ed.array("c/centring_bias_2").tolist() == [0.5, -0.5]
+    assert ed.array("b2").tolist() == [1.25, 2.25] and ed.array("b2").dtype == np.float32
+    onnx.checker.check_model(model)

@@ -13,8 +13,7 @@ from typing import Collection, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
-
+from trtq.quantize.edit import InitializerEditor
 from trtq.quantize.graph import GraphIndex, attr
 
 
@@ -80,11 +79,11 @@ def correct_biases(qdq: onnx.ModelProto, means: Dict[str, np.ndarray],
 
     ``means``: per-channel mean of each layer's float input (axis 1 for Conv, last for Gemm).
     """
-    index = GraphIndex(qdq)
-    return _apply(qdq, index, _targets(index, rounded or {}), means)
+    return _apply(qdq, _targets(GraphIndex(qdq), rounded or {}), means)
 
 
-def _apply(qdq: onnx.ModelProto, index: GraphIndex, targets: List[Target], means: Dict[str, np.ndarray]) -> List[str]:
+def _apply(qdq: onnx.ModelProto, targets: List[Target], means: Dict[str, np.ndarray]) -> List[str]:
+    ed = InitializerEditor(qdq)
     done = []
     for node, source, error in targets:
         mean = means.get(source)
@@ -93,18 +92,9 @@ def _apply(qdq: onnx.ModelProto, index: GraphIndex, targets: List[Target], means
         shift = _shift(node, error, np.asarray(mean, dtype=np.float64))
         if shift is None:
             continue
-        if len(node.input) > 2 and node.input[2]:
-            init = index.initializers[node.input[2]]
-            bias = numpy_helper.to_array(init)
-            if bias.shape != shift.shape:
-                continue
-            init.CopyFrom(numpy_helper.from_array((bias.astype(np.float64) - shift).astype(bias.dtype), init.name))
-        else:
-            name = f"{node.name or node.output[0]}/corrected_bias"
-            qdq.graph.initializer.append(numpy_helper.from_array((-shift).astype(np.float32), name))
-            while len(node.input) < 3:
-                node.input.append("")
-            node.input[2] = name
+        if len(node.input) > 2 and node.input[2] and ed.array(node.input[2]).shape != shift.shape:
+            continue
+        ed.add_to_bias(node, 2, -shift, np.float32, "corrected_bias")
         done.append(node.name or node.output[0])
     return done
 

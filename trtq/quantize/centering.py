@@ -32,8 +32,8 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
+from trtq.quantize.edit import InitializerEditor
 from trtq.quantize.graph import GraphIndex, attr
 
 MIN_GAIN = 1.25  # centre only where the INT8 step shrinks at least this much
@@ -183,66 +183,14 @@ def find_centrings(index: GraphIndex, tensors: Dict[str, float], quantized_input
 # -- the rewrite ---------------------------------------------------------------------------------
 
 
-class _Editor:
-    def __init__(self, model: onnx.ModelProto):
-        self.graph = model.graph
-        self.inits = {i.name: i for i in self.graph.initializer}
-        self.nodes = {n.name: n for n in self.graph.node}
-        names = set(self.inits) | {o for n in self.graph.node for o in n.output} | {i.name for i in self.graph.input}
-        self.taken = names
-
-    def array(self, name: str) -> np.ndarray:
-        return numpy_helper.to_array(self.inits[name])
-
-    def set(self, name: str, arr: np.ndarray) -> None:
-        self.inits[name].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(arr), name))
-
-    def new(self, base: str, arr: np.ndarray) -> str:
-        name, k = base, 1
-        while name in self.taken:
-            k += 1
-            name = f"{base}_{k}"
-        self.taken.add(name)
-        self.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
-        self.inits[name] = self.graph.initializer[-1]  # append copies: keep the graph's own message
-        return name
-
-    def drop_unused(self, names) -> None:
-        """Remove the initializers among ``names`` that no node (subgraphs included) reads any more."""
-        from trtq.quantize.graph import subgraph_names
-
-        used = {i for n in self.graph.node for i in n.input} | subgraph_names(self.graph)
-        used |= {o.name for o in self.graph.output}
-        gone = {n for n in names if n and n in self.inits and n not in used}
-        if not gone:
-            return
-        keep = [i for i in self.graph.initializer if i.name not in gone]
-        del self.graph.initializer[:]
-        self.graph.initializer.extend(keep)
-        inputs = [i for i in self.graph.input if i.name not in gone]
-        del self.graph.input[:]
-        self.graph.input.extend(inputs)
-        for n in gone:
-            del self.inits[n]
-
-    def add_to_bias(self, node: onnx.NodeProto, slot: int, delta: np.ndarray, dtype) -> None:
-        """bias += delta (a new initializer when the node has none)."""
-        if len(node.input) > slot and node.input[slot]:
-            old = self.array(node.input[slot])
-            self.set(node.input[slot], (old.astype(np.float64) + delta).astype(old.dtype))
-        else:
-            while len(node.input) < slot:
-                node.input.append("")
-            node.input.append(self.new(f"{node.name}/centring_bias", np.asarray(delta).astype(dtype)))
-
-
-def _weight_sums(node: onnx.NodeProto, w: np.ndarray) -> np.ndarray:
-    """sum(W) per output channel as the node applies W: Conv [Cout, ...]; Gemm columns of op(B)."""
+def _bias_per_shift(node: onnx.NodeProto, w: np.ndarray) -> np.ndarray:
+    """What the bias of a reader applying ``w`` must gain per unit of input shift, per output
+    channel: sum(W) for a Conv ([Cout, ...]); alpha / beta x the column sums of op(B) for a Gemm."""
     w = w.astype(np.float64)
     if node.op_type == "Conv":
         return w.reshape(w.shape[0], -1).sum(axis=1)
     b = w.T if attr(node, "transB", 0) else w
-    return b.sum(axis=0)
+    return float(attr(node, "alpha", 1.0)) / float(attr(node, "beta", 1.0)) * b.sum(axis=0)
 
 
 def settle_on_levels(qdq: onnx.ModelProto, centrings: List[Centring], readers: Optional[set] = None) -> None:
@@ -256,7 +204,7 @@ def settle_on_levels(qdq: onnx.ModelProto, centrings: List[Centring], readers: O
     from trtq.quantize.bias import rounded_weight
 
     index = GraphIndex(qdq)
-    ed = _Editor(qdq)
+    ed = InitializerEditor(qdq)
     by_name = {n.name: n for n in index.nodes}
     for c in centrings:
         for name in c.readers:
@@ -267,26 +215,26 @@ def settle_on_levels(qdq: onnx.ModelProto, centrings: List[Centring], readers: O
             if pair is None or len(reader.input) < 3 or not reader.input[2]:
                 continue
             w, wq = pair
-            scale = float(attr(reader, "alpha", 1.0)) / float(attr(reader, "beta", 1.0)) if reader.op_type == "Gemm" else 1.0
-            ed.add_to_bias(reader, 2, c.shift * scale * (_weight_sums(reader, wq) - _weight_sums(reader, w)), np.float32)
+            ed.add_to_bias(reader, 2, c.shift * (_bias_per_shift(reader, wq) - _bias_per_shift(reader, w)),
+                           np.float32, "centring_bias")
 
 
 def apply_centrings(model: onnx.ModelProto, centrings: List[Centring]) -> None:
     """Rewrite the float ``model`` in place so each centring's tensor carries ``x - shift``; the
     model computes the same function (up to float rounding)."""
-    ed = _Editor(model)
+    ed = InitializerEditor(model)
     replaced = set()
     for c in centrings:
         producer, act = ed.nodes[c.producer], ed.nodes[c.activation]
         shift = np.float64(c.shift)
         if producer.op_type == "BatchNormalization":
-            ed.set(producer.input[2], (ed.array(producer.input[2]).astype(np.float64) - shift).astype(np.float32))
+            ed.add_to_bias(producer, 2, -shift, np.float32, "centring_bias")  # B, always there
         else:
             w = ed.array(producer.input[1])
             channels = w.shape[0] if producer.op_type == "Conv" else (
                 w.shape[0] if attr(producer, "transB", 0) else w.shape[1])
             beta = float(attr(producer, "beta", 1.0)) if producer.op_type == "Gemm" else 1.0
-            ed.add_to_bias(producer, 2, np.full(channels, -shift / beta), w.dtype)
+            ed.add_to_bias(producer, 2, np.full(channels, -shift / beta), w.dtype, "centring_bias")
         replaced.update(act.input[1:])
         if act.op_type == "Relu":
             act.op_type = "Clip"
@@ -311,9 +259,7 @@ def apply_centrings(model: onnx.ModelProto, centrings: List[Centring]) -> None:
         for name in c.readers:
             reader = ed.nodes[name]
             w = ed.array(reader.input[1])
-            sums = _weight_sums(reader, w)
-            scale = float(attr(reader, "alpha", 1.0)) / float(attr(reader, "beta", 1.0)) if reader.op_type == "Gemm" else 1.0
-            ed.add_to_bias(reader, 2, shift * scale * sums, w.dtype)
+            ed.add_to_bias(reader, 2, shift * _bias_per_shift(reader, w), w.dtype, "centring_bias")
     ed.drop_unused(replaced)
 
 
