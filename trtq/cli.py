@@ -477,13 +477,16 @@ def quantize(config_path, as_json, verbose, quiet, model, cache, output, exclude
 @click.option("--per-layer-mode", type=click.Choice(["only", "leave-one-out"]), default="only", show_default=True)
 @click.option("--cache", type=click.Path(dir_okay=False), help="Calibration cache for --per-layer.")
 @click.option("--top", type=int, default=10, show_default=True, help="Rows of the per-layer table.")
+@click.option("--semantics", type=click.Choice(["qdq", "onnxruntime"]),
+              help="How a Q/DQ .onnx candidate is run: qdq (default: the Q/DQ pairs as written, what TensorRT "
+                   "computes) or onnxruntime (its fused int8 kernels, as ONNX Runtime deploys it).")
 def compare(config_path, as_json, verbose, quiet, reference, candidate, data, preprocess, batch_size, limit, workers,
-            skip_bad, shuffle, seed, min_agreement, min_cosine, per_layer, per_layer_mode, cache, top):
+            skip_bad, shuffle, seed, min_agreement, min_cosine, per_layer, per_layer_mode, cache, top, semantics):
     """Run reference and candidate on the same batches and report how close the candidate is."""
     st = _apply_common(as_json, verbose, quiet)
     cfg = _load_config(config_path, {
         "model": reference, "compare.min_agreement": min_agreement, "compare.min_cosine": min_cosine,
-        "compare.per_layer": per_layer, "compare.limit": limit,
+        "compare.per_layer": per_layer, "compare.limit": limit, "compare.semantics": semantics,
         **_data_overrides(batch_size, limit, workers, skip_bad, shuffle, seed),
     })
     cfg = _apply_data_flags(cfg, data, preprocess)
@@ -517,8 +520,9 @@ def compare(config_path, as_json, verbose, quiet, reference, candidate, data, pr
 
 @cli.command()
 @_common
-@click.option("-m", "--model", type=click.Path(dir_okay=False), help="FP32 ONNX model.")
-@click.option("--cache", type=click.Path(dir_okay=False), help="calibration.cache (needed for INT8).")
+@click.option("-m", "--model", type=click.Path(dir_okay=False),
+              help="ONNX model: FP32 (INT8 needs --cache), or already quantized (Q/DQ: built as it is).")
+@click.option("--cache", type=click.Path(dir_okay=False), help="calibration.cache (INT8 from an FP32 model).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Engine path (default MODEL.plan).")
 @click.option("--mode", type=click.Choice(["explicit", "implicit"]), help="explicit Q/DQ (default; TRT 11) or implicit calibrator (TRT <= 10).")
 @click.option("--precision", type=click.Choice(["int8", "fp16", "fp32"]), help="Engine precision (default int8).")
@@ -531,7 +535,7 @@ def compare(config_path, as_json, verbose, quiet, reference, candidate, data, pr
 @click.option("--allow-stale", is_flag=True, default=None, help="Use a cache whose provenance names another model.")
 def build(config_path, as_json, verbose, quiet, model, cache, output, mode, precision, fp16, workspace_mb,
           optimization_level, timing_cache, tactic_sources, exclude, allow_stale):
-    """Build a TensorRT engine (.plan + .plan.json) from the ONNX model and the cache."""
+    """Build a TensorRT engine (.plan + .plan.json) from an FP32 model and a cache, or from a Q/DQ model."""
     st = _apply_common(as_json, verbose, quiet)
     cfg = _load_config(config_path, {
         "model": model, "build.output": output, "build.mode": mode, "build.precision": precision,
@@ -543,8 +547,6 @@ def build(config_path, as_json, verbose, quiet, model, cache, output, mode, prec
     })
     if not cfg.model:
         raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
-    if cfg.build.precision == "int8" and not cache:
-        raise UsageError("an INT8 build needs a calibration cache", "pass --cache calibration.cache (from trtq calibrate)")
     from trtq.trt.build import build_engine
 
     out = Path(cfg.build.output) if cfg.build.output else Path(cfg.model).with_suffix(".plan")
@@ -553,8 +555,9 @@ def build(config_path, as_json, verbose, quiet, model, cache, output, mode, prec
         quantize_options=cfg.quantize, data_options=cfg.data,
     )
     md = result.metadata
+    source = ", Q/DQ from the model" if (md.get("quantize") or {}).get("source") == "model" else ""
     text = (f"built {out} in {result.seconds:.1f} s\n"
-            f"precision  {md.get('precision')} ({md.get('mode', '')})\n"
+            f"precision  {md.get('precision')} ({md.get('mode', '')}{source})\n"
             f"tensorrt   {md.get('tensorrt_version')} on {md.get('gpu_name')} (sm {md.get('compute_capability')})\n"
             f"metadata   {out}.json")
     _emit(st, {"plan": str(out), "seconds": round(result.seconds, 3), "metadata": md}, text)

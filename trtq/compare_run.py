@@ -1,20 +1,39 @@
-"""The ``compare`` command's orchestration: batches from the config, two runners, the report."""
+"""The ``compare`` command's orchestration: batches from the config, the runners, the report."""
+import dataclasses
 from pathlib import Path
 from typing import Optional
 
 
 def run_compare(cfg, candidate: Path, cache: Optional[Path], per_layer_mode: Optional[str], top: Optional[int]):
-    """Return (CompareReport, per-layer rows or None)."""
-    from trtq.compare import compare_models, per_layer_sensitivity
+    """Return (CompareReport, per-layer rows or None).
+
+    A Q/DQ ONNX candidate is run with ``cfg.compare.semantics`` and, in the same pass, with the
+    other semantics; the report carries both and a warning where they differ by more than noise."""
+    from trtq.compare import per_layer_sensitivity
+    from trtq.compare.evaluate import compare_many
+    from trtq.compare.semantics import semantics_gaps
     from trtq.data.batcher import Batcher
     from trtq.errors import UsageError
     from trtq.model import input_specs, load_model
-    from trtq.runners import open_runner
+    from trtq.runners import SEMANTICS, open_runner
 
+    semantics = cfg.compare.semantics
     reference_model = load_model(cfg.model)
     batcher = Batcher(cfg.data, input_specs(reference_model))
-    with open_runner(Path(cfg.model)) as ref, open_runner(candidate) as cand:
-        report = compare_models(ref, cand, batcher, cfg.compare)
+    with open_runner(Path(cfg.model)) as ref, open_runner(candidate, semantics=semantics) as cand:
+        runners = [cand]
+        if getattr(cand, "semantics", None):  # a Q/DQ ONNX model: score it both ways
+            other = next(s for s in SEMANTICS if s != semantics)
+            runners.append(open_runner(candidate, semantics=other))
+        try:
+            reports = compare_many(ref, runners, batcher, cfg.compare)
+        finally:
+            for r in runners[1:]:
+                r.close()
+    report = reports[0]
+    if len(reports) > 1:
+        gaps = semantics_gaps(report, reports[1], semantics, other)
+        report = dataclasses.replace(report, other=reports[1], warnings=tuple(gaps))
     layers = None
     if per_layer_mode:
         if cache is None:

@@ -155,6 +155,8 @@ class CompareOptions:
     min_cosine: Optional[float] = None
     per_layer: bool = False
     limit: Optional[int] = None
+    # how a Q/DQ ONNX candidate is run: "qdq" (what TensorRT computes) or "onnxruntime" (its int8 kernels)
+    semantics: Literal["qdq", "onnxruntime"] = "qdq"
 
 
 # --------------------------------------------------------------------------------------------

@@ -53,8 +53,10 @@ class ModelCheck:
     missing_from_cache: List[str]  # model order
     not_in_model: List[str]  # cache order
     tensorrt_internal: int  # of not_in_model: names TensorRT makes up ((Unnamed Layer* N) ..., ONNXTRT_...)
-    verdict: str  # "complete" | "incomplete" | "no-match"
+    verdict: str  # "complete" | "incomplete" | "no-match"; Q/DQ model: "qdq-same" | "qdq-differs" | "no-match"
     message: str
+    qdq_model: bool = False  # the model has Q/DQ nodes: its activation scales are compared with the cache's
+    differing: List[str] = field(default_factory=list)  # Q/DQ model: tensors whose scale differs from the cache
 
 
 @dataclass
@@ -158,10 +160,41 @@ def summarize(
 # --------------------------------------------------------------------------------------------
 
 
+QDQ_SAME_REL = 1e-5  # float32 scale round trips (hex, decimal tables) stay far below this
+
+
+def check_against_qdq_model(table: CalibrationTable, model) -> ModelCheck:
+    """A Q/DQ model carries its own activation scales: which of them the cache has, and whether they
+    are the cache's (amax = 127 * scale, relative difference <= :data:`QDQ_SAME_REL`)."""
+    from trtq.qdq_info import read_qdq
+
+    acts = read_qdq(model).activations
+    missing = [n for n in acts if n not in table.amax]
+    differing = [n for n, a in acts.items() if n in table.amax
+                 and abs(a - table.amax[n]) > QDQ_SAME_REL * max(abs(a), abs(table.amax[n]))]
+    covered = len(acts) - len(missing)
+    if covered == 0:
+        verdict, message = "no-match", (f"none of the model's {len(acts)} quantized activations is in the cache: "
+                                        "it was made for another model (or another export of it)")
+    elif missing or differing:
+        verdict = "qdq-differs"
+        message = (f"{len(differing)} of {covered} quantized activations have another scale in the model than in "
+                   f"the cache" + (f"; {len(missing)} are not in the cache" if missing else "")
+                   + ": the model was not quantized from this cache (or was changed since)")
+    else:
+        verdict, message = "qdq-same", f"all {len(acts)} quantized activations have the cache's scale"
+    return ModelCheck(model_tensors=len(acts), covered=covered, missing_from_cache=missing, not_in_model=[],
+                      tensorrt_internal=0, verdict=verdict, message=message, qdq_model=True, differing=differing)
+
+
 def check_against_model(table: CalibrationTable, model) -> ModelCheck:
     """Which calibratable tensors of ``model`` (an onnx.ModelProto) the cache covers, and which
-    cache entries the model does not have."""
+    cache entries the model does not have. A Q/DQ model is checked by :func:`check_against_qdq_model`."""
     from trtq.model import calibratable_tensors
+    from trtq.model import has_qdq
+
+    if has_qdq(model):
+        return check_against_qdq_model(table, model)
 
     wanted = calibratable_tensors(model)
     wanted_set = set(wanted)
@@ -333,10 +366,13 @@ def _render_summary(s: CacheSummary) -> List[str]:
 
 
 def _render_check(c: ModelCheck) -> List[str]:
+    what = "quantized activations of the Q/DQ model" if c.qdq_model else "calibratable tensors"
     out = [
-        f"model      {c.covered} of {c.model_tensors} calibratable tensors have a range in the cache",
+        f"model      {c.covered} of {c.model_tensors} {what} have a range in the cache",
         f"verdict    {c.verdict}: {c.message}",
     ]
+    if c.differing:
+        out.append(f"differ     {_names(c.differing)}")
     if c.missing_from_cache:
         out.append(f"missing    {_names(c.missing_from_cache)}")
     if c.not_in_model:

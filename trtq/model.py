@@ -194,3 +194,30 @@ def calibratable_tensors(model) -> List[str]:
             names.append(out)
             seen.add(out)
     return names
+
+
+# ops that mean a model is already quantized (Q/DQ format, or ONNX Runtime's QOperator format)
+QUANTIZED_OPS = frozenset({
+    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
+    "ConvInteger", "MatMulInteger",
+})
+QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+
+
+def all_nodes(graph):
+    """Every node of ``graph`` and of its subgraphs (If/Loop/Scan bodies), depth first."""
+    for node in graph.node:
+        yield node
+        for a in node.attribute:
+            for sub in list(a.graphs) + ([a.g] if a.HasField("g") else []):
+                yield from all_nodes(sub)
+
+
+def is_quantized(model) -> bool:
+    """True when the model (subgraphs included) already holds Q/DQ or other quantized ops."""
+    return any(n.op_type in QUANTIZED_OPS for n in all_nodes(model.graph))
+
+
+def has_qdq(model) -> bool:
+    """True when the model (subgraphs included) has QuantizeLinear/DequantizeLinear nodes."""
+    return any(n.op_type in QDQ_OPS for n in all_nodes(model.graph))

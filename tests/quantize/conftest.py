@@ -13,9 +13,12 @@ IR_VERSION = 8  # readable by the ONNX Runtime of the GPU bundle (1.19) as well 
 
 
 def session(model: onnx.ModelProto):
+    """ONNX Runtime with basic graph optimizations: a Q/DQ model computed as written (the Q/DQ
+    semantics TensorRT implements), not with ONNX Runtime's fused int8 kernels."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     opts.log_severity_level = 3
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 

@@ -104,10 +104,16 @@ def unsupported_op_opset18(path: Path) -> Path:
     return path
 
 
-def ort_run(model_path: Path, feeds: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+def ort_run(model_path: Path, feeds: Dict[str, np.ndarray], int8_kernels: bool = False) -> Dict[str, np.ndarray]:
+    """ONNX Runtime on the CPU with basic graph optimizations: Q/DQ pairs computed as written (what
+    TensorRT computes); ``int8_kernels``: all optimizations (ONNX Runtime's fused int8 kernels)."""
     import onnxruntime as ort
 
-    sess = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    so = ort.SessionOptions()
+    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if int8_kernels
+                                   else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(names, feeds)))
 
@@ -159,3 +165,83 @@ def rel_max_err(a: np.ndarray, ref: np.ndarray) -> float:
 def cosine(a: np.ndarray, ref: np.ndarray) -> float:
     a, ref = a.ravel().astype(np.float64), ref.ravel().astype(np.float64)
     return float(a @ ref / (np.linalg.norm(a) * np.linalg.norm(ref) + 1e-30))
+
+
+# ------------------------------------------------------------------------------------------------
+# Q/DQ models as other tools write them (for build / compare / inspect-cache of Q/DQ input)
+# ------------------------------------------------------------------------------------------------
+
+
+def qat_style_cnn(path: Path, batch: Union[int, str] = 2, seed: int = 0, scales_in_constants: bool = True) -> Path:
+    """What a quantization-aware-training export looks like (pytorch-quantization / ModelOpt style),
+    written with onnx.helper: the float weights of residual_cnn behind QuantizeLinear ->
+    DequantizeLinear with per-output-channel scales (axis 0; Gemm weight [K, C] with transB, axis 0),
+    every Conv/Gemm activation input behind a per-tensor pair (the same pair feeds both readers
+    of the skip tensor), int8 zero points, scales as Constant nodes (``scales_in_constants``)
+    or initializers. Activation scales are fixed, as training would have learnt them."""
+    rng = np.random.default_rng(seed)
+    C, K = 32, 16
+    w = {"w1": rng.normal(0, 0.3, (C, 3, 3, 3)), "w2": rng.normal(0, 0.08, (C, C, 3, 3)), "wg": rng.normal(0, 0.3, (K, C))}
+    w = {k: v.astype(np.float32) for k, v in w.items()}
+    inits = [numpy_helper.from_array(v, k) for k, v in w.items()]
+    inits += [numpy_helper.from_array(rng.normal(0, 0.1, n).astype(np.float32), b) for b, n in
+              (("b1", C), ("b2", C), ("bg", K))]
+    nodes = []
+
+    def const(name: str, arr: np.ndarray) -> str:
+        if scales_in_constants:
+            nodes.append(helper.make_node("Constant", [], [name], value=numpy_helper.from_array(arr, name + "_value")))
+        else:
+            inits.append(numpy_helper.from_array(arr, name))
+        return name
+
+    def qdq(src: str, scale: np.ndarray, axis: int = None) -> str:
+        s = const(f"{src}_scale", scale.astype(np.float32))
+        z = const(f"{src}_zp", np.zeros(scale.shape, np.int8))
+        kw = {} if axis is None else {"axis": axis}
+        nodes.append(helper.make_node("QuantizeLinear", [src, s, z], [f"{src}_q"], name=f"{src}_Q", **kw))
+        nodes.append(helper.make_node("DequantizeLinear", [f"{src}_q", s, z], [f"{src}_dq"], name=f"{src}_DQ", **kw))
+        return f"{src}_dq"
+
+    def weight(name: str) -> str:
+        per_channel = np.abs(w[name]).reshape(w[name].shape[0], -1).max(axis=1) / 127.0
+        return qdq(name, per_channel, axis=0)
+
+    x = qdq("x", np.array(3.5 / 127, np.float32))
+    nodes.append(helper.make_node("Conv", [x, weight("w1"), "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]))
+    nodes.append(helper.make_node("Relu", ["c1"], ["r1"], name="relu1"))
+    r1 = qdq("r1", np.array(2.0 / 127, np.float32))
+    nodes.append(helper.make_node("Conv", [r1, weight("w2"), "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]))
+    nodes.append(helper.make_node("Add", ["c2", r1], ["s"], name="add"))
+    nodes.append(helper.make_node("Relu", ["s"], ["r2"], name="relu2"))
+    nodes.append(helper.make_node("GlobalAveragePool", ["r2"], ["g"], name="gap"))
+    nodes.append(helper.make_node("Flatten", ["g"], ["f"], name="flatten"))
+    f = qdq("f", np.array(1.5 / 127, np.float32))
+    nodes.append(helper.make_node("Gemm", [f, weight("wg"), "bg"], ["y"], name="fc", transB=1))
+    graph = helper.make_graph(
+        nodes, "qat_cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, K])], inits,
+    )
+    return _save(helper.make_model(graph), path, 13)
+
+
+def ort_quantize_static(fp32: Path, path: Path, batches: Iterable[Dict[str, np.ndarray]],
+                        symmetric: bool = True) -> Path:
+    """ONNX Runtime's own ``quantize_static`` in QDQ format: per-channel int8 weights, MinMax on the
+    batches; ``symmetric``: int8 activations with zero point 0 (what TensorRT takes), else ONNX
+    Runtime's default asymmetric uint8 activations."""
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self._it = iter(list(batches))
+
+        def get_next(self):
+            return next(self._it, None)
+
+    extra = dict(activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                 extra_options={"ActivationSymmetric": True, "WeightSymmetric": True}) if symmetric else {}
+    quantize_static(str(fp32), str(path), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    calibrate_method=CalibrationMethod.MinMax, **extra)
+    return path

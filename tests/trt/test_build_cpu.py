@@ -233,3 +233,62 @@ def test_float_depthwise_conv_takes_its_consumer_float_on_tensorrt_8(version, ex
     with build_warnings() as records:
         assert warn_float_grouped_convs(trt, result) == extra
     assert any("also leaving float pw" in r.getMessage() for r in records) == bool(extra)
+
+
+# ------------------------------------------------------------------------------------------------
+# a model that already has Q/DQ nodes: checked before TensorRT is needed
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def qat_model(tmp_path):
+    from tests.trt.models import qat_style_cnn
+
+    return qat_style_cnn(tmp_path / "qat.onnx")
+
+
+def test_qdq_model_needs_no_cache(tmp_path, qat_model, monkeypatch):
+    """Without TensorRT the build gets as far as importing it: the Q/DQ model passed every check."""
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    with pytest.raises(EnvironmentMissing):
+        build_engine(qat_model, tmp_path / "out" / "q.plan", BuildOptions())
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("options,cache,match", [
+    (BuildOptions(), True, "already has Q/DQ nodes: its scales come from the model"),
+    (BuildOptions(precision="fp16"), False, "builds as INT8 only"),
+    (BuildOptions(mode="implicit"), False, "nothing to calibrate"),
+])
+def test_qdq_model_refuses_what_cannot_apply(tmp_path, qat_model, options, cache, match):
+    cache_path = tmp_path / "c.cache"
+    cache_path.write_text("TRT-8600-EntropyCalibration2\nx: 3c010204\n")
+    with pytest.raises(UsageError, match=match) as e:
+        build_engine(qat_model, tmp_path / "out" / "q.plan", options, cache_path=cache_path if cache else None)
+    assert e.value.exit_code == 2
+    assert not (tmp_path / "out").exists()
+
+
+def test_asymmetric_qdq_model_is_invalid_input(tmp_path):
+    from trtq.errors import ModelError
+    from tests.trt.models import ort_quantize_static, residual_cnn
+
+    import numpy as np
+
+    fp32 = residual_cnn(tmp_path / "fp32.onnx")
+    rng = np.random.default_rng(0)
+    model = ort_quantize_static(fp32, tmp_path / "asym.onnx",
+                                [{"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)}], symmetric=False)
+    with pytest.raises(ModelError, match="zero point") as e:
+        build_engine(model, tmp_path / "out" / "a.plan", BuildOptions())
+    assert e.value.exit_code == 3 and not (tmp_path / "out").exists()
+
+
+def test_cli_build_qdq_model_with_cache_is_one_line_exit_2(tmp_path, qat_model, trtq):
+    cache = tmp_path / "c.cache"
+    cache.write_text("TRT-8600-EntropyCalibration2\nx: 3c010204\n")
+    r = trtq(["build", "--model", qat_model, "--cache", cache, "-o", tmp_path / "q.plan"])
+    assert r.code == 2, r
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1 and "already has Q/DQ nodes" in lines[0] and "drop --cache" in lines[0]
+    assert not (tmp_path / "q.plan").exists()

@@ -96,6 +96,18 @@ def _write_outputs(out: Path, algorithm: str, trt_version: str, amax: Dict[str, 
     write_cache(out, table, trt_version)
 
 
+def refuse_quantized(model, model_path: Path) -> None:
+    """A model with Q/DQ (or other quantized) nodes carries its ranges already: calibrating it would
+    measure the fake-quantized tensors, and quantizing it again is refused anyway."""
+    from trtq.model import is_quantized
+
+    if is_quantized(model):
+        from trtq.errors import ModelError
+
+        raise ModelError(f"{model_path.name} is already quantized (it has Q/DQ nodes): its ranges are in the model",
+                         f"build it as it is (trtq build --model {model_path.name}), or calibrate the FP32 model")
+
+
 def run_calibration(
     cfg: TrtqConfig, progress: Optional[ProgressFn] = None, write: bool = True
 ) -> CalibrationResult:
@@ -117,6 +129,7 @@ def run_calibration(
     specs = input_specs(model)
     if not any(s.is_float for s in specs):
         raise DataError(f"model {model_path} has no float input to calibrate", "pass an FP32 model")
+    refuse_quantized(model, model_path)
     trt_version = resolve_trt_version(opts.trt_version)
     algorithm = ALGORITHM_FOR_METHOD[opts.method]
     batcher = Batcher(cfg.data, specs)

@@ -136,34 +136,58 @@ def compare_models(
     that many valid samples; the gates are applied by :meth:`CompareReport.gate`). Memory is
     bounded: one batch of outputs plus a few running sums per output.
     """
-    names = check_compatible(reference, candidate)
+    return compare_many(reference, [candidate], batches, options, progress)[0]
+
+
+def compare_many(
+    reference: Any,
+    candidates: Sequence[Any],
+    batches: Iterable[Any],
+    options: Any = None,
+    progress: Optional[Progress] = None,
+) -> List[CompareReport]:
+    """:func:`compare_models` for several candidates on the same batches, the reference run once
+    per batch; one report per candidate, in order."""
+    names = [check_compatible(reference, c) for c in candidates][0]
     limit = getattr(options, "limit", None)
     if limit is not None and int(limit) <= 0:
         raise DataError(f"compare limit must be a positive number of samples, got {limit}")
-    accumulators = {n: OutputAccumulator(n) for n in names}
+    accumulators = [{n: OutputAccumulator(n) for n in names} for _ in candidates]
     samples = 0
     done = 0
     for batch, rows, valid in limited_batches(batches, limit):
         arrays = batch.arrays
         ref = valid_outputs(reference.run(feeds_for(reference, arrays)), names, rows, valid,
                             "reference", reference)
-        cand = valid_outputs(candidate.run(feeds_for(candidate, arrays)), names, rows, valid,
-                             "candidate", candidate)
-        for name in names:
-            accumulators[name].update(ref[name], cand[name])
+        for candidate, acc in zip(candidates, accumulators):
+            cand = valid_outputs(candidate.run(feeds_for(candidate, arrays)), names, rows, valid,
+                                 "candidate", candidate)
+            for name in names:
+                acc[name].update(ref[name], cand[name])
         samples += valid
         done += 1
         if progress is not None:
             progress(done, samples)
     if samples == 0:
         raise DataError("no samples to compare", "check data.inputs and data.limit")
-    return CompareReport(
-        reference=_label(reference),
-        candidate=_label(candidate),
-        samples=samples,
-        batches=done,
-        outputs=tuple(accumulators[n].result() for n in names),
-    )
+    return [
+        CompareReport(
+            reference=_label(reference),
+            candidate=_label(candidate),
+            samples=samples,
+            batches=done,
+            outputs=tuple(acc[n].result() for n in names),
+            runtime=describe_runtime(candidate),
+        )
+        for candidate, acc in zip(candidates, accumulators)
+    ]
+
+
+def describe_runtime(runner: Any) -> str:
+    """What computed a runner's outputs, for reports: the engine's TensorRT, or ONNX Runtime and
+    (for a Q/DQ model) the semantics it was run with."""
+    describe = getattr(runner, "describe_runtime", None)
+    return describe() if callable(describe) else type(runner).__name__
 
 
 def limited_batches(batches: Iterable[Any], limit: Optional[int]) -> Iterator[Tuple[Any, int, int]]:

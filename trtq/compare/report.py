@@ -68,6 +68,9 @@ class CompareReport:
     samples: int
     batches: int
     outputs: Tuple[OutputMetrics, ...]
+    runtime: str = ""  # what computed the candidate's outputs (and with which Q/DQ semantics)
+    other: Optional["CompareReport"] = None  # the same Q/DQ model under the other semantics
+    warnings: Tuple[str, ...] = ()
 
     def output(self, name: str) -> OutputMetrics:
         for o in self.outputs:
@@ -77,9 +80,10 @@ class CompareReport:
 
     def to_dict(self) -> Dict[str, Any]:
         """Plain JSON-able dict (see :func:`json_float` for how inf / nan are written)."""
-        return {
+        out = {
             "reference": self.reference,
             "candidate": self.candidate,
+            "runtime": self.runtime,
             "samples": self.samples,
             "batches": self.batches,
             "outputs": [
@@ -100,11 +104,21 @@ class CompareReport:
                 for o in self.outputs
             ],
         }
+        if self.other is not None:
+            out["other_semantics"] = {
+                "runtime": self.other.runtime,
+                "outputs": [{"name": o.name, "top1_agreement": json_float(o.top1_agreement),
+                             "sqnr_db": json_float(o.sqnr_db), "cosine_mean": json_float(o.cosine_mean)}
+                            for o in self.other.outputs],
+            }
+        out["warnings"] = list(self.warnings)
+        return out
 
     def render_text(self) -> str:
         head = [
             f"reference  {self.reference}",
             f"candidate  {self.candidate}",
+        ] + ([f"runtime    {self.runtime}"] if self.runtime else []) + [
             f"samples    {self.samples} in {self.batches} batch{'es' if self.batches != 1 else ''}",
             "",
         ]
@@ -124,6 +138,11 @@ class CompareReport:
             f"warning: output {o.name} has {o.nonfinite} NaN/Inf values"
             for o in self.outputs if o.nonfinite
         ]
+        if self.other is not None:
+            for o in self.other.outputs:
+                top1 = "" if o.top1_agreement is None else f"top-1 agree {o.top1_agreement:.4f}, "
+                notes.append(f"{o.name} {self.other.runtime}: {top1}SQNR {fmt(o.sqnr_db, '.2f')} dB")
+        notes += [f"warning: {w}" for w in self.warnings]
         return "\n".join(head + [table(header, rows)] + ([""] + notes if notes else []))
 
     def gate(self, options: Any) -> List[str]:

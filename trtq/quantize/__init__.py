@@ -22,6 +22,7 @@ import onnx
 
 from trtq.config import QuantizeOptions
 from trtq.errors import CacheError, ModelError, UsageError
+from trtq.model import QUANTIZED_OPS, is_quantized
 from trtq.quantize.fp16 import cast_float_rest
 from trtq.quantize.graph import GraphIndex, default_opset
 from trtq.quantize.plan import make_plan
@@ -29,12 +30,6 @@ from trtq.quantize.prepare import prepare_model
 from trtq.quantize.rewrite import insert_qdq
 from trtq.quantize.scales import check_amax
 
-QUANTIZED_OPS = frozenset(
-    {
-        "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
-        "ConvInteger", "MatMulInteger",
-    }
-)
 
 
 @dataclass
@@ -57,20 +52,6 @@ class QuantizeResult:
             "centred": list(self.centred),
             "opset": default_opset(self.model),
         }
-
-
-def _all_nodes(graph: onnx.GraphProto):
-    for node in graph.node:
-        yield node
-        for a in node.attribute:
-            subs = list(a.graphs) + ([a.g] if a.HasField("g") else [])
-            for sub in subs:
-                yield from _all_nodes(sub)
-
-
-def is_quantized(model: onnx.ModelProto) -> bool:
-    """True when the model (subgraphs included) already holds Q/DQ or other quantized ops."""
-    return any(n.op_type in QUANTIZED_OPS for n in _all_nodes(model.graph))
 
 
 def _tensor_names(graph: onnx.GraphProto) -> set:
@@ -100,7 +81,8 @@ def quantize_model(
     """
     options = options if options is not None else QuantizeOptions()
     if is_quantized(model):
-        raise ModelError("model already has Q/DQ nodes; quantize the FP32 model")
+        raise ModelError("model already has Q/DQ nodes",
+                         "quantize the FP32 model, or build this one as it is (trtq build --model MODEL.qdq.onnx)")
     check_amax(amax)
     names = _tensor_names(model.graph)
     if not any(name in names for name in amax):

@@ -1,6 +1,9 @@
 """ONNX model (+ calibration cache) -> TensorRT engine plan, with ``<plan>.json`` beside it.
 
 Modes (``BuildOptions.precision`` / ``mode``):
+  * a model that already has Q/DQ nodes (trtq quantize, ONNX Runtime quantize_static QDQ, a QAT
+    export) is built as it is: INT8 explicit, no cache (one given is refused), checked first by
+    :func:`trtq.qdq_info.check_for_tensorrt`.
   * int8 explicit (default; the only INT8 mode on TensorRT 11): the cache's amax table becomes
     Q/DQ nodes (:func:`trtq.quantize.quantize_model`), the Q/DQ model is parsed from memory.
   * int8 implicit (TensorRT <= 10): the FP32 model is built with a calibrator that hands TensorRT
@@ -306,6 +309,40 @@ def _quantize_summary(result: Any) -> Dict[str, int]:
     return out
 
 
+def prequantized_model(model: Any, model_path: Path, options: BuildOptions, cache_path: Optional[Path],
+                       quantize_options: QuantizeOptions) -> Any:
+    """The model's :class:`~trtq.qdq_info.QdqInfo` when it already has Q/DQ nodes (then it
+    is built as it is: INT8, explicit, no cache), else None. Refuses what cannot go with it."""
+    from trtq.qdq_info import check_for_tensorrt, read_qdq
+
+    info = read_qdq(model)
+    if not info.is_qdq and not info.other_ops:
+        return None
+    check_for_tensorrt(info, model_path.name)
+    if cache_path is not None:
+        raise UsageError(
+            f"{model_path.name} already has Q/DQ nodes: its scales come from the model, so --cache would not be used",
+            "drop --cache to build it as it is, or pass the FP32 model with --cache to quantize it again",
+        )
+    if options.precision != "int8":
+        raise UsageError(
+            f"{model_path.name} has Q/DQ nodes, so it builds as INT8 only (not {options.precision})",
+            "drop --precision, or build the FP32 model for an FP16/FP32 engine",
+        )
+    if options.mode == "implicit":
+        raise UsageError(
+            f"{model_path.name} has Q/DQ nodes: TensorRT builds it explicitly, there is nothing to calibrate",
+            "drop --mode implicit (use the FP32 model for an implicit build)",
+        )
+    ignored = explicit_only_settings(quantize_options)
+    if ignored:
+        log.warning("%s is already quantized: %s apply when trtq quantizes an FP32 model and are ignored",
+                    model_path.name, ", ".join(ignored))
+    log.info("%s has Q/DQ nodes (%d activations, %d weights): building it as it is (INT8 explicit%s)",
+             model_path.name, len(info.activations), info.weights, ", FP16 rest" if options.fp16 else "")
+    return info
+
+
 def explicit_only_settings(q: QuantizeOptions) -> List[str]:
     """The quantize.* settings a build of the Q/DQ model would use that differ from their defaults
     (an implicit build has no Q/DQ model, so it cannot honour them)."""
@@ -358,17 +395,19 @@ def build_engine(
     model_path, output = Path(model_path), Path(output)
     quantize_options = quantize_options or QuantizeOptions()
     data_options = data_options or DataOptions()
-    if options.precision == "int8" and cache_path is None:
-        raise UsageError("an INT8 build needs a calibration cache", "pass --cache calibration.cache (from trtq calibrate)")
-    if options.precision != "int8" and cache_path is not None:
-        log.info("precision %s: the calibration cache is not used", options.precision)
-        cache_path = None
     if output.suffix == ".onnx" or output.resolve() == model_path.resolve():
         raise UsageError(f"refusing to write the engine over {output}", "choose an output path ending in .plan")
 
     # everything that can be checked without TensorRT first: model, cache, shapes
     model = load_model(model_path)
     specs = input_specs(model)
+    prequantized = prequantized_model(model, model_path, options, cache_path, quantize_options)
+    if options.precision == "int8" and cache_path is None and prequantized is None:
+        raise UsageError("an INT8 build needs a calibration cache, or a model with Q/DQ nodes",
+                         "pass --cache calibration.cache (from trtq calibrate), or a Q/DQ model (trtq quantize)")
+    if options.precision != "int8" and cache_path is not None:
+        log.info("precision %s: the calibration cache is not used", options.precision)
+        cache_path = None
 
     table = None
     provenance = None
@@ -403,7 +442,21 @@ def build_engine(
     quant_info: Dict[str, Any] = {}
     calibrator = None
 
-    if recipe.quantize:
+    if prequantized is not None:
+        from trtq.qdq_info import fold_constant_dequantize
+
+        quant_info = dict(prequantized.summary(), source="model")
+        folded = fold_constant_dequantize(model)
+        if folded:
+            log.info("%d int32 biases behind DequantizeLinear folded to float (TensorRT keeps biases float)", folded)
+            quant_info["folded_int32_biases"] = folded
+        if recipe.quantizer_fp16:  # strongly typed (TensorRT 10+): the float rest is FP16 only if its tensors are
+            from trtq.quantize.fp16 import cast_float_rest
+
+            model = cast_float_rest(model, prequantized.activations)
+            quant_info["fp16_rest"] = True
+        _parse(trt, parser, logger, model, model_path, output.parent)
+    elif recipe.quantize:
         from trtq.quantize import quantize_model
 
         qopts = quantize_options

@@ -1,0 +1,35 @@
+"""When a Q/DQ model scores differently under ONNX Runtime's int8 kernels than under Q/DQ semantics.
+
+ONNX Runtime's extended graph optimizations replace Q/DQ pairs by its own int8 kernels (on x86
+without VNNI they multiply uint8 x int8 with 16-bit intermediate sums, which saturate). TensorRT
+computes the Q/DQ pairs as written. Both scores are deterministic on the same samples, so any gap
+is the runtimes' doing; :data:`AGREEMENT_GAP` and :data:`SQNR_GAP_DB` only leave room for the
+small rounding differences two correct implementations have.
+"""
+from typing import List
+
+AGREEMENT_GAP = 0.01  # top-1 agreement
+SQNR_GAP_DB = 1.0
+SHORT = {"qdq": "the Q/DQ semantics (what TensorRT computes)", "onnxruntime": "ONNX Runtime's int8 kernels"}
+
+
+def semantics_gaps(main, other, semantics: str, other_semantics: str) -> List[str]:
+    """One line per output whose score differs by more than the gaps between two CompareReports
+    of the same candidate (``main``: run with ``semantics``, the one the user asked for)."""
+    lines = []
+    by_name = {o.name: o for o in other.outputs}
+    for o in main.outputs:
+        p = by_name.get(o.name)
+        if p is None:
+            continue
+        parts = []
+        if o.top1_agreement is not None and p.top1_agreement is not None and \
+                abs(o.top1_agreement - p.top1_agreement) > AGREEMENT_GAP:
+            parts.append(f"top-1 agreement {o.top1_agreement:.4f} vs {p.top1_agreement:.4f}")
+        if o.sqnr_db is not None and p.sqnr_db is not None and abs(o.sqnr_db - p.sqnr_db) > SQNR_GAP_DB \
+                and not (o.sqnr_db == p.sqnr_db):  # inf == inf: no gap
+            parts.append(f"SQNR {o.sqnr_db:.2f} vs {p.sqnr_db:.2f} dB")
+        if parts:
+            lines.append(f"{o.name}: {' and '.join(parts)} under {SHORT[semantics]} vs {SHORT[other_semantics]}: "
+                         "the two compute this Q/DQ model differently (compare --semantics picks the one reported)")
+    return lines
