@@ -191,11 +191,14 @@ class Verification:
         return int(sum(a == b for a, b in zip(self.onnx_top1, self.labels)))
 
 
-def ort_session(path: Path, threads: Optional[int] = None):
+def ort_session(path: Path, threads: Optional[int] = None, basic: bool = False):
+    """A CPU session; ``basic``: basic graph optimizations only (a Q/DQ model's Q/DQ semantics)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    if basic:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     if threads:
         opts.intra_op_num_threads = threads
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
