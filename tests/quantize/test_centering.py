@@ -9,7 +9,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from tests.quantize.conftest import activation_amax, init, make_model, run, value
 from trtq.config import QuantizeOptions
@@ -96,10 +96,7 @@ def test_rewrite_keeps_the_function(act, pad, producer):
     for b, f in zip(before, feeds):
         np.testing.assert_allclose(run(prepared, f)[0], b, rtol=1e-4, atol=1e-4)
     used = {i for n in prepared.graph.node for i in n.input}
-    assert [i.name for i in prepared.graph.initializer if i.name not in used] == []  # old bounds dropped
-    # the shifted tensors really are centred: Clip bounds moved by the shift
-    by_name = {n.name: n for n in prepared.graph.node}
-    assert by_name["act0"].op_type == "Clip" and by_name["act1"].op_type == "Clip"
+    assert [i.name for i in prepared.graph.initializer if i.name not in used] == []  # old pad values dropped
 
 
 def test_not_centred_where_the_rewrite_would_be_wrong_or_useless():
@@ -294,3 +291,36 @@ def test_editor_adds_a_bias_in_its_slot_under_a_free_name():
     assert ed.array("c/centring_bias_2").tolist() == [0.5, -0.5]
     assert ed.array("b2").tolist() == [1.25, 2.25] and ed.array("b2").dtype == np.float32
     onnx.checker.check_model(model)
+
+
+@pytest.mark.parametrize("act,pad,producer", [("clip", True, "conv"), ("relu", False, "conv"), ("relu", True, "bn")])
+def test_shift_is_an_add_after_the_activation(act, pad, producer):
+    """The form TensorRT 8.6 builds right: Add(-c) after the activation, the activation's output
+    name moved to it, producer bias (unless it reads another centred tensor) and bounds untouched."""
+    rng = np.random.default_rng(0)
+    model = _chain(rng, act=act, pad=pad, producer=producer)
+    prepared, found = _centrings(model)
+    before_inits = {i.name: numpy_helper.to_array(i).copy() for i in prepared.graph.initializer}
+    acts_before = {n.name: (n.op_type, list(n.input)) for n in prepared.graph.node if n.op_type in ("Relu", "Clip")}
+    feeds = _feeds(np.random.default_rng(5))
+    before = [run(prepared, f)[0] for f in feeds]
+    apply_centrings(prepared, found)
+    onnx.checker.check_model(prepared)
+    for b, f in zip(before, feeds):
+        np.testing.assert_allclose(run(prepared, f)[0], b, rtol=1e-4, atol=1e-4)
+    nodes = list(prepared.graph.node)
+    by_name = {n.name: n for n in nodes}
+    for c in found:
+        a = by_name[c.activation]
+        assert (a.op_type, list(a.input)) == acts_before[c.activation]  # same op, same bounds
+        sub = nodes[nodes.index(a) + 1]
+        assert sub.op_type == "Add" and sub.input[0] == a.output[0] == f"{c.activation}/uncentred"
+        shift = numpy_helper.to_array(next(i for i in prepared.graph.initializer if i.name == sub.input[1]))
+        assert shift.size == 1 and float(shift.reshape(-1)[0]) == pytest.approx(-c.shift)
+        prod = by_name[c.producer]
+        bias_slot = 2
+        is_reader = any(c.producer in other.readers for other in found)  # then it gains + c' sum(W) for that one
+        if len(prod.input) > bias_slot and prod.input[bias_slot] in before_inits and not is_reader:
+            np.testing.assert_array_equal(
+                numpy_helper.to_array(next(i for i in prepared.graph.initializer if i.name == prod.input[bias_slot])),
+                before_inits[prod.input[bias_slot]])

@@ -312,3 +312,11 @@ def test_logger_keeps_errors_by_severity_name():
     assert logger.errors == ["parse failed", "assertion"]
     assert logger.warnings == ["missing scale"]
     assert logger.take_errors() == ["parse failed", "assertion"] and logger.errors == []
+
+
+def test_centring_stays_off_in_engines_until_measured_free():
+    """8.6: measured right but 3x slower; other versions: not measured. Every version says why."""
+    assert "3x slower" in compat.centring_in_engines(TRT86)
+    for trt in (TRT10, TRT11):
+        why = compat.centring_in_engines(trt)
+        assert why.startswith(f"centred engines have not been measured on TensorRT {compat.version_of(trt)}")

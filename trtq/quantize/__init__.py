@@ -150,7 +150,8 @@ def quantize_model(
     )
 
 
-def _centre(prepared: onnx.ModelProto, index: GraphIndex, plan, amax: Mapping[str, float], options: QuantizeOptions, only_nodes, keep_float):
+def _centre(prepared: onnx.ModelProto, index: GraphIndex, plan, amax: Mapping[str, float], options: QuantizeOptions,
+            only_nodes, keep_float):
     """Centre what :func:`~trtq.quantize.centering.find_centrings` allows in the float model
     ``prepared`` (in place; ``index`` describes it) and re-plan with the halved amax; (plan, centrings)."""
     from trtq.quantize.centering import apply_centrings, find_centrings

@@ -35,6 +35,16 @@ class InitializerEditor:
         self.inits[name] = self.graph.initializer[-1]  # append copies: keep the graph's own message
         return name
 
+    def new_name(self, base: str) -> str:
+        """A tensor or node name not used in the graph yet: ``base``, else ``base_2``, ..."""
+        names = self.taken | set(self.nodes)
+        name, k = base, 1
+        while name in names:
+            k += 1
+            name = f"{base}_{k}"
+        self.taken.add(name)
+        return name
+
     def drop_unused(self, names: Collection[str]) -> None:
         """Remove the initializers among ``names`` that no node (subgraphs included) reads any more."""
         used = {i for n in self.graph.node for i in n.input} | subgraph_names(self.graph)

@@ -460,6 +460,11 @@ def build_engine(
         from trtq.quantize import quantize_model
 
         qopts = quantize_options
+        centring_off = compat.centring_in_engines(trt) if qopts.center_activations else None
+        if centring_off:
+            log.warning("quantize.center_activations is not used in TensorRT builds: %s; build the Q/DQ model "
+                        "of trtq quantize --center-activations yourself to try it", centring_off)
+            qopts = dataclasses.replace(qopts, center_activations=False)
         if recipe.quantizer_fp16 != qopts.fp16 and recipe.quantizer_fp16:
             qopts = dataclasses.replace(qopts, fp16=True)
         from trtq.quantize_file import sample_batches
@@ -467,10 +472,6 @@ def build_engine(
         qresult = quantize_model(model, table.amax, qopts, data=sample_batches(model, qopts, data_options),
                                  float_grouped_consumers=compat.float_grouped_conv_is_unsafe(trt))
         warn_float_grouped_convs(trt, qresult)
-        if qresult.centred:
-            log.warning("center_activations: %d activations centred (constant Pads with a non-zero value, Clips "
-                        "with a negative lower bound); trtq has not yet checked such engines on TensorRT: run "
-                        "trtq compare on this engine before deploying it", len(qresult.centred))
         quant_info = _quantize_summary(qresult)
         _parse(trt, parser, logger, qresult.model, model_path, output.parent)
     else:
