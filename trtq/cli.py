@@ -501,6 +501,36 @@ def quantize(config_path, as_json, verbose, quiet, model, cache, output, exclude
 
 
 # ------------------------------------------------------------------------------------------------
+# report
+# ------------------------------------------------------------------------------------------------
+
+
+@cli.command()
+@_common
+@click.option("--cache", type=click.Path(dir_okay=False), required=True, help="calibration.cache (its .json provenance is read too).")
+@click.option("--stats", type=click.Path(dir_okay=False), help="Its --save-stats file (histograms, every method's range).")
+@click.option("--compare", "compare_json", type=click.Path(dir_okay=False), help="trtq compare --json output (accuracy, --per-layer).")
+@click.option("--quantize", "quantize_json", type=click.Path(dir_okay=False), help="trtq quantize --json output (layers left float).")
+@click.option("--bench", "bench_json", type=click.Path(dir_okay=False), help="trtq bench --json output (latency).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default="report.html", show_default=True,
+              help="HTML file to write (self-contained).")
+def report(config_path, as_json, verbose, quiet, cache, stats, compare_json, quantize_json, bench_json, output):
+    """Write one self-contained HTML page: histograms and ranges per tensor, sensitivity, accuracy, latency."""
+    st = _apply_common(as_json, verbose, quiet)
+    from trtq.fileio import atomic_write_text
+    from trtq.report.data import build_report, summary
+    from trtq.report.page import render_html
+
+    opt = lambda v: Path(v) if v else None  # noqa: E731
+    data = build_report(Path(cache), opt(stats), opt(compare_json), opt(quantize_json), opt(bench_json))
+    atomic_write_text(Path(output), render_html(data))
+    s = summary(data)
+    text = (f"report      {output}\ntensors     {s['tensors']} ({s['with_histogram']} with histograms, "
+            f"{s['clipping']} clip > 0.01 %)")
+    _emit(st, dict(data, report=str(output)), text)
+
+
+# ------------------------------------------------------------------------------------------------
 # compare
 # ------------------------------------------------------------------------------------------------
 
