@@ -34,32 +34,8 @@ from trtq.fileio import atomic_path, atomic_write_text  # noqa: E402
 
 GOAL_RATIO = 1.10
 
-MAKEFILE = """\
-# N shards in parallel: make -jN (the README's example)
-N      ?= 4
-METHOD ?= entropy
-TRTQ   ?= trtq
-ARGS   ?= -c calib.yaml
-SHARDS := $(shell seq 0 $$(($(N) - 1)))
+MAKEFILE = common.REPO / "examples" / "shards.mk"  # the README's example, used as is
 
-calibration.cache: stats.npz
-\t$(TRTQ) calibrate $(ARGS) -q --from-stats $< --method $(METHOD) -o $@
-
-stats.npz: $(SHARDS:%=hist-%.npz)
-\t$(TRTQ) merge-stats -q $^ -o $@
-
-hist-%.npz: ranges.npz
-\t$(TRTQ) calibrate $(ARGS) -q --shard $*/$(N) --ranges $< --save-stats $@
-
-ranges.npz: $(SHARDS:%=ranges-%.npz)
-\t$(TRTQ) merge-stats -q $^ -o $@
-
-ranges-%.npz:
-\t$(TRTQ) calibrate $(ARGS) -q --shard $*/$(N) --save-stats $@
-
-clean:
-\trm -f ranges-*.npz ranges.npz hist-*.npz stats.npz calibration.cache calibration.cache.json
-"""
 
 
 def make_image(dest: Path, index: int) -> None:
@@ -132,7 +108,7 @@ def main() -> None:
     run_dir = work / f"shards-{args.shards}"
     run_dir.mkdir(exist_ok=True)
     cfg = write_config(run_dir / "calib.yaml", args.model, images, args.samples)
-    atomic_write_text(run_dir / "Makefile", MAKEFILE)
+    atomic_write_text(run_dir / "Makefile", MAKEFILE.read_text(encoding="utf-8"))
     single_cache = run_dir / "single.cache"
     trtq = f"{sys.executable} -m trtq"
     env = dict(os.environ, PYTHONPATH=str(common.REPO))

@@ -4,6 +4,10 @@ The merged result must be the single run's, byte for byte, for any shard count a
 files from another model, data set, preprocessing, trtq version or pass must be refused.
 """
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -282,3 +286,41 @@ def test_from_stats_refuses_a_lone_shard_and_pass1_ranges_for_histogram_methods(
     # but --method max needs nothing more than pass 1
     _ok(trtq(["calibrate", "--from-stats", ranges, "--method", "max", "-o", out]))
     assert out.read_bytes() == singles["max"].read_bytes()
+
+
+# ------------------------------------------------------------------------------------------------
+# the README's job-runner examples, run for real
+# ------------------------------------------------------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
+def test_readme_makefile_with_make_j3(mlp_data, singles, tmp_path):
+    root, model, _ = mlp_data
+    shutil.copyfile(EXAMPLES / "shards.mk", tmp_path / "Makefile")
+    env = dict(os.environ, PYTHONPATH=str(EXAMPLES.parent))
+    p = subprocess.run(["make", "-s", "-j3", "N=3", "METHOD=mse", f"TRTQ={sys.executable} -m trtq",
+                        f"ARGS=-m {model} --data {root / 'a.npy'}"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    single = tmp_path / "single.cache"
+    subprocess.run([sys.executable, "-m", "trtq", "calibrate", "-m", str(model), "--data", str(root / "a.npy"),
+                    "--method", "mse", "-o", str(single), "-q"], check=True, env=env, cwd=tmp_path)
+    assert (tmp_path / "calibration.cache").read_bytes() == single.read_bytes()
+    assert sorted(q.name for q in tmp_path.glob("hist-*.npz")) == ["hist-0.npz", "hist-1.npz", "hist-2.npz"]
+
+
+def test_ray_example_with_a_local_ray(mlp_data, singles, tmp_path):
+    """examples/ray_shards.py on a local Ray instance (Ray is an optional extra: trtq[ray])."""
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'trtq[ray]')")
+    root, model, data = mlp_data
+    cfg = tmp_path / "calib.yaml"
+    cfg.write_text(f"model: {model}\ndata:\n  inputs:\n    x:\n      npy: ['{root / 'a.npy'}', '{root / 'b.npy'}']\n",
+                   encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=str(EXAMPLES.parent), RAY_ADDRESS="local", RAY_USAGE_STATS_ENABLED="0")
+    p = subprocess.run([sys.executable, str(EXAMPLES / "ray_shards.py"), "-c", str(cfg), "--shards", "3",
+                        "--method", "entropy", "-o", str(tmp_path / "ray.cache"), "--work", str(tmp_path / "w")],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert (tmp_path / "ray.cache").read_bytes() == singles["entropy"].read_bytes()
