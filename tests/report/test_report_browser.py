@@ -122,3 +122,33 @@ def test_the_harness_sees_a_broken_page(sample_report, tmp_path):
     assert not seen["rendered"]
     assert any("undefinedThing" in ln for ln in console) or any("undefinedThing" in e for e in seen["errors"])
     assert seen["errors"], "the page's own error sink did not record the error"
+
+
+def test_sensitivity_bars_with_layers_of_no_error(sample_report, tmp_path):
+    """trtq compare --per-layer writes SQNR "inf" for a layer that adds no error (and "nan" may
+    appear): the page must draw the finite ones as bars, name the others, and raise nothing."""
+    from trtq.cli import main
+
+    root, _ = sample_report
+    rows = [{"node": "Conv.1", "op_type": "Conv", "sqnr_db": 12.5, "cosine_mean": 0.99},
+            {"node": "Conv.7", "op_type": "Conv", "sqnr_db": 31.0, "cosine_mean": 0.999},
+            {"node": "Add.2", "op_type": "Add", "sqnr_db": "inf", "cosine_mean": 1.0},
+            {"node": "Mul.3", "op_type": "Mul", "sqnr_db": "nan", "cosine_mean": "nan"}]
+    compare = {"reference": "m.onnx", "candidate": "m.qdq.onnx", "samples": 8, "batches": 1,
+               "outputs": [{"name": "y", "samples": 8, "top1_agreement": 0.75, "cosine_mean": 0.99,
+                            "cosine_min": 0.9, "sqnr_db": "inf", "max_abs_error": 0.0}],
+               "per_layer": rows}
+    (tmp_path / "c.json").write_text(__import__("json").dumps(compare))
+    (tmp_path / "q.json").write_text('{"left_float": [{"node": "Conv.1", "reason": "excluded by --exclude Conv.1"}]}')
+    page = tmp_path / "r.html"
+    try:
+        main(["report", "--cache", str(root / "c.cache"), "--stats", str(root / "s.npz"), "--compare",
+              str(tmp_path / "c.json"), "--quantize", str(tmp_path / "q.json"), "-o", str(page), "-q"])
+    except SystemExit as e:
+        assert e.code in (0, None)
+    dom, console, proc = _chromium(page, tmp_path, "--dump-dom")
+    assert console == [], console
+    seen = _check_dom(dom)
+    assert seen["rendered"] and not seen["errors"], seen
+    assert len(re.findall(r'class="layer-bar"', dom)) == 2
+    assert "no measurable error" in dom and "(float)" in dom

@@ -44,6 +44,7 @@ JS = r"""
   var METHODS = ['max', 'entropy', 'percentile', 'mse'];
   function num(v, d) {
     if (v === null || v === undefined) return '-';
+    if (typeof v !== 'number') return String(v);  // "inf" / "nan" as trtq compare writes them
     if (v === 0) return '0';
     var a = Math.abs(v);
     if (a >= 1e4 || a < 1e-3) return v.toExponential(d === undefined ? 3 : d);
@@ -51,6 +52,7 @@ JS = r"""
   }
   function pct(v) {
     if (v === null || v === undefined) return '-';
+    if (typeof v !== 'number') return String(v);
     if (v === 0) return '0';
     if (v < 1e-4) return (v * 100).toExponential(1) + ' %';
     return (v * 100).toFixed(v < 0.01 ? 3 : 2) + ' %';
@@ -62,6 +64,14 @@ JS = r"""
     return e;
   }
   function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); }
+  function finite(v) { return typeof v === 'number' && isFinite(v); }
+  var failed = false;
+  function part(name, fn) {  // one section's failure is reported and does not stop the others
+    try { fn(); } catch (e) {
+      failed = true;
+      window.dispatchEvent(new ErrorEvent('error', {message: name + ': ' + (e && e.message ? e.message : e)}));
+    }
+  }
 
   // ------------------------------------------------------------------ histogram view
   var svg = document.getElementById('hist-svg');
@@ -122,13 +132,13 @@ JS = r"""
     var tr = document.getElementById('row-' + i);
     if (tr) tr.classList.add('sel');
   }
-  rows.forEach(function (r, i) {
+  part('histogram view', function () { rows.forEach(function (r, i) {
     var o = document.createElement('option');
     o.value = String(i);
     o.textContent = r.name + (r.clipped ? '  (clips ' + pct(r.clipped) + ')' : '');
     pick.appendChild(o);
   });
-  pick.addEventListener('change', function () { drawHist(Number(pick.value)); });
+  pick.addEventListener('change', function () { drawHist(Number(pick.value)); }); });
 
   // ------------------------------------------------------------------ sortable tensor table
   var COLS = [
@@ -143,6 +153,7 @@ JS = r"""
     ['percentile', 'percentile', function (r) { return r.ranges ? r.ranges.percentile : null; }],
     ['mse', 'mse', function (r) { return r.ranges ? r.ranges.mse : null; }]
   ];
+  part('tensor table', function () {
   var table = document.getElementById('tensor-table');
   var thead = table.querySelector('thead tr'), tbody = table.querySelector('tbody');
   var order = rows.map(function (r, i) { return i; });
@@ -187,34 +198,43 @@ JS = r"""
     thead.appendChild(th);
   });
   fill();
+  });
 
   // ------------------------------------------------------------------ per-layer sensitivity bars
   var lsvg = document.getElementById('layer-svg');
-  if (lsvg && D.layers) {
+  if (lsvg && D.layers) part('per-layer sensitivity', function () {
     var loo = D.layers.mode === 'leave-one-out';
     var floatWhy = {};
     (D.float_layers || []).forEach(function (f) { floatWhy[f.node] = f.reason; });
-    var lr = D.layers.rows.filter(function (r) { return (loo ? r.gain_db : r.sqnr_db) !== null; });
+    var lr = D.layers.rows.filter(function (r) { var v = loo ? r.gain_db : r.sqnr_db; return v !== null && v !== undefined; });
     var vals = lr.map(function (r) { return loo ? r.gain_db : r.sqnr_db; });
-    var vmax = Math.max.apply(null, vals.map(Math.abs).concat([1e-9]));
+    // bar length: leave-one-out, the gain in dB; only-this-layer, the error power the layer adds
+    // alone relative to the output (10^(-SQNR/10), linear), so the costliest layer has the longest bar
+    var cost = vals.map(function (v) {
+      if (!finite(v)) return (v === 'inf' && !loo) ? 0 : null;
+      return loo ? Math.abs(v) : Math.pow(10, -v / 10);
+    });
+    var vmax = Math.max.apply(null, cost.filter(finite).concat([1e-30]));
     var rowH = 20, LW = 300, BW = 560, H2 = lr.length * rowH + 28;
     lsvg.setAttribute('viewBox', '0 0 ' + (LW + BW + 110) + ' ' + H2);
     lr.forEach(function (r, k) {
-      var v = vals[k], y = 6 + k * rowH, len = BW * Math.abs(v) / vmax, f = r.node in floatWhy;
+      var v = vals[k], y = 6 + k * rowH, len = finite(cost[k]) ? BW * cost[k] / vmax : 0, f = r.node in floatWhy;
       var label = el('text', {x: LW - 8, y: y + 13, 'text-anchor': 'end'}, r.node + ' (' + r.op_type + ')');
       lsvg.appendChild(label);
       var bar = el('rect', {x: LW, y: y + 2, width: Math.max(1, len).toFixed(1), height: rowH - 6,
         fill: f ? '#f0ad4e' : '#5b8fc9', 'class': 'layer-bar'});
       var tip = el('title', {}, f ? 'left float: ' + floatWhy[r.node] : (loo ? 'gain when float' : 'SQNR with only this layer INT8'));
       bar.appendChild(tip);
-      lsvg.appendChild(bar);
-      lsvg.appendChild(el('text', {x: LW + len + 6, y: y + 13}, num(v, 3) + ' dB' + (f ? '  (float)' : '')));
+      if (finite(cost[k]) && cost[k] > 0) lsvg.appendChild(bar);
+      lsvg.appendChild(el('text', {x: LW + len + 6, y: y + 13}, num(v, 3) + ' dB' + (f ? '  (float)' : '')
+        + (v === 'inf' ? ' (no measurable error)' : '')));
     });
     lsvg.appendChild(el('text', {x: LW, y: H2 - 4}, loo
       ? 'SQNR gained by keeping the layer float (larger = costs more accuracy)'
-      : 'output SQNR with only this layer in INT8 (smaller = costs more accuracy); orange: left float'));
-  }
+      : 'label: output SQNR with only this layer in INT8; bar: the error power it adds (10^(-SQNR/10)); orange: left float'));
+  });
 
+  part('histogram view', function () {
   var start = 0, best = -1;
   // start on the tensor that clips the most values (not the largest share of a tiny tensor)
   rows.forEach(function (r, i) {
@@ -222,7 +242,8 @@ JS = r"""
     if (lost > best) { best = lost; start = i; }
   });
   drawHist(start);
-  document.body.setAttribute('data-rendered', 'ok');
+  });
+  if (!failed) document.body.setAttribute('data-rendered', 'ok');
 })();
 """
 
@@ -238,8 +259,12 @@ def _e(v: Any) -> str:
     return html.escape("-" if v is None else str(v))
 
 
-def _f(v: Optional[float], fmt: str = "{:.4g}") -> str:
-    return "-" if v is None else fmt.format(v)
+def _f(v: Any, fmt: str = "{:.4g}") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return _e(v)  # "inf" / "nan" as trtq compare writes them
+    return fmt.format(v)
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], cls: str = "") -> str:
