@@ -115,7 +115,9 @@ def test_html_is_self_contained_and_names_the_runtimes(trtq, tmp_path):
     c = trtq(["compare", "--reference", model, "--candidate", qdq, "--data", xs, "--per-layer",
               "--cache", cache, "--json"])
     assert c.code == 0, c
-    (tmp_path / "c.json").write_text(c.out)
+    cj = json.loads(c.out)
+    cj["outputs"][0]["task_top1"] = 0.8125  # a metric a later compare may add: shown as a column too
+    (tmp_path / "c.json").write_text(json.dumps(cj))
     bench = [{"plan": "m.int8.plan", "precision": "int8", "batch": 8, "median_ms": 0.5, "p99_ms": 0.6,
               "samples_per_s": 16000.0, "tensorrt_version": "10.3.0", "gpu_name": "NVIDIA H100"},
              {"plan": "m.fp16.plan", "precision": "fp16", "batch": 8, "median_ms": 1.0, "p99_ms": 1.2,
@@ -131,6 +133,8 @@ def test_html_is_self_contained_and_names_the_runtimes(trtq, tmp_path):
     assert "fc" in {f["node"] for f in data["float_layers"]}
     assert data["layers"]["rows"] and all(row["node"] for row in data["layers"]["rows"])
     page = out.read_text(encoding="utf-8")
+    assert data["accuracy"]["outputs"][0]["task_top1"] == 0.8125
+    assert "<th>task top1</th>" in out.read_text(encoding="utf-8") and "<td>0.8125</td>" in out.read_text(encoding="utf-8")
     for needle in ("id=histogram", "id=layers", "id=float", "id=accuracy", "id=latency", ">fc<",
                    "TensorRT engine (TensorRT 10.3.0)", "ONNX Runtime (Q/DQ"):
         assert needle in page, needle

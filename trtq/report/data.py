@@ -99,9 +99,8 @@ def accuracy_section(compare: Any, path: Path) -> dict:
         raise InputError(f"{path} is not the JSON of trtq compare", "write it with trtq compare ... --json")
     outputs = []
     for o in compare["outputs"]:
-        if isinstance(o, dict):
-            outputs.append({k: o.get(k) for k in ("name", "samples", "top1_agreement", "cosine_mean", "cosine_min",
-                                                 "sqnr_db", "max_abs_error", "mean_abs_error")})
+        if isinstance(o, dict):  # every scalar field, so metrics compare adds later show up too
+            outputs.append({k: v for k, v in o.items() if v is None or isinstance(v, (str, int, float))})
     return {
         "reference": compare.get("reference"),
         "candidate": compare.get("candidate"),

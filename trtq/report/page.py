@@ -286,16 +286,23 @@ def _provenance(p: dict) -> str:
     return _table(["", ""], [(_e(k), v) for k, v in rows], "kv")
 
 
+_ACCURACY_COLUMNS = (("name", "output", None), ("samples", "samples", None),
+                     ("top1_agreement", "top-1 agreement", "{:.4f}"), ("cosine_mean", "cosine mean", "{:.5f}"),
+                     ("cosine_min", "cosine min", "{:.5f}"), ("sqnr_db", "SQNR dB", "{:.2f}"),
+                     ("max_abs_error", "max abs err", "{:.4g}"))
+_ACCURACY_HIDDEN = {"top1_matches", "mean_abs_error", "ref_max_abs"}
+
+
 def _accuracy(a: dict) -> str:
-    rows = []
+    known = {k for k, _, _ in _ACCURACY_COLUMNS}
+    extra = []  # metrics the compare JSON has beyond the usual ones (e.g. a task metric)
     for o in a["outputs"]:
-        rows.append([_e(o.get("name")), _e(o.get("samples")), _f(o.get("top1_agreement"), "{:.4f}"),
-                     _f(o.get("cosine_mean"), "{:.5f}"), _f(o.get("cosine_min"), "{:.5f}"),
-                     _f(o.get("sqnr_db"), "{:.2f}"), _f(o.get("max_abs_error"))])
+        extra += [k for k in o if k not in known and k not in _ACCURACY_HIDDEN and k not in extra]
+    cols = list(_ACCURACY_COLUMNS) + [(k, k.replace("_", " "), "{:.4g}") for k in extra]
+    rows = [[_e(o.get(k)) if fmt is None else _f(o.get(k), fmt) for k, _, fmt in cols] for o in a["outputs"]]
     return (f"<p>runtime: <b>{_e(a.get('runtime'))}</b>; reference {_e(a.get('reference'))}, candidate "
             f"{_e(a.get('candidate'))}, {_e(a.get('samples'))} samples</p>"
-            + _table(["output", "samples", "top-1 agreement", "cosine mean", "cosine min", "SQNR dB", "max abs err"],
-                     rows))
+            + _table([title for _, title, _ in cols], rows))
 
 
 def _latency(lat: dict) -> str:
