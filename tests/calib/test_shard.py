@@ -203,6 +203,15 @@ def test_merge_refuses_missing_duplicate_and_mixed_shards(trtq, mlp_data, tmp_pa
     other_n = _pass1(trtq, model, data, tmp_path / "b", 2)
     _refused(trtq(["merge-stats", parts[0], parts[1], other_n[1], "-o", out]), 3, "of 3 shards")
     _refused(trtq(["merge-stats", parts[0], tmp_path / "nope.npz", "-o", out]), 3, "not found")
+    merged = tmp_path / "merged.npz"
+    _ok(trtq(["merge-stats", *parts, "-o", merged]))
+    _refused(trtq(["merge-stats", merged, parts[0], "-o", out]), 3, "a merged file")
+    full = tmp_path / "full.npz"
+    _ok(trtq(["calibrate", "-m", model, "--data", data, "-o", tmp_path / "c.cache", "--save-stats", full]))
+    _refused(trtq(["merge-stats", full, "-o", out]), 3, "not a shard")
+    h1 = tmp_path / "h1.npz"
+    _ok(trtq(["calibrate", "-m", model, "--data", data, "--shard", "1/3", "--ranges", merged, "--save-stats", h1]))
+    _refused(trtq(["merge-stats", parts[0], h1, parts[2], "-o", out]), 3, "from pass histogram")
     assert not out.exists()
 
 
