@@ -218,4 +218,8 @@ def prepare_shard(batcher, shard: Optional[Tuple[int, int]], ranges: Optional[Pa
         return PASS_RANGES, None
     st = load_stats(Path(ranges))
     check_ranges_fit(Path(ranges), st.meta, sha256_file(model_path), batcher.fingerprint(), tensors)
+    lacking = [n for n in tensors if n not in st.maxima]
+    if lacking:
+        raise CacheError(f"--ranges {ranges} has no range for tensor '{lacking[0]}'",
+                         "merge the pass-1 shards of this run (trtq merge-stats) and pass that file as --ranges")
     return PASS_HISTOGRAM, {n: st.maxima[n] for n in tensors}
