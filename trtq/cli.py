@@ -264,9 +264,11 @@ def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
 @click.option("--progress/--no-progress", default=None, help="Progress on stderr (default: when stderr is a terminal).")
 @click.option("--shard", metavar="I/N", help="Only shard I (0-based) of N of the samples; writes --save-stats, no cache.")
 @click.option("--ranges", type=click.Path(dir_okay=False), help="Pass 2 of a shard: histograms over these merged pass-1 ranges.")
+@click.option("--keep-batches", type=click.Path(dir_okay=False),
+              help="With --shard: pass 1 writes the decoded batches here, pass 2 reads them instead of decoding.")
 def calibrate(config_path, as_json, verbose, quiet, model, data, preprocess, batch_size, limit, workers, skip_bad,
               shuffle, seed, method, percentile, num_bins, tensors, output, trt_version, backend, providers,
-              save_stats, from_stats, dry_run, progress, shard=None, ranges=None):
+              save_stats, from_stats, dry_run, progress, shard=None, ranges=None, keep_batches=None):
     """Run the FP32 model over the data and write a TensorRT calibration.cache (+ .json provenance)."""
     st = _apply_common(as_json, verbose, quiet)
     overrides = {
@@ -278,6 +280,8 @@ def calibrate(config_path, as_json, verbose, quiet, model, data, preprocess, bat
     }
     cfg = _load_config(config_path, overrides)
     shard_spec = _shard_flags(shard, ranges, from_stats, cfg)
+    if keep_batches and shard_spec is None:
+        raise UsageError("--keep-batches is for the two passes of a shard", "pass --shard I/N with it")
     if from_stats:
         from trtq.calib.calibrate import calibrate_from_stats
 
@@ -299,7 +303,8 @@ def calibrate(config_path, as_json, verbose, quiet, model, data, preprocess, bat
         from trtq.calib.calibrate import run_calibration
 
         result = run_calibration(cfg, progress=_ProgressLine(bool(show) and not st.quiet), shard=shard_spec,
-                                 ranges=Path(ranges) if ranges else None)
+                                 ranges=Path(ranges) if ranges else None,
+                                 keep_batches=Path(keep_batches) if keep_batches else None)
     _emit(st, result.to_dict(), _calibration_text(result))
 
 

@@ -333,3 +333,53 @@ def test_ray_example_with_a_local_ray(mlp_data, singles, tmp_path):
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     assert (tmp_path / "ray.cache").read_bytes() == singles["entropy"].read_bytes()
+
+
+def test_kept_batches_spare_pass2_the_decoding(trtq, sample_config, tmp_path):
+    """--keep-batches: pass 2 of each shard reads pass 1's decoded batches. Proof that it does: the
+    photos are overwritten with zeros (same sizes, so the same data fingerprint) between the passes,
+    and pass 2 still succeeds with the single run's result."""
+    import yaml
+
+    from tests.conftest import SAMPLE_IMAGES
+
+    photos = tmp_path / "photos"
+    shutil.copytree(SAMPLE_IMAGES, photos)
+    raw = yaml.safe_load(Path(sample_config).read_text(encoding="utf-8"))
+    raw["model"] = str((Path(sample_config).parent / raw["model"]).resolve())
+    raw["data"]["inputs"]["x"]["images"] = str(photos)
+    raw["data"]["limit"] = 10
+    raw["calibrate"] = {}
+    cfg = tmp_path / "calib.yaml"
+    cfg.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    single = tmp_path / "single.cache"
+    _ok(trtq(["calibrate", "-c", cfg, "--method", "entropy", "-o", single]))
+    w = tmp_path / "w"
+    w.mkdir()
+    for i in range(2):
+        _ok(trtq(["calibrate", "-c", cfg, "--shard", f"{i}/2", "--keep-batches", w / f"b{i}.bin",
+                  "--save-stats", w / f"r{i}.npz"]))
+        assert (w / f"b{i}.bin").is_file()
+    _ok(trtq(["merge-stats", w / "r0.npz", w / "r1.npz", "-o", w / "ranges.npz"]))
+    for p in sorted(photos.iterdir()):
+        p.write_bytes(bytes(p.stat().st_size))
+    # a batch file of the other shard is refused
+    r = trtq(["calibrate", "-c", cfg, "--shard", "0/2", "--ranges", w / "ranges.npz", "--keep-batches",
+              w / "b1.bin", "--save-stats", w / "h0.npz"])
+    _refused(r, 3, "shard [1, 2]")
+    for i in range(2):
+        _ok(trtq(["calibrate", "-c", cfg, "--shard", f"{i}/2", "--ranges", w / "ranges.npz", "--keep-batches",
+                  w / f"b{i}.bin", "--save-stats", w / f"h{i}.npz"]))
+    _ok(trtq(["merge-stats", w / "h0.npz", w / "h1.npz", "-o", w / "stats.npz"]))
+    out = tmp_path / "merged.cache"
+    _ok(trtq(["calibrate", "--from-stats", w / "stats.npz", "--method", "entropy", "-o", out]))
+    assert out.read_bytes() == single.read_bytes()
+    # without the kept batches, pass 2 decodes: the zeroed photos fail, as they should
+    r = trtq(["calibrate", "-c", cfg, "--shard", "0/2", "--ranges", w / "ranges.npz", "--save-stats", w / "x.npz"])
+    assert r.code == 3 and not (w / "x.npz").exists(), r
+
+
+def test_keep_batches_needs_a_shard(trtq, mlp_data, tmp_path):
+    root, model, data = mlp_data
+    _refused(trtq(["calibrate", "-m", model, "--data", data, "--keep-batches", tmp_path / "b.bin"]), 2, "--shard")
+    assert list(tmp_path.iterdir()) == []

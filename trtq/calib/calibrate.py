@@ -98,19 +98,21 @@ def _write_outputs(out: Path, algorithm: str, trt_version: str, amax: Dict[str, 
 
 def run_calibration(
     cfg: TrtqConfig, progress: Optional[ProgressFn] = None, write: bool = True,
-    shard: Optional[Tuple[int, int]] = None, ranges: Optional[Path] = None,
+    shard: Optional[Tuple[int, int]] = None, ranges: Optional[Path] = None, keep_batches: Optional[Path] = None,
 ) -> CalibrationResult:
     """Calibrate ``cfg.model`` on ``cfg.data`` with ``cfg.calibrate`` and write the cache.
 
     ``shard=(I, N)``: only shard I of N of the samples (trtq.calib.shard); writes the statistics
     file (``--save-stats``, required) and no cache: pass 1 (maxima) alone, or with ``ranges`` (a
-    merged pass-1 file) pass 2 alone, histograms over those ranges.
+    merged pass-1 file) pass 2 alone, histograms over those ranges. ``keep_batches``: pass 1 writes
+    the shard's decoded batches there and pass 2 reads them back (trtq.calib.batchfile).
     """
     from trtq.calib.cache import ALGORITHM_FOR_METHOD
     from trtq.calib.collect import OrtCollector, select_tensors
     from trtq.calib.derive import abs_max, derive_extremes, monotone_links
     from trtq.calib.kernels import numba_enabled
     from trtq.calib.replay import ReplayedBatches
+    from trtq.calib.replay import _decodes_images as replay_worthwhile  # .npy inputs are memory-mapped
     from trtq.calib.stats import AbsMaxAccumulator, HistogramAccumulator, compute_all, save_stats
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs, load_model
@@ -134,6 +136,8 @@ def run_calibration(
 
         shard_pass, given = prepare_shard(batcher, shard, ranges, opts, model_path, tensors)
         need_hist = shard_pass == "histogram"
+    elif keep_batches is not None:
+        raise UsageError("--keep-batches is for the two passes of a shard", "pass --shard I/N with it")
     # Relu/Clip outputs whose range follows from their input's are not exposed by ONNX Runtime in
     # the max pass (trtq.calib.derive)
     links = monotone_links(model, tensors)
@@ -163,7 +167,12 @@ def run_calibration(
     with ReplayedBatches(batcher, enabled=need_hist and given is None) as replay:
         if given is None:
             maxima_acc = AbsMaxAccumulator()
-            stream("max", 1, maxima_acc.update_batch, replay.first())
+            source = replay.first()
+            if keep_batches is not None and write and replay_worthwhile(batcher):
+                from trtq.calib.batchfile import write_through
+
+                source = write_through(source, Path(keep_batches), batcher)
+            stream("max", 1, maxima_acc.update_batch, source)
             if samples == 0:
                 raise DataError("no samples were usable for calibration", "check the data folder and --skip-bad report")
             derived = derive_extremes(maxima_acc.extremes, links)
@@ -181,7 +190,16 @@ def run_calibration(
             if given is None:
                 collector = None
                 collector = OrtCollector(model, tensors, opts.providers)
-            stream("histogram", stages, hist.update_batch, replay.second() if given is None else batcher)
+            if given is None:
+                source = replay.second()
+            else:
+                source = None
+                if keep_batches is not None:
+                    from trtq.calib.batchfile import open_batches
+
+                    source = open_batches(Path(keep_batches), batcher)
+                source = batcher if source is None else source
+            stream("histogram", stages, hist.update_batch, source)
             if samples == 0:
                 raise DataError("no samples were usable for calibration", "check the data folder and --skip-bad report")
             counts = hist.counts
