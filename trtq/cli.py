@@ -262,9 +262,13 @@ def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
 @click.option("--from-stats", type=click.Path(dir_okay=False), help="Compute the cache from saved statistics (no model run).")
 @click.option("--dry-run", is_flag=True, help="Show the input spec and a summary of the batches; write nothing.")
 @click.option("--progress/--no-progress", default=None, help="Progress on stderr (default: when stderr is a terminal).")
+@click.option("--shard", metavar="I/N", help="Only shard I (0-based) of N of the samples; writes --save-stats, no cache.")
+@click.option("--ranges", type=click.Path(dir_okay=False), help="Pass 2 of a shard: histograms over these merged pass-1 ranges.")
+@click.option("--keep-batches", type=click.Path(dir_okay=False),
+              help="With --shard: pass 1 writes the decoded batches here, pass 2 reads them instead of decoding.")
 def calibrate(config_path, as_json, verbose, quiet, model, data, preprocess, batch_size, limit, workers, skip_bad,
               shuffle, seed, method, percentile, num_bins, tensors, output, trt_version, backend, providers,
-              save_stats, from_stats, dry_run, progress):
+              save_stats, from_stats, dry_run, progress, shard=None, ranges=None, keep_batches=None):
     """Run the FP32 model over the data and write a TensorRT calibration.cache (+ .json provenance)."""
     st = _apply_common(as_json, verbose, quiet)
     overrides = {
@@ -275,6 +279,9 @@ def calibrate(config_path, as_json, verbose, quiet, model, data, preprocess, bat
         **_data_overrides(batch_size, limit, workers, skip_bad, shuffle, seed),
     }
     cfg = _load_config(config_path, overrides)
+    shard_spec = _shard_flags(shard, ranges, from_stats, cfg)
+    if keep_batches and shard_spec is None:
+        raise UsageError("--keep-batches is for the two passes of a shard", "pass --shard I/N with it")
     if from_stats:
         from trtq.calib.calibrate import calibrate_from_stats
 
@@ -295,8 +302,45 @@ def calibrate(config_path, as_json, verbose, quiet, model, data, preprocess, bat
     else:
         from trtq.calib.calibrate import run_calibration
 
-        result = run_calibration(cfg, progress=_ProgressLine(bool(show) and not st.quiet))
+        result = run_calibration(cfg, progress=_ProgressLine(bool(show) and not st.quiet), shard=shard_spec,
+                                 ranges=Path(ranges) if ranges else None,
+                                 keep_batches=Path(keep_batches) if keep_batches else None)
     _emit(st, result.to_dict(), _calibration_text(result))
+
+
+def _shard_flags(shard, ranges, from_stats, cfg):
+    """--shard / --ranges: parsed (I, N) or None; UsageError for combinations that make no sense."""
+    if shard is None and ranges is None:
+        return None
+    if ranges is not None and shard is None:
+        raise UsageError("--ranges is for pass 2 of a sharded calibration", "pass --shard I/N with it")
+    if from_stats:
+        raise UsageError("--shard calibrates a part of the data; --from-stats reads statistics",
+                         "merge the shards with trtq merge-stats, then run --from-stats alone")
+    if cfg.calibrate.backend == "tensorrt":
+        raise UsageError("--shard needs the onnxruntime backend", "drop --backend tensorrt")
+    from trtq.calib.shard import parse_shard
+
+    spec = parse_shard(shard)
+    if not cfg.calibrate.save_stats:
+        raise UsageError("--shard writes statistics, not a cache", f"pass --save-stats part-{spec[0]}.npz")
+    return spec
+
+
+@cli.command("merge-stats")
+@click.argument("stats", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@_common
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Merged statistics (.npz).")
+def merge_stats(stats, config_path, as_json, verbose, quiet, output):
+    """Merge the --save-stats files of the N shards of one pass (trtq calibrate --shard I/N)."""
+    st = _apply_common(as_json, verbose, quiet)
+    from trtq.calib.shard import merge_stats_files
+
+    r = merge_stats_files([Path(p) for p in stats], Path(output))
+    nxt = ("next: trtq calibrate --shard I/N --ranges {0} --save-stats hist-I.npz" if r.pass_name == "ranges"
+           else "next: trtq calibrate --from-stats {0} --method METHOD").format(r.output)
+    _emit(st, r.to_dict(), f"merged {r.shards} shard(s) of pass {r.pass_name}: {r.samples} samples, "
+                           f"{r.tensors} tensors -> {r.output}\n{nxt}")
 
 
 def _calibration_text(r) -> str:
@@ -459,6 +503,36 @@ def quantize(config_path, as_json, verbose, quiet, model, cache, output, exclude
         lines.append(f"missing     {len(result.missing_amax)} tensors not in the cache (their consumers stay float): "
                      + ", ".join(result.missing_amax[:5]) + (" ..." if len(result.missing_amax) > 5 else ""))
     _emit(st, data, "\n".join(lines))
+
+
+# ------------------------------------------------------------------------------------------------
+# report
+# ------------------------------------------------------------------------------------------------
+
+
+@cli.command()
+@_common
+@click.option("--cache", type=click.Path(dir_okay=False), required=True, help="calibration.cache (its .json provenance is read too).")
+@click.option("--stats", type=click.Path(dir_okay=False), help="Its --save-stats file (histograms, every method's range).")
+@click.option("--compare", "compare_json", type=click.Path(dir_okay=False), help="trtq compare --json output (accuracy, --per-layer).")
+@click.option("--quantize", "quantize_json", type=click.Path(dir_okay=False), help="trtq quantize --json output (layers left float).")
+@click.option("--bench", "bench_json", type=click.Path(dir_okay=False), help="trtq bench --json output (latency).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default="report.html", show_default=True,
+              help="HTML file to write (self-contained).")
+def report(config_path, as_json, verbose, quiet, cache, stats, compare_json, quantize_json, bench_json, output):
+    """Write one self-contained HTML page: histograms and ranges per tensor, sensitivity, accuracy, latency."""
+    st = _apply_common(as_json, verbose, quiet)
+    from trtq.fileio import atomic_write_text
+    from trtq.report.data import build_report, summary
+    from trtq.report.page import render_html
+
+    opt = lambda v: Path(v) if v else None  # noqa: E731
+    data = build_report(Path(cache), opt(stats), opt(compare_json), opt(quantize_json), opt(bench_json))
+    atomic_write_text(Path(output), render_html(data))
+    s = summary(data)
+    text = (f"report      {output}\ntensors     {s['tensors']} ({s['with_histogram']} with histograms, "
+            f"{s['clipping']} clip > 0.01 %)")
+    _emit(st, dict(data, report=str(output)), text)
 
 
 # ------------------------------------------------------------------------------------------------

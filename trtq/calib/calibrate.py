@@ -109,14 +109,22 @@ def refuse_quantized(model, model_path: Path) -> None:
 
 
 def run_calibration(
-    cfg: TrtqConfig, progress: Optional[ProgressFn] = None, write: bool = True
+    cfg: TrtqConfig, progress: Optional[ProgressFn] = None, write: bool = True,
+    shard: Optional[Tuple[int, int]] = None, ranges: Optional[Path] = None, keep_batches: Optional[Path] = None,
 ) -> CalibrationResult:
-    """Calibrate ``cfg.model`` on ``cfg.data`` with ``cfg.calibrate`` and write the cache."""
+    """Calibrate ``cfg.model`` on ``cfg.data`` with ``cfg.calibrate`` and write the cache.
+
+    ``shard=(I, N)``: only shard I of N of the samples (trtq.calib.shard); writes the statistics
+    file (``--save-stats``, required) and no cache: pass 1 (maxima) alone, or with ``ranges`` (a
+    merged pass-1 file) pass 2 alone, histograms over those ranges. ``keep_batches``: pass 1 writes
+    the shard's decoded batches there and pass 2 reads them back (trtq.calib.batchfile).
+    """
     from trtq.calib.cache import ALGORITHM_FOR_METHOD
     from trtq.calib.collect import OrtCollector, select_tensors
     from trtq.calib.derive import abs_max, derive_extremes, monotone_links
     from trtq.calib.kernels import numba_enabled
     from trtq.calib.replay import ReplayedBatches
+    from trtq.calib.replay import _decodes_images as replay_worthwhile  # .npy inputs are memory-mapped
     from trtq.calib.stats import AbsMaxAccumulator, HistogramAccumulator, compute_all, save_stats
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs, load_model
@@ -135,14 +143,22 @@ def run_calibration(
     batcher = Batcher(cfg.data, specs)
     tensors = select_tensors(model, opts.tensors)
     need_hist = opts.method != "max" or opts.save_stats is not None
+    shard_pass = given = None
+    if shard is not None or ranges is not None:
+        from trtq.calib.shard import prepare_shard
+
+        shard_pass, given = prepare_shard(batcher, shard, ranges, opts, model_path, tensors)
+        need_hist = shard_pass == "histogram"
+    elif keep_batches is not None:
+        raise UsageError("--keep-batches is for the two passes of a shard", "pass --shard I/N with it")
     # Relu/Clip outputs whose range follows from their input's are not exposed by ONNX Runtime in
     # the max pass (trtq.calib.derive)
     links = monotone_links(model, tensors)
     measured = [t for t in tensors if t not in links]
-    collector = OrtCollector(model, measured, opts.providers)
+    collector = OrtCollector(model, measured if given is None else tensors, opts.providers)
     if need_hist:  # load numba and the kernel while pass 1 runs (its first use is in pass 2)
         threading.Thread(target=numba_enabled, name="trtq-numba-warmup", daemon=True).start()
-    stages = 2 if need_hist else 1
+    stages = 2 if need_hist and given is None else 1
 
     started = time.perf_counter()
     samples = 0
@@ -161,14 +177,22 @@ def run_calibration(
                                   time.perf_counter() - t0))
         samples, batches = done_samples, done_batches
 
-    with ReplayedBatches(batcher, enabled=need_hist) as replay:
-        maxima_acc = AbsMaxAccumulator()
-        stream("max", 1, maxima_acc.update_batch, replay.first())
-        if samples == 0:
-            raise DataError("no samples were usable for calibration", "check the data folder and --skip-bad report")
-        derived = derive_extremes(maxima_acc.extremes, links)
-        maxima_acc.add_derived({name: abs_max(derived[name]) for name in links})
-        maxima = maxima_acc.maxima
+    with ReplayedBatches(batcher, enabled=need_hist and given is None) as replay:
+        if given is None:
+            maxima_acc = AbsMaxAccumulator()
+            source = replay.first()
+            if keep_batches is not None and write and replay_worthwhile(batcher):
+                from trtq.calib.batchfile import write_through
+
+                source = write_through(source, Path(keep_batches), batcher)
+            stream("max", 1, maxima_acc.update_batch, source)
+            if samples == 0:
+                raise DataError("no samples were usable for calibration", "check the data folder and --skip-bad report")
+            derived = derive_extremes(maxima_acc.extremes, links)
+            maxima_acc.add_derived({name: abs_max(derived[name]) for name in links})
+            maxima = maxima_acc.maxima
+        else:
+            maxima = given  # pass 2 of a shard: the merged ranges of pass 1
         counts = zeros = None
         if need_hist:
             if not numba_enabled():
@@ -176,9 +200,21 @@ def run_calibration(
             hist = HistogramAccumulator(maxima, num_bins=opts.num_bins)
             # pass 2 needs every tensor: a session that exposes them all (the first one is freed
             # first, so the peak holds one set of activations)
-            collector = None
-            collector = OrtCollector(model, tensors, opts.providers)
-            stream("histogram", 2, hist.update_batch, replay.second())
+            if given is None:
+                collector = None
+                collector = OrtCollector(model, tensors, opts.providers)
+            if given is None:
+                source = replay.second()
+            else:
+                source = None
+                if keep_batches is not None:
+                    from trtq.calib.batchfile import open_batches
+
+                    source = open_batches(Path(keep_batches), batcher)
+                source = batcher if source is None else source
+            stream("histogram", stages, hist.update_batch, source)
+            if samples == 0:
+                raise DataError("no samples were usable for calibration", "check the data folder and --skip-bad report")
             counts = hist.counts
             zeros = hist.zeros
             if hist.exceeded:
@@ -186,7 +222,12 @@ def run_calibration(
                     "%d tensor(s) had values above their first-pass max in the second pass (data not "
                     "deterministic?): %s; they were counted in the last bin",
                     len(hist.exceeded), ", ".join(sorted(hist.exceeded)[:5]))
-    raw_amax = compute_all(opts.method, maxima, counts, opts.percentile, zeros)
+    if shard_pass == "ranges":  # a pass-1 shard: maxima only, histograms come in pass 2
+        import numpy as np
+
+        counts = {n: np.zeros(opts.num_bins, dtype=np.int64) for n in tensors}
+        zeros = {n: 0 for n in tensors}
+    raw_amax = compute_all("max" if shard_pass else opts.method, maxima, counts, opts.percentile, zeros)
     amax, zero = _finalize_amax({name: float(raw_amax[name]) for name in tensors})
     seconds = time.perf_counter() - started
 
@@ -197,11 +238,17 @@ def run_calibration(
         if stats_path is not None:
             meta = {k: v for k, v in provenance.items() if k not in ("amax", "method", "algorithm")}
             meta["tensors"] = tensors
+            if shard_pass is not None:
+                from trtq.calib.shard import ranges_sha256
+
+                meta["shard"] = {"index": shard[0], "count": shard[1], "pass": shard_pass,
+                                 "ranges_sha256": ranges_sha256(given) if given is not None else None}
             save_stats(stats_path, {n: maxima[n] for n in tensors}, {n: counts[n] for n in tensors}, meta,
                        {n: zeros[n] for n in tensors})
-        _write_outputs(out, algorithm, trt_version, amax, provenance)
+        if shard_pass is None:
+            _write_outputs(out, algorithm, trt_version, amax, provenance)
     return CalibrationResult(
-        cache_path=out if write else None, method=opts.method, algorithm=algorithm, trt_version=trt_version,
+        cache_path=out if write and shard_pass is None else None, method=opts.method, algorithm=algorithm, trt_version=trt_version,
         amax=amax, samples=samples, batches=batches, seconds=seconds, stats_path=stats_path,
         skipped=list(getattr(batcher, "skipped", [])), zero_tensors=zero, providers=list(collector.providers),
     )
@@ -241,6 +288,14 @@ def calibrate_from_stats(cfg: TrtqConfig, stats_path: Path) -> CalibrationResult
     opts = cfg.calibrate.resolved()
     stats = load_stats(Path(stats_path))
     meta = dict(stats.meta)
+    shard = meta.get("shard") if isinstance(meta.get("shard"), dict) else None
+    if shard is not None and shard.get("index") is not None and int(shard.get("count", 1)) > 1:
+        raise CacheError(f"{stats_path} is shard {shard['index']}/{shard['count']} only",
+                         "merge all shards first: trtq merge-stats part-*.npz -o merged.npz")
+    if shard is not None and shard.get("pass") == "ranges" and opts.method != "max":
+        raise CacheError(f"{stats_path} holds pass-1 ranges only; --method {opts.method} needs histograms",
+                         "run pass 2 (trtq calibrate --shard I/N --ranges this.npz --save-stats ...) and merge it, "
+                         "or use --method max")
     model_meta = meta.get("model") or {}
     if cfg.model:
         actual = sha256_file(cfg.model)

@@ -80,6 +80,8 @@ class Batcher:
         if options.limit is not None:
             order = order[: options.limit]
         self._order = order.astype(np.int64)
+        self._full_order = self._order  # what fingerprint() names, also for a shard (take_shard)
+        self.shard = None
         self.num_samples = int(len(self._order))
         bs = self.batch_size
         if options.last_batch == "keep" and not self._dynamic_batch():
@@ -101,6 +103,25 @@ class Batcher:
         self.workers = default_workers() if options.workers is None else int(options.workers)
         self.prefetch = max(1, int(options.prefetch))
         self.skipped: List[Tuple[str, str]] = []
+
+    def take_shard(self, index: int, count: int) -> None:
+        """Keep only the samples at positions ``p`` with ``p % count == index`` of the full order.
+
+        Positions are taken in the sorted (or seeded-shuffled) sample order, so the split does not
+        depend on file order on disk; :meth:`fingerprint` keeps naming the whole data set, which is
+        what lets shards be checked against each other when they are merged (trtq.calib.shard).
+        """
+        if self.shard is not None:
+            raise ValueError("take_shard may be called once")
+        if self.options.last_batch == "drop":
+            raise ConfigError(
+                "--shard with data.last_batch drop: which samples a single run drops depends on all shards",
+                "use last_batch: pad (the default; padding rows never enter the statistics)",
+            )
+        self._order = self._full_order[index::count]
+        self.shard = (int(index), int(count))
+        self.num_samples = int(len(self._order))
+        self.num_batches = -(-self.num_samples // self.batch_size)
 
     # ------------------------------------------------------------------------------ setup checks
 
@@ -256,7 +277,7 @@ class Batcher:
             },
         }
         h.update(json.dumps(head, sort_keys=True).encode("utf-8"))
-        h.update(self._order.astype("<i8").tobytes())
+        h.update(self._full_order.astype("<i8").tobytes())
         return h.hexdigest()
 
     def describe(self) -> Dict[str, Any]:

@@ -1,0 +1,32 @@
+# Sharded calibration: N shards in parallel with make -jN (README "Sharded calibration").
+#   make -f shards.mk -j4 N=4 METHOD=entropy ARGS="-c calib.yaml"
+# Pass 1 (max|x|) per shard -> merge-stats -> pass 2 (histograms over the merged ranges) per
+# shard -> merge-stats -> calibrate --from-stats. The cache equals a single run's, byte for byte.
+# A shard's pass 1 keeps its decoded batches (batches-I.bin, deleted after pass 2) so that pass 2
+# does not decode the images again; they take samples x input size on disk (224x224x3 float32:
+# 0.6 MB a sample).
+N      ?= 4
+METHOD ?= entropy
+TRTQ   ?= trtq
+ARGS   ?= -c calib.yaml
+SHARDS := $(shell seq 0 $$(($(N) - 1)))
+
+calibration.cache: stats.npz
+	$(TRTQ) calibrate $(ARGS) -q --from-stats $< --method $(METHOD) -o $@
+
+stats.npz: $(SHARDS:%=hist-%.npz)
+	$(TRTQ) merge-stats -q $^ -o $@
+
+hist-%.npz: ranges.npz
+	$(TRTQ) calibrate $(ARGS) -q --shard $*/$(N) --ranges $< --keep-batches batches-$*.bin --save-stats $@
+	rm -f batches-$*.bin
+
+ranges.npz: $(SHARDS:%=ranges-%.npz)
+	$(TRTQ) merge-stats -q $^ -o $@
+
+ranges-%.npz:
+	$(TRTQ) calibrate $(ARGS) -q --shard $*/$(N) --keep-batches batches-$*.bin --save-stats $@
+
+.PHONY: clean
+clean:
+	rm -f ranges-*.npz ranges.npz hist-*.npz stats.npz batches-*.bin calibration.cache calibration.cache.json

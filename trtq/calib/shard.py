@@ -1,0 +1,225 @@
+"""Sharded calibration: ``--shard I/N``, ``--ranges``, and ``trtq merge-stats``.
+
+Calibration is a reduction over the samples, and both statistics trtq keeps are exactly mergeable:
+``max|x|`` by ``max``, and histograms over fixed edges by integer addition. So a data set can be
+split into N shards calibrated by N processes (a CI matrix, a Slurm array, Kubernetes jobs, Ray
+tasks), and the merged statistics give the same cache, byte for byte, as one process:
+
+1. pass 1 per shard: ``trtq calibrate --shard I/N --save-stats ranges-I.npz`` (max only)
+2. ``trtq merge-stats ranges-*.npz -o ranges.npz`` (max of maxima)
+3. pass 2 per shard: ``trtq calibrate --shard I/N --ranges ranges.npz --save-stats hist-I.npz``
+   (histograms over the merged edges)
+4. ``trtq merge-stats hist-*.npz -o stats.npz`` (sum of counts), then
+   ``trtq calibrate --from-stats stats.npz --method M`` for any method.
+
+Shard ``I`` (0-based) holds the samples at positions ``p % N == I`` of the data set's sample order
+(sorted paths, or the seeded shuffle), whatever the order of files on disk. Every shard file
+records, in its statistics meta, the full data set's fingerprint (sample list, order and
+preprocessing), the model's sha256, the trtq version and ``shard: {index, count, pass,
+ranges_sha256}``; merging refuses files that disagree on any of them, duplicate or missing shards,
+and pass-2 shards that used other ranges.
+"""
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Dict, Optional, Sequence, Tuple
+
+from trtq.errors import CacheError, UsageError
+
+PASS_RANGES = "ranges"
+PASS_HISTOGRAM = "histogram"
+
+_SHARD_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+
+
+def parse_shard(text: str) -> Tuple[int, int]:
+    """``"I/N"`` -> ``(I, N)`` with ``0 <= I < N``; UsageError otherwise."""
+    m = _SHARD_RE.match(str(text))
+    if not m:
+        raise UsageError(f"--shard {text!r} is not I/N", "pass the 0-based shard index and the shard count, e.g. --shard 0/4")
+    index, count = int(m.group(1)), int(m.group(2))
+    if count < 1 or not 0 <= index < count:
+        raise UsageError(f"--shard {text}: the index must be in 0..N-1 and N at least 1",
+                         f"e.g. --shard 0/{max(count, 1)} ... --shard {max(count, 1) - 1}/{max(count, 1)}")
+    return index, count
+
+
+def ranges_sha256(maxima: Dict[str, float]) -> str:
+    """Identity of a set of histogram edges: tensor names and their float64 maxima."""
+    import numpy as np
+
+    h = hashlib.sha256()
+    h.update(json.dumps(list(maxima), ensure_ascii=True).encode("utf-8"))
+    h.update(np.array([float(v) for v in maxima.values()], dtype="<f8").tobytes())
+    return h.hexdigest()
+
+
+def shard_meta(meta: dict) -> Optional[dict]:
+    s = meta.get("shard")
+    return s if isinstance(s, dict) else None
+
+
+# ------------------------------------------------------------------------------------------------
+# consistency checks between statistics files
+# ------------------------------------------------------------------------------------------------
+
+
+def _preprocess_of(meta: dict):
+    inputs = ((meta.get("data") or {}).get("options") or {}).get("inputs") or {}
+    return {name: (src or {}).get("preprocess") for name, src in sorted(inputs.items())}
+
+
+def check_same_origin(path: Path, meta: dict, ref_path: Path, ref: dict) -> None:
+    """CacheError naming the first difference in model, data set, preprocessing, version or tensors."""
+    fix = "calibrate every shard with the same trtq version, model, data and flags"
+    a_model = (meta.get("model") or {}).get("sha256")
+    b_model = (ref.get("model") or {}).get("sha256")
+    if a_model != b_model:
+        raise CacheError(f"{path} holds statistics of another model than {ref_path} (sha256 {str(a_model)[:12]} vs "
+                         f"{str(b_model)[:12]})", fix)
+    a_data = (meta.get("data") or {}).get("fingerprint")
+    b_data = (ref.get("data") or {}).get("fingerprint")
+    if a_data != b_data:
+        if _preprocess_of(meta) != _preprocess_of(ref):
+            raise CacheError(f"{path} was calibrated with other preprocessing than {ref_path}", fix)
+        raise CacheError(f"{path} was calibrated on another data set (sample list or order) than {ref_path}", fix)
+    if meta.get("trtq_version") != ref.get("trtq_version"):
+        raise CacheError(f"{path} was written by trtq {meta.get('trtq_version')}, {ref_path} by trtq "
+                         f"{ref.get('trtq_version')}", fix)
+    if list(meta.get("tensors") or []) != list(ref.get("tensors") or []):
+        raise CacheError(f"{path} covers other tensors than {ref_path}", "pass the same --tensors to every shard")
+
+
+def check_ranges_fit(ranges_path: Path, meta: dict, model_sha: str, fingerprint: str, tensors: Sequence[str]) -> None:
+    """The ``--ranges`` file must come from this model, data set, trtq version and tensor list."""
+    from trtq import __version__
+
+    fix = "merge the pass-1 shards of this run (trtq merge-stats) and pass that file as --ranges"
+    if (meta.get("model") or {}).get("sha256") != model_sha:
+        raise CacheError(f"--ranges {ranges_path} holds ranges of another model", fix)
+    if (meta.get("data") or {}).get("fingerprint") != fingerprint:
+        raise CacheError(f"--ranges {ranges_path} was measured on another data set or preprocessing", fix)
+    if meta.get("trtq_version") != __version__:
+        raise CacheError(f"--ranges {ranges_path} was written by trtq {meta.get('trtq_version')}, this is "
+                         f"{__version__}", fix)
+    if list(meta.get("tensors") or []) != list(tensors):
+        raise CacheError(f"--ranges {ranges_path} covers other tensors than this run", "pass the same --tensors")
+    s = shard_meta(meta)
+    if s is not None and s.get("index") is not None and int(s.get("count", 1)) > 1:
+        raise CacheError(f"--ranges {ranges_path} is shard {s.get('index')}/{s.get('count')} of pass 1, not the merge",
+                         fix)
+
+
+# ------------------------------------------------------------------------------------------------
+# merge
+# ------------------------------------------------------------------------------------------------
+
+
+class MergeResult:
+    def __init__(self, output: Path, shards: int, pass_name: str, samples: int, tensors: int):
+        self.output, self.shards, self.pass_name, self.samples, self.tensors = output, shards, pass_name, samples, tensors
+
+    def to_dict(self) -> dict:
+        return {"output": str(self.output), "shards": self.shards, "pass": self.pass_name,
+                "samples": self.samples, "tensors": self.tensors}
+
+
+def merge_stats_files(paths: Sequence[Path], output: Path) -> MergeResult:
+    """Merge the N shard files of one pass into one statistics file (written atomically).
+
+    Pass ``ranges``: maxima by max (counts stay empty); pass ``histogram``: maxima must be the same
+    edges in every shard, counts and exact-zero counts add up. The output's meta is the shards'
+    with ``data.samples`` / ``data.skipped`` summed and ``shard.index`` null (merged).
+    """
+    import numpy as np
+
+    from trtq.calib.stats import load_stats, save_stats
+
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise UsageError("no statistics files to merge", "pass the shard files, e.g. trtq merge-stats part-*.npz -o merged.npz")
+    loaded = []
+    for p in paths:
+        st = load_stats(p)
+        s = shard_meta(st.meta)
+        if s is None or s.get("index") is None:
+            what = "a merged file" if s is not None else "not a shard (no --shard)"
+            raise CacheError(f"{p} is {what}", "merge the files written by trtq calibrate --shard I/N --save-stats")
+        loaded.append((p, st, s))
+    p0, st0, s0 = loaded[0]
+    count, pass_name = int(s0["count"]), s0.get("pass")
+    seen: Dict[int, Path] = {}
+    for p, st, s in loaded:
+        check_same_origin(p, st.meta, p0, st0.meta)
+        if int(s.get("count", -1)) != count:
+            raise CacheError(f"{p} is shard {s.get('index')}/{s.get('count')} but {p0} is of {count} shards",
+                             "merge the shards of one split")
+        if s.get("pass") != pass_name:
+            raise CacheError(f"{p} is from pass {s.get('pass')}, {p0} from pass {pass_name}",
+                             "merge the shards of one pass at a time")
+        if st.num_bins != st0.num_bins:
+            raise CacheError(f"{p} has {st.num_bins} histogram bins, {p0} has {st0.num_bins}", "use the same --num-bins")
+        index = int(s["index"])
+        if index in seen:
+            raise CacheError(f"shard {index}/{count} given twice: {seen[index]} and {p}", "pass each shard once")
+        seen[index] = p
+        if pass_name == PASS_HISTOGRAM and s.get("ranges_sha256") != s0.get("ranges_sha256"):
+            raise CacheError(f"{p} was histogrammed over other ranges than {p0}",
+                             "run pass 2 of every shard with the same --ranges file")
+    missing = sorted(set(range(count)) - set(seen))
+    if missing:
+        raise CacheError(f"missing shard(s) {', '.join(f'{i}/{count}' for i in missing[:5])}"
+                         + (" ..." if len(missing) > 5 else ""),
+                         "pass all N shard files: the merged statistics must cover every sample")
+
+    names = list(st0.maxima)
+    if pass_name == PASS_RANGES:
+        maxima = {n: max(st.maxima[n] for _, st, _ in loaded) for n in names}
+    else:
+        maxima = dict(st0.maxima)  # same edges in every shard (ranges_sha256 checked above)
+    counts = {n: np.zeros(st0.num_bins, dtype=np.int64) for n in names}
+    zeros = {n: 0 for n in names}
+    if pass_name == PASS_HISTOGRAM:
+        for _, st, _ in loaded:
+            for n in names:
+                counts[n] += st.counts[n]
+                zeros[n] += st.zeros.get(n, 0)
+    meta = json.loads(json.dumps(st0.meta))
+    data = meta.setdefault("data", {})
+    data["samples"] = sum(int((st.meta.get("data") or {}).get("samples") or 0) for _, st, _ in loaded)
+    data["skipped"] = sum(int((st.meta.get("data") or {}).get("skipped") or 0) for _, st, _ in loaded)
+    meta["shard"] = {"index": None, "count": count, "pass": pass_name, "ranges_sha256": s0.get("ranges_sha256")}
+    save_stats(output, maxima, counts, meta, zeros)
+    return MergeResult(Path(output), count, pass_name, data["samples"], len(names))
+
+
+# ------------------------------------------------------------------------------------------------
+# one shard's run (called by trtq.calib.calibrate.run_calibration)
+# ------------------------------------------------------------------------------------------------
+
+
+def prepare_shard(batcher, shard: Optional[Tuple[int, int]], ranges: Optional[Path], opts, model_path: Path,
+                  tensors: Sequence[str]) -> Tuple[str, Optional[Dict[str, float]]]:
+    """Restrict ``batcher`` to the shard; returns (pass name, the merged maxima for pass 2 or None)."""
+    from trtq.calib.stats import load_stats
+    from trtq.errors import DataError
+    from trtq.fileio import sha256_file
+
+    if shard is None:
+        raise UsageError("--ranges is for pass 2 of a sharded calibration", "pass --shard I/N with it")
+    if not opts.save_stats:
+        raise UsageError("--shard writes statistics, not a cache", f"pass --save-stats part-{shard[0]}.npz")
+    batcher.take_shard(*shard)
+    if batcher.num_samples == 0:
+        raise DataError(f"shard {shard[0]}/{shard[1]} has no samples (the data set has {batcher.total_samples})",
+                        f"use at most {batcher.total_samples} shards")
+    if ranges is None:
+        return PASS_RANGES, None
+    st = load_stats(Path(ranges))
+    check_ranges_fit(Path(ranges), st.meta, sha256_file(model_path), batcher.fingerprint(), tensors)
+    lacking = [n for n in tensors if n not in st.maxima]
+    if lacking:
+        raise CacheError(f"--ranges {ranges} has no range for tensor '{lacking[0]}'",
+                         "merge the pass-1 shards of this run (trtq merge-stats) and pass that file as --ranges")
+    return PASS_HISTOGRAM, {n: st.maxima[n] for n in tensors}

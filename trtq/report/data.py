@@ -1,0 +1,220 @@
+"""Gather what ``trtq report`` shows into one JSON-able dict (the ``--json`` output and the data
+the HTML page renders).
+
+Inputs: the calibration cache (and its ``.json`` provenance), optionally the ``--save-stats``
+statistics (histograms: the ranges every method would choose, clipped fractions), a ``trtq compare
+--json`` result (accuracy per output, ``per_layer`` sensitivity), a ``trtq quantize --json`` result
+(which nodes stayed float, and why) and a ``trtq bench --json`` result (latency).
+"""
+import json
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from trtq import __version__
+from trtq.errors import CacheError, InputError
+
+REPORT_FORMAT = "trtq-report/1"
+DISPLAY_BINS = 256  # histogram bins kept for the page (the saved ones summed in groups)
+METHODS = ("max", "entropy", "percentile", "mse")
+
+
+def _num(v) -> Optional[float]:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def read_json(path: Path, what: str, produced_by: str) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{what} file not found: {path}", f"write it with {produced_by} > {path.name}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"{path} is not JSON ({type(e).__name__})", f"write it with {produced_by}") from None
+
+
+def clipped_fraction(counts, max_value: float, amax: float) -> float:
+    """Fraction of values with ``|x| > amax``; the bin holding ``amax`` counts by its share above it
+    (values assumed uniform inside a bin), so the figure has the histogram's resolution."""
+    total = float(counts.sum())
+    if total == 0 or max_value <= 0 or amax >= max_value:
+        return 0.0
+    nb = counts.size
+    pos = max(amax, 0.0) / (max_value / nb)
+    k = int(pos)
+    above = float(counts[k + 1:].sum()) + float(counts[k]) * (k + 1 - pos)
+    return above / total
+
+
+def tensor_rows(table, stats, percentile: float) -> List[dict]:
+    """One row per tensor of the cache (file order); histogram fields when ``stats`` has the tensor."""
+    import numpy as np
+
+    from trtq.calib.stats import compute_amax
+
+    rows = []
+    for name, amax in table.amax.items():
+        row: Dict[str, Any] = {"name": name, "amax": _num(amax), "step": _num(amax / 127.0)}
+        if stats is not None and name in stats.maxima:
+            counts = stats.counts[name]
+            m = stats.maxima[name]
+            zeros = int(stats.zeros.get(name, 0))
+            ranges = {meth: float(compute_amax(meth, counts, m, percentile, zeros)) for meth in METHODS}
+            group = max(1, counts.size // DISPLAY_BINS)
+            shown = counts[: counts.size // group * group].reshape(-1, group).sum(axis=1)
+            total = int(counts.sum())
+            row.update({
+                "max": m,
+                "amax_over_max": (amax / m) if m > 0 else None,
+                "clipped": clipped_fraction(counts, m, amax),
+                "values": total,
+                "zeros": (zeros / total) if total else 0.0,
+                "ranges": ranges,
+                "clipped_by": {meth: clipped_fraction(counts, m, a) for meth, a in ranges.items()},
+                "histogram": {"width": m / counts.size * group, "counts": [int(c) for c in np.asarray(shown)]},
+            })
+        rows.append(row)
+    return rows
+
+
+def _runtime_of(candidate: str, compare: dict) -> str:
+    if isinstance(compare.get("runtime"), str):
+        return compare["runtime"]
+    if str(candidate).endswith(".plan") or str(candidate).endswith(".engine"):
+        meta_path = Path(str(candidate) + ".json")
+        version = None
+        if meta_path.is_file():
+            try:
+                version = json.loads(meta_path.read_text(encoding="utf-8")).get("tensorrt_version")
+            except (OSError, ValueError, AttributeError):
+                version = None
+        return f"TensorRT engine{f' (TensorRT {version})' if version else ''}"
+    return "ONNX Runtime (Q/DQ semantics: INT8 rounding simulated in float, CPU)"
+
+
+def accuracy_section(compare: Any, path: Path) -> dict:
+    if not isinstance(compare, dict) or not isinstance(compare.get("outputs"), list):
+        raise InputError(f"{path} is not the JSON of trtq compare", "write it with trtq compare ... --json")
+    outputs = []
+    for o in compare["outputs"]:
+        if isinstance(o, dict):  # every scalar field, so metrics compare adds later show up too
+            outputs.append({k: v for k, v in o.items() if v is None or isinstance(v, (str, int, float))})
+    return {
+        "reference": compare.get("reference"),
+        "candidate": compare.get("candidate"),
+        "runtime": _runtime_of(str(compare.get("candidate") or ""), compare),
+        "samples": compare.get("samples"),
+        "outputs": outputs,
+    }
+
+
+def layer_section(compare: Any) -> Optional[dict]:
+    rows = compare.get("per_layer") if isinstance(compare, dict) else None
+    if not isinstance(rows, list) or not rows:
+        return None
+    keep = [{k: r.get(k) for k in ("node", "op_type", "sqnr_db", "cosine_mean", "top1_agreement", "gain_db")}
+            for r in rows if isinstance(r, dict)]
+    mode = "leave-one-out" if any(r.get("gain_db") is not None for r in keep) else "only"
+    return {"mode": mode, "rows": keep}
+
+
+def float_section(quantize: Any, path: Path) -> List[dict]:
+    if not isinstance(quantize, dict) or not isinstance(quantize.get("left_float"), list):
+        raise InputError(f"{path} is not the JSON of trtq quantize", "write it with trtq quantize ... --json")
+    return [{"node": str(r.get("node")), "reason": str(r.get("reason"))}
+            for r in quantize["left_float"] if isinstance(r, dict)]
+
+
+def latency_section(bench: Any, path: Path) -> dict:
+    if isinstance(bench, dict):
+        bench = [bench]
+    if not isinstance(bench, list) or not bench or not all(isinstance(b, dict) and "median_ms" in b for b in bench):
+        raise InputError(f"{path} is not the JSON of trtq bench", "write it with trtq bench PLAN... --json")
+    first = _num(bench[0].get("median_ms"))
+    plans = []
+    for b in bench:
+        med = _num(b.get("median_ms"))
+        plans.append({
+            "plan": b.get("plan"), "precision": b.get("precision"), "batch": b.get("batch"),
+            "median_ms": med, "p99_ms": _num(b.get("p99_ms")), "samples_per_s": _num(b.get("samples_per_s")),
+            "speedup_vs_first": (first / med) if first and med else None,
+        })
+    versions = sorted({str(b.get("tensorrt_version")) for b in bench if b.get("tensorrt_version")})
+    gpus = sorted({str(b.get("gpu_name")) for b in bench if b.get("gpu_name")})
+    runtime = "TensorRT engine" + (f" (TensorRT {', '.join(versions)})" if versions else "") + (
+        f" on {', '.join(gpus)}" if gpus else "")
+    return {"runtime": runtime, "plans": plans}
+
+
+def build_report(cache: Path, stats: Optional[Path] = None, compare: Optional[Path] = None,
+                 quantize: Optional[Path] = None, bench: Optional[Path] = None) -> dict:
+    """The report's data; InputError / CacheError (one line, with the fix) on a bad or foreign input."""
+    from trtq.calib.cache import read_cache, read_provenance
+    from trtq.calib.freshness import provenance_matches_cache
+    from trtq.calib.stats import load_stats
+
+    table = read_cache(cache)
+    prov = read_provenance(cache)
+    if prov is not None and not provenance_matches_cache(prov, table.amax):
+        prov = None  # the JSON describes an older cache at this path
+    st = load_stats(stats) if stats is not None else None
+    if st is not None:
+        st_model = (st.meta.get("model") or {}).get("sha256")
+        prov_model = ((prov or {}).get("model") or {}).get("sha256")
+        if st_model and prov_model and st_model != prov_model:
+            raise CacheError(f"{stats} holds statistics of another model than {cache}",
+                             "pass the --save-stats file of the run that wrote this cache")
+        if not set(table.amax) & set(st.maxima):
+            raise CacheError(f"{stats} has no tensor of {cache}", "pass the statistics of this calibration")
+    method = (prov or {}).get("method") or {}
+    percentile = _num(method.get("percentile")) or 99.99
+    meta = (prov or (st.meta if st is not None else {})) or {}
+    data = meta.get("data") or {}
+    model = meta.get("model") or {}
+    report = {
+        "format": REPORT_FORMAT,
+        "provenance": {
+            "cache": str(cache),
+            "algorithm": table.algorithm,
+            "trt_version": table.trt_version,
+            "method": method.get("name"),
+            "percentile": percentile,
+            "num_bins": method.get("num_bins") or (st.num_bins if st is not None else None),
+            "model": model.get("path"),
+            "model_sha256": model.get("sha256"),
+            "data_fingerprint": data.get("fingerprint"),
+            "samples": data.get("samples"),
+            "calibrated_by": f"trtq {meta.get('trtq_version')}" if meta.get("trtq_version") else None,
+            "shards": ((meta.get("shard") or {}).get("count")) if isinstance(meta.get("shard"), dict) else None,
+            "stats": str(stats) if stats is not None else None,
+            "report_by": f"trtq {__version__}",
+        },
+        "tensors": tensor_rows(table, st, percentile),
+        "layers": None,
+        "float_layers": None,
+        "accuracy": None,
+        "latency": None,
+    }
+    if compare is not None:
+        c = read_json(compare, "compare result", "trtq compare ... --json")
+        report["accuracy"] = accuracy_section(c, Path(compare))
+        report["layers"] = layer_section(c)
+    if quantize is not None:
+        report["float_layers"] = float_section(read_json(quantize, "quantize result", "trtq quantize ... --json"),
+                                               Path(quantize))
+    if bench is not None:
+        report["latency"] = latency_section(read_json(bench, "bench result", "trtq bench PLAN... --json"), Path(bench))
+    return report
+
+
+def summary(report: dict, clip_threshold: float = 1e-4) -> dict:
+    rows = report["tensors"]
+    clipping = sorted((r for r in rows if (r.get("clipped") or 0) > clip_threshold), key=lambda r: -r["clipped"])
+    return {
+        "tensors": len(rows),
+        "with_histogram": sum(1 for r in rows if "histogram" in r),
+        "clipping": len(clipping),
+        "most_clipped": [r["name"] for r in clipping[:5]],
+    }
