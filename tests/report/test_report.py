@@ -127,7 +127,7 @@ def test_html_is_self_contained_and_names_the_runtimes(trtq, tmp_path):
     r = _ok(trtq(["report", "--cache", cache, "--stats", stats, "--compare", tmp_path / "c.json", "--quantize",
                   tmp_path / "q.json", "--bench", tmp_path / "b.json", "-o", out, "--json"]))
     data = json.loads(r.out)
-    assert data["accuracy"]["runtime"].startswith("ONNX Runtime (Q/DQ")
+    assert data["accuracy"]["runtime"] == cj["runtime"] and "Q/DQ semantics" in cj["runtime"]  # compare's own words
     assert data["latency"]["runtime"] == "TensorRT engine (TensorRT 10.3.0) on NVIDIA H100"
     assert [p["speedup_vs_first"] for p in data["latency"]["plans"]] == [1.0, 0.5]
     assert "fc" in {f["node"] for f in data["float_layers"]}
@@ -136,7 +136,7 @@ def test_html_is_self_contained_and_names_the_runtimes(trtq, tmp_path):
     assert data["accuracy"]["outputs"][0]["task_top1"] == 0.8125
     assert "<th>task top1</th>" in out.read_text(encoding="utf-8") and "<td>0.8125</td>" in out.read_text(encoding="utf-8")
     for needle in ("id=histogram", "id=layers", "id=float", "id=accuracy", "id=latency", ">fc<",
-                   "TensorRT engine (TensorRT 10.3.0)", "ONNX Runtime (Q/DQ"):
+                   "TensorRT engine (TensorRT 10.3.0)", "Q/DQ semantics (what TensorRT computes"):
         assert needle in page, needle
     # nothing to fetch: no external URL in src/href, no CDN
     low = page.lower()
