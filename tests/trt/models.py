@@ -10,6 +10,15 @@ from onnx import TensorProto, helper, numpy_helper
 TACTICS = ("EDGE_MASK_CONVOLUTIONS", "JIT_CONVOLUTIONS")  # the GPU bundle's cuBLAS/cuDNN are stubs
 
 
+def gpu_build_options(**kw):
+    """BuildOptions for fast test builds on the GPU bundle: level 0, its tactic sources, 512 MiB."""
+    from trtq.config import BuildOptions
+
+    base = dict(optimization_level=0, tactic_sources=TACTICS, workspace_mb=512)
+    base.update(kw)
+    return BuildOptions(**base)
+
+
 def _save(model: onnx.ModelProto, path: Path, opset: int) -> Path:
     model.opset_import[0].version = opset
     model.ir_version = 8  # readable by onnxruntime 1.19 / onnx 1.17 of the GPU bundle

@@ -12,8 +12,8 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from trtq.config import BuildOptions
 from tests.trt.models import (
+    gpu_build_options,
     TACTICS, activation_amax, cosine, ort_quantize_static, ort_run, qat_style_cnn, rel_max_err, residual_cnn,
 )
 
@@ -21,10 +21,7 @@ pytestmark = pytest.mark.gpu
 BATCH = 4
 
 
-def opts(**kw):
-    base = dict(optimization_level=0, tactic_sources=TACTICS, workspace_mb=512)
-    base.update(kw)
-    return BuildOptions(**base)
+opts = gpu_build_options
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import pytest
 from trtq.config import BenchOptions, BuildOptions, DataOptions, InputSource, ProfileShapes
 from trtq.errors import DataError, ModelError
 from tests.trt.models import (
+    gpu_build_options,
     TACTICS, activation_amax, cosine, ort_run, read_trt_cache, rel_max_err, relu6_cnn, unsupported_op_opset18,
     residual_cnn, write_trt_cache,
 )
@@ -26,10 +27,7 @@ pytestmark = pytest.mark.gpu
 BATCH = 4
 
 
-def opts(**kw):
-    base = dict(optimization_level=0, tactic_sources=TACTICS, workspace_mb=512)
-    base.update(kw)
-    return BuildOptions(**base)
+opts = gpu_build_options
 
 
 @pytest.fixture(scope="module")
