@@ -161,7 +161,7 @@ def run_calibration(
         counts = zeros = None
         if need_hist:
             if not numba_enabled():
-                log.info("histograms on the numpy fallback; pip install 'trtq[fast]' (numba) makes this pass ~2x faster")
+                log.info("histograms on the numpy fallback; pip install numba makes this pass ~2x faster")
             hist = HistogramAccumulator(maxima, num_bins=opts.num_bins)
             # pass 2 needs every tensor: a session that exposes them all (the first one is freed
             # first, so the peak holds one set of activations)
