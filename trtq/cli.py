@@ -705,10 +705,20 @@ def bench(plans, config_path, as_json, verbose, quiet, iterations, duration, war
 
 
 def _on_signal(signum, frame) -> None:
-    """SIGINT / SIGTERM: unwind (temporary files removed by trtq.fileio); a second one exits at once."""
+    """SIGINT / SIGTERM: unwind (temporary files removed by trtq.fileio); a second one exits at once.
+
+    Inside an import the exception is not raised: an exception thrown into the initialisation of a
+    C extension (onnx's pybind11 module) crashed the interpreter (SIGSEGV). The signal is sent again
+    once the main thread has left the import machinery.
+    """
     from trtq import interrupt
 
-    if interrupt.requested() is not None:
+    global _redelivering
+    again = _redelivering
+    _redelivering = False
+    if _finishing:  # the command is over; its own exit code and message stand
+        return
+    if interrupt.requested() is not None and not again:
         from trtq.fileio import remove_pending_temp_files
 
         remove_pending_temp_files()
@@ -718,7 +728,39 @@ def _on_signal(signum, frame) -> None:
             pass
         os._exit(EXIT_TERMINATED if interrupt.requested() == signal.SIGTERM else EXIT_INTERRUPTED)
     interrupt.request(signum)
+    if _in_import(frame):
+        import threading
+
+        threading.Thread(target=_redeliver_after_import, args=(signum,), name="trtq-signal", daemon=True).start()
+        return
     raise interrupt.exception_for(signum)
+
+
+_redelivering = False
+_finishing = False
+
+
+def _in_import(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _redeliver_after_import(signum: int) -> None:
+    global _redelivering
+    import threading
+
+    main_id = threading.main_thread().ident
+    while True:
+        frame = sys._current_frames().get(main_id)
+        if frame is None or not _in_import(frame):
+            break
+        time.sleep(0.005)
+        del frame
+    _redelivering = True
+    os.kill(os.getpid(), signum)
 
 
 def _install_signal_handlers() -> Dict[int, Any]:
@@ -748,18 +790,37 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if argv is not None:  # called in-process (tests): give the caller its handlers back
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+    if argv is None:
+        # the command is over: leave without the interpreter's shutdown (tearing down numpy, onnx,
+        # ONNX Runtime and numba takes a while, during which Python has reset the signal handlers:
+        # a Ctrl-C there killed the process and lost its exit code)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        logging.shutdown()
+        os._exit(code)
     sys.exit(code)
 
 
 def _run(args: List[str], verbose: int) -> int:
     from trtq.interrupt import Terminated
 
+    global _finishing
+    _finishing = False
     try:
-        rv = cli.main(args=args, prog_name="trtq", standalone_mode=False)
+        try:
+            rv = cli.main(args=args, prog_name="trtq", standalone_mode=False)
+        finally:
+            _finishing = True
     except TrtqError as e:
         return _fail(e, str(e), e.exit_code, verbose)
-    except click.exceptions.Abort:
-        click.echo("trtq: interrupted", err=True)
+    except click.exceptions.Abort as e:  # click turns KeyboardInterrupt (Terminated too) into Abort
+        if isinstance(e.__cause__, Terminated):
+            click.echo("trtq: terminated (SIGTERM); nothing was written", err=True)
+            return EXIT_TERMINATED
+        click.echo("trtq: interrupted; nothing was written", err=True)
         return EXIT_INTERRUPTED
     except click.exceptions.ClickException as e:
         e.show()
