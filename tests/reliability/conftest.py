@@ -89,9 +89,12 @@ def kit(_kit_template, tmp_path) -> Kit:
 
 
 def one_line_error(r: CliResult) -> bool:
-    """The contract: exactly one line on stderr, 'trtq: error: <what>; <fix>', no traceback."""
+    """The contract: one error line on stderr, 'trtq: error: <what>; <fix>', last, no traceback
+    (log warnings before it are fine)."""
     lines = [ln for ln in r.err.splitlines() if ln.strip()]
-    return (len(lines) == 1 and lines[0].startswith("trtq: error: ") and ";" in lines[0]
+    errors = [ln for ln in lines if ln.startswith("trtq: error: ")]
+    others_are_logs = all(ln.startswith(("trtq: WARNING: ", "trtq: INFO: ")) for ln in lines[:-1])
+    return (len(errors) == 1 and lines[-1] == errors[0] and ";" in errors[0] and others_are_logs
             and "Traceback" not in r.err and "internal error" not in r.err)
 
 

@@ -308,6 +308,8 @@ def read_cache(path: Union[str, Path], allow_nonfinite: bool = False) -> Calibra
         lines.pop()
     numbered = [(i + 1, ln[:-1] if ln.endswith("\r") else ln) for i, ln in enumerate(lines)]
     numbered = [(n, ln) for n, ln in numbered if ln.strip()]
+    if not numbered:  # only (Unicode) whitespace, e.g. form feeds or \x1c separators
+        raise CacheError(f"calibration cache {path} is empty (whitespace only)", "re-create it with trtq calibrate")
     first_no, first = numbered[0]
     if first.startswith("TRT-"):
         return _read_trt(path, first_no, first, numbered[1:], ends_with_newline, allow_nonfinite)
@@ -372,6 +374,8 @@ def _read_trt(path: Path, header_no: int, header: str, entries, ends_with_newlin
         _check_value(path, n, name, scale, "scale", allow_nonfinite, _TRT_HINT)
         seen_at[name] = n
         amax[name] = scale * INT8_MAX
+    if not amax:
+        raise _bad(path, header_no, "the cache has a header but no entries", "re-create it with trtq calibrate")
     return CalibrationTable(trt_version=version, algorithm=algorithm, amax=amax, source_format="tensorrt")
 
 

@@ -339,6 +339,10 @@ class NpySource:
             raise DataError(f"corrupt or truncated .npy file {path}: {_reason(e)}", "re-save it with np.save") from None
         except (OSError, EOFError, SyntaxError, TypeError) as e:
             raise DataError(f"corrupt or truncated .npy file {path}: {_reason(e)}", "re-save it with np.save") from None
+        except (MemoryError, KeyboardInterrupt):
+            raise
+        except Exception as e:  # numpy parses the header with Python's tokenizer: TokenError, RecursionError, ...
+            raise DataError(f"corrupt .npy header in {path}: {type(e).__name__}", "re-save it with np.save") from None
 
     def _check(self, path: Path) -> Tuple[Tuple[int, ...], np.dtype]:
         arr = self._open(path)
