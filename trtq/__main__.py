@@ -5,7 +5,8 @@ import sys
 
 def _early_exit(signum, frame):  # pragma: no cover - timing dependent
     # a signal while the CLI is still being imported: nothing was started, nothing to clean up
-    os.write(2, b"trtq: interrupted; nothing was written\n")
+    what = b"terminated (SIGTERM)" if signum == signal.SIGTERM else b"interrupted"
+    os.write(2, b"trtq: " + what + b"; nothing was written\n")
     os._exit(128 + signum)
 
 

@@ -723,7 +723,8 @@ def _on_signal(signum, frame) -> None:
 
         remove_pending_temp_files()
         try:
-            os.write(2, b"trtq: interrupted again; stopped at once, nothing was written\n")
+            what = b"terminated" if signum == signal.SIGTERM else b"interrupted"
+            os.write(2, b"trtq: " + what + b" again; stopped at once, nothing was written\n")
         except OSError:
             pass
         os._exit(EXIT_TERMINATED if interrupt.requested() == signal.SIGTERM else EXIT_INTERRUPTED)

@@ -74,3 +74,33 @@ def test_integer_npy_data_is_cast_with_a_note(trtq, kit):
     assert "ints.npy holds uint8 data: cast to float32" in r.err and "no scaling" in r.err
     r = trtq(["calibrate", "--model", kit.model, "--data", kit.data, "-o", kit.root / "m.cache", "--method", "max"])
     assert r.code == 0 and "cast to" not in r.err, r
+
+
+def test_special_files_as_inputs_do_not_hang(trtq, kit):
+    """A FIFO opened for reading waits for a writer forever: every input reader refuses it."""
+    fifo = kit.root / "pipe"
+    os.mkfifo(fifo)
+    out = kit.root / "n.cache"
+    cases = [
+        (["calibrate", "--model", fifo, "--data", kit.data, "-o", out], 3, "not a regular file"),
+        (["quantize", "--model", kit.model, "--cache", fifo, "-o", kit.root / "q.onnx"], 3, "not a regular file"),
+        (["calibrate", "--config", fifo], 2, "not a regular file"),
+        (["calibrate", "--model", kit.model, "--data", f"x={fifo}.npy", "-o", out], 3, None),
+    ]
+    os.symlink(fifo, kit.root / "pipe.npy")
+    for args, code, words in cases:
+        r = run_child(args, timeout=60)
+        assert r.code == code and one_line_error(r), (args, r)
+        assert words is None or words in r.err, r.err
+    assert not out.exists()
+
+
+def test_fifo_in_an_image_folder_is_a_bad_sample(kit):
+    imgs = kit.root / "imgs"
+    image_folder(imgs, 2, 12, 12)
+    os.mkfifo(imgs / "z.png")
+    base = ["calibrate", "--model", kit.model, "--data", imgs, "--preprocess", "unit", "-o", kit.root / "n.cache"]
+    r = run_child(base, timeout=60)
+    assert r.code == 3 and one_line_error(r) and "z.png" in r.err and "FIFO" in r.err, r
+    r = run_child(base + ["--skip-bad", "--method", "max"], timeout=60)
+    assert r.code == 0 and "skipped     1 bad samples" in r.out, r

@@ -175,3 +175,18 @@ def test_interrupt_swallowed_by_a_finalizer_is_raised_at_the_next_batch(kit):
     assert "Exception ignored" in p.stderr and "KeyboardInterrupt" in p.stderr  # Python did swallow it
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.strip() == "interrupted at batch 3"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_while_starting_up(sig):
+    """Right after the early handlers of `python -m trtq` are in place (the CLI still importing)."""
+    p = subprocess.Popen(trtq_cmd(["--version"]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=child_env())
+    _handlers_installed(p.pid)
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=60)
+    if p.returncode == 0:  # it had already finished
+        assert out.startswith("trtq, version"), out
+        return
+    assert p.returncode == EXIT[sig], (p.returncode, err)
+    assert err.strip().splitlines()[-1].startswith(f"trtq: {WORD[sig]}") and "Traceback" not in err, err

@@ -104,6 +104,8 @@ def read_file_list(entries: Sequence[str], key: str) -> Tuple[Path, List[str]]:
         raise ConfigError(f"{key}: a .txt file list must be the only entry", "put all paths into the .txt file")
     if txt:
         list_path = Path(txt[0])
+        if list_path.exists() and not list_path.is_file():
+            raise DataError(f"file list {list_path} is not a regular file", f"check {key}")
         try:
             lines = list_path.read_text(encoding="utf-8").splitlines()
         except FileNotFoundError:
@@ -168,6 +170,11 @@ def _reason(e: BaseException) -> str:
 
 def decode_image(path: str) -> Image.Image:
     """Fully decode ``path`` (truncation is detected) and apply its EXIF orientation."""
+    from trtq.fileio import non_regular_kind
+
+    kind = non_regular_kind(path)
+    if kind:  # opening a FIFO would wait for a writer forever
+        raise SampleError(f"image path {path} is {kind}, not an image file", _SKIP_HINT, path, kind)
     try:
         with Image.open(path) as img:
             img.load()
