@@ -86,7 +86,10 @@ def test_special_files_as_inputs_do_not_hang(trtq, kit):
         (["quantize", "--model", kit.model, "--cache", fifo, "-o", kit.root / "q.onnx"], 3, "not a regular file"),
         (["calibrate", "--config", fifo], 2, "not a regular file"),
         (["calibrate", "--model", kit.model, "--data", f"x={fifo}.npy", "-o", out], 3, None),
+        (["calibrate", "--model", kit.model, "--data", kit.root / "list.txt", "--preprocess", "unit", "-o", out],
+         3, "not a regular file"),
     ]
+    os.symlink(fifo, kit.root / "list.txt")
     os.symlink(fifo, kit.root / "pipe.npy")
     for args, code, words in cases:
         r = run_child(args, timeout=60)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.reliability.conftest import make_model, one_line_error, temp_leftovers
@@ -105,6 +105,8 @@ def _check_cache_bytes(data: bytes) -> None:
 
 @FUZZ
 @given(st.binary(max_size=300))
+@example(b"\x1c")  # whitespace to str.strip, not to bytes.strip: was an IndexError
+@example(b"TRT-100300-EntropyCalibration2\n")  # a header and no entries: was an empty table
 def test_cache_parser_random_bytes(data):
     _check_cache_bytes(data)
 
@@ -169,6 +171,7 @@ def _check_config_bytes(data: bytes) -> None:
 
 @FUZZ
 @given(st.binary(max_size=200))
+@example(b"model: a\n\"x\\ny\": 1\n")  # a key with a line break: was a two-line error
 def test_config_loader_random_bytes(data):
     _check_config_bytes(data)
 
@@ -236,6 +239,7 @@ def test_npy_reader_random_bytes(data):
 
 @FUZZ
 @given(mutated(VALID_NPY))
+@example(b"\x93NUMPY\x01\x00\x20\x00{'descr': '<f4', 'shape': (2,    \n" + b"\0" * 64)  # tokenize.TokenError
 def test_npy_reader_mutated_files(data):
     _check_npy_bytes(data)
 

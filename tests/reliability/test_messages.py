@@ -94,17 +94,20 @@ def test_model_or_cache_that_is_a_folder_is_invalid_input(trtq, kit):
     assert r.code == 3 and one_line_error(r) and "folder" in r.err, r
 
 
-@pytest.mark.parametrize("what", ["model", "cache"])
-def test_unreadable_model_or_cache_exits_3(kit, unprivileged, what):
-    target = kit.model if what == "model" else kit.cache
+@pytest.mark.parametrize("what", ["model", "calibration cache", "statistics file"])
+def test_unreadable_model_cache_or_stats_exits_3(kit, unprivileged, what):
+    target = {"model": kit.model, "calibration cache": kit.cache, "statistics file": kit.stats}[what]
     os.chmod(target, 0)
     try:
-        r = run_child(["quantize", "--model", kit.model, "--cache", kit.cache, "-o", kit.root / "q.onnx"],
-                      unprivileged)
+        if what == "statistics file":
+            args = ["calibrate", "--from-stats", kit.stats, "-o", kit.root / "n.cache"]
+        else:
+            args = ["quantize", "--model", kit.model, "--cache", kit.cache, "-o", kit.root / "q.onnx"]
+        r = run_child(args, unprivileged)
     finally:
         os.chmod(target, 0o644)
     assert r.code == 3, r
-    assert one_line_error(r) and "Permission denied" in r.err and what in r.err, r.err
+    assert one_line_error(r) and f"cannot read {what}" in r.err and "Permission denied" in r.err, r.err
 
 
 def test_duplicate_yaml_keys_are_refused(trtq, tmp_path):

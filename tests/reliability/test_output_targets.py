@@ -99,6 +99,31 @@ def test_atomic_write_refuses_special_files(tmp_path):
     assert stat.S_ISFIFO(os.stat(fifo).st_mode) and not temp_leftovers(tmp_path)
 
 
+def test_atomic_write_errors_are_one_line(tmp_path):
+    """OS errors of the write itself (the folder was fine when the command started)."""
+    from trtq.errors import TrtqError
+
+    folder = tmp_path / "fs"
+    with tmpfs(folder, "64k"):
+        (folder / "old").write_bytes(b"previous")
+        fill_up(folder)
+        with pytest.raises(TrtqError, match="cannot write .*old: No space left on device; free disk space"):
+            atomic_write_bytes(folder / "old", b"new" * 10000)
+        remount_read_only(folder)
+        with pytest.raises(TrtqError, match="cannot write .*new: Read-only file system; write to a folder"):
+            atomic_write_bytes(folder / "new", b"new")
+        assert (folder / "old").read_bytes() == b"previous" and not temp_leftovers(folder)
+
+
+def test_render_cache_never_writes_an_unusable_scale():
+    from trtq.calib.cache import CalibrationTable, render_cache
+    from trtq.errors import CacheError
+
+    for amax in (0.0, 1e-40, 1e30):
+        with pytest.raises(CacheError, match="scale would be"):
+            render_cache(CalibrationTable("10.3.0", "MinMaxCalibration", {"t": amax}))
+
+
 # ------------------------------------------------------------------------------------------------
 # read-only folder
 # ------------------------------------------------------------------------------------------------

@@ -190,3 +190,123 @@ def test_signal_while_starting_up(sig):
         return
     assert p.returncode == EXIT[sig], (p.returncode, err)
     assert err.strip().splitlines()[-1].startswith(f"trtq: {WORD[sig]}") and "Traceback" not in err, err
+
+
+_SWALLOW_PASS2 = r"""
+import os, signal, sys
+from pathlib import Path
+from trtq.cli import _install_signal_handlers
+from trtq.calib.calibrate import run_calibration
+from trtq.config import load_config
+
+_install_signal_handlers()
+
+
+class Finalized:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(100000):
+            pass
+
+
+def progress(p):
+    if p.stage == "histogram" and p.batches_done == 2:
+        Finalized()  # the interrupt is swallowed inside pass 2 (batches replayed from disk, not the Batcher)
+
+
+model, data, out = sys.argv[1:4]
+cfg = load_config(None, {"model": model, "data.inputs": {"x": {"images": data}}, "data.batch_size": 1,
+                         "calibrate.output": out, "calibrate.method": "mse"}, environ={})
+try:
+    run_calibration(cfg, progress=progress)
+except KeyboardInterrupt:
+    print("interrupted; cache written:", Path(out).exists())
+    sys.exit(0)
+print("never interrupted")
+sys.exit(1)
+"""
+
+
+def test_interrupt_swallowed_in_the_histogram_pass_is_raised_at_the_next_batch(kit):
+    """Images: pass 2 replays the decoded batches from a temporary file (trtq.calib.replay), so the
+    check in the calibration loop itself is what catches it."""
+    from tests.data.helpers import image_folder
+
+    image_folder(kit.root / "imgs", 5, 8, 8)
+    out = kit.root / "n.cache"
+    p = subprocess.run([sys.executable, "-c", _SWALLOW_PASS2, str(kit.model), str(kit.root / "imgs"), str(out)],
+                       capture_output=True, text=True, env=child_env(), timeout=120)
+    assert "Exception ignored" in p.stderr  # Python did swallow it
+    assert p.returncode == 0 and p.stdout.strip() == "interrupted; cache written: False", p.stdout + p.stderr
+
+
+_SECOND_SIGNAL_WHILE_WRITING = r"""
+import os, signal, sys
+from trtq.cli import _install_signal_handlers
+from trtq.fileio import atomic_path
+
+_install_signal_handlers()
+
+
+class Finalized:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(100000):
+            pass
+
+
+with atomic_path(sys.argv[1]) as tmp:
+    tmp.write_bytes(b"half of the new")
+    Finalized()  # first SIGINT: swallowed by the finalizer
+    os.kill(os.getpid(), signal.SIGINT)  # second SIGINT: stop at once
+    for _ in range(1000000):
+        pass
+print("still running")
+"""
+
+
+def test_second_signal_stops_at_once_and_removes_the_temporary_file(tmp_path):
+    dest = tmp_path / "out.cache"
+    dest.write_bytes(b"previous")
+    p = subprocess.run([sys.executable, "-c", _SECOND_SIGNAL_WHILE_WRITING, str(dest)], capture_output=True,
+                       text=True, env=child_env(), timeout=60)
+    assert p.returncode == 130, p.stdout + p.stderr
+    assert "still running" not in p.stdout and "interrupted again; stopped at once" in p.stderr
+    assert dest.read_bytes() == b"previous" and not temp_leftovers(tmp_path)
+
+
+_SIGNAL_IN_IMPORT = r"""
+import os, signal, sys
+from trtq.cli import _install_signal_handlers
+
+_install_signal_handlers()
+sys.path.insert(0, sys.argv[1])
+try:
+    import slow_module  # sends itself SIGINT while it initialises
+    print("after the import")
+    for _ in range(1000000):
+        pass
+    print("not interrupted")
+except KeyboardInterrupt:
+    print("interrupted; module complete:", getattr(sys.modules.get("slow_module"), "COMPLETE", False))
+"""
+
+
+def test_signal_inside_an_import_is_raised_after_it(tmp_path):
+    """An exception thrown into a module's initialisation (onnx's C++ extension) crashed Python."""
+    (tmp_path / "slow_module.py").write_text(
+        "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\n"
+        "for _ in range(200000):\n    pass\nCOMPLETE = True\n")
+    p = subprocess.run([sys.executable, "-c", _SIGNAL_IN_IMPORT, str(tmp_path)], capture_output=True, text=True,
+                       env=child_env(), timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[-1] == "interrupted; module complete: True", p.stdout
+
+
+def test_module_entry_catches_signals_before_importing_the_cli():
+    code = ("import runpy, signal, sys\n"
+            "sys.modules['trtq.cli'] = None  # stop right where __main__ imports the CLI\n"
+            "try:\n    runpy.run_module('trtq', run_name='__main__')\nexcept ImportError:\n    pass\n"
+            "print(signal.getsignal(signal.SIGINT).__name__, signal.getsignal(signal.SIGTERM).__name__)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=60)
+    assert p.stdout.split() == ["_early_exit", "_early_exit"], p.stdout + p.stderr

@@ -103,7 +103,7 @@ class OrtCollector:
         # ORT's worker threads spin for a while after each run by default; here the statistics
         # threads run right after it on the same cores, so let them sleep instead.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        use = check_providers(providers) or default_providers()
+        use = list(providers) or default_providers()
         try:
             self.session = ort.InferenceSession(exposed.SerializeToString(), opts, providers=use)
         except Exception as e:
