@@ -8,6 +8,8 @@ Exit codes: 0 ok, 1 operation failed, 2 usage/config error, 3 invalid input (dat
 """
 import json
 import logging
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -21,6 +23,7 @@ from trtq.errors import TrtqError, UsageError
 log = logging.getLogger("trtq")
 
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 
 # ------------------------------------------------------------------------------------------------
@@ -33,6 +36,67 @@ class _State:
         self.verbose = 0
         self.quiet = False
         self.json = False
+
+
+class _StdoutGuard:
+    """While a command runs, only its result reaches stdout.
+
+    Libraries print to stdout (ONNX Runtime's Python layer prints its provider fallback banner,
+    C++ code writes to file descriptor 1): that would break ``--json`` and pipes. So during the
+    command ``sys.stdout`` is stderr and fd 1 points at fd 2; :func:`_emit` writes the result to
+    the saved stdout.
+    """
+
+    def __init__(self) -> None:
+        self.saved_stdout = sys.stdout
+        self.result = sys.stdout
+        self.saved_fd: Optional[int] = None
+        self.own = None
+        self.engaged = False
+
+    def engage(self) -> None:
+        if self.engaged:
+            return
+        self.engaged = True
+        self.saved_stdout = self.result = sys.stdout
+        try:
+            sys.stdout.flush()
+            uses_fd1 = sys.stdout.fileno() == 1
+        except (AttributeError, OSError, ValueError):
+            uses_fd1 = False
+        try:
+            self.saved_fd = os.dup(1)
+            os.dup2(2, 1)
+        except OSError:
+            self.saved_fd = None
+        if uses_fd1 and self.saved_fd is not None:
+            self.own = open(os.dup(self.saved_fd), "w", encoding=getattr(sys.stdout, "encoding", None) or "utf-8",
+                            errors=getattr(sys.stdout, "errors", None) or "strict")
+            self.result = self.own
+        sys.stdout = sys.stderr
+
+    def restore(self) -> None:
+        if not self.engaged:
+            return
+        self.engaged = False
+        try:
+            if self.own is not None:
+                self.own.flush()
+        finally:
+            sys.stdout = self.saved_stdout
+            if self.saved_fd is not None:
+                os.dup2(self.saved_fd, 1)
+                os.close(self.saved_fd)
+                self.saved_fd = None
+            if self.own is not None:
+                try:
+                    self.own.close()
+                except OSError:
+                    pass
+                self.own = None
+
+
+_guard = _StdoutGuard()
 
 
 def _state() -> _State:
@@ -75,20 +139,31 @@ def _apply_common(as_json, verbose, quiet) -> _State:
     if quiet:
         st.quiet = True
     _setup_logging(st.verbose, st.quiet)
+    _guard.engage()
     return st
 
 
 def _emit(st: _State, data: Any, text: str) -> None:
     if st.json:
-        click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+        click.echo(json.dumps(data, indent=2, sort_keys=False, default=str), file=_guard.result)
     else:
-        click.echo(text)
+        click.echo(text, file=_guard.result)
+    _guard.result.flush()
 
 
 def _load_config(config_path: Optional[Path], overrides: Dict[str, Any]):
     from trtq.config import load_config
 
     return load_config(config_path, overrides)
+
+
+def _check_outputs(cfg, config_path, outputs, *extra_inputs) -> None:
+    """Refuse outputs that would overwrite an input (or each other) before any work starts."""
+    from trtq.outputs import check_outputs, data_files
+
+    inputs = [("model", cfg.model), ("config file", str(config_path) if config_path else None)]
+    inputs += list(extra_inputs) + data_files(cfg.data.inputs)
+    check_outputs(inputs, outputs)
 
 
 def _split_csv(values: Sequence[str]) -> List[str]:
@@ -128,8 +203,11 @@ def _apply_data_flags(cfg, data: Sequence[str], preprocess: Optional[str]):
     specs = input_specs(load_model(cfg.model))
     by_name = {s.name: s for s in specs}
     inputs = dict(cfg.data.inputs)
+    given: Dict[str, str] = {}
     for item in data:
         name, sep, path = item.partition("=")
+        if sep and name not in by_name and _looks_like_input_name(name) and not Path(item).exists():
+            raise UsageError(f"the model has no input '{name}'", "inputs: " + ", ".join(by_name))
         if not sep or name not in by_name:
             if len(specs) != 1 and not (sep and name in by_name):
                 raise UsageError(
@@ -137,6 +215,10 @@ def _apply_data_flags(cfg, data: Sequence[str], preprocess: Optional[str]):
                     "inputs: " + ", ".join(by_name),
                 )
             name, path = (specs[0].name, item) if not (sep and name in by_name) else (name, path)
+        if name in given:
+            raise UsageError(f"--data gives input '{name}' twice ({given[name]} and {path})",
+                             "pass one --data per input (a glob or a folder holds many files)")
+        given[name] = path
         old = inputs.get(name)
         src = _source_for_path(path)
         if old is not None:
@@ -154,6 +236,15 @@ def _apply_data_flags(cfg, data: Sequence[str], preprocess: Optional[str]):
                 inputs[name] = dataclasses.replace(src, preprocess=preset(preprocess, by_name[name].shape))
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, inputs=inputs))
 
+
+def _looks_like_input_name(text: str) -> bool:
+    """A NAME in --data NAME=PATH (not a path that happens to contain '=')."""
+    return bool(text) and "/" not in text and os.sep not in text and not text.startswith((".", "~"))
+
+
+# input files: click checks nothing (its errors exit 2); the library reports missing, unreadable
+# or wrong files as invalid input (exit 3)
+_IN_PATH = click.Path(readable=False)
 
 # the names of trtq.presets.PRESETS (not imported here: the CLI stays fast to import)
 _PRESET_CHOICE = click.Choice(["imagenet", "inception", "yolo", "paddle", "unit", "raw"])
@@ -248,7 +339,7 @@ def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
 
 @cli.command()
 @_common
-@click.option("-m", "--model", type=click.Path(dir_okay=False), help="FP32 ONNX model.")
+@click.option("-m", "--model", type=_IN_PATH, help="FP32 ONNX model.")
 @_data_options
 @click.option("--method", type=click.Choice(["max", "entropy", "percentile", "mse"]), help="Range method (default mse; with --backend tensorrt: entropy).")
 @click.option("--percentile", type=float, help="Percentile for --method percentile (default 99.99).")
@@ -259,7 +350,7 @@ def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
 @click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), help="Who computes the ranges (default onnxruntime).")
 @click.option("--providers", multiple=True, help="ONNX Runtime providers, e.g. CPUExecutionProvider.")
 @click.option("--save-stats", type=click.Path(dir_okay=False), help="Also save max + histograms (.npz) for --from-stats.")
-@click.option("--from-stats", type=click.Path(dir_okay=False), help="Compute the cache from saved statistics (no model run).")
+@click.option("--from-stats", type=_IN_PATH, help="Compute the cache from saved statistics (no model run).")
 @click.option("--dry-run", is_flag=True, help="Show the input spec and a summary of the batches; write nothing.")
 @click.option("--progress/--no-progress", default=None, help="Progress on stderr (default: when stderr is a terminal).")
 @click.option("--shard", metavar="I/N", help="Only shard I (0-based) of N of the samples; writes --save-stats, no cache.")
@@ -282,8 +373,13 @@ def calibrate(config_path, as_json, verbose, quiet, model, data, preprocess, bat
     shard_spec = _shard_flags(shard, ranges, from_stats, cfg)
     if keep_batches and shard_spec is None:
         raise UsageError("--keep-batches is for the two passes of a shard", "pass --shard I/N with it")
+    cache_out = cfg.calibrate.output
+    calib_outputs = [("cache", cache_out), ("provenance file", f"{cache_out}.json"),
+                     ("statistics file", cfg.calibrate.save_stats)]
     if from_stats:
         from trtq.calib.calibrate import calibrate_from_stats
+
+        _check_outputs(cfg, config_path, calib_outputs, ("statistics file", str(from_stats)))
 
         result = calibrate_from_stats(cfg, Path(from_stats))
         _emit(st, result.to_dict(), _calibration_text(result))
@@ -296,6 +392,7 @@ def calibrate(config_path, as_json, verbose, quiet, model, data, preprocess, bat
     if dry_run:
         _dry_run(st, cfg)
         return
+    _check_outputs(cfg, config_path, calib_outputs, ("ranges file", ranges))
     show = progress if progress is not None else sys.stderr.isatty()
     if cfg.calibrate.backend == "tensorrt":
         result = _calibrate_tensorrt(cfg)
@@ -416,10 +513,10 @@ def _calibrate_tensorrt(cfg):
 
 
 @cli.command("inspect-cache")
-@click.argument("cache", type=click.Path(dir_okay=False))
+@click.argument("cache", type=_IN_PATH)
 @_common
-@click.option("-m", "--model", type=click.Path(dir_okay=False), help="Check the cache against this ONNX model.")
-@click.option("--diff", "other", type=click.Path(dir_okay=False), help="Compare with another cache.")
+@click.option("-m", "--model", type=_IN_PATH, help="Check the cache against this ONNX model.")
+@click.option("--diff", "other", type=_IN_PATH, help="Compare with another cache.")
 @click.option("--sort", "sort_key", type=click.Choice(["name", "amax", "scale", "rel-diff", "file"]), default="file",
               show_default=True, help="Row order.")
 @click.option("--top", type=int, help="Show only the first N rows.")
@@ -437,6 +534,12 @@ def inspect_cache(cache, config_path, as_json, verbose, quiet, model, other, sor
     if other:
         result["diff"] = ic.diff(table, ic.load_for_inspection(Path(other)), sort=sort_key, top=top)
     _emit(st, ic.to_jsonable(result), ic.render_text(result))
+    check = result.get("model_check")
+    if check is not None and check.verdict in ic.FAILING_VERDICTS:
+        from trtq.errors import CacheError
+
+        raise CacheError(f"{cache} is not usable for {model}: {check.verdict}: {check.message}",
+                         "re-run trtq calibrate for this model")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -446,8 +549,8 @@ def inspect_cache(cache, config_path, as_json, verbose, quiet, model, other, sor
 
 @cli.command()
 @_common
-@click.option("-m", "--model", type=click.Path(dir_okay=False), help="FP32 ONNX model.")
-@click.option("--cache", type=click.Path(dir_okay=False), required=True, help="calibration.cache (trtq, TensorRT or ONNX Runtime).")
+@click.option("-m", "--model", type=_IN_PATH, help="FP32 ONNX model.")
+@click.option("--cache", type=_IN_PATH, required=True, help="calibration.cache (trtq, TensorRT or ONNX Runtime).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Q/DQ model path (default MODEL.qdq.onnx).")
 @click.option("--exclude", multiple=True, metavar="PATTERN", help="Keep nodes float: op type or node-name regex (repeat).")
 @click.option("--fp16", is_flag=True, default=None, help="Cast the non-quantized rest to float16.")
@@ -487,6 +590,8 @@ def quantize(config_path, as_json, verbose, quiet, model, cache, output, exclude
     from trtq.quantize_file import quantize_file
 
     out = Path(cfg.quantize.output) if cfg.quantize.output else Path(cfg.model).with_suffix(".qdq.onnx")
+    _check_outputs(cfg, config_path, [("output model", str(out))],
+                   ("cache", str(cache)), ("cache provenance", f"{cache}.json"))
     result = quantize_file(Path(cfg.model), Path(cache), out, cfg.quantize, cfg.data)
     data = result.to_dict()
     data["output"] = str(out)
@@ -594,9 +699,9 @@ def compare(config_path, as_json, verbose, quiet, reference, candidate, data, pr
 
 @cli.command()
 @_common
-@click.option("-m", "--model", type=click.Path(dir_okay=False),
+@click.option("-m", "--model", type=_IN_PATH,
               help="ONNX model: FP32 (INT8 needs --cache), or already quantized (Q/DQ: built as it is).")
-@click.option("--cache", type=click.Path(dir_okay=False), help="calibration.cache (INT8 from an FP32 model).")
+@click.option("--cache", type=_IN_PATH, help="calibration.cache (INT8 from an FP32 model).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Engine path (default MODEL.plan).")
 @click.option("--mode", type=click.Choice(["explicit", "implicit"]), help="explicit Q/DQ (default; TRT 11) or implicit calibrator (TRT <= 10).")
 @click.option("--precision", type=click.Choice(["int8", "fp16", "fp32"]), help="Engine precision (default int8).")
@@ -624,6 +729,9 @@ def build(config_path, as_json, verbose, quiet, model, cache, output, mode, prec
     from trtq.trt.build import build_engine
 
     out = Path(cfg.build.output) if cfg.build.output else Path(cfg.model).with_suffix(".plan")
+    _check_outputs(cfg, config_path,
+                   [("engine", str(out)), ("engine metadata", f"{out}.json"), ("timing cache", cfg.build.timing_cache)],
+                   ("cache", str(cache) if cache else None), ("cache provenance", f"{cache}.json" if cache else None))
     result = build_engine(
         Path(cfg.model), out, cfg.build, cache_path=Path(cache) if cache else None,
         quantize_options=cfg.quantize, data_options=cfg.data,
@@ -638,7 +746,7 @@ def build(config_path, as_json, verbose, quiet, model, cache, output, mode, prec
 
 
 @cli.command()
-@click.argument("plans", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("plans", nargs=-1, required=True, type=_IN_PATH)
 @_common
 @click.option("--iterations", type=int, help="Timed iterations (default: run for --duration).")
 @click.option("--duration", type=float, help="Seconds to time (default 3).")
@@ -652,6 +760,16 @@ def bench(plans, config_path, as_json, verbose, quiet, iterations, duration, war
         "bench.iterations": iterations, "bench.duration": duration, "bench.warmup": warmup,
         "bench.include_copies": include_copies, "bench.cuda_graph": cuda_graph,
     })
+    from trtq.errors import ModelError
+    from trtq.fileio import non_regular_kind
+
+    for p in plans:  # before TensorRT is loaded: a wrong path is the user's first problem
+        if not Path(p).exists():
+            raise ModelError(f"engine not found: {p}", "check the path, or build it with trtq build")
+        if non_regular_kind(p):
+            raise ModelError(f"engine path {p} is {non_regular_kind(p)}", "pass a .plan file from trtq build")
+        if not os.access(p, os.R_OK):
+            raise ModelError(f"cannot read engine {p}: permission denied", "fix its permissions")
     from trtq.trt.bench import bench_plans, render_table
 
     results = bench_plans([Path(p) for p in plans], cfg.bench)
@@ -663,41 +781,159 @@ def bench(plans, config_path, as_json, verbose, quiet, iterations, duration, war
 # ------------------------------------------------------------------------------------------------
 
 
+def _on_signal(signum, frame) -> None:
+    """SIGINT / SIGTERM: unwind (temporary files removed by trtq.fileio); a second one exits at once.
+
+    Inside an import the exception is not raised: an exception thrown into the initialisation of a
+    C extension (onnx's pybind11 module) crashed the interpreter (SIGSEGV). The signal is sent again
+    once the main thread has left the import machinery.
+    """
+    from trtq import interrupt
+
+    global _redelivering
+    again = _redelivering
+    _redelivering = False
+    if _finishing:  # the command is over; its own exit code and message stand
+        return
+    if interrupt.requested() is not None and not again:
+        from trtq.fileio import remove_pending_temp_files
+
+        remove_pending_temp_files()
+        try:
+            what = b"terminated" if signum == signal.SIGTERM else b"interrupted"
+            os.write(2, b"trtq: " + what + b" again; stopped at once, nothing was written\n")
+        except OSError:
+            pass
+        os._exit(EXIT_TERMINATED if interrupt.requested() == signal.SIGTERM else EXIT_INTERRUPTED)
+    interrupt.request(signum)
+    if _in_import(frame):
+        import threading
+
+        threading.Thread(target=_redeliver_after_import, args=(signum,), name="trtq-signal", daemon=True).start()
+        return
+    raise interrupt.exception_for(signum)
+
+
+_redelivering = False
+_finishing = False
+
+
+def _in_import(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _redeliver_after_import(signum: int) -> None:
+    global _redelivering
+    import threading
+
+    main_id = threading.main_thread().ident
+    while True:
+        frame = sys._current_frames().get(main_id)
+        if frame is None or not _in_import(frame):
+            break
+        time.sleep(0.005)
+        del frame
+    _redelivering = True
+    os.kill(os.getpid(), signum)
+
+
+def _install_signal_handlers() -> Dict[int, Any]:
+    previous: Dict[int, Any] = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, _on_signal)
+    except ValueError:  # not the main thread: leave signals alone
+        pass
+    return previous
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Console entry point: run the CLI, turn every failure into one line and an exit code."""
+    from trtq import interrupt
+
     args = list(sys.argv[1:] if argv is None else argv)
     verbose = sum(a.count("v") for a in args if a.startswith("-") and not a.startswith("--") and set(a[1:]) <= {"v", "q"})
     verbose += args.count("--verbose")
+    interrupt.reset()
+    previous = _install_signal_handlers()
+    code = 0
     try:
-        rv = cli.main(args=args, prog_name="trtq", standalone_mode=False)
+        code = _run(args, verbose)
+    finally:
+        _guard.restore()
+        if argv is not None:  # called in-process (tests): give the caller its handlers back
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    if argv is None:
+        # the command is over: leave without the interpreter's shutdown (tearing down numpy, onnx,
+        # ONNX Runtime and numba takes a while, during which Python has reset the signal handlers:
+        # a Ctrl-C there killed the process and lost its exit code)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        logging.shutdown()
+        os._exit(code)
+    sys.exit(code)
+
+
+def _run(args: List[str], verbose: int) -> int:
+    from trtq.interrupt import Terminated
+
+    global _finishing
+    _finishing = False
+    try:
+        try:
+            rv = cli.main(args=args, prog_name="trtq", standalone_mode=False)
+        finally:
+            _finishing = True
     except TrtqError as e:
-        _fail(e, str(e), e.exit_code, verbose)
-    except click.exceptions.Abort:
-        click.echo("trtq: interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        return _fail(e, str(e), e.exit_code, verbose)
+    except click.exceptions.Abort as e:  # click turns KeyboardInterrupt (Terminated too) into Abort
+        if isinstance(e.__cause__, Terminated):
+            click.echo("trtq: terminated (SIGTERM); nothing was written", err=True)
+            return EXIT_TERMINATED
+        click.echo("trtq: interrupted; nothing was written", err=True)
+        return EXIT_INTERRUPTED
     except click.exceptions.ClickException as e:
         e.show()
-        sys.exit(2 if isinstance(e, click.exceptions.UsageError) else e.exit_code)
+        return 2 if isinstance(e, click.exceptions.UsageError) else e.exit_code
+    except Terminated:
+        click.echo("trtq: terminated (SIGTERM); nothing was written", err=True)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         click.echo("trtq: interrupted; nothing was written", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        return EXIT_INTERRUPTED
     except MemoryError:
-        _fail(None, "out of memory; lower --batch-size or --workers", 1, verbose)
+        return _fail(None, "out of memory; lower --batch-size or --workers", 1, verbose)
     except BrokenPipeError:
-        sys.exit(1)
+        return 1
+    except ImportError as e:  # a dependency is missing or broken: the environment, not trtq (exit 4)
+        name = getattr(e, "name", None) or "a dependency"
+        return _fail(e, f"cannot import {name} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+                        f"install it (pip install -e . installs all of trtq's dependencies)", 4, verbose)
+    except OSError as e:  # an operating-system failure that no library turned into a TrtqError
+        where = f" {e.filename}" if getattr(e, "filename", None) else ""
+        return _fail(e, f"system error{where}: {e.strerror or type(e).__name__}; check the path, its "
+                        "permissions and the free disk space", 1, verbose)
     except Exception as e:  # a bug: still one line, the traceback only with -vv
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        _fail(e, f"internal error: {type(e).__name__}: {msg} (run with -vv for the traceback; please report it)", 1, verbose)
-    sys.exit(rv if isinstance(rv, int) else 0)
+        return _fail(e, f"internal error: {type(e).__name__}: {msg} (run with -vv for the traceback; please report it)", 1, verbose)
+    return rv if isinstance(rv, int) else 0
 
 
-def _fail(exc: Optional[BaseException], message: str, code: int, verbose: int) -> None:
+def _fail(exc: Optional[BaseException], message: str, code: int, verbose: int) -> int:
     if exc is not None and verbose > 1:
         import traceback
 
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
     click.echo(f"trtq: error: {message}", err=True)
-    sys.exit(code)
+    return code
 
 
 if __name__ == "__main__":  # pragma: no cover

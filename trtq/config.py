@@ -180,7 +180,8 @@ class BuildOptions:
     workspace_mb: Optional[int] = None
     optimization_level: Optional[int] = None  # builder optimization level 0..5
     timing_cache: Optional[str] = _path_field()
-    tactic_sources: Optional[Tuple[str, ...]] = None  # e.g. [EDGE_MASK_CONVOLUTIONS, JIT_CONVOLUTIONS]
+    # e.g. [EDGE_MASK_CONVOLUTIONS, JIT_CONVOLUTIONS], or the flag's comma-separated string
+    tactic_sources: Optional[Tuple[str, ...]] = field(default=None, metadata={"csv": True})
     profiles: Dict[str, ProfileShapes] = field(default_factory=dict)
     allow_stale: bool = False
 
@@ -244,17 +245,48 @@ def apply_overrides(cfg: Any, values: Mapping[str, Any], source: str = "option")
     return cfg
 
 
+def _unique_key_loader():
+    """A yaml SafeLoader that refuses a key repeated in one mapping (PyYAML keeps the last)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: Dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: let PyYAML report it
+                    continue
+                if first is not None:
+                    raise ConfigError(
+                        f"config key '{key}' appears twice in one mapping (lines {first} and {key_node.start_mark.line + 1})",
+                        "keep one of them (YAML would silently use the last)",
+                    )
+                seen[key] = key_node.start_mark.line + 1
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
 def _read_yaml(path: Path) -> Dict[str, Any]:
     import yaml
 
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"config path {path} is not a regular file", "pass a YAML file with --config")
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}", "check the --config path") from None
     except OSError as e:
-        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}", "check the path and its permissions") from None
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start})",
+                          "save it as UTF-8 (a YAML file, not a binary)") from None
+    try:
+        data = yaml.load(text, Loader=_unique_key_loader())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -318,7 +350,7 @@ def _replace_dotted(obj: Any, parts, value: Any, dotted: str, source: str) -> An
         raise ConfigError(f"unknown {source} key '{dotted}'")
     hint = typing.get_type_hints(type(obj))[head]
     if len(parts) == 1:
-        new = _convert(hint, value, dotted, None)
+        new = _convert(hint, value, dotted, None, csv=bool(names[head].metadata.get("csv")))
     else:
         new = _replace_dotted(getattr(obj, head), parts[1:], value, dotted, source)
     return dataclasses.replace(obj, **{head: new})
@@ -351,7 +383,8 @@ def _resolve_path(value: str, base_dir: Optional[Path]) -> str:
     return str(p)
 
 
-def _convert(tp: Any, value: Any, path: str, base_dir: Optional[Path], is_path: bool = False) -> Any:
+def _convert(tp: Any, value: Any, path: str, base_dir: Optional[Path], is_path: bool = False,
+             csv: bool = False) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
 
@@ -371,7 +404,8 @@ def _convert(tp: Any, value: Any, path: str, base_dir: Optional[Path], is_path: 
                     "valid keys here: " + ", ".join(fields),
                 )
             f = fields[key]
-            kwargs[key] = _convert(hints[key], sub, sub_path, base_dir, bool(f.metadata.get("path")))
+            kwargs[key] = _convert(hints[key], sub, sub_path, base_dir, bool(f.metadata.get("path")),
+                                   bool(f.metadata.get("csv")))
         try:
             return tp(**kwargs)
         except (TypeError, ValueError) as e:
@@ -385,7 +419,7 @@ def _convert(tp: Any, value: Any, path: str, base_dir: Optional[Path], is_path: 
             if a is type(None):
                 continue
             try:
-                return _convert(a, value, path, base_dir, is_path)
+                return _convert(a, value, path, base_dir, is_path, csv)
             except ConfigError as e:
                 last = e
         raise last if last is not None else _bad(path, value, tp)
@@ -400,6 +434,8 @@ def _convert(tp: Any, value: Any, path: str, base_dir: Optional[Path], is_path: 
     if origin in (tuple, Tuple):
         item_tp = args[0]
         items = list(value) if isinstance(value, (list, tuple)) else [value]
+        if csv and isinstance(value, str):
+            items = [p.strip() for p in value.split(",") if p.strip()]
         return tuple(
             _convert(item_tp, v, f"{path}[{i}]", base_dir, is_path) for i, v in enumerate(items)
         )

@@ -16,9 +16,9 @@ class TrtqError(Exception):
         self.hint = hint
 
     def __str__(self) -> str:
-        if self.hint:
-            return f"{self.message}; {self.hint}"
-        return self.message
+        text = f"{self.message}; {self.hint}" if self.hint else self.message
+        # one line always, whatever a file name or config key holds
+        return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 class UsageError(TrtqError):

@@ -3,15 +3,71 @@
 Every artefact trtq writes goes through here: the data is written to a temporary file in the
 destination folder and moved into place with ``os.replace``, so readers (and Makefiles) never see
 a partial file, and an interrupted run leaves the previous version untouched.
+
+Only regular files are ever replaced: a destination that is a folder, a device node, a FIFO or a
+socket is refused (``os.replace`` would swap a regular file in for ``/dev/null``). An operating
+system error while writing (disk full, read-only folder) becomes a one-line
+:class:`~trtq.errors.TrtqError` naming the file. Temporary files in flight are registered, so a
+second Ctrl-C (which exits at once) can still remove them (:func:`remove_pending_temp_files`).
 """
 import contextlib
+import errno
 import hashlib
 import os
+import stat
 import tempfile
+import threading
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Iterator, Set, Union
+
+from trtq.errors import TrtqError, UsageError
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+_pending: Set[str] = set()
+_pending_lock = threading.Lock()
+
+
+def non_regular_kind(path: PathLike) -> str:
+    """'' when ``path`` does not exist or is a regular file (through symlinks), else what it is."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return ""
+    if stat.S_ISREG(mode):
+        return ""
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device node"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def check_writable_target(dest: PathLike) -> None:
+    """UsageError when ``dest`` exists and is not a regular file (it would be replaced)."""
+    kind = non_regular_kind(dest)
+    if kind:
+        raise UsageError(f"output path {dest} is {kind}, not a regular file",
+                         "give an output file path (trtq only replaces regular files)")
+
+
+def write_error(dest: PathLike, err: OSError) -> TrtqError:
+    """One-line error for an OS failure while writing ``dest`` (exit 1), with the fix."""
+    reason = err.strerror or type(err).__name__
+    code = err.errno
+    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        hint = "free disk space (or raise the quota), or write to another folder with -o"
+    elif code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        hint = "write to a folder you can write to (-o), or fix its permissions"
+    elif code in (errno.EISDIR, errno.ENOTDIR, errno.EEXIST):
+        hint = "a path component is a file where a folder is needed (or the other way round); choose another -o"
+    else:
+        hint = "check the output folder and the disk"
+    return TrtqError(f"cannot write {dest}: {reason}", hint)
 
 
 @contextlib.contextmanager
@@ -19,23 +75,45 @@ def atomic_path(dest: PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``dest``; on success move it onto ``dest``.
 
     On any exception (KeyboardInterrupt included) the temporary file is removed and ``dest``
-    is left as it was.
+    is left as it was. OSError while writing becomes a TrtqError naming ``dest``.
     """
     dest = Path(dest)
+    check_writable_target(dest)
     folder = dest.parent if str(dest.parent) else Path(".")
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=folder)
+    except OSError as e:
+        raise write_error(dest, e) from None
+    with _pending_lock:
+        _pending.add(tmp)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
-        yield tmp_path
-        # mkstemp creates 0600; give the file the mode a plain open() would (0666 minus umask)
-        os.chmod(tmp_path, 0o666 & ~_umask())
-        os.replace(tmp_path, dest)
+        try:
+            yield tmp_path
+            check_writable_target(dest)  # may have appeared while writing
+            # mkstemp creates 0600; give the file the mode a plain open() would (0666 minus umask)
+            os.chmod(tmp_path, 0o666 & ~_umask())
+            os.replace(tmp_path, dest)
+        except OSError as e:
+            raise write_error(dest, e) from None
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             tmp_path.unlink()
         raise
+    finally:
+        with _pending_lock:
+            _pending.discard(tmp)
+
+
+def remove_pending_temp_files() -> None:
+    """Remove the temporary files of writes in progress (for an immediate exit). Never raises."""
+    with _pending_lock:
+        names = list(_pending)
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
 
 
 def _umask() -> int:

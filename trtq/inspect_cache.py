@@ -12,10 +12,13 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any, List, Mapping, Optional, Sequence, Union
 
-from trtq.calib.cache import CalibrationTable, scale_hex, scale_of, version_code
+from trtq.calib.cache import INT8_MAX, CalibrationTable, scale_hex, scale_of, scale_problem, version_code
 from trtq.errors import ConfigError
 
 SORT_KEYS = ("file", "name", "amax", "scale", "rel-diff")
+
+# verdicts of check_against_model that make `inspect-cache --model` exit 3 (a CI gate)
+FAILING_VERDICTS = ("no-match", "unusable")
 
 # names TensorRT gives to tensors it creates itself (not ONNX values)
 _TRT_INTERNAL = re.compile(r"^(\(Unnamed Layer\* \d+\)|ONNXTRT_)")
@@ -44,6 +47,7 @@ class CacheSummary:
     nonfinite: List[str]
     sort: str
     rows: List[TensorRow]  # after sorting and --top
+    unusable: List[str] = field(default_factory=list)  # zero, denormal, huge, NaN/Inf scales: quantize refuses them
 
 
 @dataclass
@@ -53,8 +57,9 @@ class ModelCheck:
     missing_from_cache: List[str]  # model order
     not_in_model: List[str]  # cache order
     tensorrt_internal: int  # of not_in_model: names TensorRT makes up ((Unnamed Layer* N) ..., ONNXTRT_...)
-    verdict: str  # "complete" | "incomplete" | "no-match"; Q/DQ model: "qdq-same" | "qdq-differs" | "no-match"
+    verdict: str  # "complete" | "incomplete" | "unusable" | "no-match"; Q/DQ model: "qdq-same" | "qdq-differs"
     message: str
+    unusable: List[str] = field(default_factory=list)  # model tensors whose scale cannot be used
     qdq_model: bool = False  # the model has Q/DQ nodes: its activation scales are compared with the cache's
     differing: List[str] = field(default_factory=list)  # Q/DQ model: tensors whose scale differs from the cache
 
@@ -152,7 +157,13 @@ def summarize(
         nonfinite=[n for n, a in table.amax.items() if not math.isfinite(a)],
         sort=sort if sort != "rel-diff" else "file",
         rows=rows,
+        unusable=unusable_entries(table),
     )
+
+
+def unusable_entries(table: CalibrationTable) -> List[str]:
+    """Entries whose scale cannot quantize anything (see trtq.calib.cache.scale_problem)."""
+    return [n for n, a in table.amax.items() if scale_problem(float(a) / INT8_MAX) is not None]
 
 
 # --------------------------------------------------------------------------------------------
@@ -202,11 +213,19 @@ def check_against_model(table: CalibrationTable, model) -> ModelCheck:
     extra = [n for n in table.amax if n not in wanted_set]
     internal = sum(1 for n in extra if _TRT_INTERNAL.match(n))
     covered = len(wanted) - len(missing)
+    bad = set(unusable_entries(table))
+    unusable = [n for n in wanted if n in bad]
     if covered == 0:
         verdict = "no-match"
         message = (
             f"none of the model's {len(wanted)} calibratable tensors is in the cache: "
             "it was made for another model (or another export of it)"
+        )
+    elif unusable:
+        verdict = "unusable"
+        message = (
+            f"{len(unusable)} of the model's tensors have a zero, denormal, huge or non-finite scale "
+            f"({_names(unusable, 5)}): trtq quantize refuses this cache"
         )
     elif missing:
         verdict = "incomplete"
@@ -229,6 +248,7 @@ def check_against_model(table: CalibrationTable, model) -> ModelCheck:
         tensorrt_internal=internal,
         verdict=verdict,
         message=message,
+        unusable=unusable,
     )
 
 
@@ -357,6 +377,9 @@ def _render_summary(s: CacheSummary) -> List[str]:
         out.append(f"zero amax  {len(s.zero_amax)}: {_names(s.zero_amax)}")
     if s.nonfinite:
         out.append(f"non-finite {len(s.nonfinite)}: {_names(s.nonfinite)}")
+    if s.unusable:
+        out.append(f"unusable   {len(s.unusable)} (zero, denormal, huge or non-finite scale; quantize refuses "
+                   f"the cache): {_names(s.unusable)}")
     if s.rows:
         order = {"file": "file order", "name": "by name", "amax": "largest amax first", "scale": "largest scale first"}
         shown = f"{len(s.rows)} of {s.count}" if len(s.rows) < s.count else f"all {s.count}"

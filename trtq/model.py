@@ -46,9 +46,16 @@ def load_model(path: Union[str, Path], load_external_data: bool = True):
     if not path.exists():
         raise ModelError(f"model not found: {path}", "check the --model path")
     if path.is_dir():
-        raise ModelError(f"model path is a folder, not an ONNX file: {path}")
+        raise ModelError(f"model path is a folder, not an ONNX file: {path}", "pass the .onnx file")
+    if not path.is_file():
+        raise ModelError(f"model path {path} is not a regular file (a device, FIFO or socket)", "pass the .onnx file")
     if path.stat().st_size == 0:
         raise ModelError(f"model file is empty: {path}", "re-export the model")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise ModelError(f"cannot read model {path}: {e.strerror}", "check its permissions") from None
     try:
         model = onnx.load(str(path), load_external_data=load_external_data)
     except Exception as e:  # protobuf DecodeError, external data errors, ...

@@ -19,6 +19,10 @@ Format (what TensorRT's calibrators write and read back)::
 * Real TensorRT caches can hold ``7f800000`` (+inf) for tensors it could not range (e.g. the
   output of ``Log`` of zeros). Such a file is refused by default (nothing can be quantized from
   an infinite scale); ``read_cache(..., allow_nonfinite=True)`` keeps it for inspection.
+* Every scale read for use must be usable (:func:`scale_problem`): 8 hex digits, finite, a normal
+  float32 between ``MIN_SCALE`` and ``MAX_SCALE``. A zero, denormal or huge scale quantizes a
+  tensor to a constant (every input gives the same output), so such a cache is refused naming
+  the tensor; inspection keeps it and lists the entry as unusable.
 
 ONNX Runtime's ``write_calibration_table`` also writes a text file named ``calibration.cache`` in
 another format: no header, one ``<name> <decimal amax>`` per line, names sorted (it writes
@@ -37,6 +41,12 @@ from trtq.errors import CacheError, ConfigError
 from trtq.fileio import atomic_write_bytes, atomic_write_text
 
 INT8_MAX = 127
+
+# the range of scales a cache may hold for use: trtq floors amax at 1e-8 (scale 7.9e-11) for
+# tensors that were always zero; above 1e8 (amax 1.3e10) no float32 activation is plausible
+MIN_SCALE = 1e-11
+MAX_SCALE = 1e8
+_FLOAT32_TINY = 1.1754943508222875e-38  # smallest normal float32
 
 ALGORITHMS = ("EntropyCalibration2", "EntropyCalibration", "MinMaxCalibration", "LegacyCalibration")
 UNKNOWN_ALGORITHM = "unknown"  # tables read from ONNX Runtime's format record no algorithm
@@ -188,6 +198,23 @@ def hex_to_scale(text: str) -> float:
     return struct.unpack(">f", bytes.fromhex(text.zfill(8)))[0]
 
 
+def scale_problem(scale: float) -> Optional[str]:
+    """None when ``scale`` can quantize a tensor, else what is wrong with it (for messages)."""
+    if math.isnan(scale) or math.isinf(scale):
+        return f"{scale} (not finite)"
+    if scale < 0:
+        return f"{scale!r} (negative)"
+    if scale == 0:
+        return "0 (every value would quantize to 0)"
+    if scale < _FLOAT32_TINY:
+        return f"{scale!r} (a denormal float32: every value would quantize to the same level)"
+    if scale < MIN_SCALE:
+        return f"{scale!r} (below {MIN_SCALE:g}: implausibly small)"
+    if scale > MAX_SCALE:
+        return f"{scale!r} (above {MAX_SCALE:g}: every value would quantize to 0)"
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # table
 # --------------------------------------------------------------------------------------------
@@ -224,6 +251,10 @@ def render_cache(table: CalibrationTable, trt_version: Optional[str] = None) -> 
                 f"amax of tensor '{name}' is {a!r}; a calibration cache needs a finite value >= 0",
                 "check the statistics of that tensor",
             )
+        problem = scale_problem(scale_of(a))
+        if problem:
+            raise CacheError(f"amax of tensor '{name}' is {a!r}: its scale would be {problem}",
+                             "check the statistics of that tensor")
         lines.append(f"{name}: {scale_hex(a)}")
     return ("\n".join(lines) + "\n").encode("utf-8")
 
@@ -249,10 +280,14 @@ def read_cache(path: Union[str, Path], allow_nonfinite: bool = False) -> Calibra
         raise CacheError(f"calibration cache not found: {path}", "check the path, or create it with trtq calibrate")
     if path.is_dir():
         raise CacheError(f"calibration cache path is a folder: {path}", "pass the calibration.cache file")
+    if not path.is_file():
+        raise CacheError(f"calibration cache {path} is not a regular file (a device, FIFO or socket)",
+                         "pass the calibration.cache file")
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise CacheError(f"cannot read calibration cache {path}: {e.strerror}") from None
+        raise CacheError(f"cannot read calibration cache {path}: {e.strerror}",
+                         "check its permissions (trtq needs to read it)") from None
     if not data.strip():
         raise CacheError(f"calibration cache {path} is empty", "re-create it with trtq calibrate")
     binary_hint = (
@@ -273,6 +308,8 @@ def read_cache(path: Union[str, Path], allow_nonfinite: bool = False) -> Calibra
         lines.pop()
     numbered = [(i + 1, ln[:-1] if ln.endswith("\r") else ln) for i, ln in enumerate(lines)]
     numbered = [(n, ln) for n, ln in numbered if ln.strip()]
+    if not numbered:  # only (Unicode) whitespace, e.g. form feeds or \x1c separators
+        raise CacheError(f"calibration cache {path} is empty (whitespace only)", "re-create it with trtq calibrate")
     first_no, first = numbered[0]
     if first.startswith("TRT-"):
         return _read_trt(path, first_no, first, numbered[1:], ends_with_newline, allow_nonfinite)
@@ -290,6 +327,11 @@ def _check_value(path: Path, n: int, name: str, value: float, what: str, allow_n
                        "TensorRT writes this for tensors it could not range; remove that line or re-calibrate")
     elif value < 0:
         raise _bad(path, n, f"{what} of tensor '{name}' is negative ({value!r})", hint)
+    elif not allow_nonfinite:
+        problem = scale_problem(value / INT8_MAX if what == "amax" else value)
+        if problem:
+            raise _bad(path, n, f"scale of tensor '{name}' is {problem}",
+                       "re-calibrate, or remove that line (its consumers then stay float)")
 
 
 def _read_trt(path: Path, header_no: int, header: str, entries, ends_with_newline: bool,
@@ -322,6 +364,9 @@ def _read_trt(path: Path, header_no: int, header: str, entries, ends_with_newlin
             raise _bad(path, n, f"bad hex scale {hx[:20]!r} for tensor '{name}'", _TRT_HINT)
         if is_last and not ends_with_newline and len(hx) < 8:
             raise _bad(path, n, f"truncated entry {line[:80]!r} (file ends mid-line)", "re-create the cache")
+        if len(hx) != 8 and not allow_nonfinite:
+            raise _bad(path, n, f"scale {hx!r} of tensor '{name}' is not 8 hex digits (a usable scale always is)",
+                       "re-calibrate, or remove that line (its consumers then stay float)")
         if name in seen_at:
             raise _bad(path, n, f"duplicate tensor '{name}' (first on line {seen_at[name]})",
                        "keep one entry per tensor")
@@ -329,6 +374,8 @@ def _read_trt(path: Path, header_no: int, header: str, entries, ends_with_newlin
         _check_value(path, n, name, scale, "scale", allow_nonfinite, _TRT_HINT)
         seen_at[name] = n
         amax[name] = scale * INT8_MAX
+    if not amax:
+        raise _bad(path, header_no, "the cache has a header but no entries", "re-create it with trtq calibrate")
     return CalibrationTable(trt_version=version, algorithm=algorithm, amax=amax, source_format="tensorrt")
 
 

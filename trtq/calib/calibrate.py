@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-from trtq import __version__
+from trtq import __version__, interrupt
 from trtq.config import TrtqConfig, to_dict
 from trtq.errors import CacheError, DataError, UsageError
 from trtq.fileio import sha256_file
@@ -120,7 +120,7 @@ def run_calibration(
     the shard's decoded batches there and pass 2 reads them back (trtq.calib.batchfile).
     """
     from trtq.calib.cache import ALGORITHM_FOR_METHOD
-    from trtq.calib.collect import OrtCollector, select_tensors
+    from trtq.calib.collect import OrtCollector, check_providers, select_tensors
     from trtq.calib.derive import abs_max, derive_extremes, monotone_links
     from trtq.calib.kernels import numba_enabled
     from trtq.calib.replay import ReplayedBatches
@@ -133,6 +133,7 @@ def run_calibration(
     if not cfg.model:
         raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
     model_path = Path(cfg.model)
+    check_providers(opts.providers)  # before any work: a typo must not fall back to CPU silently
     model = load_model(model_path)
     specs = input_specs(model)
     if not any(s.is_float for s in specs):
@@ -169,6 +170,7 @@ def run_calibration(
         t0 = time.perf_counter()
         done_batches = done_samples = 0
         for batch in source:
+            interrupt.check()
             update(collector.run(batch.arrays, batch.valid))
             done_batches += 1
             done_samples += batch.valid
@@ -196,7 +198,7 @@ def run_calibration(
         counts = zeros = None
         if need_hist:
             if not numba_enabled():
-                log.info("histograms on the numpy fallback; pip install 'trtq[fast]' (numba) makes this pass ~2x faster")
+                log.info("histograms on the numpy fallback; pip install numba makes this pass ~2x faster")
             hist = HistogramAccumulator(maxima, num_bins=opts.num_bins)
             # pass 2 needs every tensor: a session that exposes them all (the first one is freed
             # first, so the peak holds one set of activations)

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import onnx
 
-from trtq.errors import DataError, ModelError
+from trtq.errors import ConfigError, DataError, ModelError
 from trtq.model import calibratable_tensors
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,21 @@ def default_providers() -> List[str]:
 
     available = ort.get_available_providers()
     return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+
+
+def check_providers(requested: Sequence[str]) -> List[str]:
+    """The requested providers, or ConfigError naming one this ONNX Runtime does not have (ONNX
+    Runtime itself would print a banner and fall back to CPU)."""
+    if not requested:
+        return []
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    for name in requested:
+        if name not in available:
+            raise ConfigError(f"ONNX Runtime provider '{name}' is not available here",
+                              "available: " + ", ".join(available))
+    return list(requested)
 
 
 class OrtCollector:

@@ -6,7 +6,7 @@
 
 ``histogram_into`` has two implementations that give bit-identical counts:
 
-* a numba kernel (``pip install trtq[fast]``), used when numba imports: index and count in one
+* a numba kernel (``pip install numba``, the ``fast`` extra), used when numba imports: index and count in one
   pass over the data, ~1.3 ns per element per core on the 2-core CI machine;
 * a numpy fallback on small reused scratch buffers (~5 ns per element).
 

@@ -557,6 +557,9 @@ def load_stats(path: Union[str, Path]) -> StatsFile:
     try:
         with open(path, "rb") as f:
             raw = f.read()
+    except OSError as e:
+        raise CacheError(f"cannot read statistics file {path}: {e.strerror}", "check its permissions") from None
+    try:
         with np.load(io.BytesIO(raw), allow_pickle=False) as z:
             keys = set(z.files)
             if not {"header", "maxima", "counts"} <= keys:

@@ -17,6 +17,7 @@ import numpy as np
 
 from trtq.config import DataOptions
 from trtq.data.sources import SampleError, make_source
+from trtq import interrupt
 from trtq.errors import ConfigError, DataError
 from trtq.model import TensorSpec, resolve_shapes
 
@@ -61,8 +62,10 @@ class Batcher:
         for s in self.specs:
             if len(self.shapes[s.name]) == 0:
                 raise DataError(f"model input {s.describe()} is a scalar", "trtq feeds batched inputs only")
+        self._check_batch_memory()
         self.sources = {
-            s.name: make_source(s.name, options.inputs[s.name], self.shapes[s.name][1:], s.dtype) for s in self.specs
+            s.name: make_source(s.name, options.inputs[s.name], self.shapes[s.name][1:], s.dtype, options.skip_bad)
+            for s in self.specs
         }
         counts = {name: len(src) for name, src in self.sources.items()}
         if len(set(counts.values())) > 1:
@@ -137,6 +140,23 @@ class Batcher:
             raise ConfigError(f"data.prefetch must be at least 1, got {o.prefetch}")
         if o.last_batch not in ("pad", "drop", "keep"):
             raise ConfigError(f"data.last_batch must be pad, drop or keep, got {o.last_batch!r}")
+
+    def _check_batch_memory(self) -> None:
+        """ConfigError when one batch of inputs alone would take more than half the memory."""
+        total = 0
+        for s in self.specs:
+            try:
+                itemsize = np.dtype(s.dtype).itemsize
+            except TypeError:
+                itemsize = 4
+            total += int(np.prod([int(d) for d in self.shapes[s.name]], dtype=object)) * itemsize
+        limit = _memory_bytes() // 2
+        if total > limit:
+            raise ConfigError(
+                f"data.batch_size {self.batch_size} needs {total / 2**30:.1f} GiB for one batch of inputs "
+                f"(more than half of this machine's {limit * 2 / 2**30:.1f} GiB)",
+                "lower --batch-size (8 to 64 is typical)",
+            )
 
     def _check_names(self) -> None:
         model = [s.name for s in self.specs]
@@ -219,12 +239,14 @@ class Batcher:
             pool.shutdown(wait=True)
 
     def __iter__(self) -> Iterator[Batch]:
-        skipped: List[Tuple[str, str]] = []
+        # sub-folders that could not be listed (skip_bad) count as skipped on every pass
+        skipped: List[Tuple[str, str]] = [u for src in self.sources.values() for u in getattr(src, "unreadable", [])]
         self.skipped = skipped
         bs = self.batch_size
         rows: List[Dict[str, np.ndarray]] = []
         index = 0
         for _, result in self._samples():
+            interrupt.check()  # an interrupt swallowed by a finalizer is raised again here
             if isinstance(result, SampleError):
                 if self.options.skip_bad and result.skippable:
                     log.warning("skipping %s: %s", result.path, result.reason)
@@ -304,6 +326,14 @@ class Batcher:
             "prefetch": self.prefetch,
             "fingerprint": self.fingerprint(),
         }
+
+
+def _memory_bytes() -> int:
+    """Physical memory of this machine (1 TiB when unknown)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return 1 << 40
 
 
 def _call(fn: Callable[[int], Any], i: int) -> Any:

@@ -48,10 +48,13 @@ def _is_hidden(name: str) -> bool:
     return name.startswith(".")
 
 
-def list_image_folder(folder: Path) -> List[str]:
+def list_image_folder(folder: Path, skip_bad: bool = False,
+                      unreadable: Optional[List[Tuple[str, str]]] = None) -> List[str]:
     """Image files under ``folder`` (recursive), as POSIX paths relative to it, sorted.
 
-    Extensions are matched case-insensitively; hidden files and hidden folders are ignored.
+    Extensions are matched case-insensitively; hidden files and hidden folders are ignored. A
+    sub-folder that cannot be listed is an error naming it; with ``skip_bad`` it is skipped and
+    ``(path, reason)`` appended to ``unreadable``.
     """
     folder = Path(folder)
     if not folder.exists():
@@ -62,12 +65,21 @@ def list_image_folder(folder: Path) -> List[str]:
             "pass the folder that holds the images, or use files: for a file list",
         )
     found: List[str] = []
-    for root, dirs, files in os.walk(folder):
+    errors: List[OSError] = []
+    for root, dirs, files in os.walk(folder, onerror=errors.append):
         dirs[:] = [d for d in dirs if not _is_hidden(d)]
         rel_root = Path(root).relative_to(folder)
         for name in files:
             if not _is_hidden(name) and name.lower().endswith(IMAGE_EXTENSIONS):
                 found.append((rel_root / name).as_posix())
+    for e in errors:
+        where = e.filename or str(folder)
+        if not skip_bad:
+            raise DataError(f"cannot read folder {where} (under the image folder {folder}): {e.strerror}",
+                            "fix its permissions, remove it, or pass --skip-bad to skip it")
+        log.warning("skipping folder %s: %s", where, e.strerror)
+        if unreadable is not None:
+            unreadable.append((f"{where}{os.sep}", f"folder not readable: {e.strerror}"))
     if not found:
         raise DataError(
             f"no images in folder {folder} (searched recursively for "
@@ -92,6 +104,8 @@ def read_file_list(entries: Sequence[str], key: str) -> Tuple[Path, List[str]]:
         raise ConfigError(f"{key}: a .txt file list must be the only entry", "put all paths into the .txt file")
     if txt:
         list_path = Path(txt[0])
+        if list_path.exists() and not list_path.is_file():
+            raise DataError(f"file list {list_path} is not a regular file", f"check {key}")
         try:
             lines = list_path.read_text(encoding="utf-8").splitlines()
         except FileNotFoundError:
@@ -156,6 +170,11 @@ def _reason(e: BaseException) -> str:
 
 def decode_image(path: str) -> Image.Image:
     """Fully decode ``path`` (truncation is detected) and apply its EXIF orientation."""
+    from trtq.fileio import non_regular_kind
+
+    kind = non_regular_kind(path)
+    if kind:  # opening a FIFO would wait for a writer forever
+        raise SampleError(f"image path {path} is {kind}, not an image file", _SKIP_HINT, path, kind)
     try:
         with Image.open(path) as img:
             img.load()
@@ -203,6 +222,7 @@ class ImageSource:
         self.root = Path(root)
         self.rel_paths = rel_paths
         self.origin = origin
+        self.unreadable: List[Tuple[str, str]] = []  # sub-folders skipped while listing (skip_bad)
         self.sample_shape = tuple(sample_shape)
         self.dtype = _target_dtype(input_name, dtype)
         self.key = f"data.inputs.{input_name}.preprocess"
@@ -300,6 +320,11 @@ class NpySource:
         self._lock = threading.Lock()
 
     def _open(self, path: Path) -> np.ndarray:
+        from trtq.fileio import non_regular_kind
+
+        kind = non_regular_kind(path)
+        if kind:
+            raise DataError(f"{path} is {kind}, not an .npy file", "name regular .npy files")
         with open(path, "rb") as f:
             magic = f.read(6)
         if magic != b"\x93NUMPY":
@@ -321,6 +346,10 @@ class NpySource:
             raise DataError(f"corrupt or truncated .npy file {path}: {_reason(e)}", "re-save it with np.save") from None
         except (OSError, EOFError, SyntaxError, TypeError) as e:
             raise DataError(f"corrupt or truncated .npy file {path}: {_reason(e)}", "re-save it with np.save") from None
+        except (MemoryError, KeyboardInterrupt):
+            raise
+        except Exception as e:  # numpy parses the header with Python's tokenizer: TokenError, RecursionError, ...
+            raise DataError(f"corrupt .npy header in {path}: {type(e).__name__}", "re-save it with np.save") from None
 
     def _check(self, path: Path) -> Tuple[Tuple[int, ...], np.dtype]:
         arr = self._open(path)
@@ -345,6 +374,9 @@ class NpySource:
                 hint,
             )
         del arr
+        if dt.kind in "biu" and self.dtype.kind == "f":
+            log.warning("%s holds %s data: cast to %s for input %s as they are (no scaling; divide by 255 "
+                        "first if the model expects 0..1)", path, dt, self.dtype, self.input_name)
         return shape, dt
 
     def __len__(self) -> int:
@@ -438,8 +470,10 @@ def _release_row(arr: np.ndarray, row: int) -> None:
             pass
 
 
-def make_source(input_name: str, src: InputSource, sample_shape: Tuple[int, ...], dtype: str):
-    """Build the source for one model input from its config."""
+def make_source(input_name: str, src: InputSource, sample_shape: Tuple[int, ...], dtype: str,
+                skip_bad: bool = False):
+    """Build the source for one model input from its config. ``skip_bad``: unreadable sub-folders
+    of an image folder are skipped (listed in the source's ``unreadable``) instead of refused."""
     key = f"data.inputs.{input_name}"
     given = [k for k, v in (("images", src.images), ("files", src.files), ("npy", src.npy)) if v]
     if len(given) != 1:
@@ -451,7 +485,11 @@ def make_source(input_name: str, src: InputSource, sample_shape: Tuple[int, ...]
         return NpySource(input_name, expand_npy(src.npy, f"{key}.npy"), sample_shape, dtype, f"{key}.npy")
     if src.images:
         folder = Path(src.images)
-        return ImageSource(input_name, "images", folder, list_image_folder(folder), src.preprocess, sample_shape, dtype, str(folder))
+        unreadable: List[Tuple[str, str]] = []
+        source = ImageSource(input_name, "images", folder, list_image_folder(folder, skip_bad, unreadable),
+                             src.preprocess, sample_shape, dtype, str(folder))
+        source.unreadable = unreadable
+        return source
     root, rel = read_file_list(src.files, f"{key}.files")
     origin = src.files[0] if len(src.files) == 1 else f"{len(src.files)} files under {root}"
     return ImageSource(input_name, "files", root, rel, src.preprocess, sample_shape, dtype, str(origin))

@@ -1,0 +1,184 @@
+"""Fixtures for the fault suite: a tiny real model, its data and cache, and ways to run trtq in a
+child process (real signals, dropped privileges, size limits) or under a small tmpfs."""
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.conftest import ROOT, CliResult
+
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def make_model(path: Path, seed: int = 0) -> Path:
+    """x[N,3,8,8] -> Conv -> Relu -> GlobalAveragePool -> Flatten -> Gemm -> y[N,4]."""
+    rng = np.random.default_rng(seed)
+    w = rng.normal(0, 0.5, (4, 3, 3, 3)).astype(np.float32)
+    b = rng.normal(0, 0.1, (4,)).astype(np.float32)
+    g = rng.normal(0, 0.5, (4, 4)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("GlobalAveragePool", ["r"], ["p"], name="pool"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flat"),
+        helper.make_node("Gemm", ["f", "g"], ["y"], name="fc"),
+    ]
+    graph = helper.make_graph(
+        nodes, "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"),
+                     numpy_helper.from_array(g, "g")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+class Kit:
+    """A model, .npy data, a calibrated cache (+ .json) in one folder, copied per test."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.model = root / "m.onnx"
+        self.data = root / "x.npy"
+        self.cache = root / "c.cache"
+        self.prov = root / "c.cache.json"
+        self.stats = root / "s.npz"
+
+    def snapshot(self) -> Dict[str, bytes]:
+        """Every file under the folder (hidden ones included) with its bytes."""
+        out = {}
+        for p in sorted(self.root.rglob("*")):
+            if p.is_file() and not p.is_symlink():
+                out[str(p.relative_to(self.root))] = p.read_bytes()
+        return out
+
+
+@pytest.fixture(scope="session")
+def _kit_template(tmp_path_factory) -> Path:
+    from trtq.cli import main
+
+    root = tmp_path_factory.mktemp("kit")
+    make_model(root / "m.onnx")
+    np.save(root / "x.npy", np.random.default_rng(1).normal(0, 1, (6, 3, 8, 8)).astype(np.float32))
+    args = ["calibrate", "--model", root / "m.onnx", "--data", root / "x.npy", "-o", root / "c.cache",
+            "--save-stats", root / "s.npz", "-q"]
+    try:
+        main([str(a) for a in args])
+    except SystemExit as e:
+        assert e.code in (0, None), e.code
+    return root
+
+
+@pytest.fixture
+def kit(_kit_template, tmp_path) -> Kit:
+    root = tmp_path / "kit"
+    shutil.copytree(_kit_template, root)
+    return Kit(root)
+
+
+def one_line_error(r: CliResult) -> bool:
+    """The contract: one error line on stderr, 'trtq: error: <what>; <fix>', last, no traceback
+    (log warnings before it are fine)."""
+    lines = [ln for ln in r.err.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("trtq: error: ")]
+    others_are_logs = all(ln.startswith(("trtq: WARNING: ", "trtq: INFO: ")) for ln in lines[:-1])
+    return (len(errors) == 1 and lines[-1] == errors[0] and ";" in errors[0] and others_are_logs
+            and "Traceback" not in r.err and "internal error" not in r.err)
+
+
+def temp_leftovers(folder: Path) -> List[str]:
+    return [str(p) for p in Path(folder).rglob(".*.tmp")]
+
+
+# ------------------------------------------------------------------------------------------------
+# child processes
+# ------------------------------------------------------------------------------------------------
+
+
+def child_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRTQ_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    env.update(extra or {})
+    return env
+
+
+def trtq_cmd(args: Sequence) -> List[str]:
+    return [sys.executable, "-m", "trtq"] + [str(a) for a in args]
+
+
+def run_child(args: Sequence, prefix: Sequence[str] = (), timeout: float = 120, **kw) -> CliResult:
+    p = subprocess.run(list(prefix) + trtq_cmd(args), capture_output=True, text=True, env=child_env(),
+                       timeout=timeout, **kw)
+    return CliResult(p.returncode, p.stdout, p.stderr)
+
+
+def _setpriv_works() -> bool:
+    if not IS_ROOT:
+        return True
+    exe = shutil.which("setpriv")
+    if not exe:
+        return False
+    try:
+        probe = tempfile.mkdtemp()
+        os.chmod(probe, 0)
+        r = subprocess.run([exe, "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-c",
+                            f"import os; os.listdir({probe!r})"], capture_output=True, timeout=30)
+        os.chmod(probe, 0o700)
+        os.rmdir(probe)
+        return r.returncode != 0 and b"PermissionError" in r.stderr
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@pytest.fixture(scope="session")
+def unprivileged() -> List[str]:
+    """Command prefix under which file permissions apply: nothing for a normal user; for root,
+    setpriv without CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH (root ignores chmod otherwise)."""
+    if not _setpriv_works():
+        pytest.skip("running as root and setpriv cannot drop CAP_DAC_OVERRIDE here: permissions cannot be enforced")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if IS_ROOT else []
+
+
+@contextlib.contextmanager
+def tmpfs(folder: Path, size: str = "64k", read_only: bool = False) -> Iterator[Path]:
+    """Mount a small tmpfs on ``folder`` (skip the test when this process cannot mount)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    opts = f"size={size},mode=0777" + (",ro" if read_only else "")
+    if not IS_ROOT or not shutil.which("mount"):
+        pytest.skip("mounting a tmpfs needs root")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(folder)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def remount_read_only(folder: Path) -> None:
+    r = subprocess.run(["mount", "-o", "remount,ro", str(folder)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot remount read-only: {r.stderr.strip()}")
+
+
+def fill_up(folder: Path) -> None:
+    """Fill the file system of ``folder`` until writing fails (disk full)."""
+    for name, size in (("filler", 4096), ("filler2", 1)):  # then the last partial block
+        with open(folder / name, "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\0" * size)
+            except OSError:
+                pass
