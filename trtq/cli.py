@@ -805,13 +805,15 @@ def _on_signal(signum, frame) -> None:
         except OSError:
             pass
         os._exit(EXIT_TERMINATED if interrupt.requested() == signal.SIGTERM else EXIT_INTERRUPTED)
+    if again and interrupt.raised():
+        return  # a batch loop's interrupt.check() raised it while the signal was being re-sent
     interrupt.request(signum)
     if _in_import(frame):
         import threading
 
         threading.Thread(target=_redeliver_after_import, args=(signum,), name="trtq-signal", daemon=True).start()
         return
-    raise interrupt.exception_for(signum)
+    interrupt.raise_requested()
 
 
 _redelivering = False
@@ -892,6 +894,10 @@ def _run(args: List[str], verbose: int) -> int:
             rv = cli.main(args=args, prog_name="trtq", standalone_mode=False)
         finally:
             _finishing = True
+            # backstop: a write that a signal cut off between its steps leaves no temporary file
+            from trtq.fileio import remove_pending_temp_files
+
+            remove_pending_temp_files()
     except TrtqError as e:
         return _fail(e, str(e), e.exit_code, verbose)
     except click.exceptions.Abort as e:  # click turns KeyboardInterrupt (Terminated too) into Abort

@@ -15,7 +15,7 @@ import errno
 import hashlib
 import os
 import stat
-import tempfile
+import secrets
 import threading
 from pathlib import Path
 from typing import Iterator, Set, Union
@@ -25,7 +25,7 @@ from trtq.errors import TrtqError, UsageError
 PathLike = Union[str, "os.PathLike[str]"]
 
 _pending: Set[str] = set()
-_pending_lock = threading.Lock()
+_pending_lock = threading.RLock()  # re-entrant: the signal handler runs on the thread that may hold it
 
 
 def non_regular_kind(path: PathLike) -> str:
@@ -80,31 +80,46 @@ def atomic_path(dest: PathLike) -> Iterator[Path]:
     dest = Path(dest)
     check_writable_target(dest)
     folder = dest.parent if str(dest.parent) else Path(".")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=folder)
-    except OSError as e:
-        raise write_error(dest, e) from None
+    # the name is registered before the file exists, so a signal at any point between creating it
+    # and the try below still finds it in _pending (the CLI removes those when it unwinds)
+    tmp_path = folder / f".{dest.name}.{secrets.token_hex(4)}.tmp"
+    tmp = str(tmp_path)
     with _pending_lock:
         _pending.add(tmp)
-    os.close(fd)
-    tmp_path = Path(tmp)
     try:
-        try:
-            yield tmp_path
-            check_writable_target(dest)  # may have appeared while writing
-            # mkstemp creates 0600; give the file the mode a plain open() would (0666 minus umask)
-            os.chmod(tmp_path, 0o666 & ~_umask())
-            os.replace(tmp_path, dest)
-        except OSError as e:
-            raise write_error(dest, e) from None
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp_path.unlink()
+        folder.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as e:  # not created (O_EXCL: never someone else's file)
+        _forget(tmp)
+        raise write_error(dest, e) from None
+    except BaseException:  # a signal: the file may exist already
+        _discard_temp(tmp)
         raise
-    finally:
-        with _pending_lock:
-            _pending.discard(tmp)
+    # The name leaves _pending only once the file is gone (moved into place or removed): a second
+    # exception raised inside the clean-up (a re-sent signal) leaves it for the CLI's backstop.
+    try:
+        yield tmp_path
+        check_writable_target(dest)  # may have appeared while writing
+        # created 0600 above; give the file the mode a plain open() would (0666 minus umask)
+        os.chmod(tmp_path, 0o666 & ~_umask())
+        os.replace(tmp_path, dest)
+    except BaseException as e:
+        _discard_temp(tmp)
+        if isinstance(e, OSError):
+            raise write_error(dest, e) from None
+        raise
+    _forget(tmp)
+
+
+def _forget(tmp: str) -> None:
+    with _pending_lock:
+        _pending.discard(tmp)
+
+
+def _discard_temp(tmp: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
+    _forget(tmp)
 
 
 def remove_pending_temp_files() -> None:
@@ -114,6 +129,7 @@ def remove_pending_temp_files() -> None:
     for name in names:
         with contextlib.suppress(OSError):
             os.unlink(name)
+        _forget(name)
 
 
 def _umask() -> int:

@@ -10,6 +10,7 @@ import signal
 from typing import Optional
 
 _requested: Optional[int] = None
+_raised = False  # an exception for the requested signal has been raised already
 
 
 class Terminated(KeyboardInterrupt):
@@ -30,8 +31,22 @@ def requested() -> Optional[int]:
 
 
 def reset() -> None:
-    global _requested
+    global _requested, _raised
     _requested = None
+    _raised = False
+
+
+def raised() -> bool:
+    return _raised
+
+
+def raise_requested() -> None:
+    """Raise the exception for the requested signal (the handler and :func:`check` use this)."""
+    global _raised
+    if _requested is None:
+        return
+    _raised = True
+    raise exception_for(_requested)
 
 
 def exception_for(signum: int) -> KeyboardInterrupt:
@@ -40,5 +55,4 @@ def exception_for(signum: int) -> KeyboardInterrupt:
 
 def check() -> None:
     """Raise again when a signal arrived whose exception was swallowed somewhere."""
-    if _requested is not None:
-        raise exception_for(_requested)
+    raise_requested()

@@ -302,7 +302,9 @@ def test_signal_inside_an_import_is_raised_after_it(tmp_path):
     p = subprocess.run([sys.executable, "-c", _SIGNAL_IN_IMPORT, str(tmp_path)], capture_output=True, text=True,
                        env=child_env(), timeout=60)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.splitlines()[-1] == "interrupted; module complete: True", p.stdout
+    # the re-sent signal may land inside print("after the import"), between the text and its newline
+    assert p.stdout.rstrip("\n").endswith("interrupted; module complete: True"), p.stdout
+    assert "not interrupted" not in p.stdout, p.stdout
 
 
 def test_module_entry_catches_signals_before_importing_the_cli():
