@@ -53,6 +53,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2, help="bench runs over all engines (noise = their spread)")
     p.add_argument("--no-reference", action="store_true", help="skip the fp16 and implicit INT8 engines")
     p.add_argument("--reuse", action="store_true", help="take plans already in --out")
+    p.add_argument("--timing-cache", type=Path, help="TensorRT timing cache shared by every build (read and updated)")
+    p.add_argument("--build-only", action="store_true",
+                   help="build the plans and stop (split long builds over several calls, then bench with --reuse)")
     return p.parse_args(argv)
 
 
@@ -159,7 +162,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     fixed = tuple([a.batch] + [int(d) for d in spec.shape[1:]])
     base = BuildOptions(optimization_level=a.opt_level, workspace_mb=a.workspace_mb,
                         tactic_sources=tuple(a.tactic_sources.split(",")),
-                        profiles={spec.name: ProfileShapes(fixed, fixed, fixed)} if spec.is_dynamic else {})
+                        profiles={spec.name: ProfileShapes(fixed, fixed, fixed)} if spec.is_dynamic else {},
+                        timing_cache=str(a.timing_cache) if a.timing_cache else None)
     plans: List[Tuple[str, Path, Optional[float], Optional[Path]]] = []  # name, plan, build s, Q/DQ source
     if not a.no_reference:
         plan, s = build("fp16", a.model, a.out, dataclasses.replace(base, precision="fp16"), a.reuse)
@@ -179,6 +183,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         plan, s = build(name, Path(path), a.out, dataclasses.replace(base, fp16=True), a.reuse)
         plans.append((name, plan, s, Path(path)))
 
+    if a.build_only:
+        for name, plan, seconds, _ in plans:
+            print(f"{name}: {plan} ({'reused' if seconds is None else f'{seconds:.1f} s'})")
+        return 0
     medians: Dict[str, List[float]] = {name: [] for name, *_ in plans}
     for i in range(a.repeats):
         log.info("bench run %d of %d", i + 1, a.repeats)
