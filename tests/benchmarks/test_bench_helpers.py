@@ -15,6 +15,7 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import bench_calibrate  # noqa: E402
+import bench_engines  # noqa: E402
 import common  # noqa: E402
 import models  # noqa: E402
 
@@ -147,3 +148,26 @@ def test_cosine_rows():
     a = np.array([[1.0, 0.0], [1.0, 1.0]])
     b = np.array([[0.0, 2.0], [2.0, 2.0]])
     np.testing.assert_allclose(common.cosine_rows(a, b), [0.0, 1.0])
+
+
+def test_flip_noise_counts_top1_changes_between_two_runtimes():
+    ref = np.zeros((5, 3))
+    a = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 0, 0], [0, 1, 0]], dtype=float)
+    b = a.copy()
+    b[1] = [1, 0, 0]  # one sample flips ...
+    b[4] = [0, 0, 1]  # ... and another
+    got = bench_engines.flip_noise(ref, a, b, 5)
+    assert got["flips"] == pytest.approx(2 / 5)
+    assert got["gap_sigma"] == pytest.approx(np.sqrt(2) / 5)
+    assert bench_engines.flip_noise(ref, a, a, 4) == {"flips": 0.0, "gap_sigma": 0.0}
+
+
+def test_engine_goal_lines_name_the_chance_gap():
+    rows = [{"name": "int8-implicit", "engine_top1": 0.9, "median_ms": 1.0, "spread_ms": 0.01},
+            {"name": "q", "engine_top1": 0.95, "ort_top1": 0.93, "median_ms": 0.99, "spread_ms": 0.01,
+             "flips": 0.05, "gap_sigma": 0.0125}]
+    lines = bench_engines.goals(rows)
+    assert lines[0].startswith("[PASS] best explicit engine") and "q 0.950" in lines[0]
+    assert lines[1].startswith("[FAIL] q:") and "gap 0.020" in lines[1] and "1 sigma 0.013" in lines[1]
+    rows[1]["median_ms"] = 1.2  # slower than the implicit engine + its noise: the goal fails
+    assert bench_engines.goals(rows)[0].startswith("[FAIL]")
