@@ -1,6 +1,6 @@
 """Sharded calibration with Ray: one ``ray.remote`` task per shard, merged on the driver.
 
-    pip install "trtq[ray]"
+    pip install -e ".[ray]"   # from the trtq checkout
     python examples/ray_shards.py -c calib.yaml --shards 8 --method entropy -o calibration.cache
 
 Each task runs ``trtq calibrate --shard I/N`` in a temporary folder on whichever node Ray picks and

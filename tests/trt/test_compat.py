@@ -38,7 +38,7 @@ def test_missing_tensorrt_is_exit_4(monkeypatch):
     with pytest.raises(EnvironmentMissing) as info:
         compat.import_tensorrt()
     assert info.value.exit_code == 4
-    assert 'pip install "trtq[gpu]"' in str(info.value)
+    assert "pip install tensorrt cuda-python" in str(info.value)
 
 
 def test_unloadable_tensorrt_is_exit_4():

@@ -32,7 +32,8 @@ from trtq.errors import ConfigError, EnvironmentMissing, UsageError
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = 'pip install "trtq[gpu]" (TensorRT + cuda-python) on a machine with an NVIDIA GPU'
+INSTALL_HINT = ('pip install tensorrt cuda-python (or pip install -e ".[gpu]" in the trtq checkout) '
+                'on a machine with an NVIDIA GPU')
 NO_GPU_HINT = "no CUDA GPU visible: check nvidia-smi, the driver and CUDA_VISIBLE_DEVICES"
 
 

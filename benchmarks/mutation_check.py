@@ -1,0 +1,183 @@
+"""Mutation check of the reliability guards: remove each guard, run the tests, expect a failure.
+
+Each entry below neutralises one guard of issue 11 (an output check, a validation, a signal path)
+with a textual patch in a temporary copy of the tree, runs the named tests there (``pytest -x``),
+and reports whether a test failed ("killed") or everything still passed ("SURVIVED": no test would
+notice that guard gone). The working tree is never modified.
+
+    python benchmarks/mutation_check.py                 # all guards
+    python benchmarks/mutation_check.py --only stdout   # guards whose name contains "stdout"
+    python benchmarks/mutation_check.py --list
+
+Exit status 0 when every mutation is killed, 1 otherwise (2 when a patch no longer applies: the
+guard's code changed and this table needs updating).
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+REL = "tests/reliability"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str  # file in the tree
+    old: str  # must occur exactly once
+    new: str
+    tests: Tuple[str, ...] = (REL,)
+
+
+M = Mutation
+MUTATIONS: List[Mutation] = [
+    # defect 1: outputs against inputs and each other
+    M("output-is-an-input", "trtq/outputs.py", "            if _same(path, in_path):", "            if False:"),
+    M("two-outputs-same-file", "trtq/outputs.py", "            if _same(path, other):", "            if False:"),
+    M("same-file-by-inode (links)", "trtq/outputs.py", "    if ia == ib:\n        return True", "    if False:\n        return True"),
+    M("unwritable-output-folder", "trtq/outputs.py", "        problem = _writable_folder(path)", "        problem = None"),
+    # defect 2: special files
+    M("non-regular-target", "trtq/fileio.py", "    kind = non_regular_kind(dest)\n    if kind:\n        raise UsageError",
+      "    kind = ''\n    if kind:\n        raise UsageError"),
+    # defect 6 / atomic writes: OS errors while writing, temporary files
+    M("write-error-one-line", "trtq/fileio.py",
+      "        _discard_temp(tmp)\n        if isinstance(e, OSError):\n            raise write_error(dest, e) from None",
+      "        _discard_temp(tmp)\n        if False:\n            raise write_error(dest, e) from None"),
+    M("temp-file-removed-on-failure", "trtq/fileio.py",
+      "    except BaseException as e:\n        _discard_temp(tmp)", "    except BaseException as e:\n        _forget(tmp)"),
+    M("disk-full-hint", "trtq/fileio.py", "    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):",
+      "    if False:"),
+    # defect 3: scales
+    M("cache-scale-range", "trtq/calib/cache.py",
+      '        problem = scale_problem(value / INT8_MAX if what == "amax" else value)', "        problem = None"),
+    M("cache-denormal-scale", "trtq/calib/cache.py", "    if scale < _FLOAT32_TINY:", "    if False:"),
+    M("cache-huge-scale", "trtq/calib/cache.py", "    if scale > MAX_SCALE:", "    if False:"),
+    M("cache-non-finite", "trtq/calib/cache.py",
+      "        if not allow_nonfinite:\n            raise _bad(path, n, f\"{what} of tensor '{name}' is {value} (not finite)\"",
+      "        if False:\n            raise _bad(path, n, f\"{what} of tensor '{name}' is {value} (not finite)\""),
+    M("inspect-unusable-verdict", "trtq/inspect_cache.py", '    elif unusable:\n        verdict = "unusable"',
+      '    elif False:\n        verdict = "unusable"'),
+    # defect 4: unreadable sub-folders
+    M("unreadable-subfolder", "trtq/data/sources.py", "    for e in errors:", "    for e in []:"),
+    # defect 5: providers, stdout
+    M("providers-validated", "trtq/calib/collect.py",
+      "        if name not in available:\n            raise ConfigError(f\"ONNX Runtime provider '{name}'",
+      "        if False:\n            raise ConfigError(f\"ONNX Runtime provider '{name}'"),
+    M("stdout-guard", "trtq/cli.py", "    _guard.engage()\n    return st", "    return st"),
+    # defect 6: environment problems
+    M("non-utf8-config", "trtq/config.py", "        text = raw.decode(\"utf-8\")\n    except UnicodeDecodeError as e:",
+      "        text = raw.decode(\"utf-8\")\n    except ZeroDivisionError as e:"),
+    M("absurd-batch-size", "trtq/data/batcher.py", "        if total > limit:", "        if False:"),
+    M("missing-dependency-exit-4", "trtq/cli.py", "    except ImportError as e:  # a dependency",
+      "    except ZeroDivisionError as e:  # a dependency"),
+    # defect 7: signals
+    M("sigterm-handled", "trtq/cli.py", "        for sig in (signal.SIGINT, signal.SIGTERM):\n            previous[sig]",
+      "        for sig in (signal.SIGINT,):\n            previous[sig]"),
+    M("second-signal-exits-at-once", "trtq/cli.py", "    if interrupt.requested() is not None and not again:",
+      "    if False:"),
+    M("signal-in-import-deferred", "trtq/cli.py", "    if _in_import(frame):", "    if False:"),
+    M("swallowed-interrupt-raised-again", "trtq/interrupt.py",
+      '    """Raise again when a signal arrived whose exception was swallowed somewhere."""\n    raise_requested()',
+      '    """Raise again when a signal arrived whose exception was swallowed somewhere."""'),
+    M("temp-files-removed-when-a-command-ends", "trtq/cli.py",
+      "            from trtq.fileio import remove_pending_temp_files\n\n            remove_pending_temp_files()",
+      "            pass"),
+    # defect 8: messages
+    M("data-names-an-unknown-input", "trtq/cli.py",
+      "        if sep and name not in by_name and _looks_like_input_name(name) and not Path(item).exists():",
+      "        if False:"),
+    M("data-input-given-twice", "trtq/cli.py", "        if name in given:", "        if False:"),
+    M("yaml-duplicate-keys", "trtq/config.py", "                if first is not None:", "                if False:"),
+    M("integer-npy-note", "trtq/data/sources.py", '        if dt.kind in "biu" and self.dtype.kind == "f":',
+      "        if False:"),
+    M("tactic-sources-as-a-string", "trtq/config.py", "        if csv and isinstance(value, str):", "        if False:"),
+    M("bench-checks-files-before-tensorrt", "trtq/cli.py", "        if not Path(p).exists():\n            raise ModelError(f\"engine not found",
+      "        if False:\n            raise ModelError(f\"engine not found"),
+    M("pickled-npy-refused", "trtq/data/sources.py", '            if magic[:1] == b"\\x80":', "            if False:"),
+]
+
+
+def copy_tree(dest: Path) -> None:
+    for name in ("trtq", "tests", "benchmarks", "examples", "sample_data", "configs"):
+        src = ROOT / name
+        if src.exists():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in ("pyproject.toml", "conftest.py", "README.md"):
+        if (ROOT / name).exists():
+            shutil.copy2(ROOT / name, dest / name)
+
+
+def apply(tree: Path, m: Mutation) -> Optional[str]:
+    path = tree / m.path
+    text = path.read_text()
+    count = text.count(m.old)
+    if count != 1:
+        return f"patch found {count} times in {m.path} (expected once)"
+    path.write_text(text.replace(m.old, m.new))
+    return None
+
+
+def line_of(m: Mutation) -> int:
+    text = (ROOT / m.path).read_text()
+    i = text.find(m.old)
+    return text.count("\n", 0, i) + 1 if i >= 0 else 0
+
+
+def run_one(m: Mutation, timeout: float) -> Tuple[str, float, str]:
+    with tempfile.TemporaryDirectory(prefix="trtq-mutant-") as tmp:
+        tree = Path(tmp)
+        copy_tree(tree)
+        problem = apply(tree, m)
+        if problem:
+            return "NO PATCH", 0.0, problem
+        env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+        t0 = time.perf_counter()
+        try:
+            p = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *m.tests],
+                               cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return "killed (timeout)", time.perf_counter() - t0, ""
+        seconds = time.perf_counter() - t0
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("FAILED") or ln.startswith("ERROR")]
+        if p.returncode == 0:
+            return "SURVIVED", seconds, p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
+        if p.returncode in (1, 2) and not lines and "error" in p.stdout.lower() and "collect" in p.stdout.lower():
+            return "killed (collection error)", seconds, ""
+        return "killed", seconds, (lines[0] if lines else p.stdout.strip().splitlines()[-1])[:110]
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="run the mutations whose name contains this")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--timeout", type=float, default=900)
+    a = ap.parse_args(argv)
+    chosen = [m for m in MUTATIONS if not a.only or a.only in m.name]
+    if a.list:
+        for m in chosen:
+            print(f"{m.name:42s} {m.path}:{line_of(m)}")
+        return 0
+    print(f"{'guard':42s} {'where':34s} {'result':18s} {'s':>6s}  first failing test")
+    worst = 0
+    for m in chosen:
+        result, seconds, detail = run_one(m, a.timeout)
+        where = f"{m.path}:{line_of(m)}"
+        print(f"{m.name:42s} {where:34s} {result:18s} {seconds:6.1f}  {detail}", flush=True)
+        if result == "NO PATCH":
+            worst = 2
+        elif result == "SURVIVED":
+            worst = max(worst, 1)
+    killed = sum(1 for _ in chosen)
+    print(f"({killed} guards; tests run: pytest -x on {REL} in a patched copy per guard)")
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(main())
