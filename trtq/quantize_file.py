@@ -24,7 +24,34 @@ def quantized_model(model_path: Path, cache_path: Path, options: QuantizeOptions
     model = load_model(model_path)
     table = read_cache(Path(cache_path))
     check_cache_for_model(Path(cache_path), Path(model_path), options.allow_stale, table.amax)
-    return quantize_model(model, table.amax, options, data=sample_batches(model, options, data))
+    result = quantize_model(model, table.amax, options, data=sample_batches(model, options, data))
+    refuse_nothing_quantized(result, Path(model_path))
+    return result
+
+
+_WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+def refuse_nothing_quantized(result, model_path: Path) -> None:
+    """A model with Conv/Gemm/MatMul that came out without a single Q/DQ pair is an error: its
+    "INT8" model would be the FP32 model, and every accuracy gate would pass on it."""
+    from collections import Counter
+
+    if result.quantized:
+        return
+    weighted = [n for n in result.model.graph.node if n.op_type in _WEIGHTED_OPS]
+    if not weighted:
+        return
+    names = {n.name for n in weighted}
+    reasons = Counter(reason for node, reason in result.left_float if node in names)
+    if reasons:
+        top = "; ".join(f"{count}x {reason}" for reason, count in reasons.most_common(3))
+        why = f"every one stays float ({top})"
+    else:
+        why = "none of them has a constant weight and ranged inputs the placement rules accept"
+    raise ModelError(f"{model_path.name}: quantized 0 of its {len(weighted)} Conv/Gemm/MatMul nodes: {why}",
+                     "check --exclude and the cache (trtq inspect-cache --model); weights computed at run time "
+                     "from graph inputs cannot be quantized ahead of time")
 
 
 def needs_data(options: QuantizeOptions) -> bool:

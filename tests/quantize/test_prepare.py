@@ -170,3 +170,90 @@ def test_int64_constants_and_shape_subgraphs_are_left_alone():
     assert fc.input[0] == "f_DequantizeLinear_Output"
     assert run(q, random_feeds(model, batch=5))[0].shape == (5, 16)
     assert TensorProto.INT64 in {i.data_type for i in q.graph.initializer}
+
+
+def _zoo_style_model(rng):
+    """Weights the way some model-zoo graphs carry them: built in the graph from ConstantOfShape,
+    arithmetic on constants, and a shape computed from constants."""
+    w = conv_weight(rng, 8, 3)
+    fc = rng.standard_normal((8 * 4 * 4, 16)).astype(np.float32)
+    return make_model(
+        [
+            # conv weight = ConstantOfShape(1.0) * w_base  (the model zoo's "ones * values")
+            helper.make_node("ConstantOfShape", ["w_shape"], ["ones"], name="ones",
+                             value=numpy_helper.from_array(np.array([1.0], np.float32))),
+            helper.make_node("Mul", ["ones", "w_base"], ["w"], name="w_mul"),
+            # bias = zeros + b_base, reshaped by a shape that is itself computed: Concat([1], [8]) -> [1, 8, 1, 1]
+            helper.make_node("ConstantOfShape", ["b_len"], ["zeros"], name="zeros"),
+            helper.make_node("Add", ["zeros", "b_base"], ["b"], name="b_add"),
+            conv("c", "x", "w", "h", bias="b"),
+            helper.make_node("Relu", ["h"], ["r"], name="relu"),
+            helper.make_node("Concat", ["one", "minus1"], ["flat_shape"], name="flat_shape", axis=0),
+            helper.make_node("Reshape", ["r", "flat_shape"], ["f"], name="flatten"),
+            # fc weight = Concat of two halves, then Transpose(Transpose(.)) (an exporter round trip)
+            helper.make_node("Concat", ["fc_a", "fc_b"], ["fc_cat"], name="fc_cat", axis=0),
+            helper.make_node("Sub", ["fc_cat", "fc_zero"], ["fc_w"], name="fc_sub"),
+            helper.make_node("MatMul", ["f", "fc_w"], ["y"], name="fc"),
+        ],
+        [value("x", [1, 3, 4, 4])], [value("y", [1, 16])],
+        [init("w_shape", np.array(w.shape, np.int64)), init("w_base", w),
+         init("b_len", np.array([8], np.int64)), init("b_base", rng.standard_normal(8).astype(np.float32)),
+         init("one", np.array([1], np.int64)), init("minus1", np.array([-1], np.int64)),
+         init("fc_a", fc[:64]), init("fc_b", fc[64:]), init("fc_zero", np.zeros((1,), np.float32))],
+    )
+
+
+def _fold_by_running(model):
+    """The independent route: run the FP32 model with ONNX's reference evaluator, keep every
+    tensor computed from initializers only, and put it back as an initializer."""
+    from onnx.reference import ReferenceEvaluator
+
+    inits = {i.name for i in model.graph.initializer}
+    constant_nodes, constant_names = [], set(inits)
+    for node in model.graph.node:
+        if all(i in constant_names for i in node.input if i):
+            constant_nodes.append(node)
+            constant_names.update(node.output)
+    wanted = [o for n in constant_nodes for o in n.output]
+    graph = helper.make_graph(constant_nodes, "consts", [], [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None)
+                                                           for o in wanted], list(model.graph.initializer))
+    values = ReferenceEvaluator(helper.make_model(graph, opset_imports=model.opset_import)).run(None, {})
+    folded = onnx.ModelProto()
+    folded.CopyFrom(model)
+    keep = [n for n in folded.graph.node if n not in constant_nodes]
+    del folded.graph.node[:]
+    folded.graph.node.extend(keep)
+    folded.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), o) for o, v in zip(wanted, values))
+    return folded
+
+
+def test_weights_computed_from_constant_of_shape_are_folded_and_quantized():
+    rng = np.random.default_rng(7)
+    model = _zoo_style_model(rng)
+    result, _ = quantize_checked(model)
+    by_hand, _ = quantize_checked(_fold_by_running(model))
+    assert result.quantized == by_hand.quantized == ["c", "fc"]
+    assert any(n.startswith("computed 7 nodes on constants") for n in result.notes), result.notes
+    q = result.model
+    assert not nodes_of(q, "ConstantOfShape") and not nodes_of(q, "Mul") and not nodes_of(q, "Sub")
+    # per-channel weight Q/DQ on the folded conv weight, and the folded model computes what the original does
+    (wq,) = [n for n in nodes_of(q, "QuantizeLinear") if n.input[0] == "w"]
+    assert wq.attribute[0].name == "axis" and wq.attribute[0].i == 0
+    feeds = random_feeds(model)
+    np.testing.assert_allclose(run(q, feeds)[0], run(model, feeds)[0], rtol=0.1, atol=0.5)
+    from trtq.quantize.prepare import prepare_model
+
+    prepared, _ = prepare_model(model)
+    np.testing.assert_allclose(run(prepared, feeds)[0], run(model, feeds)[0], rtol=1e-6, atol=1e-5)
+
+
+def test_random_ops_are_never_folded():
+    model = make_model(
+        [helper.make_node("RandomNormal", [], ["noise"], name="noise", shape=[1, 4], dtype=TensorProto.FLOAT),
+         helper.make_node("Add", ["x", "noise"], ["y"], name="add")],
+        [value("x", [1, 4])], [value("y", None)],
+    )
+    from trtq.quantize.prepare import prepare_model
+
+    prepared, notes = prepare_model(model)
+    assert [n.op_type for n in prepared.graph.node] == ["RandomNormal", "Add"] and not notes

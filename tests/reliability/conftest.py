@@ -20,11 +20,12 @@ IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
 def make_model(path: Path, seed: int = 0) -> Path:
-    """x[N,3,8,8] -> Conv -> Relu -> GlobalAveragePool -> Flatten -> Gemm -> y[N,4]."""
+    """x[N,3,8,8] -> Conv -> Relu -> GlobalAveragePool -> Flatten -> Gemm -> y[N,16] (16 channels:
+    large enough that trtq quantizes both layers)."""
     rng = np.random.default_rng(seed)
-    w = rng.normal(0, 0.5, (4, 3, 3, 3)).astype(np.float32)
-    b = rng.normal(0, 0.1, (4,)).astype(np.float32)
-    g = rng.normal(0, 0.5, (4, 4)).astype(np.float32)
+    w = rng.normal(0, 0.5, (16, 3, 3, 3)).astype(np.float32)
+    b = rng.normal(0, 0.1, (16,)).astype(np.float32)
+    g = rng.normal(0, 0.5, (16, 16)).astype(np.float32)
     nodes = [
         helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c"], ["r"], name="relu"),
@@ -35,7 +36,7 @@ def make_model(path: Path, seed: int = 0) -> Path:
     graph = helper.make_graph(
         nodes, "tiny",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])],
         initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"),
                      numpy_helper.from_array(g, "g")],
     )

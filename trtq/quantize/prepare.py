@@ -10,16 +10,17 @@ normalised copy (the caller's model is never touched):
    weight in a ``Constant``);
 4. initializers also listed as graph inputs are removed from the inputs: they are weights, and
    a weight that callers could override cannot be quantized ahead of time;
-5. data-movement nodes (Identity, Reshape, Transpose, Unsqueeze, Squeeze, Flatten, Cast) whose
-   inputs are all initializers are evaluated into an initializer named like their output
-   (Paddle's ``Constant -> Identity -> Conv`` weights and ``Constant -> Reshape -> Add`` biases);
+5. nodes whose inputs are all initializers are evaluated into initializers named like their
+   outputs: data-movement ops (Paddle's ``Constant -> Identity -> Conv`` weights and
+   ``Constant -> Reshape -> Add`` biases) in numpy, any other deterministic op (``ConstantOfShape``,
+   arithmetic and shape computations on weights) with ONNX's reference implementation;
 6. nodes without a name get ``<op_type>_<position>``, and repeated names get ``__<n>`` appended, so
    that every node can be named in reports, ``--exclude`` and ``only_nodes``.
 
 Tensor names are never changed, so a calibration cache made on the original model still applies.
 """
 import heapq
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import numpy as np
 import onnx
@@ -40,7 +41,7 @@ def prepare_model(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, List[str]]:
     _toposort(out.graph, notes)
     _constants_to_initializers(out.graph, notes)
     _drop_weight_inputs(out.graph, notes)
-    _fold_constants(out.graph, notes)
+    _fold_constants(out.graph, notes, default_opset(out))
     _name_nodes(out.graph, notes)
     return out, notes
 
@@ -189,8 +190,44 @@ _NUMERIC = {
 }
 
 
-def _fold_constants(graph: onnx.GraphProto, notes: List[str]) -> None:
-    """Evaluate data-movement nodes whose inputs are all initializers (in one ordered pass)."""
+# never evaluated ahead of time: random or stateful ops, and the quantization ops themselves
+_NOT_FOLDED = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+               "Bernoulli", "Dropout", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
+_MAX_FOLDED_ELEMENTS = 1 << 26  # a weight is far smaller; a larger constant stays a run-time computation
+
+
+def _has_subgraph(node: onnx.NodeProto) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+
+
+def _evaluate(node: onnx.NodeProto, arrays: List[np.ndarray], opset: int) -> Optional[List[np.ndarray]]:
+    """The outputs of one node on constant inputs, or None when it is not ours to evaluate.
+
+    Data-movement ops use the small numpy forms above; every other deterministic default-domain op
+    (ConstantOfShape, Mul/Add/Concat on weights, Shape/Gather/Range arithmetic, ...) goes through
+    ONNX's reference implementation, which follows the spec of the model's opset."""
+    fn = _FOLDABLE.get(node.op_type)
+    if fn is not None:
+        if len(node.output) != 1:
+            return None
+        return [fn(node, *arrays)]
+    if node.op_type in _NOT_FOLDED or _has_subgraph(node):
+        return None
+    if node.op_type == "ConstantOfShape" and arrays and int(np.prod(arrays[0], dtype=np.float64)) > _MAX_FOLDED_ELEMENTS:
+        return None
+    from onnx.reference import ReferenceEvaluator
+
+    names = [i for i in node.input if i]
+    results = ReferenceEvaluator(node, opsets={"": opset}).run(None, dict(zip(names, arrays)))
+    return [np.asarray(r) for r in results]
+
+
+def _fold_constants(graph: onnx.GraphProto, notes: List[str], opset: int) -> None:
+    """Evaluate nodes whose inputs are all initializers (in one ordered pass, so chains fold).
+
+    Weights that an exporter computes in the graph (Paddle's ``Constant -> Reshape`` biases, model
+    zoo graphs that build a weight from ``ConstantOfShape`` and arithmetic) become initializers,
+    which the placement rules can quantize."""
     inits = {i.name: i for i in graph.initializer}
     protected = {o.name for o in graph.output} | subgraph_names(graph)
     uses: Dict[str, int] = {}
@@ -198,38 +235,50 @@ def _fold_constants(graph: onnx.GraphProto, notes: List[str]) -> None:
         for i in node.input:
             uses[i] = uses.get(i, 0) + 1
     keep = []
-    folded = 0
+    moved = computed = 0
     for node in graph.node:
-        fn = _FOLDABLE.get(node.op_type) if node.domain in ("", "ai.onnx") else None
         inputs = [i for i in node.input if i]
+        outputs = list(node.output)
         if (
-            fn is None
+            node.domain not in ("", "ai.onnx")
             or not inputs
-            or len(node.output) != 1
-            or node.output[0] in protected
-            or node.output[0] in inits
+            or not outputs
+            or any(not o or o in protected or o in inits for o in outputs)
             or not all(i in inits and inits[i].data_type in _NUMERIC for i in inputs)
             or (node.op_type == "Cast" and int(attr(node, "to", 0)) not in _NUMERIC)
         ):
             keep.append(node)
             continue
         try:
-            value = fn(node, *[numpy_helper.to_array(inits[i]) for i in node.input if i])
-        except Exception:  # odd attributes or shapes: leave the node to the runtime
+            values = _evaluate(node, [numpy_helper.to_array(inits[i]) for i in inputs], opset)
+        except Exception:  # odd attributes or shapes, an op the reference lacks: leave it to the runtime
+            values = None
+        if (
+            values is None
+            or len(values) != len(outputs)
+            or any(v.dtype.kind not in "biuf" or v.size > _MAX_FOLDED_ELEMENTS for v in values)
+        ):
             keep.append(node)
             continue
-        tensor = numpy_helper.from_array(np.ascontiguousarray(value), node.output[0])
-        graph.initializer.append(tensor)
-        inits[node.output[0]] = tensor
+        for name, value in zip(outputs, values):
+            tensor = numpy_helper.from_array(np.ascontiguousarray(value), name)
+            graph.initializer.append(tensor)
+            inits[name] = tensor
         for i in inputs:
             uses[i] -= 1
             if uses[i] == 0 and i not in protected:  # that node was its last user
                 graph.initializer.remove(inits.pop(i))
-        folded += 1
-    if folded:
+        if node.op_type in _FOLDABLE:
+            moved += 1
+        else:
+            computed += 1
+    if moved or computed:
         del graph.node[:]
         graph.node.extend(keep)
-        notes.append(f"folded {folded} data-movement nodes on constants into initializers")
+    if moved:
+        notes.append(f"folded {moved} data-movement nodes on constants into initializers")
+    if computed:
+        notes.append(f"computed {computed} nodes on constants ahead of time (ConstantOfShape, arithmetic on weights)")
 
 
 def _drop_weight_inputs(graph: onnx.GraphProto, notes: List[str]) -> None:
