@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import click
 
@@ -189,19 +189,46 @@ def _source_for_path(path: str):
     raise DataError(f"data path not found: {path}", "pass an image folder, a .txt file list, or .npy files")
 
 
+def _parse_shape_flags(items: Sequence[str], specs, base: Dict[str, Tuple[int, ...]]) -> Dict[str, Tuple[int, ...]]:
+    """--shape [INPUT=]DIMS (DIMS like 8x3x48x320 or 8,3,48,320) merged over data.shapes."""
+    by_name = {s.name: s for s in specs}
+    shapes = dict(base)
+    seen: Dict[str, str] = {}
+    for item in items:
+        name, sep, dims = item.rpartition("=")
+        if not sep:
+            if len(specs) != 1:
+                raise UsageError(f"the model has {len(specs)} inputs: give --shape INPUT=DIMS", "inputs: " + ", ".join(by_name))
+            name = specs[0].name
+        elif name not in by_name:
+            raise UsageError(f"--shape names '{name}', which is not a model input", "inputs: " + ", ".join(by_name))
+        parts = [p for p in dims.replace(",", "x").split("x")]
+        if not parts or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+            raise UsageError(f"--shape {item}: the dims must be positive integers",
+                             f"write every dim of {by_name[name].describe()}, e.g. --shape {name}=8x3x224x224")
+        if name in seen:
+            raise UsageError(f"--shape gives input '{name}' twice ({seen[name]} and {item})", "pass one --shape per input")
+        seen[name] = item
+        shapes[name] = tuple(int(p) for p in parts)
+    return shapes
+
+
 def _apply_data_flags(cfg, data: Sequence[str], preprocess: Optional[str]):
-    """Merge --data [NAME=]PATH and --preprocess PRESET into cfg.data.inputs (needs the model)."""
+    """Merge --data [NAME=]PATH, --shape and --preprocess PRESET into cfg.data (needs the model).
+    A preset is sized from the input's full shape: data.shapes / --shape where given."""
     import dataclasses
 
-    if not data and not preprocess:
+    shape_flags = click.get_current_context().meta.get(_SHAPES_KEY, ())
+    if not data and not preprocess and not shape_flags:
         return cfg
     if not cfg.model:
-        raise UsageError("--data/--preprocess need a model", "pass --model MODEL.onnx")
+        raise UsageError("--data/--preprocess/--shape need a model", "pass --model MODEL.onnx")
     from trtq.model import input_specs, load_model
     from trtq.presets import preset
 
     specs = input_specs(load_model(cfg.model))
     by_name = {s.name: s for s in specs}
+    shapes = _parse_shape_flags(shape_flags, specs, dict(cfg.data.shapes))
     inputs = dict(cfg.data.inputs)
     given: Dict[str, str] = {}
     for item in data:
@@ -233,8 +260,9 @@ def _apply_data_flags(cfg, data: Sequence[str], preprocess: Optional[str]):
     if preprocess:
         for name, src in list(inputs.items()):
             if name in by_name:
-                inputs[name] = dataclasses.replace(src, preprocess=preset(preprocess, by_name[name].shape))
-    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, inputs=inputs))
+                shape = shapes.get(name) or by_name[name].shape
+                inputs[name] = dataclasses.replace(src, preprocess=preset(preprocess, shape))
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, inputs=inputs, shapes=shapes))
 
 
 def _looks_like_input_name(text: str) -> bool:
@@ -250,7 +278,23 @@ _IN_PATH = click.Path(readable=False)
 _PRESET_CHOICE = click.Choice(["imagenet", "inception", "yolo", "paddle", "unit", "raw"])
 
 
+_SHAPES_KEY = "trtq.shapes"
+
+
+def _remember_shapes(ctx, param, value):
+    ctx.meta[_SHAPES_KEY] = tuple(value or ())
+    return value
+
+
+def _shape_option(f):
+    """--shape, handed to _apply_data_flags through the click context (not a command parameter)."""
+    return click.option("--shape", multiple=True, metavar="[INPUT=]DIMS", expose_value=False, callback=_remember_shapes,
+                        help="Full shape of an input with dynamic dims, batch first, e.g. x=8x3x48x320 "
+                             "(as data.shapes; presets are sized from it).")(f)
+
+
 def _data_options(f):
+    f = _shape_option(f)
     f = click.option("--preprocess", type=_PRESET_CHOICE,
                      help="Preprocessing preset for image folders (instead of a config).")(f)
     f = click.option("--data", "data", multiple=True, metavar="[INPUT=]PATH",
@@ -573,6 +617,7 @@ def inspect_cache(cache, config_path, as_json, verbose, quiet, model, other, sor
               help="Data for --bias-correction, --weight-rounding gptq and --float-layers, as for calibrate.")
 @click.option("--preprocess", type=_PRESET_CHOICE,
               help="Preprocessing preset for --data.")
+@_shape_option
 def quantize(config_path, as_json, verbose, quiet, model, cache, output, exclude, fp16, per_channel, allow_stale,
              bias_correction, weight_rounding, float_layers, samples, center_activations, data, preprocess):
     """Write an explicit Q/DQ ONNX model (TensorRT 8.6/10/11 ready) from a calibration cache."""

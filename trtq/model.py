@@ -3,9 +3,10 @@
 Everything that reads an ``.onnx`` file goes through :func:`load_model`, which turns every way a
 file can be wrong into a one-line :class:`~trtq.errors.ModelError`.
 """
+import operator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from trtq.errors import DataError, ModelError
 
@@ -34,8 +35,20 @@ class TensorSpec:
         return self.dtype in FLOAT_DTYPES
 
     def describe(self) -> str:
-        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
-        return f"{self.name} [{dims}] {self.dtype}"
+        return f"{self.name} {format_shape(self.shape)} {self.dtype}"
+
+
+def format_shape(shape: Sequence[Any]) -> str:
+    """The one way trtq prints a shape: ``[?, 3, 224, 224]`` (named or unknown dims are ``?``)."""
+    return "[" + ", ".join(_dim_text(d) for d in shape) + "]"
+
+
+def _dim_text(d: Any) -> str:
+    try:
+        value = operator.index(d)  # int and numpy integers; not strings, None or floats
+    except TypeError:
+        return "?"
+    return str(value) if value >= 0 else "?"
 
 
 def load_model(path: Union[str, Path], load_external_data: bool = True):
@@ -145,7 +158,8 @@ def resolve_shapes(
             else:
                 raise DataError(
                     f"model input {s.describe()} has a dynamic dim {i}",
-                    f"set its full shape in the config: data.shapes.{s.name}: [...]",
+                    f"give its full shape: --shape {s.name}=N{'x'.join([''] + [str(d) if isinstance(d, int) else '?' for d in s.shape[1:]])} "
+                    f"with numbers for the ?, or data.shapes.{s.name}: [...] in the config",
                 )
         out[s.name] = tuple(dims)
     return out

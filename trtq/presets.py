@@ -8,6 +8,7 @@ from typing import Dict, Sequence, Tuple
 
 from trtq.config import PreprocessOptions, ResizeOptions
 from trtq.errors import ConfigError, DataError
+from trtq.model import format_shape
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -26,7 +27,7 @@ def layout_of(shape: Sequence) -> Tuple[str, int, int, int]:
     """(layout, channels, height, width) of an image input shape [N, C, H, W] or [N, H, W, C]."""
     if len(shape) != 4:
         raise DataError(
-            f"an image preset needs a 4-D input, the model input has shape {list(shape)}",
+            f"an image preset needs a 4-D input, the model input has shape {format_shape(shape)}",
             "use .npy data, or a config with explicit preprocessing",
         )
     _, a, b, c = shape
@@ -36,13 +37,13 @@ def layout_of(shape: Sequence) -> Tuple[str, int, int, int]:
         layout, ch, h, w = "nhwc", c, a, b
     else:
         raise DataError(
-            f"cannot tell the channel axis of input shape {list(shape)}",
+            f"cannot tell the channel axis of input shape {format_shape(shape)}",
             "write the preprocessing in a config file (data.inputs.<name>.preprocess)",
         )
     if not isinstance(h, int) or not isinstance(w, int):
         raise DataError(
-            f"input shape {list(shape)} has a dynamic height/width",
-            "set data.shapes.<input> in a config to fix the calibration size",
+            f"input shape {format_shape(shape)} has a dynamic height/width",
+            "give the full input shape: --shape INPUT=NxCxHxW (or data.shapes.<input> in the config)",
         )
     return layout, ch, h, w
 

@@ -253,7 +253,7 @@ def test_skip_bad_with_nan_npy_sample(tmp_path):
 
 def test_wrong_shape_is_not_skipped(photos):
     opts = folder_options(photos, skip_bad=True, preprocess=replace(SMALL, resize=ResizeOptions(mode="exact", size=(9, 9))))
-    with pytest.raises(DataError, match=r"preprocesses to \(3,9,9\) but input x expects \(3,8,8\)"):
+    with pytest.raises(DataError, match=r"preprocesses to \[3, 9, 9\] but input x expects \[3, 8, 8\]"):
         list(Batcher(opts, [spec()]))
 
 

@@ -184,7 +184,7 @@ def test_corrupt_and_truncated_images(tmp_path):
 def test_wrong_preprocessed_shape_names_the_option(tmp_path):
     save_rgb(tmp_path / "a.png", 20, 16)
     opts = PreprocessOptions(resize=ResizeOptions(mode="exact", size=(16, 16)))
-    with pytest.raises(DataError, match=r"image .*a\.png preprocesses to \(3,16,16\) but input x expects \(3,8,8\); "
+    with pytest.raises(DataError, match=r"image .*a\.png preprocesses to \[3, 16, 16\] but input x expects \[3, 8, 8\]; "
                                         r"set data\.inputs\.x\.preprocess\.center_crop or data\.inputs\.x\.preprocess\.resize"):
         load_one(tmp_path / "a.png", (3, 8, 8), opts)
     with pytest.raises(DataError, match=r"set data\.inputs\.x\.preprocess\.layout: nhwc"):
@@ -225,8 +225,8 @@ def test_npy_glob_matching_nothing_and_missing_file(tmp_path):
 
 def test_npy_wrong_shape_and_rank(tmp_path):
     np.save(tmp_path / "w.npy", np.zeros((4, 3, 16, 16), np.float32))
-    with pytest.raises(DataError, match=r"w\.npy holds samples of shape \(3,16,16\) \(array \(4,3,16,16\)\) but input x "
-                                        r"expects samples of shape \(3,8,8\)"):
+    with pytest.raises(DataError, match=r"w\.npy holds samples of shape \[3, 16, 16\] \(array \[4, 3, 16, 16\]\) but "
+                                        r"input x expects samples of shape \[3, 8, 8\]; .* \[N, 3, 8, 8\]"):
         make_source("x", InputSource(npy=(str(tmp_path / "w.npy"),)), (3, 8, 8), "float32")
     np.save(tmp_path / "one.npy", np.zeros((3, 8, 8), np.float32))
     with pytest.raises(DataError, match=r"single sample: save it with a leading sample axis"):

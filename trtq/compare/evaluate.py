@@ -72,7 +72,9 @@ def check_compatible(reference: Any, candidate: Any) -> List[str]:
 
 
 def _dims(shape: Sequence[Any]) -> str:
-    return "[" + ", ".join("?" if _static(d) is None else str(int(d)) for d in shape) + "]"
+    from trtq.model import format_shape
+
+    return format_shape([_static(d) for d in shape])
 
 
 def batch_rows(batch: Any) -> Tuple[int, int]:

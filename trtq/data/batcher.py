@@ -58,7 +58,7 @@ class Batcher:
         self._check_options()
         self._check_names()
         self.batch_size = self._batch_size()
-        self.shapes: Dict[str, Tuple[int, ...]] = resolve_shapes(self.specs, options.shapes, self.batch_size)
+        self.shapes: Dict[str, Tuple[int, ...]] = resolve_shapes(self.specs, self._given_shapes(), self.batch_size)
         for s in self.specs:
             if len(self.shapes[s.name]) == 0:
                 raise DataError(f"model input {s.describe()} is a scalar", "trtq feeds batched inputs only")
@@ -125,6 +125,24 @@ class Batcher:
         self.shard = (int(index), int(count))
         self.num_samples = int(len(self._order))
         self.num_batches = -(-self.num_samples // self.batch_size)
+
+    def _given_shapes(self) -> Dict[str, Tuple[int, ...]]:
+        """data.shapes, plus the dynamic dims of .npy-fed inputs taken from their first file (the
+        arrays are fed as they are, so their shape is the only one that can work)."""
+        from trtq.data.sources import npy_sample_shape
+
+        shapes = dict(self.options.shapes)
+        for s in self.specs:
+            if s.name in shapes or all(isinstance(d, int) for d in s.shape[1:]):
+                continue
+            src = self.options.inputs.get(s.name)
+            sample = npy_sample_shape(src) if src is not None else None
+            if sample is None or len(sample) + 1 != len(s.shape):
+                continue
+            dims = [d if isinstance(d, int) else sample[i - 1] for i, d in enumerate(s.shape)]
+            dims[0] = s.shape[0] if isinstance(s.shape[0], int) else self.batch_size
+            shapes[s.name] = tuple(dims)
+        return shapes
 
     # ------------------------------------------------------------------------------ setup checks
 

@@ -158,6 +158,18 @@ def expand_npy(patterns: Sequence[str], key: str) -> List[Path]:
     return out
 
 
+def npy_sample_shape(src: InputSource) -> Optional[Tuple[int, ...]]:
+    """The per-sample shape of the first .npy file of ``src`` (its shape without axis 0), or None
+    when ``src`` is not .npy data or that file cannot be read (the source reports that later)."""
+    if not src.npy:
+        return None
+    try:
+        first = expand_npy(src.npy[:1], "npy")[0]
+        return tuple(int(d) for d in np.load(first, mmap_mode="r", allow_pickle=False).shape[1:])
+    except Exception:  # any failure is reported, with its fix, when the source opens the file
+        return None
+
+
 # ------------------------------------------------------------------------------------------------
 # decoding
 # ------------------------------------------------------------------------------------------------
@@ -297,7 +309,9 @@ class ImageSource:
 
 
 def _shape_str(shape: Sequence[int]) -> str:
-    return "(" + ",".join(str(int(d)) for d in shape) + ")"
+    from trtq.model import format_shape
+
+    return format_shape(shape)
 
 
 class NpySource:
@@ -368,7 +382,7 @@ class NpySource:
             if shape == self.sample_shape:
                 hint = "it looks like a single sample: save it with a leading sample axis (arr[None])"
             else:
-                hint = f"axis 0 is the sample axis: save an array of shape (N,{_shape_str(self.sample_shape)[1:]}"
+                hint = f"axis 0 is the sample axis: save an array of shape [N, {_shape_str(self.sample_shape)[1:]}"
             raise DataError(
                 f"{path} holds {found} but input {self.input_name} expects samples of shape {_shape_str(self.sample_shape)}",
                 hint,

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from trtq.errors import DataError, ModelError
-from trtq.model import TensorSpec
+from trtq.model import TensorSpec, format_shape
 from trtq.trt import compat
 from trtq.trt.metadata import check_metadata, read_metadata
 
@@ -86,15 +86,15 @@ class EngineSession:
             shape = tuple(int(d) for d in shapes[t.name])
             if any(d >= 0 and d != g for d, g in zip(t.shape, shape)) or len(shape) != len(t.shape):
                 raise DataError(
-                    f"input {t.name} has shape {list(shape)} but the engine expects {list(t.shape)} (-1 = any)",
+                    f"input {t.name} has shape {format_shape(shape)} but the engine expects {format_shape(t.shape)} (? = any)",
                     "feed data of the shape the engine was built for",
                 )
             if any(d < 0 for d in t.shape):
                 if not self.context.set_input_shape(t.name, shape):
                     lo, _, hi = self.profile(t.name)
                     raise DataError(
-                        f"input {t.name} shape {list(shape)} is outside the engine's profile "
-                        f"{list(lo)}..{list(hi)}",
+                        f"input {t.name} shape {format_shape(shape)} is outside the engine's profile "
+                        f"{format_shape(lo)}..{format_shape(hi)}",
                         "rebuild with build.profiles covering this shape",
                     )
             self.shapes[t.name] = shape
@@ -102,7 +102,7 @@ class EngineSession:
             shape = tuple(int(d) for d in self.context.get_tensor_shape(t.name))
             if any(d < 0 for d in shape):
                 raise ModelError(
-                    f"output {t.name} has a data-dependent shape {list(shape)}",
+                    f"output {t.name} has a data-dependent shape {format_shape(shape)}",
                     "trtq runs engines whose output shapes follow from the input shapes only",
                 )
             self.shapes[t.name] = shape
