@@ -87,8 +87,7 @@ MUTATIONS: List[Mutation] = [
       '    """Raise again when a signal arrived whose exception was swallowed somewhere."""\n    raise_requested()',
       '    """Raise again when a signal arrived whose exception was swallowed somewhere."""'),
     M("temp-files-removed-when-a-command-ends", "trtq/cli.py",
-      "            from trtq.fileio import remove_pending_temp_files\n\n            remove_pending_temp_files()",
-      "            pass"),
+      "            remove_pending_temp_files()\n            remove_temp_models()", "            remove_temp_models()"),
     # defect 8: messages
     M("data-names-an-unknown-input", "trtq/cli.py",
       "        if sep and name not in by_name and _looks_like_input_name(name) and not Path(item).exists():",

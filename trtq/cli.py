@@ -152,9 +152,38 @@ def _emit(st: _State, data: Any, text: str) -> None:
 
 
 def _load_config(config_path: Optional[Path], overrides: Dict[str, Any]):
+    """The effective config; with model_input_shapes / --override-input-shape, ``model`` is a
+    rewritten copy of the model at those input shapes (checked, removed when the command ends)."""
+    import dataclasses
+
     from trtq.config import load_config
 
-    return load_config(config_path, overrides)
+    cfg = load_config(config_path, overrides)
+    flags = click.get_current_context().meta.get(_OVERRIDE_KEY, ())
+    if flags:
+        from trtq.input_override import parse_override
+
+        cfg = dataclasses.replace(cfg, model_input_shapes={**cfg.model_input_shapes, **parse_override(flags)})
+    if cfg.model_input_shapes and cfg.model:
+        from trtq.input_override import write_overridden
+
+        cfg = dataclasses.replace(cfg, model=write_overridden(cfg.model, cfg.model_input_shapes))
+    return cfg
+
+
+_OVERRIDE_KEY = "trtq.override_input_shapes"
+
+
+def _remember_overrides(ctx, param, value):
+    ctx.meta[_OVERRIDE_KEY] = tuple(value or ())
+    return value
+
+
+def _override_option(f):
+    return click.option("--override-input-shape", multiple=True, metavar="INPUT=DIMS", expose_value=False,
+                        callback=_remember_overrides,
+                        help="Run the model at another declared input shape, e.g. input=1x3x240x320 (checked "
+                             "by ONNX shape inference and one run; config model_input_shapes).")(f)
 
 
 def _check_outputs(cfg, config_path, outputs, *extra_inputs) -> None:
@@ -382,6 +411,7 @@ def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
 
 
 @cli.command()
+@_override_option
 @_common
 @click.option("-m", "--model", type=_IN_PATH, help="FP32 ONNX model.")
 @_data_options
@@ -592,6 +622,7 @@ def inspect_cache(cache, config_path, as_json, verbose, quiet, model, other, sor
 
 
 @cli.command()
+@_override_option
 @_common
 @click.option("-m", "--model", type=_IN_PATH, help="FP32 ONNX model.")
 @click.option("--cache", type=_IN_PATH, required=True, help="calibration.cache (trtq, TensorRT or ONNX Runtime).")
@@ -691,6 +722,7 @@ def report(config_path, as_json, verbose, quiet, cache, stats, compare_json, qua
 
 
 @cli.command()
+@_override_option
 @_common
 @click.option("--reference", type=click.Path(dir_okay=False), help="Reference model (.onnx, FP32). Default: model: from the config.")
 @click.option("--candidate", type=click.Path(dir_okay=False), required=True, help="Candidate (.onnx Q/DQ or .plan engine).")
@@ -743,6 +775,7 @@ def compare(config_path, as_json, verbose, quiet, reference, candidate, data, pr
 
 
 @cli.command()
+@_override_option
 @_common
 @click.option("-m", "--model", type=_IN_PATH,
               help="ONNX model: FP32 (INT8 needs --cache), or already quantized (Q/DQ: built as it is).")
@@ -941,8 +974,10 @@ def _run(args: List[str], verbose: int) -> int:
             _finishing = True
             # backstop: a write that a signal cut off between its steps leaves no temporary file
             from trtq.fileio import remove_pending_temp_files
+            from trtq.input_override import remove_temp_models
 
             remove_pending_temp_files()
+            remove_temp_models()
     except TrtqError as e:
         return _fail(e, str(e), e.exit_code, verbose)
     except click.exceptions.Abort as e:  # click turns KeyboardInterrupt (Terminated too) into Abort

@@ -198,6 +198,8 @@ class BenchOptions:
 @dataclass(frozen=True)
 class TrtqConfig:
     model: Optional[str] = _path_field()
+    # rewrite fixed declared input shapes, e.g. {input: [1, 3, 240, 320]} (--override-input-shape)
+    model_input_shapes: Dict[str, Tuple[int, ...]] = field(default_factory=dict)
     data: DataOptions = DataOptions()
     calibrate: CalibrateOptions = CalibrateOptions()
     quantize: QuantizeOptions = QuantizeOptions()

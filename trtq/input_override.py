@@ -1,0 +1,116 @@
+"""``--override-input-shape`` / ``model_input_shapes``: run a model at another declared input shape.
+
+Some exports fix an input shape the model does not need (a detector declared ``[10, 3, 32, 32]``
+that is run on whole frames). The override rewrites the declared dims of the named inputs, drops
+the shapes the exporter recorded for everything downstream, and checks that the model takes the
+new shape: ONNX shape inference in strict mode (with data propagation, so a Reshape to a constant
+size that no longer fits is caught), then one ONNX Runtime run on zeros of that shape. The
+rewritten model is written to a private temporary folder for the command's duration and used in
+place of the original (removed when the command ends).
+"""
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Mapping, Sequence, Tuple
+
+from trtq.errors import ModelError, UsageError
+from trtq.model import format_shape
+
+_temp_dirs: List[str] = []
+
+
+def parse_override(items: Sequence[str]) -> Dict[str, Tuple[int, ...]]:
+    """``NAME=DIMS`` flags (DIMS like 1x3x240x320 or 1,3,240,320) -> {name: dims}."""
+    out: Dict[str, Tuple[int, ...]] = {}
+    for item in items:
+        name, sep, dims = item.rpartition("=")
+        parts = dims.replace(",", "x").split("x")
+        if not sep or not name or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+            raise UsageError(f"--override-input-shape {item}: expected INPUT=DIMS with positive integer dims",
+                             "e.g. --override-input-shape input=1x3x240x320")
+        if name in out:
+            raise UsageError(f"--override-input-shape gives input '{name}' twice", "pass one per input")
+        out[name] = tuple(int(p) for p in parts)
+    return out
+
+
+def override_input_shapes(model, shapes: Mapping[str, Sequence[int]], label: str):
+    """A copy of ``model`` whose named inputs are declared with ``shapes``; ModelError when the
+    model cannot take them (named input missing, other rank, shape inference or a run fails)."""
+    import onnx
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    inits = {i.name for i in out.graph.initializer}
+    inputs = {i.name: i for i in out.graph.input if i.name not in inits}
+    for name, dims in shapes.items():
+        if name not in inputs:
+            raise UsageError(f"--override-input-shape names '{name}', which is not an input of {label}",
+                             "inputs: " + ", ".join(inputs))
+        tt = inputs[name].type.tensor_type
+        old = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+        if len(old) != len(dims):
+            raise ModelError(f"--override-input-shape {name}={'x'.join(map(str, dims))} has rank {len(dims)} but "
+                             f"{label} declares {name} as {format_shape(old)} (rank {len(old)})",
+                             "give one size per dimension")
+        tt.shape.ClearField("dim")
+        for d in dims:
+            tt.shape.dim.add().dim_value = int(d)
+    # what the exporter recorded downstream was for the old shape: let inference redo it
+    del out.graph.value_info[:]
+    for o in out.graph.output:
+        if o.type.HasField("tensor_type"):
+            o.type.tensor_type.ClearField("shape")
+    what = ", ".join(f"{n}={format_shape(d)}" for n, d in shapes.items())
+    try:
+        out = onnx.shape_inference.infer_shapes(out, check_type=True, strict_mode=True, data_prop=True)
+    except Exception as e:
+        raise ModelError(f"{label} cannot take {what}: {_first_line(e)}",
+                         "the graph fixes that shape somewhere (a Reshape or Expand to constant sizes); "
+                         "re-export the model with dynamic axes") from None
+    _run_once(out, shapes, label, what)
+    return out
+
+
+def _run_once(model, shapes: Mapping[str, Sequence[int]], label: str, what: str) -> None:
+    import numpy as np
+
+    from trtq.model import input_specs
+    from trtq.runners import make_session
+
+    feeds = {}
+    for s in input_specs(model):
+        dims = shapes.get(s.name) or [d if isinstance(d, int) else 1 for d in s.shape]
+        feeds[s.name] = np.zeros(tuple(int(d) for d in dims), dtype=s.dtype)
+    try:
+        make_session(model, label=label).run(None, feeds)
+    except ModelError:
+        raise
+    except Exception as e:
+        raise ModelError(f"{label} does not run at {what}: {_first_line(e)}",
+                         "the graph fixes that shape somewhere; re-export the model with dynamic axes") from None
+
+
+def write_overridden(model_path: str, shapes: Mapping[str, Sequence[int]]) -> str:
+    """Write the rewritten model to a private temporary folder; return its path."""
+    import onnx
+
+    from trtq.model import load_model
+
+    label = Path(model_path).name
+    model = override_input_shapes(load_model(model_path), shapes, label)
+    folder = tempfile.mkdtemp(prefix="trtq-shape-")
+    _temp_dirs.append(folder)
+    path = Path(folder) / f"{Path(model_path).stem}.shape-override.onnx"
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def remove_temp_models() -> None:
+    while _temp_dirs:
+        shutil.rmtree(_temp_dirs.pop(), ignore_errors=True)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
