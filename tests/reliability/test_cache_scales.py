@@ -18,6 +18,8 @@ BAD_SCALES = {
     "inf": "7f800000",
     "negative": "bc010204",
 }
+WHY = {"zero": "every value would quantize to 0", "denormal": "a denormal float32", "huge": "above",
+       "short hex": "not 8 hex digits", "nan": "not finite", "inf": "not finite", "negative": "negative"}
 
 
 def _cache(path, bad_tensor="r", bad_hex=None):
@@ -36,6 +38,7 @@ def test_quantize_refuses_unusable_scales(trtq, tmp_path, kind):
     r = trtq(["quantize", "--model", model, "--cache", cache, "-o", out])
     assert r.code == 3, r
     assert one_line_error(r) and "tensor 'r'" in r.err and "line 4" in r.err, r.err
+    assert WHY[kind] in r.err, r.err  # the message says what is wrong with that scale
     assert not out.exists()
 
 
