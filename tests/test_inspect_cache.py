@@ -5,6 +5,7 @@ import statistics
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from trtq import inspect_cache as ic
@@ -258,3 +259,26 @@ def test_cli_inspect_cache(trtq, tmp_path):
     r = trtq(["inspect-cache", bad])
     assert r.code == 3, r
     assert "FooCalibration" in r.err and "Traceback" not in r.err
+
+
+def test_inspect_cache_names_the_range_method_from_matching_provenance(trtq, tmp_path):
+    """The header says EntropyCalibration2 for every trtq cache; the method comes from the JSON,
+    and only while that JSON was written with this very cache."""
+    from tests.reliability.conftest import make_model
+
+    model = make_model(tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(0, 1, (8, 3, 8, 8)).astype(np.float32))
+    cache = tmp_path / "p.cache"
+    assert trtq(["calibrate", "--model", model, "--data", tmp_path / "x.npy", "-o", cache, "--method", "percentile",
+                 "--percentile", "99.9", "-q"]).code == 0
+    r = trtq(["inspect-cache", cache])
+    assert r.code == 0 and "\nmethod     percentile 99.9 (trtq calibrate" in r.out, r
+    r = trtq(["inspect-cache", cache, "--json"])
+    assert json.loads(r.out)["summary"]["method"] == "percentile 99.9", r.out[:300]
+    # another cache under the same name (its JSON is now stale): no method claimed
+    lines = cache.read_text().splitlines()
+    name, _ = lines[1].split(": ")
+    lines[1] = f"{name}: 3f800000"
+    cache.write_text("\n".join(lines) + "\n")
+    r = trtq(["inspect-cache", cache])
+    assert r.code == 0 and "\nmethod " not in r.out, r

@@ -627,7 +627,7 @@ def inspect_cache(cache, config_path, as_json, verbose, quiet, model, other, sor
 @click.option("-m", "--model", type=_IN_PATH, help="FP32 ONNX model.")
 @click.option("--cache", type=_IN_PATH, required=True, help="calibration.cache (trtq, TensorRT or ONNX Runtime).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Q/DQ model path (default MODEL.qdq.onnx).")
-@click.option("--exclude", multiple=True, metavar="PATTERN", help="Keep nodes float: op type or node-name regex (repeat).")
+@click.option("--exclude", multiple=True, metavar="PATTERN", help="Keep nodes float: an op type, an exact node name, else a regex searched in node names (repeat).")
 @click.option("--fp16", is_flag=True, default=None, help="Cast the non-quantized rest to float16.")
 @click.option("--per-channel/--per-tensor", default=None, help="Weight scales per output channel (default) or per tensor.")
 @click.option("--allow-stale", is_flag=True, default=None, help="Use a cache whose provenance names another model.")
@@ -788,7 +788,7 @@ def compare(config_path, as_json, verbose, quiet, reference, candidate, data, pr
 @click.option("--opt-level", "optimization_level", type=click.IntRange(0, 5), help="Builder optimization level 0-5.")
 @click.option("--timing-cache", type=click.Path(dir_okay=False), help="Load/save the builder timing cache here.")
 @click.option("--tactic-sources", help="Comma-separated tactic sources, e.g. EDGE_MASK_CONVOLUTIONS,JIT_CONVOLUTIONS.")
-@click.option("--exclude", multiple=True, metavar="PATTERN", help="Keep nodes float (explicit mode): op type or name regex.")
+@click.option("--exclude", multiple=True, metavar="PATTERN", help="Keep nodes float (explicit mode): an op type, an exact node name, else a name regex.")
 @click.option("--allow-stale", is_flag=True, default=None, help="Use a cache whose provenance names another model.")
 def build(config_path, as_json, verbose, quiet, model, cache, output, mode, precision, fp16, workspace_mb,
           optimization_level, timing_cache, tactic_sources, exclude, allow_stale):

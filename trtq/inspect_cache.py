@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, List, Mapping, Optional, Sequence, Union
 
 from trtq.calib.cache import INT8_MAX, CalibrationTable, scale_hex, scale_of, scale_problem, version_code
-from trtq.errors import ConfigError
+from trtq.errors import ConfigError, TrtqError
 
 SORT_KEYS = ("file", "name", "amax", "scale", "rel-diff")
 
@@ -48,6 +48,9 @@ class CacheSummary:
     sort: str
     rows: List[TensorRow]  # after sorting and --top
     unusable: List[str] = field(default_factory=list)  # zero, denormal, huge, NaN/Inf scales: quantize refuses them
+    # the range method trtq used ("mse", "percentile 99.99"), from the provenance JSON when it matches
+    # this cache; the header's algorithm is only TensorRT's label (trtq writes EntropyCalibration2)
+    method: Optional[str] = None
 
 
 @dataclass
@@ -158,7 +161,31 @@ def summarize(
         sort=sort if sort != "rel-diff" else "file",
         rows=rows,
         unusable=unusable_entries(table),
+        method=_method_from_provenance(table, path),
     )
+
+
+def _method_from_provenance(table: CalibrationTable, path: Union[str, Path, None]) -> Optional[str]:
+    """"mse" / "percentile 99.99" / ... when ``<cache>.json`` was written with this very cache."""
+    from trtq.calib.cache import read_provenance
+
+    if path is None:
+        return None
+    try:
+        data = read_provenance(path)
+    except TrtqError:
+        return None
+    if not data or not isinstance(data.get("method"), dict) or not isinstance(data.get("amax"), dict):
+        return None
+    recorded = data["amax"]
+    if set(recorded) != set(table.amax) or any(
+            not isinstance(recorded[n], (int, float)) or _hex(float(recorded[n])) != _hex(float(a))
+            for n, a in table.amax.items()):
+        return None  # the JSON belongs to another version of the cache
+    name = str(data["method"].get("name", "?"))
+    if name == "percentile" and data["method"].get("percentile") is not None:
+        return f"percentile {data['method']['percentile']}"
+    return name
 
 
 def unusable_entries(table: CalibrationTable) -> List[str]:
@@ -370,6 +397,11 @@ def _render_summary(s: CacheSummary) -> List[str]:
     out = [
         f"cache      {s.path}",
         f"format     {fmt}",
+    ]
+    if s.method:
+        out.append(f"method     {s.method} (trtq calibrate, from the provenance JSON; the header names TensorRT's "
+                   "calibrator format, not the range method)")
+    out += [
         f"tensors    {s.count}",
         f"amax       min {_num(s.amax_min)}   median {_num(s.amax_median)}   max {_num(s.amax_max)}",
     ]

@@ -412,3 +412,21 @@ def test_float16_inputs_are_left_float_with_a_reason():
     result = quantize_model(model, {"x": 1.0}, QuantizeOptions())
     assert result.quantized == []
     assert "FLOAT16" in dict(result.left_float)["c"]
+
+
+def test_exclude_takes_exact_node_names_before_regexes():
+    """``--exclude Conv@1`` is that node only (a regex search would also hit Conv@10..Conv@19)."""
+    from tests.quantize.conftest import conv, conv_weight, init, make_model, value
+
+    rng = np.random.default_rng(11)
+    names = [f"Conv@{i}" for i in (0, 1, 10, 11)]
+    nodes, inits, x = [], [], "x"
+    for i, name in enumerate(names):
+        nodes.append(conv(name, x, f"w{i}", f"h{i}"))
+        inits.append(init(f"w{i}", conv_weight(rng, 16, 16)))
+        x = f"h{i}"
+    model = make_model(nodes, [value("x", [1, 16, 6, 6])], [value(x, [1, 16, 6, 6])], inits)
+    assert quantize(model, exclude=("Conv@1",)).quantized == ["Conv@0", "Conv@10", "Conv@11"]
+    assert quantize(model, exclude=("Conv@1.",)).quantized == ["Conv@0", "Conv@1"]  # not a name: a regex
+    assert quantize(model, exclude=("^Conv@1",)).quantized == ["Conv@0"]
+    assert quantize(model, exclude=("Conv",)).quantized == []  # an op type

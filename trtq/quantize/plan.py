@@ -32,11 +32,15 @@ class Plan:
 
 
 class Exclusions:
-    """``--exclude`` entries: an exact op type, otherwise a regex searched in node names."""
+    """``--exclude`` entries: an op type or an exact node name (``Conv@1`` is that node only, not
+    ``Conv@10``), otherwise a regex searched in node names (``'^head/'``)."""
 
-    def __init__(self, patterns: Collection[str]):
+    def __init__(self, patterns: Collection[str], node_names: Collection[str] = ()):
+        self.exact = {p for p in patterns if p in set(node_names)}
         self.entries = []
         for p in patterns:
+            if p in self.exact:
+                continue
             try:
                 self.entries.append((p, re.compile(p)))
             except re.error as e:
@@ -46,6 +50,8 @@ class Exclusions:
                 ) from None
 
     def reason(self, node: onnx.NodeProto) -> Optional[str]:
+        if node.name in self.exact:
+            return f"excluded by --exclude {node.name}"
         for pattern, regex in self.entries:
             if pattern == node.op_type or regex.search(node.name):
                 return f"excluded by --exclude {pattern}"
@@ -81,7 +87,7 @@ def make_plan(
     """``keep_float``: node name -> reason, nodes left float on top of ``exclude``."""
     plan = Plan()
     keep_float = keep_float or {}
-    exclusions = Exclusions(exclude)
+    exclusions = Exclusions(exclude, [n.name for n in index.graph.node])
     only = set(only_nodes) if only_nodes is not None else None
     act_amax: Dict[str, float] = {}
     decisions: Dict[int, List[Tuple[int, PairKey]]] = {}
