@@ -283,6 +283,23 @@ def test_accumulator_edge_cases():
     assert r.nonfinite == 2 and math.isnan(r.cosine_min)
 
 
+def test_top1_over_classes_with_trailing_unit_dims():
+    """A 1x1-conv classifier head gives [N, C, 1, 1]: top-1 is still the argmax over C; a feature
+    map [N, C, H, W] is not a score vector."""
+    rng = np.random.default_rng(4)
+    ref = rng.normal(0, 1, (6, 10, 1, 1))
+    cand = ref.copy()
+    cand[0, :, 0, 0] = cand[0, ::-1, 0, 0]  # sample 0's classes reversed: its argmax moves
+    acc = OutputAccumulator("logits")
+    acc.update(ref, cand)
+    got = acc.result()
+    expected = float(np.mean(ref[:, :, 0, 0].argmax(1) == cand[:, :, 0, 0].argmax(1)))
+    assert got.top1_agreement == pytest.approx(expected) and expected == pytest.approx(5 / 6)
+    fmap = OutputAccumulator("fmap")
+    fmap.update(rng.normal(0, 1, (2, 4, 3, 3)), rng.normal(0, 1, (2, 4, 3, 3)))
+    assert fmap.result().top1_agreement is None
+
+
 def test_nan_candidate_fails_the_cosine_gate(reference, weights, data):
     _, batches = data
     w, b = weights

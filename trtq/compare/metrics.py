@@ -43,8 +43,9 @@ class OutputMetrics:
 
 
 def looks_like_scores(array: np.ndarray) -> bool:
-    """Classifier-score shaped: ``[N, C]`` with more than one class."""
-    return array.ndim == 2 and array.shape[1] > 1
+    """Classifier-score shaped: ``[N, C]`` with more than one class, also with trailing 1x1 dims
+    (``[N, 1000, 1, 1]`` from a 1x1-conv head): top-1 is the argmax over C."""
+    return array.ndim >= 2 and array.shape[1] > 1 and all(d == 1 for d in array.shape[2:])
 
 
 def cosine_rows(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
