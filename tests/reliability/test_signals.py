@@ -275,6 +275,37 @@ def test_second_signal_stops_at_once_and_removes_the_temporary_file(tmp_path):
     assert dest.read_bytes() == b"previous" and not temp_leftovers(tmp_path)
 
 
+_SIGTERM_WHILE_WRITING = r"""
+import os, signal, sys
+from trtq.cli import main
+from trtq.fileio import atomic_path
+import trtq.cli as cli
+
+# run a real command whose write is cut by SIGTERM: the console-script entry (trtq.cli:main) has no
+# early handler of its own, so only trtq's handler stands between the signal and a leftover temp file
+real = cli._emit
+def emit_while_writing(*args, **kwargs):
+    with atomic_path(sys.argv[1]) as tmp:
+        tmp.write_bytes(b"half of the new")
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000000):
+            pass
+cli._emit = emit_while_writing
+main(["inspect-cache", sys.argv[2]])
+"""
+
+
+def test_sigterm_during_a_write_unwinds_like_ctrl_c(kit, tmp_path):
+    dest = tmp_path / "out.txt"
+    dest.write_bytes(b"previous")
+    p = subprocess.run([sys.executable, "-c", _SIGTERM_WHILE_WRITING, str(dest), str(kit.cache)], capture_output=True,
+                       text=True, env=child_env(), timeout=60)
+    assert p.returncode == 143, (p.returncode, p.stderr)
+    assert p.stderr.strip().splitlines()[-1] == "trtq: terminated (SIGTERM); nothing was written", p.stderr
+    assert "Traceback" not in p.stderr
+    assert dest.read_bytes() == b"previous" and not temp_leftovers(tmp_path)
+
+
 _SIGNAL_IN_IMPORT = r"""
 import os, signal, sys
 from trtq.cli import _install_signal_handlers
