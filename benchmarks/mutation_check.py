@@ -99,7 +99,8 @@ MUTATIONS: List[Mutation] = [
     M("tactic-sources-as-a-string", "trtq/config.py", "        if csv and isinstance(value, str):", "        if False:"),
     M("bench-checks-files-before-tensorrt", "trtq/cli.py", "        if not Path(p).exists():\n            raise ModelError(f\"engine not found",
       "        if False:\n            raise ModelError(f\"engine not found"),
-    M("pickled-npy-refused", "trtq/data/sources.py", '            if magic[:1] == b"\\x80":', "            if False:"),
+    M("pickled-npy-refused", "trtq/data/sources.py", '            if magic[:1] == b"\\x80":', "            if False:",
+      (REL, "tests/data/test_data_sources.py")),
 ]
 
 
@@ -174,7 +175,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         elif result == "SURVIVED":
             worst = max(worst, 1)
     killed = sum(1 for _ in chosen)
-    print(f"({killed} guards; tests run: pytest -x on {REL} in a patched copy per guard)")
+    print(f"({killed} guards; tests run: pytest -x on {REL} (plus the files named per guard) in a patched copy "
+          "per guard)")
     return worst
 
 

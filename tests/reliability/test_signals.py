@@ -345,3 +345,27 @@ def test_module_entry_catches_signals_before_importing_the_cli():
             "print(signal.getsignal(signal.SIGINT).__name__, signal.getsignal(signal.SIGTERM).__name__)\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=60)
     assert p.stdout.split() == ["_early_exit", "_early_exit"], p.stdout + p.stderr
+
+
+_ABANDONED = []
+
+
+def test_temp_files_of_abandoned_writes_are_removed_when_the_command_ends(trtq, kit, tmp_path, monkeypatch):
+    """A write whose context was left without its exit (a signal between the temporary file's creation
+    and the with-block, its generator still referenced) still leaves no temporary file."""
+    import trtq.cli as cli
+    from trtq.fileio import atomic_path
+
+    dest = tmp_path / "out.txt"
+
+    def emit_then_interrupted(*args, **kwargs):
+        cm = atomic_path(dest)
+        _ABANDONED.append(cm)  # kept alive: garbage collection cannot clean it up either
+        cm.__enter__().write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_emit", emit_then_interrupted)
+    r = trtq(["inspect-cache", kit.cache])
+    assert r.code == 130 and "interrupted; nothing was written" in r.err, r
+    assert not dest.exists() and not temp_leftovers(tmp_path)
+    _ABANDONED.clear()
