@@ -86,6 +86,8 @@ MUTATIONS: List[Mutation] = [
     M("swallowed-interrupt-raised-again", "trtq/interrupt.py",
       '    """Raise again when a signal arrived whose exception was swallowed somewhere."""\n    raise_requested()',
       '    """Raise again when a signal arrived whose exception was swallowed somewhere."""'),
+    M("final-outputs-written-as-one-step", "trtq/cli.py",
+      "    if interrupt.holding():  # final outputs", "    if False:  # final outputs"),
     M("temp-files-removed-when-a-command-ends", "trtq/cli.py",
       "            remove_pending_temp_files()\n            remove_temp_models()", "            remove_temp_models()"),
     # defect 8: messages

@@ -871,7 +871,7 @@ def _on_signal(signum, frame) -> None:
     global _redelivering
     again = _redelivering
     _redelivering = False
-    if _finishing:  # the command is over; its own exit code and message stand
+    if _finishing or interrupt.committed():  # the command is over (or its outputs are in place): its result stands
         return
     if interrupt.requested() is not None and not again:
         from trtq.fileio import remove_pending_temp_files
@@ -886,6 +886,8 @@ def _on_signal(signum, frame) -> None:
     if again and interrupt.raised():
         return  # a batch loop's interrupt.check() raised it while the signal was being re-sent
     interrupt.request(signum)
+    if interrupt.holding():  # final outputs being written together: let them finish (see held_for_outputs)
+        return
     if _in_import(frame):
         import threading
 

@@ -6,11 +6,14 @@ thread compiles), the KeyboardInterrupt the handler raises is "ignored" by the i
 the run would go on. So the handler also records the signal here, and every batch loop calls
 :func:`check`, which raises again: an interrupt is never lost for more than one batch.
 """
+import contextlib
 import signal
-from typing import Optional
+from typing import Iterator, Optional
 
 _requested: Optional[int] = None
 _raised = False  # an exception for the requested signal has been raised already
+_holding = 0  # depth of held_for_outputs: a command's final outputs are being put in place
+_committed = False  # they are: the command has done its work
 
 
 class Terminated(KeyboardInterrupt):
@@ -31,9 +34,37 @@ def requested() -> Optional[int]:
 
 
 def reset() -> None:
-    global _requested, _raised
+    global _requested, _raised, _holding, _committed
     _requested = None
     _raised = False
+    _holding = 0
+    _committed = False
+
+
+def holding() -> bool:
+    return _holding > 0
+
+
+def committed() -> bool:
+    return _committed
+
+
+@contextlib.contextmanager
+def held_for_outputs() -> Iterator[None]:
+    """Write a command's final outputs as one step (calibrate's cache and its provenance JSON).
+
+    A SIGINT/SIGTERM that arrives meanwhile is recorded, not raised, so it cannot fall between two
+    files of a pair; once they are all in place the command has done its work and the signal is
+    dropped (exit 0, outputs complete). If writing fails, the failure stands. A second signal still
+    stops at once (the CLI's handler removes the temporary files)."""
+    global _holding, _committed
+    _holding += 1
+    try:
+        yield
+        if _holding == 1:
+            _committed = True
+    finally:
+        _holding -= 1
 
 
 def raised() -> bool:
@@ -43,7 +74,7 @@ def raised() -> bool:
 def raise_requested() -> None:
     """Raise the exception for the requested signal (the handler and :func:`check` use this)."""
     global _raised
-    if _requested is None:
+    if _requested is None or _committed:  # nothing asked, or the work is done (held_for_outputs)
         return
     _raised = True
     raise exception_for(_requested)

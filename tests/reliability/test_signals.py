@@ -369,3 +369,36 @@ def test_temp_files_of_abandoned_writes_are_removed_when_the_command_ends(trtq, 
     assert r.code == 130 and "interrupted; nothing was written" in r.err, r
     assert not dest.exists() and not temp_leftovers(tmp_path)
     _ABANDONED.clear()
+
+
+_SIGTERM_BETWEEN_CACHE_AND_PROVENANCE = r"""
+import os, signal, sys
+import trtq.calib.cache as cache_module
+from trtq.cli import main
+
+real = cache_module.write_cache
+def write_cache_after_a_signal(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)  # the provenance JSON is in place, the cache not yet
+    for _ in range(200000):
+        pass
+    return real(*args, **kwargs)
+cache_module.write_cache = write_cache_after_a_signal
+main(["calibrate", "--from-stats", sys.argv[1], "-o", sys.argv[2], "--method", "percentile", "-q"])
+"""
+
+
+def test_a_signal_between_the_cache_and_its_provenance_lets_both_finish(kit):
+    """Seen in CI: SIGTERM after the new provenance JSON was written and before the cache: exit 143
+    "nothing was written", yet the old cache now sat next to a new JSON. The pair is one step."""
+    from trtq.calib.cache import read_provenance
+
+    old_cache = kit.cache.read_bytes()
+    p = subprocess.run([sys.executable, "-c", _SIGTERM_BETWEEN_CACHE_AND_PROVENANCE, str(kit.stats), str(kit.cache)],
+                       capture_output=True, text=True, env=child_env(), timeout=60)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, (p.returncode, p.stderr)
+    assert kit.cache.read_bytes() != old_cache  # percentile, not the kit's mse: a new cache
+    prov = read_provenance(kit.cache)
+    assert prov["method"]["name"] == "percentile"
+    assert {k: round(v, 6) for k, v in read_cache(kit.cache).amax.items()} == \
+        {k: round(v, 6) for k, v in prov["amax"].items()}
+    assert not temp_leftovers(kit.root)

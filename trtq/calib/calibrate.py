@@ -90,10 +90,14 @@ def _write_outputs(out: Path, algorithm: str, trt_version: str, amax: Dict[str, 
     from trtq.calib.cache import CalibrationTable, write_cache, write_provenance
 
     table = CalibrationTable(trt_version=trt_version, algorithm=algorithm, amax=amax, source_format="tensorrt")
-    # provenance first: if the run dies between the two writes, the JSON no longer matches the old
-    # cache and is ignored by the freshness check (see trtq.calib.freshness)
-    write_provenance(out, provenance)
-    write_cache(out, table, trt_version)
+    from trtq.interrupt import held_for_outputs
+
+    # one step for Ctrl-C / SIGTERM (held_for_outputs); provenance first all the same: if the process
+    # dies between the two writes, the JSON no longer matches the old cache and is ignored by the
+    # freshness check (see trtq.calib.freshness)
+    with held_for_outputs():
+        write_provenance(out, provenance)
+        write_cache(out, table, trt_version)
 
 
 def refuse_quantized(model, model_path: Path) -> None:
@@ -237,18 +241,21 @@ def run_calibration(
     out = Path(opts.output)
     stats_path = Path(opts.save_stats) if opts.save_stats else None
     if write:
-        if stats_path is not None:
-            meta = {k: v for k, v in provenance.items() if k not in ("amax", "method", "algorithm")}
-            meta["tensors"] = tensors
-            if shard_pass is not None:
-                from trtq.calib.shard import ranges_sha256
+        from trtq.interrupt import held_for_outputs
 
-                meta["shard"] = {"index": shard[0], "count": shard[1], "pass": shard_pass,
-                                 "ranges_sha256": ranges_sha256(given) if given is not None else None}
-            save_stats(stats_path, {n: maxima[n] for n in tensors}, {n: counts[n] for n in tensors}, meta,
-                       {n: zeros[n] for n in tensors})
-        if shard_pass is None:
-            _write_outputs(out, algorithm, trt_version, amax, provenance)
+        with held_for_outputs():  # statistics, cache and provenance as one step for Ctrl-C / SIGTERM
+            if stats_path is not None:
+                meta = {k: v for k, v in provenance.items() if k not in ("amax", "method", "algorithm")}
+                meta["tensors"] = tensors
+                if shard_pass is not None:
+                    from trtq.calib.shard import ranges_sha256
+
+                    meta["shard"] = {"index": shard[0], "count": shard[1], "pass": shard_pass,
+                                     "ranges_sha256": ranges_sha256(given) if given is not None else None}
+                save_stats(stats_path, {n: maxima[n] for n in tensors}, {n: counts[n] for n in tensors}, meta,
+                           {n: zeros[n] for n in tensors})
+            if shard_pass is None:
+                _write_outputs(out, algorithm, trt_version, amax, provenance)
     return CalibrationResult(
         cache_path=out if write and shard_pass is None else None, method=opts.method, algorithm=algorithm, trt_version=trt_version,
         amax=amax, samples=samples, batches=batches, seconds=seconds, stats_path=stats_path,
