@@ -554,7 +554,11 @@ def build_engine(
     }
     del engine, runtime
 
-    with atomic_path(output) as tmp_plan, atomic_path(metadata_path(output)) as tmp_meta:
+    from trtq.interrupt import held_for_outputs
+
+    # the plan and its metadata as one step for Ctrl-C / SIGTERM (a signal between the two replaces
+    # would leave a new plan beside the old metadata)
+    with held_for_outputs(), atomic_path(output) as tmp_plan, atomic_path(metadata_path(output)) as tmp_meta:
         tmp_plan.write_bytes(plan)
         tmp_meta.write_text(render_metadata(meta), encoding="utf-8")
     if timing_path is not None:

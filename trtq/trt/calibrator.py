@@ -267,7 +267,9 @@ def calibrate_with_tensorrt(
         )
     seconds = time.perf_counter() - t0
 
-    with atomic_path(output_cache) as tmp:
+    from trtq.interrupt import held_for_outputs
+
+    with held_for_outputs(), atomic_path(output_cache) as tmp:  # cache and provenance as one step (signals)
         tmp.write_bytes(calibrator.cache)
         table = read_cache(tmp)  # refuse to publish anything trtq cannot read back
         write_provenance(output_cache, {
