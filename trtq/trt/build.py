@@ -351,29 +351,6 @@ def explicit_only_settings(q: QuantizeOptions) -> List[str]:
     return [f"quantize.{k}" for k in keys if getattr(q, k) != getattr(default, k)]
 
 
-def warn_float_grouped_convs(trt: Any, result: Any) -> List[str]:
-    """Log what the TensorRT 8 float grouped-conv workaround (``quantize_model(float_grouped_consumers=
-    compat.float_grouped_conv_is_unsafe(trt))``) left float; returns those consumers. Float grouped
-    Convs it could not protect (no quantized consumer found) get a warning to check the engine."""
-    from trtq.quantize.float_choice import GROUPED_CONSUMER_REASON, float_grouped_convs
-    from trtq.quantize.graph import GraphIndex
-
-    if not compat.float_grouped_conv_is_unsafe(trt):
-        return []
-    risky = float_grouped_convs(GraphIndex(result.model), result.left_float)
-    extra = [n for n, why in result.left_float if why == GROUPED_CONSUMER_REASON]
-    shown = ", ".join(risky[:3]) + (" ..." if len(risky) > 3 else "")
-    if extra:
-        log.warning(
-            "TensorRT %s builds wrong engines when a float grouped/depthwise Conv (%s) feeds INT8 layers: "
-            "also leaving float %s", compat.version_of(trt), shown, ", ".join(extra[:5]) + (" ..." if len(extra) > 5 else ""))
-    elif risky:
-        log.warning("%d grouped/depthwise Conv(s) left float between INT8 layers (%s): TensorRT %s built such "
-                    "engines with wrong outputs in our tests; check this engine with trtq compare",
-                    len(risky), shown, compat.version_of(trt))
-    return extra
-
-
 # ------------------------------------------------------------------------------------------------
 # build
 # ------------------------------------------------------------------------------------------------
@@ -471,7 +448,10 @@ def build_engine(
 
         qresult = quantize_model(model, table.amax, qopts, data=sample_batches(model, qopts, data_options),
                                  float_grouped_consumers=compat.float_grouped_conv_is_unsafe(trt))
-        warn_float_grouped_convs(trt, qresult)
+        if compat.float_grouped_conv_is_unsafe(trt):
+            from trtq.quantize_file import warn_float_grouped_convs
+
+            warn_float_grouped_convs(str(compat.version_of(trt)), qresult)
         quant_info = _quantize_summary(qresult)
         _parse(trt, parser, logger, qresult.model, model_path, output.parent)
     else:

@@ -72,6 +72,12 @@ def float_grouped_conv_is_unsafe(trt: Any) -> bool:
     return version_of(trt).major < 10
 
 
+def float_grouped_conv_is_unsafe_for(trt_version: Optional[str]) -> bool:
+    """:func:`float_grouped_conv_is_unsafe` for the TensorRT a calibration cache was written for
+    (its header), when the installed one is not the target (``trtq quantize`` on a CPU machine)."""
+    return bool(trt_version) and TrtVersion.parse(trt_version).major < 10
+
+
 CENTRING_MEASURED = (
     "TensorRT 8.6.0 (H100) computes centred EfficientNet-Lite0 engines right but 3x slower "
     "(5.75 vs 1.90 ms per batch of 64 at builder optimization level 0; the Add(-c) after each "
