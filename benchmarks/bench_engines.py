@@ -52,6 +52,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=3.0, help="seconds of timed inference per engine and run")
     p.add_argument("--repeats", type=int, default=2, help="bench runs over all engines (noise = their spread)")
     p.add_argument("--no-reference", action="store_true", help="skip the fp16 and implicit INT8 engines")
+    p.add_argument("--no-fp16", action="store_true", help="skip the fp16 engine (keep the implicit INT8 one)")
     p.add_argument("--reuse", action="store_true", help="take plans already in --out")
     p.add_argument("--timing-cache", type=Path, help="TensorRT timing cache shared by every build (read and updated)")
     p.add_argument("--no-int8-kernels", action="store_true",
@@ -179,8 +180,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                         timing_cache=str(a.timing_cache) if a.timing_cache else None)
     plans: List[Tuple[str, Path, Optional[float], Optional[Path]]] = []  # name, plan, build s, Q/DQ source
     if not a.no_reference:
-        plan, s = build("fp16", a.model, a.out, dataclasses.replace(base, precision="fp16"), a.reuse)
-        plans.append(("fp16", plan, s, None))
+        if not a.no_fp16:
+            plan, s = build("fp16", a.model, a.out, dataclasses.replace(base, precision="fp16"), a.reuse)
+            plans.append(("fp16", plan, s, None))
         trt_cache = a.out / "tensorrt-entropy2.cache"
         if not (a.reuse and trt_cache.exists()):
             calib = Batcher(data_options(cfg, a.calib, a.batch, a.calib_images), specs)

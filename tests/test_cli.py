@@ -83,3 +83,23 @@ def test_tensorrt_commands_exit_4_without_tensorrt(trtq, sample_model, tmp_path)
     r = trtq(["bench", plan])
     assert r.code == 4, r
     assert list(tmp_path.iterdir()) == [plan]
+
+
+def test_click_invocations_in_one_process_each_get_their_own_stdout():
+    """The stdout guard (results on stdout, everything else on stderr) lasts one command, also when
+    click's own main runs it (CliRunner, as an embedding program would): a second command's result
+    went to the first runner's closed stream and stdout stayed pointed at stderr."""
+    import json
+    import sys
+
+    from click.testing import CliRunner
+
+    from trtq.cli import cli
+
+    cache = ROOT / "tests" / "golden" / "trt8600_entropy2.cache"
+    before = sys.stdout
+    for _ in range(2):
+        r = CliRunner().invoke(cli, ["inspect-cache", str(cache), "--json"])
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["summary"]["count"] > 0
+    assert sys.stdout is before

@@ -140,6 +140,9 @@ def _apply_common(as_json, verbose, quiet) -> _State:
         st.quiet = True
     _setup_logging(st.verbose, st.quiet)
     _guard.engage()
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:  # the guard lasts one command, also when click's own main runs it (CliRunner)
+        ctx.find_root().call_on_close(_guard.restore)
     return st
 
 

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
+
+pytest.importorskip("hypothesis", reason="the fuzz tests need hypothesis (in the dev extra; not in the GPU test bundle)")
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from tests.reliability.conftest import make_model, one_line_error, temp_leftovers
 from trtq.calib.cache import INT8_MAX, read_cache, scale_problem
