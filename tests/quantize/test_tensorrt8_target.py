@@ -44,3 +44,28 @@ def test_float_depthwise_conv_takes_its_consumer_float_for_a_tensorrt_8_cache(tr
     assert r.code == 0, r
     assert _quantized_convs(out) == quantized
     assert ("also leaving float pw" in r.err) == (trt_version.startswith("8.")), r.err
+
+
+@pytest.mark.parametrize("cache_version,build_version,refused", [
+    ("10.3.0", "8.6.0", True),    # a Q/DQ model with a float depthwise conv feeding INT8, built on 8.6
+    ("8.6.0", "8.6.0", False),    # quantized for TensorRT 8: the conv it feeds is float too
+    ("10.3.0", "10.3.0", False),  # TensorRT 10 was not seen to need it
+])
+def test_build_refuses_a_qdq_model_tensorrt_8_would_compute_wrongly(trtq, tmp_path, cache_version, build_version, refused):
+    from tests.trt.fakes import fake_trt
+    from trtq.errors import ModelError
+    from trtq.trt.build import refuse_float_grouped_convs_feeding_int8
+
+    model = tmp_path / "m.onnx"
+    data = _depthwise_model(model)
+    cache = tmp_path / "m.cache"
+    assert trtq(["calibrate", "--model", model, "--data", data, "--trt-version", cache_version, "-o", cache, "-q"]).code == 0
+    out = tmp_path / "m.qdq.onnx"
+    assert trtq(["quantize", "--model", model, "--cache", cache, "--exclude", "^dw$", "-o", out, "-q"]).code == 0
+    if refused:
+        with pytest.raises(ModelError) as e:
+            refuse_float_grouped_convs_feeding_int8(fake_trt(build_version), onnx.load(str(out)), out)
+        assert "float grouped/depthwise Conv dw feeds the INT8 layer pw" in str(e.value)
+        assert "--trt-version 8.6.0" in e.value.hint
+    else:
+        refuse_float_grouped_convs_feeding_int8(fake_trt(build_version), onnx.load(str(out)), out)

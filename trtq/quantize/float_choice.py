@@ -1,8 +1,9 @@
 """Layers the user chose to leave float, and what they feed: for TensorRT 8, whose engines came out
 wrong when a float grouped/depthwise Conv fed an INT8 layer (measured on 8.6.0; see
 trtq.trt.compat.float_grouped_conv_is_unsafe). ``build`` on TensorRT 8 leaves those consumers float
-too (``quantize_model(float_grouped_consumers=True)``); ``quantize`` (no TensorRT version known)
-names them in a warning."""
+too (``quantize_model(float_grouped_consumers=True)``), and so does ``quantize`` with a cache
+written for TensorRT 8; with another cache it names them in a warning. A Q/DQ model made elsewhere
+is checked with :func:`float_grouped_convs_in_qdq_model` before TensorRT 8 builds it."""
 from typing import Collection, List, Sequence, Tuple
 
 from trtq.quantize.graph import GraphIndex, attr
@@ -49,4 +50,24 @@ def grouped_conv_consumers(index: GraphIndex, left_float: Sequence[Tuple[str, st
                            quantized: Collection[str]) -> Tuple[List[str], List[str]]:
     """(float grouped Convs the user chose, the quantized nodes they feed)."""
     risky = float_grouped_convs(index, left_float)
+    return risky, (quantized_consumers(index, risky, quantized) if risky else [])
+
+
+_WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+def float_grouped_convs_in_qdq_model(model) -> Tuple[List[str], List[str]]:
+    """In a model that already has Q/DQ nodes: (grouped Convs whose weights are float, the INT8
+    layers (weights behind a DequantizeLinear) their outputs feed)."""
+    index = GraphIndex(model)
+
+    def weight_from_dq(node) -> bool:
+        if len(node.input) < 2:
+            return False
+        producer = index.producer_node(node.input[1])
+        return producer is not None and producer.op_type == "DequantizeLinear"
+
+    quantized = {n.name for n in index.nodes if n.op_type in _WEIGHTED and weight_from_dq(n)}
+    risky = [n.name for n in index.nodes
+             if n.op_type == "Conv" and int(attr(n, "group", 1)) > 1 and n.name not in quantized]
     return risky, (quantized_consumers(index, risky, quantized) if risky else [])

@@ -13,6 +13,7 @@ How each mode maps onto the installed TensorRT is decided in :func:`trtq.trt.com
 """
 import dataclasses
 import logging
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -309,6 +310,25 @@ def _quantize_summary(result: Any) -> Dict[str, int]:
     return out
 
 
+def refuse_float_grouped_convs_feeding_int8(trt: Any, model: Any, model_path: Path) -> None:
+    """TensorRT 8 built Q/DQ networks in which a float grouped/depthwise Conv feeds an INT8 layer
+    into engines with garbage outputs (see compat.float_grouped_conv_is_unsafe): refuse such a
+    model (trtq quantize with a TensorRT 10 cache, or another tool's output) instead."""
+    if not compat.float_grouped_conv_is_unsafe(trt):
+        return
+    from trtq.quantize.float_choice import float_grouped_convs_in_qdq_model
+
+    risky, consumers = float_grouped_convs_in_qdq_model(model)
+    if consumers:
+        raise ModelError(
+            f"{model_path.name}: the float grouped/depthwise Conv {risky[0]} feeds the INT8 layer {consumers[0]}"
+            f"{f' (and {len(consumers) - 1} more)' if len(consumers) > 1 else ''}; TensorRT "
+            f"{compat.version_of(trt)} builds such engines with wrong outputs",
+            "quantize again with a cache for TensorRT 8 (trtq calibrate --trt-version 8.6.0), which leaves those "
+            f"layers float too, or add --exclude '^{re.escape(consumers[0])}$'",
+        )
+
+
 def prequantized_model(model: Any, model_path: Path, options: BuildOptions, cache_path: Optional[Path],
                        quantize_options: QuantizeOptions) -> Any:
     """The model's :class:`~trtq.qdq_info.QdqInfo` when it already has Q/DQ nodes (then it
@@ -408,6 +428,8 @@ def build_engine(
             log.warning("build.mode implicit builds the FP32 model with TensorRT's calibrator: %s apply only to "
                         "explicit (Q/DQ) builds and are ignored", ", ".join(unused))
     trt = compat.import_tensorrt()
+    if prequantized is not None:
+        refuse_float_grouped_convs_feeding_int8(trt, model, model_path)
     cuda.require_gpu()
     recipe = compat.plan_build(trt, options.precision, options.mode, options.fp16)
     logger = compat.make_logger(trt)
