@@ -1,0 +1,40 @@
+#!/bin/sh
+# GPU host side of the engine accuracy table; run from the repo root after staging (device tool):
+#   bundle parts .gpu-bundle/00..09, then .gpu-stage/m, ev, c, q1..q4 (benchmarks/gpu/prepare.sh),
+#   each copied with `cp -r FOLDER/* /tmp/stage/`, then `sh /tmp/stage/finish.sh`.
+#   sh /tmp/stage/steps.sh STEP [ARGS]      results and logs under $OUT
+# Steps (each fits the 10-minute call limit; plans are kept in /tmp/eng and copied to $OUT, so a
+# lost machine can be given them back by staging $OUT/plans-K as /tmp/stage/plans-K):
+#   tests                        the GPU test suite
+#   refs K                       K = e (torchscript export) or d (dynamo): TensorRT's own calibration
+#                                (EntropyCalibration2, 160 crops) + the implicit INT8 engine, ~230-300 s
+#   qdq K NAME...                explicit engines of /tmp/stage/K.NAME.qdq.onnx, 27-40 s each
+#   bench K NAME...              latency (3 runs) + top-1/SQNR on 2000 crops next to ONNX Runtime, ~250 s
+#   shard                        benchmarks/bench_shard.py on this host's cores
+S=/tmp/stage; E=/tmp/eng; PY=/opt/trtq-rig/bin/python
+export PYTHONPATH=/opt/trtq-rig/site39${PYTHONPATH:+:$PYTHONPATH}  # for subprocesses started with sys.executable
+mkdir -p $E/e $E/d "$OUT"
+for k in e d; do [ -d $S/plans-$k ] && cp -n $S/plans-$k/* $E/$k/; done
+model() { [ "$1" = e ] && echo $S/efficientnet_lite0.onnx || echo $S/efficientnet_lite0_dynamo.onnx; }
+common() { echo --model $(model $1) --config $S/run.yaml --calib $S/calib512 --eval $S/eval2000 --opt-level 3 --calib-images 160 --no-fp16 --out $E/$1; }
+qdqs() { k=$1; shift; for n in "$@"; do echo --qdq $n=$S/$k.$n.qdq.onnx; done; }
+step=$1; shift
+case $step in
+  tests)
+    $PY -m pytest -m gpu tests -q -p no:cacheprovider > "$OUT/gpu-tests.log" 2>&1; echo "rc $?"; tail -3 "$OUT/gpu-tests.log";;
+  refs)
+    k=$1; $PY benchmarks/bench_engines.py $(common $k) --reuse --build-only > "$OUT/refs-$k.log" 2>&1; echo "rc $?"
+    tail -3 "$OUT/refs-$k.log"; mkdir -p $OUT/plans-$k; cp $E/$k/* $OUT/plans-$k/;;
+  qdq)
+    k=$1; shift; $PY benchmarks/bench_engines.py $(common $k) --reuse --build-only --no-reference $(qdqs $k "$@") \
+        > "$OUT/qdq-$k-$1.log" 2>&1; echo "rc $?"; tail -4 "$OUT/qdq-$k-$1.log"
+    mkdir -p $OUT/plans-$k; for n in "$@"; do cp $E/$k/$n.plan* $OUT/plans-$k/; done;;
+  bench)
+    k=$1; shift; $PY benchmarks/bench_engines.py $(common $k) --reuse --repeats 3 --duration 2 --eval-images 2000 \
+        --no-int8-kernels $(qdqs $k "$@") > "$OUT/bench-$k.log" 2>&1; echo "rc $?"
+    cp $E/$k/bench_engines.json "$OUT/bench-$k.json"; tail -14 "$OUT/bench-$k.log";;
+  shard)
+    $PY benchmarks/bench_shard.py --work /tmp/shardwork --samples 4096 --shards 4,8,16 --method entropy "$@" \
+        > "$OUT/shard.log" 2>&1; echo "rc $?"; tail -12 "$OUT/shard.log";;
+  *) echo "unknown step $step"; exit 2;;
+esac
