@@ -2,7 +2,7 @@
 import logging
 import re
 from pathlib import Path
-from typing import List
+from typing import Dict, List, Mapping
 
 from trtq.config import QuantizeOptions
 from trtq.errors import ModelError, UsageError
@@ -27,8 +27,9 @@ def quantized_model(model_path: Path, cache_path: Path, options: QuantizeOptions
     table = read_cache(Path(cache_path))
     check_cache_for_model(Path(cache_path), Path(model_path), options.allow_stale, table.amax)
     for_trt8 = compat.float_grouped_conv_is_unsafe_for(table.trt_version)
-    result = quantize_model(model, table.amax, options, data=sample_batches(model, options, data),
-                            float_grouped_consumers=for_trt8)
+    batches = sample_batches(model, options, data)
+    result = quantize_model(model, table.amax, options, data=batches, float_grouped_consumers=for_trt8,
+                            keep_float=choose_float_layers(model, table.amax, options, batches))
     refuse_nothing_quantized(result, Path(model_path))
     if for_trt8:
         warn_float_grouped_convs(table.trt_version, result)
@@ -58,6 +59,26 @@ def refuse_nothing_quantized(result, model_path: Path) -> None:
     raise ModelError(f"{model_path.name}: quantized 0 of its {len(weighted)} Conv/Gemm/MatMul nodes: {why}",
                      "check --exclude and the cache (trtq inspect-cache --model); weights computed at run time "
                      "from graph inputs cannot be quantized ahead of time")
+
+
+RANK_SAMPLES = 64  # samples the float_layers ranking runs each layer on (at most)
+
+
+def choose_float_layers(fp32, amax: Mapping[str, float], options: QuantizeOptions, data) -> Dict[str, str]:
+    """The ``options.float_layers`` layers with the lowest output SQNR when quantized alone
+    (compare --per-layer's ``only`` mode, nearest rounding), name -> reason; empty when the options
+    ask for none or there is no data. Passed to ``quantize_model(keep_float=...)``."""
+    if options.float_layers <= 0 or data is None:
+        return {}
+    import dataclasses
+
+    from trtq.compare.sensitivity import per_layer_sensitivity
+
+    base = dataclasses.replace(options, float_layers=0, bias_correction=False, weight_rounding="nearest")
+    limit = min(options.samples, RANK_SAMPLES)
+    rows = per_layer_sensitivity(fp32, amax, base, data, mode="only", top=options.float_layers, limit=limit)
+    return {r.node: f"float_layers: SQNR {r.sqnr_db:.1f} dB quantized alone, among the {options.float_layers} worst"
+            for r in rows}
 
 
 def needs_data(options: QuantizeOptions) -> bool:

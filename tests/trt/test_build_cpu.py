@@ -81,16 +81,19 @@ def test_build_without_tensorrt_is_exit_4_and_writes_nothing(tmp_path, sample_mo
 @contextlib.contextmanager
 def build_warnings(logger_name: str = "trtq.trt.build"):
     """The build logger's (or ``logger_name``'s) warning records, read directly (the CLI tests may have stopped trtq's
-    loggers propagating to caplog)."""
+    loggers propagating to caplog, and a CLI test run with -q leaves the trtq logger at ERROR)."""
     records = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = records.append
     logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.WARNING)
     logger.addHandler(handler)
     try:
         yield records
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 @pytest.mark.parametrize("qopts,named", [
@@ -132,7 +135,7 @@ def test_conv_kernel_shape_added_for_qdq_weights(tmp_path):
     from tests.trt.models import activation_amax, ort_run, residual_cnn
     from trtq.config import QuantizeOptions
     from trtq.quantize import quantize_model
-    from trtq.trt.build import add_conv_kernel_shapes
+    from trtq.trt.network import add_conv_kernel_shapes
 
     path = residual_cnn(tmp_path / "m.onnx", batch=2)
     x = np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)
@@ -186,11 +189,11 @@ def test_parser_error_names_the_onnx_node(tmp_path, version, opset, hint):
     from tests.trt.fakes import fake_trt
     from trtq.errors import ModelError
     from trtq.trt import compat
-    from trtq.trt.build import _parser_error
+    from trtq.trt.network import parser_error
 
     trt = fake_trt(version)
     parser = _Parser([_ParserError("Plugin not found", 0), _ParserError("second", 0)])
-    err = _parser_error(trt, parser, compat.make_logger(trt), tmp_path / "m.onnx", _one_node_model(opset))
+    err = parser_error(trt, parser, compat.make_logger(trt), tmp_path / "m.onnx", _one_node_model(opset))
     assert isinstance(err, ModelError)
     assert err.message == (f"TensorRT {version} cannot parse m.onnx at node #0 (NoSuchOp 'mystery'): "
                            "Plugin not found (+1 more)")

@@ -69,6 +69,7 @@ def quantize_model(
     only_nodes: Optional[Collection[str]] = None,
     data: Optional[Iterable] = None,
     float_grouped_consumers: bool = False,
+    keep_float: Optional[Mapping[str, str]] = None,
 ) -> QuantizeResult:
     """Explicit INT8 Q/DQ copy of an FP32 ``model``; ``amax`` maps tensor names to amax.
 
@@ -77,7 +78,9 @@ def quantize_model(
     correction when the options ask for them; without it neither runs.
     ``float_grouped_consumers``: also leave float the quantized layers a grouped Conv left float
     (--exclude / float_layers) feeds (what TensorRT 8 needs, see :mod:`~trtq.quantize.float_choice`).
-    The input model is not modified.
+    ``keep_float``: layers to leave float, name -> reason: the ``float_layers`` choice, made by the
+    caller (:func:`trtq.quantize_file.choose_float_layers` ranks the layers with compare's
+    per-layer sensitivity, which itself runs this function). The input model is not modified.
     """
     options = options if options is not None else QuantizeOptions()
     if is_quantized(model):
@@ -102,9 +105,8 @@ def quantize_model(
                 + (" ..." if len(unknown) > 5 else ""),
                 "use node names from a quantize report",
             )
-    keep_float = {}
-    if data is not None and options.float_layers > 0 and only_nodes is None:
-        keep_float = _most_sensitive(model, amax, options, data)
+    keep_float = dict(keep_float or {})
+    if keep_float:
         notes.append(f"float layers: {len(keep_float)} most sensitive left float: " + ", ".join(keep_float))
     plan = make_plan(index, amax, options.exclude, options.per_channel, only_nodes, keep_float)
     if float_grouped_consumers:
@@ -166,23 +168,6 @@ def _centre(prepared: onnx.ModelProto, index: GraphIndex, plan, amax: Mapping[st
     shifted = dict(amax, **{c.tensor: c.amax for c in centred})
     plan = make_plan(GraphIndex(prepared), shifted, options.exclude, options.per_channel, only_nodes, keep_float)
     return plan, centred
-
-
-RANK_SAMPLES = 64  # samples the float_layers ranking runs each layer on (at most)
-
-
-def _most_sensitive(fp32: onnx.ModelProto, amax: Mapping[str, float], options: QuantizeOptions, data) -> dict:
-    """The ``options.float_layers`` layers with the lowest output SQNR when quantized alone
-    (compare --per-layer's ``only`` mode, nearest rounding), name -> reason."""
-    import dataclasses
-
-    from trtq.compare.sensitivity import per_layer_sensitivity
-
-    base = dataclasses.replace(options, float_layers=0, bias_correction=False, weight_rounding="nearest")
-    limit = min(options.samples, RANK_SAMPLES)
-    rows = per_layer_sensitivity(fp32, amax, base, data, mode="only", top=options.float_layers, limit=limit)
-    return {r.node: f"float_layers: SQNR {r.sqnr_db:.1f} dB quantized alone, among the {options.float_layers} worst"
-            for r in rows}
 
 
 def _data_steps(fp32: onnx.ModelProto, qdq: onnx.ModelProto, options: QuantizeOptions, data, centred=()) -> List[str]:

@@ -199,7 +199,7 @@ def calibrate_with_tensorrt(
     from trtq.calib.cache import read_cache, write_provenance
     from trtq.model import input_specs, load_model
     from trtq.trt import cuda
-    from trtq.trt.build import _configure, _parse_file
+    from trtq.trt.network import configure, parse_file
 
     model_path, output_cache = Path(model_path), Path(output_cache)
     options = options or BuildOptions()
@@ -216,10 +216,10 @@ def calibrate_with_tensorrt(
     builder = trt.Builder(logger)
     network = builder.create_network(compat.creation_mask(trt, compat.plan_build(trt, "fp32").creation_flags))
     parser = trt.OnnxParser(network, logger)
-    _parse_file(trt, parser, logger, model_path)
+    parse_file(trt, parser, logger, model_path)
     config = builder.create_builder_config()
     compat.set_builder_flags(trt, config, ("INT8",))
-    _configure(trt, config, options)
+    configure(trt, config, options)
 
     shapes = {k: tuple(int(d) for d in v) for k, v in batcher.shapes.items()}
     dtypes: Dict[str, str] = {}
