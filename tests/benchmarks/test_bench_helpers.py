@@ -171,3 +171,5 @@ def test_engine_goal_lines_name_the_chance_gap():
     assert lines[1].startswith("[FAIL] q:") and "gap 0.020" in lines[1] and "1 sigma 0.013" in lines[1]
     rows[1]["median_ms"] = 1.2  # slower than the implicit engine + its noise: the goal fails
     assert bench_engines.goals(rows)[0].startswith("[FAIL]")
+    rows[1].update(engine_top1=0.953, ort_top1=0.943)  # 20 of 2000 samples: exactly the 0.01 goal
+    assert bench_engines.goals(rows)[1].startswith("[PASS] q:") and "gap 0.010" in bench_engines.goals(rows)[1]
