@@ -1,6 +1,5 @@
 import os
 import signal
-import sys
 
 
 def _early_exit(signum, frame):  # pragma: no cover - timing dependent

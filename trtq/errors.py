@@ -53,7 +53,3 @@ class EnvironmentMissing(TrtqError):
     """A runtime requirement (TensorRT, cuda-python, a GPU) is missing (exit 4)."""
 
     exit_code = 4
-
-
-class NotImplementedYet(TrtqError):
-    """A command that exists in the CLI but is not built yet (exit 1)."""

@@ -108,10 +108,6 @@ def input_specs(model) -> List[TensorSpec]:
     return [_spec(v) for v in model.graph.input if v.name not in inits]
 
 
-def output_specs(model) -> List[TensorSpec]:
-    return [_spec(v) for v in model.graph.output]
-
-
 def resolve_shapes(
     specs: Sequence[TensorSpec],
     shapes: Mapping[str, Sequence[int]],

@@ -150,9 +150,6 @@ class HistogramAccumulator:
             scale = self.num_bins / m if m > 0 else 0.0
             self._scale[name] = np.float32(scale) if scale < 1e38 else None
 
-    def edges(self, name: str) -> np.ndarray:
-        return np.linspace(0.0, self.maxima[name], self.num_bins + 1)
-
     def update(self, name: str, array) -> None:
         self.update_batch({name: array})
 

@@ -283,11 +283,6 @@ class Preprocessor:
             )
         return out
 
-    def output_shape(self, width: int, height: int) -> Tuple[int, ...]:
-        """Shape of the sample this preprocessing makes from a ``width`` x ``height`` image."""
-        _, _, kh, kw = self.plan(width, height).crop
-        return (self.channels, kh, kw) if self.options.layout == "nchw" else (kh, kw, self.channels)
-
     def fixed_hw(self) -> Optional[Tuple[int, int]]:
         """The output (h, w) when it does not depend on the image size, else None."""
         o = self.options

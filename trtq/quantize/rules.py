@@ -57,7 +57,7 @@ Kept float (reported in ``left_float`` with the reason):
   inputs the calibration cache does not cover.
 """
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import onnx
 
@@ -116,10 +116,6 @@ _ATTENTION_LINKS = frozenset(
     }
 )
 _ATTENTION_DEPTH = 4
-
-
-def quantizable_op_types() -> List[str]:
-    return sorted(PLACEMENT) + [RESIDUAL_OP]
 
 
 # ------------------------------------------------------------------------------------------------

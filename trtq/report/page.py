@@ -8,7 +8,7 @@ red banner at the top (``#trtq-errors``); a finished render sets ``<body data-re
 """
 import html
 import json
-from typing import Any, Iterable, List, Optional, Sequence
+from typing import Any, Iterable, List, Sequence
 
 from trtq.report.data import summary
 

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from trtq.errors import ModelError
-from trtq.fileio import atomic_write_text
 
 FORMAT = "trtq-plan/1"
 
@@ -18,10 +17,6 @@ FORMAT = "trtq-plan/1"
 def metadata_path(plan_path: Path) -> Path:
     plan_path = Path(plan_path)
     return plan_path.with_name(plan_path.name + ".json")
-
-
-def write_metadata(plan_path: Path, meta: Dict[str, Any]) -> None:
-    atomic_write_text(metadata_path(plan_path), render_metadata(meta))
 
 
 def render_metadata(meta: Dict[str, Any]) -> str:
