@@ -304,6 +304,7 @@ def test_from_stats_refuses_a_lone_shard_and_pass1_ranges_for_histogram_methods(
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
 def test_readme_makefile_with_make_j3(mlp_data, singles, tmp_path):
     root, model, _ = mlp_data
@@ -335,6 +336,7 @@ def test_ray_example_with_a_local_ray(mlp_data, singles, tmp_path):
     assert (tmp_path / "ray.cache").read_bytes() == singles["entropy"].read_bytes()
 
 
+@pytest.mark.slow
 def test_kept_batches_spare_pass2_the_decoding(trtq, sample_config, tmp_path):
     """--keep-batches: pass 2 of each shard reads pass 1's decoded batches. Proof that it does: the
     photos are overwritten with zeros (same sizes, so the same data fingerprint) between the passes,

@@ -230,6 +230,7 @@ def _weights_fed_to_quantize(model):
     return {n.input[0] for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] in inits}
 
 
+@pytest.mark.slow
 def test_cli_gptq_changes_only_quantized_weights_to_exact_levels(trtq, sample_config, sample_cache, tmp_path):
     plain, rounded = tmp_path / "p.onnx", tmp_path / "g.onnx"
     assert trtq(["quantize", "--config", sample_config, "--cache", sample_cache, "-o", plain]).code == 0
@@ -247,6 +248,7 @@ def test_cli_gptq_changes_only_quantized_weights_to_exact_levels(trtq, sample_co
     ort.InferenceSession(str(rounded), providers=["CPUExecutionProvider"])
 
 
+@pytest.mark.slow
 def test_cli_float_layers_leaves_the_worst_layer_float(trtq, sample_config, sample_cache, tmp_path):
     from trtq.calib.cache import read_cache
     from trtq.compare.sensitivity import per_layer_sensitivity
