@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -67,16 +66,10 @@ class Scores:
     seconds: Optional[float] = None  # calibrate + quantize wall time
 
 
-def trtq_env() -> Dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(common.REPO)] + [p for p in [env.get("PYTHONPATH")] if p])
-    return env
-
-
 def run_trtq(args: List[str]) -> dict:
     """Run ``python -m trtq ARGS --json``; return the JSON it prints (exit with its error if it fails)."""
     cmd = [sys.executable, "-m", "trtq"] + args + ["--json"]
-    proc = subprocess.run(cmd, cwd=common.REPO, env=trtq_env(), capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=common.REPO, env=common.repo_env(), capture_output=True, text=True)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
         raise SystemExit(f"{' '.join(cmd[2:4])} failed (exit {proc.returncode}): {last}")

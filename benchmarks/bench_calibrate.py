@@ -158,8 +158,7 @@ def run_case(case: str, n: int, args, model: Path, config: Path, images: Path) -
     out = out_dir / f"{case}-{n}{suffix}"
     if out.exists():
         out.unlink()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(common.REPO)] + [p for p in [env.get("PYTHONPATH")] if p])
+    env = common.repo_env()
     cap = int(args.mem_cap_gb * common.GIB)
     runs = []
     for _ in range(max(1, args.repeat)):

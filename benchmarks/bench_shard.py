@@ -119,7 +119,7 @@ def main() -> None:
     single_dir.mkdir(exist_ok=True)
     single_cache = single_dir / "single.cache"
     trtq = f"{sys.executable} -m trtq"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(common.REPO), os.environ.get("PYTHONPATH")])))
+    env = common.repo_env()
     runs = []  # (shards, jobs, run folder)
     for n in args.shards:
         run_dir = work / f"shards-{n}"

