@@ -272,18 +272,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         import onnx
 
         from trtq.calib.cache import read_cache
-        from trtq.quantize import quantize_model
-        from trtq.quantize_file import choose_float_layers, sample_batches
+        from trtq.quantize_file import quantize_for
         from trtq.trt import compat
 
         fp32 = load_model(a.model)
-        samples = sample_batches(fp32, qopts, data_options(a.data, spec.name, spec.shape, a.preset, a.batch,
-                                                           qopts.samples))
-        amax = read_cache(a.cache).amax
+        data = data_options(a.data, spec.name, spec.shape, a.preset, a.batch, qopts.samples)
         # the same Q/DQ model build made the engine from (TensorRT 8: float grouped-conv consumers)
-        qdq = quantize_model(fp32, amax, qopts, data=samples,
-                             float_grouped_consumers=compat.float_grouped_conv_is_unsafe(compat.import_tensorrt()),
-                             keep_float=choose_float_layers(fp32, amax, qopts, samples)).model
+        qdq = quantize_for(fp32, read_cache(a.cache).amax, qopts, data,
+                           str(compat.version_of(compat.import_tensorrt()))).model
         qdq_path = a.out / f"{engine}.qdq.onnx"
         onnx.save(qdq, str(qdq_path))
         rows.append({"engine": f"{engine} on onnxruntime", "top1_agreement":

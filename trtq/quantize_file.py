@@ -2,7 +2,7 @@
 import logging
 import re
 from pathlib import Path
-from typing import Dict, List, Mapping
+from typing import Dict, List, Mapping, Optional
 
 from trtq.config import QuantizeOptions
 from trtq.errors import ModelError, UsageError
@@ -20,20 +20,29 @@ def quantized_model(model_path: Path, cache_path: Path, options: QuantizeOptions
     from trtq.calib.cache import read_cache
     from trtq.calib.freshness import check_cache_for_model
     from trtq.model import load_model
-    from trtq.quantize import quantize_model
     from trtq.trt import compat
 
     model = load_model(model_path)
     table = read_cache(Path(cache_path))
     check_cache_for_model(Path(cache_path), Path(model_path), options.allow_stale, table.amax)
-    for_trt8 = compat.float_grouped_conv_is_unsafe_for(table.trt_version)
-    batches = sample_batches(model, options, data)
-    result = quantize_model(model, table.amax, options, data=batches, float_grouped_consumers=for_trt8,
-                            keep_float=choose_float_layers(model, table.amax, options, batches))
+    result = quantize_for(model, table.amax, options, data, table.trt_version)
     refuse_nothing_quantized(result, Path(model_path))
-    if for_trt8:
+    if compat.float_grouped_conv_is_unsafe_for(table.trt_version):
         warn_float_grouped_convs(table.trt_version, result)
     return result
+
+
+def quantize_for(model, amax: Mapping[str, float], options: QuantizeOptions, data, trt_version: Optional[str]):
+    """``quantize_model`` as quantize and build run it: the sample batches of ``data`` (DataOptions)
+    that the data-driven steps read, the ``float_layers`` choice, and for a TensorRT 8 target
+    (``trt_version``) the consumers of float grouped Convs left float too."""
+    from trtq.quantize import quantize_model
+    from trtq.trt import compat
+
+    batches = sample_batches(model, options, data)
+    return quantize_model(model, amax, options, data=batches,
+                          float_grouped_consumers=compat.float_grouped_conv_is_unsafe_for(trt_version),
+                          keep_float=choose_float_layers(model, amax, options, batches))
 
 
 _WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")

@@ -304,8 +304,6 @@ def build_engine(
             quant_info["fp16_rest"] = True
         parse_model(trt, parser, logger, model, model_path, output.parent)
     elif recipe.quantize:
-        from trtq.quantize import quantize_model
-
         qopts = quantize_options
         centring_off = compat.centring_in_engines(trt) if qopts.center_activations else None
         if centring_off:
@@ -314,15 +312,10 @@ def build_engine(
             qopts = dataclasses.replace(qopts, center_activations=False)
         if recipe.quantizer_fp16 != qopts.fp16 and recipe.quantizer_fp16:
             qopts = dataclasses.replace(qopts, fp16=True)
-        from trtq.quantize_file import choose_float_layers, sample_batches
+        from trtq.quantize_file import quantize_for, warn_float_grouped_convs
 
-        batches = sample_batches(model, qopts, data_options)
-        qresult = quantize_model(model, table.amax, qopts, data=batches,
-                                 float_grouped_consumers=compat.float_grouped_conv_is_unsafe(trt),
-                                 keep_float=choose_float_layers(model, table.amax, qopts, batches))
+        qresult = quantize_for(model, table.amax, qopts, data_options, str(compat.version_of(trt)))
         if compat.float_grouped_conv_is_unsafe(trt):
-            from trtq.quantize_file import warn_float_grouped_convs
-
             warn_float_grouped_convs(str(compat.version_of(trt)), qresult)
         quant_info = _quantize_summary(qresult)
         parse_model(trt, parser, logger, qresult.model, model_path, output.parent)

@@ -69,7 +69,7 @@ def float_grouped_conv_is_unsafe(trt: Any) -> bool:
     EfficientNet-Lite0: top-1 agreement 0 with any one depthwise conv excluded; a 1x1 conv excluded
     was fine, and so was a depthwise conv excluded together with the 1x1 conv it feeds). 10+ not
     run here."""
-    return version_of(trt).major < 10
+    return float_grouped_conv_is_unsafe_for(str(version_of(trt)))
 
 
 def float_grouped_conv_is_unsafe_for(trt_version: Optional[str]) -> bool:
