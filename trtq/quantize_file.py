@@ -45,17 +45,16 @@ def quantize_for(model, amax: Mapping[str, float], options: QuantizeOptions, dat
                           keep_float=choose_float_layers(model, amax, options, batches))
 
 
-_WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
-
-
 def refuse_nothing_quantized(result, model_path: Path) -> None:
     """A model with Conv/Gemm/MatMul that came out without a single Q/DQ pair is an error: its
     "INT8" model would be the FP32 model, and every accuracy gate would pass on it."""
     from collections import Counter
 
+    from trtq.quantize.float_choice import WEIGHTED_OPS
+
     if result.quantized:
         return
-    weighted = [n for n in result.model.graph.node if n.op_type in _WEIGHTED_OPS]
+    weighted = [n for n in result.model.graph.node if n.op_type in WEIGHTED_OPS]
     if not weighted:
         return
     names = {n.name for n in weighted}

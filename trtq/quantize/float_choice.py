@@ -53,7 +53,7 @@ def grouped_conv_consumers(index: GraphIndex, left_float: Sequence[Tuple[str, st
     return risky, (quantized_consumers(index, risky, quantized) if risky else [])
 
 
-_WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # the ops whose constant weights INT8 builds quantize
 
 
 def float_grouped_convs_in_qdq_model(model) -> Tuple[List[str], List[str]]:
@@ -67,7 +67,7 @@ def float_grouped_convs_in_qdq_model(model) -> Tuple[List[str], List[str]]:
         producer = index.producer_node(node.input[1])
         return producer is not None and producer.op_type == "DequantizeLinear"
 
-    quantized = {n.name for n in index.nodes if n.op_type in _WEIGHTED and weight_from_dq(n)}
+    quantized = {n.name for n in index.nodes if n.op_type in WEIGHTED_OPS and weight_from_dq(n)}
     risky = [n.name for n in index.nodes
              if n.op_type == "Conv" and int(attr(n, "group", 1)) > 1 and n.name not in quantized]
     return risky, (quantized_consumers(index, risky, quantized) if risky else [])

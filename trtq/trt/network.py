@@ -9,7 +9,7 @@ from trtq.config import BuildOptions
 from trtq.errors import ConfigError, ModelError
 from trtq.trt import compat
 
-log = logging.getLogger("trtq.trt.build")
+log = logging.getLogger("trtq.trt.build")  # its messages are part of a build (or a TensorRT calibration build)
 
 Shape = Tuple[int, ...]
 
