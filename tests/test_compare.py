@@ -221,7 +221,8 @@ def test_report_json_and_text(data, reference, perturbed):
 
     rendered = compare_models(reference, OnnxRunner.from_model(perturbed), batches).render_text()
     lines = rendered.splitlines()
-    table = lines[lines.index("") + 1:]
+    start = lines.index("") + 1
+    table = lines[start:lines.index("", start)]  # the task lines follow after a blank line
     assert table[0].startswith("output") and table[0].endswith("SQNR dB")
     assert len({len(line) for line in table}) == 1  # right-aligned last column: equal widths
     assert table[1].startswith("scores ") and table[2].startswith("feat ")

@@ -739,13 +739,24 @@ def report(config_path, as_json, verbose, quiet, cache, stats, compare_json, qua
 @click.option("--semantics", type=click.Choice(["qdq", "onnxruntime"]),
               help="How a Q/DQ .onnx candidate is run: qdq (default: the Q/DQ pairs as written, what TensorRT "
                    "computes) or onnxruntime (its fused int8 kernels, as ONNX Runtime deploys it).")
+@click.option("--task", type=click.Choice(["auto", "classify", "detect", "segment", "ctc", "raw"]),
+              help="What the outputs are for; sets the task metric that --min-agreement gates and --per-layer "
+                   "ranks by (default auto: inferred from each output's shape, stated in the report).")
+@click.option("--detect-format", type=click.Choice(["auto", "v8", "v5"]),
+              help="detect: YOLOv8 rows (4 box + class scores) or YOLOv5 rows (4 box, objectness, class scores).")
+@click.option("--score-threshold", type=float, help="detect: least score of a detection (default 0.25).")
+@click.option("--nms-iou", type=float, help="detect: NMS IoU threshold, per class (default 0.45).")
+@click.option("--mask-threshold", type=float, help="segment: a one-channel map's mask is value > this (default 0.5).")
 def compare(config_path, as_json, verbose, quiet, reference, candidate, data, preprocess, batch_size, limit, workers,
-            skip_bad, shuffle, seed, min_agreement, min_cosine, per_layer, per_layer_mode, cache, top, semantics):
+            skip_bad, shuffle, seed, min_agreement, min_cosine, per_layer, per_layer_mode, cache, top, semantics,
+            task, detect_format, score_threshold, nms_iou, mask_threshold):
     """Run reference and candidate on the same batches and report how close the candidate is."""
     st = _apply_common(as_json, verbose, quiet)
     cfg = _load_config(config_path, {
         "model": reference, "compare.min_agreement": min_agreement, "compare.min_cosine": min_cosine,
         "compare.per_layer": per_layer, "compare.limit": limit, "compare.semantics": semantics,
+        "compare.task": task, "compare.detect_format": detect_format, "compare.score_threshold": score_threshold,
+        "compare.nms_iou": nms_iou, "compare.mask_threshold": mask_threshold,
         **_data_overrides(batch_size, limit, workers, skip_bad, shuffle, seed),
     })
     cfg = _apply_data_flags(cfg, data, preprocess)

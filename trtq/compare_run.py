@@ -12,6 +12,7 @@ def run_compare(cfg, candidate: Path, cache: Optional[Path], per_layer_mode: Opt
     from trtq.compare import per_layer_sensitivity
     from trtq.compare.evaluate import compare_many
     from trtq.compare.semantics import semantics_gaps
+    from trtq.compare.tasks import output_producers
     from trtq.data.batcher import Batcher
     from trtq.errors import UsageError
     from trtq.model import input_specs, load_model
@@ -26,7 +27,8 @@ def run_compare(cfg, candidate: Path, cache: Optional[Path], per_layer_mode: Opt
             other = next(s for s in SEMANTICS if s != semantics)
             runners.append(open_runner(candidate, semantics=other))
         try:
-            reports = compare_many(ref, runners, batcher, cfg.compare)
+            reports = compare_many(ref, runners, batcher, cfg.compare,
+                                   producers=output_producers(reference_model))
         finally:
             for r in runners[1:]:
                 r.close()
@@ -44,5 +46,6 @@ def run_compare(cfg, candidate: Path, cache: Optional[Path], per_layer_mode: Opt
         table = read_cache(cache)
         check_cache_for_model(cache, Path(cfg.model), cfg.quantize.allow_stale, table.amax)
         layers = per_layer_sensitivity(reference_model, table.amax, cfg.quantize, batcher,
-                                       mode=per_layer_mode, top=top, limit=cfg.compare.limit)
+                                       mode=per_layer_mode, top=top, limit=cfg.compare.limit,
+                                       task_options=cfg.compare)
     return report, layers

@@ -157,6 +157,12 @@ class CompareOptions:
     limit: Optional[int] = None
     # how a Q/DQ ONNX candidate is run: "qdq" (what TensorRT computes) or "onnxruntime" (its int8 kernels)
     semantics: Literal["qdq", "onnxruntime"] = "qdq"
+    # what the outputs are for (trtq.compare.tasks): auto infers it from each output's shape
+    task: Literal["auto", "classify", "detect", "segment", "ctc", "raw"] = "auto"
+    detect_format: Literal["auto", "v8", "v5"] = "auto"  # v8 [N, 4+C, A]; v5 [N, A, 5+C] objectness
+    score_threshold: float = 0.25  # detect: a detection's least score
+    nms_iou: float = 0.45  # detect: NMS drops a box overlapping a better one of its class by more
+    mask_threshold: float = 0.5  # segment, one-channel maps: mask = value > this
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import numpy as np
 
 from trtq.compare.metrics import OutputAccumulator
 from trtq.compare.report import CompareReport
+from trtq.compare.tasks import TaskAccumulator, TaskSettings, require_fit
 from trtq.errors import DataError, ModelError
 
 Progress = Callable[[int, int], None]  # (batches done, samples done)
@@ -131,14 +132,17 @@ def compare_models(
     batches: Iterable[Any],
     options: Any = None,
     progress: Optional[Progress] = None,
+    producers: Optional[Mapping[str, Any]] = None,
 ) -> CompareReport:
     """Run both runners on every batch and return the metrics per output.
 
-    ``options`` is a ``trtq.config.CompareOptions`` (only ``limit`` is used here: stop after
-    that many valid samples; the gates are applied by :meth:`CompareReport.gate`). Memory is
-    bounded: one batch of outputs plus a few running sums per output.
+    ``options`` is a ``trtq.config.CompareOptions``: ``limit`` stops after that many valid
+    samples; ``task`` and its settings pick the task metric of each output (``producers``: output
+    name -> (op type, axis) of the reference node that makes it, from
+    :func:`trtq.compare.tasks.output_producers`, helps the inference). The gates are applied by
+    :meth:`CompareReport.gate`. Memory is bounded: one batch of outputs plus running sums.
     """
-    return compare_many(reference, [candidate], batches, options, progress)[0]
+    return compare_many(reference, [candidate], batches, options, progress, producers)[0]
 
 
 def compare_many(
@@ -147,6 +151,7 @@ def compare_many(
     batches: Iterable[Any],
     options: Any = None,
     progress: Optional[Progress] = None,
+    producers: Optional[Mapping[str, Any]] = None,
 ) -> List[CompareReport]:
     """:func:`compare_models` for several candidates on the same batches, the reference run once
     per batch; one report per candidate, in order."""
@@ -154,18 +159,24 @@ def compare_many(
     limit = getattr(options, "limit", None)
     if limit is not None and int(limit) <= 0:
         raise DataError(f"compare limit must be a positive number of samples, got {limit}")
+    settings = TaskSettings.from_options(options)
     accumulators = [{n: OutputAccumulator(n) for n in names} for _ in candidates]
+    task_accs = [{n: TaskAccumulator(n, settings, (producers or {}).get(n)) for n in names}
+                 for _ in candidates]
     samples = 0
     done = 0
     for batch, rows, valid in limited_batches(batches, limit):
         arrays = batch.arrays
         ref = valid_outputs(reference.run(feeds_for(reference, arrays)), names, rows, valid,
                             "reference", reference)
-        for candidate, acc in zip(candidates, accumulators):
+        for candidate, acc, task_acc in zip(candidates, accumulators, task_accs):
             cand = valid_outputs(candidate.run(feeds_for(candidate, arrays)), names, rows, valid,
                                  "candidate", candidate)
             for name in names:
                 acc[name].update(ref[name], cand[name])
+                task_acc[name].update(ref[name], cand[name])
+            if done == 0:
+                require_fit(task_acc, settings)
         samples += valid
         done += 1
         if progress is not None:
@@ -178,11 +189,18 @@ def compare_many(
             candidate=_label(candidate),
             samples=samples,
             batches=done,
-            outputs=tuple(acc[n].result() for n in names),
+            outputs=tuple(with_task(acc[n].result(), task_acc[n]) for n in names),
             runtime=describe_runtime(candidate),
         )
-        for candidate, acc in zip(candidates, accumulators)
+        for candidate, acc, task_acc in zip(candidates, accumulators, task_accs)
     ]
+
+
+def with_task(metrics: Any, task: TaskAccumulator) -> Any:
+    """``metrics`` (an OutputMetrics) carrying the task result of the same output."""
+    import dataclasses
+
+    return dataclasses.replace(metrics, task=task.result())
 
 
 def describe_runtime(runner: Any) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
@@ -40,6 +40,7 @@ class OutputMetrics:
     sqnr_db: float
     ref_max_abs: float
     nonfinite: int
+    task: Optional[Any] = None  # a tasks.TaskResult: the task metric of this output
 
 
 def looks_like_scores(array: np.ndarray) -> bool:

@@ -5,45 +5,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from trtq.compare.formatting import fmt, json_float, table
 from trtq.compare.metrics import OutputMetrics
+from trtq.compare.task_report import gated_values, task_dict, task_lines
 from trtq.errors import ConfigError
-
-
-def json_float(value: Optional[float]) -> Any:
-    """A float for JSON: finite values as numbers, inf / -inf / nan as the strings "inf",
-    "-inf", "nan" (strict JSON has no such numbers), None as null."""
-    if value is None:
-        return None
-    value = float(value)
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return value
-
-
-def fmt(value: Optional[float], spec: str) -> str:
-    if value is None:
-        return "-"
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return format(value, spec)
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
-    """Columns padded to their widest cell; the first ``left`` columns are left-aligned."""
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: Sequence[str]) -> str:
-        parts = [
-            str(c).ljust(w) if i < left else str(c).rjust(w)
-            for i, (c, w) in enumerate(zip(cells, widths))
-        ]
-        return "  ".join(parts).rstrip()
-
-    return "\n".join([line(header), *(line(r) for r in rows)])
 
 
 def _check_fraction(value: Optional[float], flag: str, low: float) -> None:
@@ -100,6 +65,7 @@ class CompareReport:
                     "sqnr_db": json_float(o.sqnr_db),
                     "ref_max_abs": json_float(o.ref_max_abs),
                     "nonfinite": o.nonfinite,
+                    "task": task_dict(o.task),
                 }
                 for o in self.outputs
             ],
@@ -134,6 +100,7 @@ class CompareReport:
                 fmt(o.max_abs_error, ".4g"), fmt(o.mean_abs_error, ".4g"),
                 fmt(o.ref_max_abs, ".4g"), fmt(o.sqnr_db, ".2f"),
             ])
+        tasks = task_lines(self.outputs)
         notes = [
             f"warning: output {o.name} has {o.nonfinite} NaN/Inf values"
             for o in self.outputs if o.nonfinite
@@ -143,14 +110,17 @@ class CompareReport:
                 top1 = "" if o.top1_agreement is None else f"top-1 agree {o.top1_agreement:.4f}, "
                 notes.append(f"{o.name} {self.other.runtime}: {top1}SQNR {fmt(o.sqnr_db, '.2f')} dB")
         notes += [f"warning: {w}" for w in self.warnings]
-        return "\n".join(head + [table(header, rows)] + ([""] + notes if notes else []))
+        return "\n".join(head + [table(header, rows)] + ([""] + tasks if tasks else [])
+                         + ([""] + notes if notes else []))
 
     def gate(self, options: Any) -> List[str]:
         """Descriptions of the failed gates (empty list: all passed).
 
-        ``options.min_agreement`` applies to every output with a top-1 agreement, and fails when
-        no output has one (the gate could not be checked). ``options.min_cosine`` applies to the
-        mean cosine similarity of every output. NaN metrics always fail.
+        ``options.min_agreement`` applies to the task metric of every output that has one
+        (classify top-1, detect F1, segment mask IoU, ctc sequence agreement; raw outputs that
+        look like classifier scores: top-1), and fails when no output has one (the gate could
+        not be checked). ``options.min_cosine`` applies to the mean cosine similarity of every
+        output. NaN metrics always fail.
         """
         min_agreement = getattr(options, "min_agreement", None)
         min_cosine = getattr(options, "min_cosine", None)
@@ -158,16 +128,16 @@ class CompareReport:
         _check_fraction(min_cosine, "--min-cosine", -1.0)
         failed: List[str] = []
         if min_agreement is not None:
-            scored = [o for o in self.outputs if o.top1_agreement is not None]
+            scored = gated_values(self.outputs)
             if not scored:
                 failed.append(
-                    "--min-agreement cannot be checked: no output looks like classifier "
-                    "scores ([N, C] with C > 1)"
+                    "--min-agreement cannot be checked: no output has a task metric (pass --task "
+                    "classify|detect|segment|ctc) or looks like classifier scores ([N, C] with C > 1)"
                 )
-            for o in scored:
-                if _below(o.top1_agreement, float(min_agreement)):
+            for o, label, value in scored:
+                if _below(value, float(min_agreement)):
                     failed.append(
-                        f"{o.name}: top-1 agreement {fmt(o.top1_agreement, '.6g')} is below "
+                        f"{o.name}: {label} {fmt(value, '.6g')} is below "
                         f"--min-agreement {float(min_agreement):g}"
                     )
         if min_cosine is not None:

@@ -3,10 +3,12 @@
 Two modes, both measured against the FP32 model with ONNX Runtime:
 
 * ``only`` - quantize one layer at a time (everything else FP32) and measure the error it
-  alone adds. Rows sorted by SQNR, lowest (worst) first.
+  alone adds. Rows sorted by the task metric (``task_options``: detection F1, top-1, ...),
+  then SQNR, lowest (worst) first.
 * ``leave-one-out`` - quantize every layer but one and measure how much keeping that layer in
   float improves on the fully quantized model (``gain_db`` = SQNR with the layer float minus
-  SQNR of the fully quantized model). Rows sorted by gain, largest first.
+  SQNR of the fully quantized model). Rows sorted by the task metric with the layer float,
+  then by gain, largest first.
 
 The layers are those ``quantize_model`` quantizes for these options and amax. Each row reports
 the worst output: the lowest SQNR, mean / min cosine and top-1 agreement, the largest max abs
@@ -28,9 +30,11 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import numpy as np
 
-from trtq.compare.evaluate import feeds_for, limited_batches, valid_outputs
+from trtq.compare.evaluate import feeds_for, limited_batches, valid_outputs, with_task
+from trtq.compare.formatting import fmt, json_float, table
 from trtq.compare.metrics import OutputAccumulator, OutputMetrics
-from trtq.compare.report import fmt, json_float, table
+from trtq.compare.task_report import gated_values
+from trtq.compare.tasks import TaskAccumulator, TaskSettings, output_producers
 from trtq.errors import ConfigError, DataError, TrtqError
 from trtq.runners import OnnxRunner
 
@@ -52,6 +56,8 @@ class LayerRow:
     top1_agreement: Optional[float]
     max_abs_error: float
     gain_db: Optional[float] = None  # leave-one-out only
+    task_metric: Optional[float] = None  # the worst output's task metric (ranked by first)
+    task_metric_name: Optional[str] = None
 
     def to_dict(self) -> Dict[str, Any]:
         d = {
@@ -65,6 +71,9 @@ class LayerRow:
         }
         if self.gain_db is not None:
             d["gain_db"] = json_float(self.gain_db)
+        if self.task_metric_name is not None:
+            d["task_metric"] = json_float(self.task_metric)
+            d["task_metric_name"] = self.task_metric_name
         return d
 
 
@@ -77,12 +86,17 @@ def render_layer_table(rows: Sequence[LayerRow], mode: str = "only") -> str:
                  "in float, largest first")
     if not rows:
         return title + "\n(no layers)"
-    header = ["node", "op", "SQNR dB", "cos mean", "cos min", "top-1", "max abs err"]
+    metric = next((r.task_metric_name for r in rows if r.task_metric_name), None)
+    if metric:
+        title += f"; ranked by {metric}, then SQNR"
+    header = ["node", "op"] + ([metric] if metric else []) + ["SQNR dB", "cos mean", "cos min", "top-1",
+                                                              "max abs err"]
     if mode != "only":
         header.append("gain dB")
     body = []
     for r in rows:
-        cells = [r.node, r.op_type, fmt(r.sqnr_db, ".2f"), fmt(r.cosine_mean, ".6f"),
+        cells = [r.node, r.op_type] + ([fmt(r.task_metric, ".4f")] if metric else []) + [
+                 fmt(r.sqnr_db, ".2f"), fmt(r.cosine_mean, ".6f"),
                  fmt(r.cosine_min, ".6f"), fmt(r.top1_agreement, ".4f"),
                  fmt(r.max_abs_error, ".4g")]
         if mode != "only":
@@ -105,6 +119,8 @@ class _CachedBatch:
 def _worst(node: str, op_type: str, metrics: Sequence[OutputMetrics],
            gain_db: Optional[float] = None) -> LayerRow:
     top1 = [m.top1_agreement for m in metrics if m.top1_agreement is not None]
+    gated = [(label, value) for m, label, value in gated_values(metrics) if m.task is not None
+             and m.task.task != "raw"]
     return LayerRow(
         node=node,
         op_type=op_type,
@@ -114,6 +130,8 @@ def _worst(node: str, op_type: str, metrics: Sequence[OutputMetrics],
         top1_agreement=_nanmin(top1) if top1 else None,
         max_abs_error=-_nanmin(-m.max_abs_error for m in metrics),
         gain_db=gain_db,
+        task_metric=_nanmin(v for _, v in gated) if gated else None,
+        task_metric_name=" / ".join(sorted({label for label, _ in gated})) or None,
     )
 
 
@@ -127,15 +145,22 @@ def _nanmin(values: Iterable[float]) -> float:
     return out
 
 
-def _sort_key_only(row: LayerRow) -> Tuple[float, float]:
-    sqnr = -math.inf if math.isnan(row.sqnr_db) else row.sqnr_db
-    cos = -math.inf if math.isnan(row.cosine_mean) else row.cosine_mean
-    return (sqnr, cos)
+def _low_first(value: Optional[float]) -> float:
+    """Sort value of a metric where lower is worse: NaN is the worst, a missing one ties."""
+    if value is None:
+        return 0.0
+    return -math.inf if math.isnan(value) else value
 
 
-def _sort_key_gain(row: LayerRow) -> Tuple[float, float]:
+def _sort_key_only(row: LayerRow) -> Tuple[float, float, float]:
+    return (_low_first(row.task_metric), _low_first(row.sqnr_db), _low_first(row.cosine_mean))
+
+
+def _sort_key_gain(row: LayerRow) -> Tuple[float, float, float]:
     gain = row.gain_db if row.gain_db is not None else 0.0
-    return (-(math.inf if math.isnan(gain) else gain), _sort_key_only(row)[0])
+    task = row.task_metric if row.task_metric is not None else 0.0
+    return (-(math.inf if math.isnan(task) else task), -(math.inf if math.isnan(gain) else gain),
+            _low_first(row.sqnr_db))
 
 
 def per_layer_sensitivity(
@@ -148,11 +173,14 @@ def per_layer_sensitivity(
     limit: Optional[int] = None,
     providers: Optional[Sequence[str]] = None,
     progress: Optional[LayerProgress] = None,
+    task_options: Any = None,
 ) -> List[LayerRow]:
     """Rank the layers ``quantize_model`` quantizes by the error each one causes.
 
     ``model`` is the FP32 ``onnx.ModelProto``; ``amax`` the calibration table; ``batches`` as
     for :func:`~trtq.compare.compare_models`. Returns rows sorted worst first, cut to ``top``.
+    With ``task_options`` (a ``CompareOptions``) each row also carries the task metric of its
+    worst output, and rows are ranked by it first (SQNR breaks ties); without, by SQNR.
     """
     if mode not in MODES:
         raise ConfigError(f"unknown per-layer mode '{mode}'", "use one of: " + ", ".join(MODES))
@@ -163,6 +191,7 @@ def per_layer_sensitivity(
     from trtq.config import QuantizeOptions
     from trtq.quantize import quantize_model
 
+    settings = TaskSettings.from_options(task_options) if task_options is not None else None
     options = quantize_options if quantize_options is not None else QuantizeOptions()
     if getattr(options, "fp16", False):
         options = dataclasses.replace(options, fp16=False)
@@ -184,15 +213,21 @@ def per_layer_sensitivity(
             log.info("per-layer analysis uses the first %d samples (set a limit to change)",
                      DEFAULT_SAMPLES)
 
+    producers = output_producers(model)
+
     def measure(candidate_model: Any, label: str) -> List[OutputMetrics]:
         accs = {n: OutputAccumulator(n) for n in names}
+        tasks = {n: TaskAccumulator(n, settings, producers.get(n)) for n in names} if settings else {}
         with OnnxRunner.from_model(candidate_model, providers, name=label) as runner:
             for c in cached:
                 out = valid_outputs(runner.run(c.feeds), names, c.rows, c.valid, "candidate",
                                     runner)
                 for n in names:
                     accs[n].update(c.reference[n], out[n])
-        return [accs[n].result() for n in names]
+                    if n in tasks:
+                        tasks[n].update(c.reference[n], out[n])
+        return [with_task(accs[n].result(), tasks[n]) if n in tasks else accs[n].result()
+                for n in names]
 
     rows: List[LayerRow] = []
     if mode == "only":
