@@ -5,19 +5,19 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from trtq.compare.formatting import fmt, json_float
 
-# metric key -> (printed name, format); keys not listed are printed as they are
+# metric key -> (printed name, format, unit); other keys (counts, settings) go on a second line
 LABELS = {
-    "top1_agreement": ("top-1 agreement", ".4f"),
-    "top5_agreement": ("top-5 agreement", ".4f"),
-    "f1": ("detection F1", ".4f"),
-    "precision": ("precision", ".4f"),
-    "recall": ("recall", ".4f"),
-    "box_sqnr_db": ("box SQNR dB", ".2f"),
-    "score_sqnr_db": ("score SQNR dB", ".2f"),
-    "iou": ("mask IoU", ".4f"),
-    "pixel_agreement": ("pixel agreement", ".4f"),
-    "sequence_agreement": ("sequence agreement", ".4f"),
-    "cer": ("character error rate", ".4f"),
+    "top1_agreement": ("top-1 agreement", ".4f", ""),
+    "top5_agreement": ("top-5 agreement", ".4f", ""),
+    "f1": ("detection F1", ".4f", ""),
+    "precision": ("precision", ".4f", ""),
+    "recall": ("recall", ".4f", ""),
+    "box_sqnr_db": ("box SQNR", ".2f", " dB"),
+    "score_sqnr_db": ("score SQNR", ".2f", " dB"),
+    "iou": ("mask IoU", ".4f", ""),
+    "pixel_agreement": ("pixel agreement", ".4f", ""),
+    "sequence_agreement": ("sequence agreement", ".4f", ""),
+    "cer": ("character error rate", ".4f", ""),
 }
 
 
@@ -34,8 +34,8 @@ def task_dict(result: Any) -> Optional[Dict[str, Any]]:
 
 
 def task_lines(outputs: Sequence[Any]) -> List[str]:
-    """Two lines per output with a task: its task and how it was chosen, then its metrics (the
-    gated one first). Raw outputs get the first line only."""
+    """Per output with a task: its task and how it was chosen, then its metrics (the gated one
+    marked), then counts and settings. Raw outputs get the first line only."""
     lines = []
     for o in outputs:
         result = o.task
@@ -44,12 +44,17 @@ def task_lines(outputs: Sequence[Any]) -> List[str]:
         lines.append(f"task {o.name}: {result.task} ({result.how})")
         if result.task == "raw":
             continue
-        parts = []
+        metrics, details = [], []
         for key, value in result.metrics.items():
-            label, spec = LABELS.get(key, (key.replace("_", " "), ".4g"))
-            text = f"{label} {fmt(value, spec) if isinstance(value, float) else value}"
-            parts.append(text + " [gates --min-agreement]" if key == result.gate_metric else text)
-        lines.append("  " + "  ".join(parts))
+            if key in LABELS:
+                label, spec, unit = LABELS[key]
+                text = f"{label} {fmt(value, spec)}{unit if value is not None else ''}"
+                metrics.append(text + " [gates --min-agreement]" if key == result.gate_metric else text)
+            else:
+                details.append(f"{key.replace('_', ' ')} {fmt(value, '.4g') if isinstance(value, float) else value}")
+        lines.append("  " + "  ".join(metrics))
+        if details:
+            lines.append("  " + ", ".join(details))
     return lines
 
 
