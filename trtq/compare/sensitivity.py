@@ -88,7 +88,8 @@ def render_layer_table(rows: Sequence[LayerRow], mode: str = "only") -> str:
         return title + "\n(no layers)"
     metric = next((r.task_metric_name for r in rows if r.task_metric_name), None)
     if metric:
-        title += f"; ranked by {metric}, then SQNR"
+        title += f"; ranked by {metric}, then SQNR" if mode == "only" else \
+            f"; ranked by {metric} with the layer float, then gain"
     header = ["node", "op"] + ([metric] if metric else []) + ["SQNR dB", "cos mean", "cos min", "top-1",
                                                               "max abs err"]
     if mode != "only":
