@@ -74,6 +74,7 @@ class CompareReport:
             out["other_semantics"] = {
                 "runtime": self.other.runtime,
                 "outputs": [{"name": o.name, "top1_agreement": json_float(o.top1_agreement),
+                             "task": task_dict(o.task),
                              "sqnr_db": json_float(o.sqnr_db), "cosine_mean": json_float(o.cosine_mean)}
                             for o in self.other.outputs],
             }
@@ -108,6 +109,8 @@ class CompareReport:
         if self.other is not None:
             for o in self.other.outputs:
                 top1 = "" if o.top1_agreement is None else f"top-1 agree {o.top1_agreement:.4f}, "
+                if o.task is not None and o.task.gate_metric is not None and o.task.task != "classify":
+                    top1 = f"{o.task.gate_label} {fmt(o.task.value, '.4f')}, "
                 notes.append(f"{o.name} {self.other.runtime}: {top1}SQNR {fmt(o.sqnr_db, '.2f')} dB")
         notes += [f"warning: {w}" for w in self.warnings]
         return "\n".join(head + [table(header, rows)] + ([""] + tasks if tasks else [])
