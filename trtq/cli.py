@@ -730,7 +730,8 @@ def report(config_path, as_json, verbose, quiet, cache, stats, compare_json, qua
 @click.option("--reference", type=click.Path(dir_okay=False), help="Reference model (.onnx, FP32). Default: model: from the config.")
 @click.option("--candidate", type=click.Path(dir_okay=False), required=True, help="Candidate (.onnx Q/DQ or .plan engine).")
 @_data_options
-@click.option("--min-agreement", type=float, help="Fail (exit 1) when top-1 agreement is below this.")
+@click.option("--min-agreement", type=float, help="Fail (exit 1) when an output's task metric (top-1 agreement, detection "
+              "F1, mask IoU, CTC sequence agreement) is below this.")
 @click.option("--min-cosine", type=float, help="Fail (exit 1) when mean cosine similarity is below this.")
 @click.option("--per-layer", is_flag=True, default=None, help="Rank quantized layers by the error each adds (needs --cache).")
 @click.option("--per-layer-mode", type=click.Choice(["only", "leave-one-out"]), default="only", show_default=True)

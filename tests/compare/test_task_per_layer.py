@@ -79,3 +79,23 @@ def test_leave_one_out_ranks_by_the_metric_with_the_layer_float():
     assert [r.node for r in rows] == ["cls_conv", "box_conv"]
     assert rows[0].task_metric > rows[1].task_metric and rows[0].gain_db < rows[1].gain_db
     assert "ranked by detection F1 with the layer float, then gain" in render_layer_table(rows, "leave-one-out")
+
+
+def test_compare_per_layer_cli_ranks_by_the_task_metric(trtq, tmp_path):
+    import json
+
+    import onnx
+
+    onnx.save(two_head_detector(), str(tmp_path / "det.onnx"))
+    np.save(tmp_path / "x.npy", np.random.default_rng(6).normal(0, 1, (8, 16, 8, 16)).astype(np.float32))
+    args = ["--model", tmp_path / "det.onnx", "--data", tmp_path / "x.npy", "--method", "max"]
+    assert trtq(["calibrate", *args, "-o", tmp_path / "c.cache", "-q"]).code == 0
+    assert trtq(["quantize", "--model", tmp_path / "det.onnx", "--cache", tmp_path / "c.cache",
+                 "-o", tmp_path / "q.onnx", "-q"]).code == 0
+    r = trtq(["compare", "--reference", tmp_path / "det.onnx", "--candidate", tmp_path / "q.onnx", "--data",
+              tmp_path / "x.npy", "--per-layer", "--cache", tmp_path / "c.cache", "--json"])
+    assert r.code == 0, r
+    rows = json.loads(r.out)["per_layer"]
+    assert [row["node"] for row in rows] == ["cls_conv", "box_conv"]
+    assert rows[0]["task_metric_name"] == "detection F1" and rows[0]["task_metric"] < rows[1]["task_metric"]
+    assert rows[0]["sqnr_db"] > rows[1]["sqnr_db"]  # SQNR alone would rank them the other way
