@@ -68,11 +68,16 @@ def det_inputs(size: int = 256) -> np.ndarray:
     return x.transpose(0, 3, 1, 2).astype(np.float32)
 
 
-def int8_copy(trtq, model: Path, npy: Path, tmp: Path) -> Path:
-    cache, qdq = tmp / "c.cache", tmp / "m.qdq.onnx"
+def compare_int8(trtq, model: Path, x: np.ndarray, tmp: Path, *flags):
+    """Calibrate (max) and quantize ``model`` on ``x`` with trtq, then ``trtq compare --json``:
+    (the output's task entry, FP32 outputs, INT8 outputs run here with Q/DQ semantics)."""
+    npy, cache, qdq = tmp / "x.npy", tmp / "c.cache", tmp / "m.qdq.onnx"
+    np.save(npy, x)
     assert trtq(["calibrate", "--model", model, "--data", npy, "--method", "max", "-o", cache, "-q"]).code == 0
     assert trtq(["quantize", "--model", model, "--cache", cache, "-o", qdq, "-q"]).code == 0
-    return qdq
+    r = trtq(["compare", "--reference", model, "--candidate", qdq, "--data", npy, "--json", *flags])
+    assert r.code == 0, r
+    return json.loads(r.out)["outputs"][0]["task"], run(model, x), run(qdq, x, qdq=True)
 
 
 def run(model: Path, x: np.ndarray, qdq: bool = False) -> np.ndarray:
@@ -85,16 +90,9 @@ def run(model: Path, x: np.ndarray, qdq: bool = False) -> np.ndarray:
 
 @pytest.mark.slow
 def test_ctc_on_ppocr_rec(trtq, tmp_path):
-    model = _model("ch_PP-OCRv4_rec_infer.onnx")
-    x = text_lines(10)
-    np.save(tmp_path / "lines.npy", x)
-    qdq = int8_copy(trtq, model, tmp_path / "lines.npy", tmp_path)
-    r = trtq(["compare", "--reference", model, "--candidate", qdq, "--data", tmp_path / "lines.npy",
-              "--batch-size", "4", "--json"])
-    assert r.code == 0, r
-    task = json.loads(r.out)["outputs"][0]["task"]
+    task, ref, cand = compare_int8(trtq, _model("ch_PP-OCRv4_rec_infer.onnx"), text_lines(10), tmp_path,
+                                   "--batch-size", "4")
     assert task["name"] == "ctc" and "Softmax" in task["how"], task
-    ref, cand = run(model, x), run(qdq, x, qdq=True)
     assert min(len(line) for line in scoring.ctc_lines(ref)) >= 5  # FP32 reads every line
     agreement, cer = scoring.ctc_scores(ref, cand)
     m = task["metrics"]
@@ -104,16 +102,9 @@ def test_ctc_on_ppocr_rec(trtq, tmp_path):
 
 @pytest.mark.slow
 def test_segment_on_ppocr_det(trtq, tmp_path):
-    model = _model("ch_PP-OCRv4_det_infer.onnx")
-    x = det_inputs()
-    np.save(tmp_path / "pages.npy", x)
-    qdq = int8_copy(trtq, model, tmp_path / "pages.npy", tmp_path)
-    r = trtq(["compare", "--reference", model, "--candidate", qdq, "--data", tmp_path / "pages.npy",
-              "--mask-threshold", "0.3", "--json"])
-    assert r.code == 0, r
-    task = json.loads(r.out)["outputs"][0]["task"]
+    task, ref, cand = compare_int8(trtq, _model("ch_PP-OCRv4_det_infer.onnx"), det_inputs(), tmp_path,
+                                   "--mask-threshold", "0.3")
     assert task["name"] == "segment" and "probability map" in task["how"], task
-    ref, cand = run(model, x), run(qdq, x, qdq=True)
     assert (ref[:2] > 0.3).mean() > 0.05  # the text pages have text pixels
     m = task["metrics"]
     assert m["iou"] == pytest.approx(scoring.mask_iou(ref, cand, 0.3), rel=1e-9)

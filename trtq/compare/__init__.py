@@ -4,10 +4,10 @@
   (:class:`CompareReport`: ``to_dict()``, ``render_text()``, ``gate(options)``).
 * :func:`per_layer_sensitivity` - which quantized layers cost the most accuracy.
 
-Module map: ``metrics`` (streaming per-output sums), ``report`` (report, table, gates),
-``formatting`` (numbers, tables), ``evaluate`` (running the pair of models), ``sensitivity``
-(per-layer analysis), ``tasks`` (which task an output serves, its metric) with ``classify``,
-``detect``, ``segment``, ``ctc`` (one task each) and ``task_report`` (printing them).
+Module map: ``metrics`` (streaming per-output sums), ``report`` (report, table, gates, task
+metric lines), ``evaluate`` (running the pair of models), ``sensitivity`` (per-layer analysis),
+``tasks`` (which task an output serves, its metric) with ``classify``, ``detect``, ``segment``,
+``ctc`` (one task each).
 """
 from trtq.compare.evaluate import check_compatible, compare_models
 from trtq.compare.metrics import OutputAccumulator, OutputMetrics

@@ -31,9 +31,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import numpy as np
 
 from trtq.compare.evaluate import feeds_for, limited_batches, valid_outputs, with_task
-from trtq.compare.formatting import fmt, json_float, table
 from trtq.compare.metrics import OutputAccumulator, OutputMetrics
-from trtq.compare.task_report import gated_values
+from trtq.compare.report import fmt, gated_values, json_float, table
 from trtq.compare.tasks import TaskAccumulator, TaskSettings, output_producers
 from trtq.errors import ConfigError, DataError, TrtqError
 from trtq.runners import OnnxRunner
