@@ -17,6 +17,7 @@ so), and a task that fits no output is a UsageError (exit 2).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
@@ -54,8 +55,7 @@ class TaskSettings:
     @classmethod
     def from_options(cls, options: Any) -> "TaskSettings":
         """From a ``CompareOptions`` (or anything with the same fields; missing ones default)."""
-        base = cls()
-        values = {f: getattr(options, f, None) for f in base.__dataclass_fields__}
+        values = {f.name: getattr(options, f.name, None) for f in dataclasses.fields(cls)}
         settings = cls(**{k: v for k, v in values.items() if v is not None})
         settings.check()
         return settings
