@@ -2,7 +2,7 @@
 
 * top-1 agreement - fraction of samples whose arg-max class over C is the reference's;
 * top-5 agreement - fraction of samples whose reference arg-max class is among the candidate's 5
-  highest scores (None when C < 5).
+  highest scores (left out when C < 5).
 """
 from __future__ import annotations
 
@@ -37,9 +37,8 @@ class ClassifyAccumulator:
 
     def metrics(self) -> Dict[str, Any]:
         n = self.samples
-        return {
-            "top1_agreement": self.top1 / n if n else math.nan,
-            "top5_agreement": (self.top5 / n if n else math.nan) if self.classes >= TOP_K else None,
-            "top1_matches": self.top1,
-            "classes": self.classes,
-        }
+        out = {"top1_agreement": self.top1 / n if n else math.nan}
+        if self.classes >= TOP_K:
+            out["top5_agreement"] = self.top5 / n if n else math.nan
+        out.update(top1_matches=self.top1, classes=self.classes)
+        return out
