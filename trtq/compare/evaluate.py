@@ -8,6 +8,7 @@ sample per batch.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -198,8 +199,6 @@ def compare_many(
 
 def with_task(metrics: Any, task: TaskAccumulator) -> Any:
     """``metrics`` (an OutputMetrics) carrying the task result of the same output."""
-    import dataclasses
-
     return dataclasses.replace(metrics, task=task.result())
 
 
