@@ -25,9 +25,9 @@ rounding error; tried by hand on the sample, not kept).
 Measured on EfficientNet-Lite0 (mse cache, gptq + bias correction, 320 photo crops): logit SQNR
 21.4 -> 22.7 dB with the 17 ReLU6 outputs that feed 1x1 convs directly centred, on ONNX Runtime
 (Q/DQ semantics) and on the TensorRT 8.6 engine alike (engine top-1 agreement 0.916 -> 0.938). But
-that engine is 3x slower (5.75 vs 1.90 ms per batch of 64, builder optimization level 0; at level 3
-its build took over 5 minutes): the Add nodes keep TensorRT from fusing the activation into the
-convolution. So ``trtq build`` does not centre (see :func:`trtq.trt.compat.centring_in_engines`).
+that engine is 3x slower (5.75 vs 1.90 ms per batch of 64, builder optimization level 0; at
+level 3 the build of the 33-tensor centred model did not finish in 10 minutes): the Add nodes keep
+TensorRT from fusing the activation into the convolution. So ``trtq build`` does not centre (see :func:`trtq.trt.compat.centring_in_engines`).
 
 Nothing here depends on data; :func:`find_centrings` only reads the graph and the plan's amax, and
 :func:`apply_centrings` edits the float model before the Q/DQ rewrite.
