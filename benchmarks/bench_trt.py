@@ -72,7 +72,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def data_options(folder: Path, input_name: str, shape, preset_name: str, batch: int, limit: int) -> DataOptions:
-    from trtq.presets import preset
+    from trtq.data.presets import preset
 
     pre = preset(preset_name, shape)
     return DataOptions(inputs={input_name: InputSource(images=str(folder), preprocess=pre)},
@@ -272,7 +272,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         import onnx
 
         from trtq.calib.cache import read_cache
-        from trtq.quantize_file import quantize_for
+        from trtq.pipeline.quantize import quantize_for
         from trtq.trt import compat
 
         fp32 = load_model(a.model)

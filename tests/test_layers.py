@@ -99,7 +99,7 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_the_graph_sees_imports_inside_functions():
     graph = import_graph()
     assert "trtq.trt.network" in graph["trtq.trt.calibrator"]  # imported inside a function there
-    assert "trtq.compare.sensitivity" in graph["trtq.quantize_file"]
+    assert "trtq.compare.sensitivity" in graph["trtq.pipeline.quantize"]
 
 
 def test_trtq_has_no_import_cycle():

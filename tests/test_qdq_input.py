@@ -10,7 +10,7 @@ from trtq.compare.metrics import OutputMetrics
 from trtq.compare.report import CompareReport
 from trtq.compare.semantics import semantics_gaps
 from trtq.quantize import quantize_model
-from trtq.runners import OnnxRunner
+from trtq.compare.runners import OnnxRunner
 from tests.trt.models import activation_amax, qat_style_cnn, residual_cnn, write_trt_cache
 
 

@@ -256,7 +256,7 @@ def _apply_data_flags(cfg, data: Sequence[str], preprocess: Optional[str]):
     if not cfg.model:
         raise UsageError("--data/--preprocess/--shape need a model", "pass --model MODEL.onnx")
     from trtq.model import input_specs, load_model
-    from trtq.presets import preset
+    from trtq.data.presets import preset
 
     specs = input_specs(load_model(cfg.model))
     by_name = {s.name: s for s in specs}
@@ -306,7 +306,7 @@ def _looks_like_input_name(text: str) -> bool:
 # or wrong files as invalid input (exit 3)
 _IN_PATH = click.Path(readable=False)
 
-# the names of trtq.presets.PRESETS (not imported here: the CLI stays fast to import)
+# the names of trtq.data.presets.PRESETS (not imported here: the CLI stays fast to import)
 _PRESET_CHOICE = click.Choice(["imagenet", "inception", "yolo", "paddle", "unit", "raw"])
 
 
@@ -600,7 +600,7 @@ def _calibrate_tensorrt(cfg):
 def inspect_cache(cache, config_path, as_json, verbose, quiet, model, other, sort_key, top):
     """Decode a calibration cache (TensorRT or ONNX Runtime format): header, scales, amax, gaps, diffs."""
     st = _apply_common(as_json, verbose, quiet)
-    from trtq import inspect_cache as ic
+    from trtq.calib import inspect as ic
 
     table = ic.load_for_inspection(Path(cache))
     result: Dict[str, Any] = {"summary": ic.summarize(table, Path(cache), sort=sort_key, top=top)}
@@ -666,7 +666,7 @@ def quantize(config_path, as_json, verbose, quiet, model, cache, output, exclude
     cfg = _apply_data_flags(cfg, data, preprocess)
     if not cfg.model:
         raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
-    from trtq.quantize_file import quantize_file
+    from trtq.pipeline.quantize import quantize_file
 
     out = Path(cfg.quantize.output) if cfg.quantize.output else Path(cfg.model).with_suffix(".qdq.onnx")
     _check_outputs(cfg, config_path, [("output model", str(out))],
@@ -675,7 +675,7 @@ def quantize(config_path, as_json, verbose, quiet, model, cache, output, exclude
     data = result.to_dict()
     data["output"] = str(out)
     lines = [f"quantized   {len(result.quantized)} nodes -> {out}"]
-    from trtq.quantize_file import DATA_STEP_NOTES
+    from trtq.pipeline.quantize import DATA_STEP_NOTES
 
     lines += [f"            {note}" for note in result.notes if note.startswith(DATA_STEP_NOTES)]
     if result.left_float:
@@ -753,7 +753,7 @@ def compare(config_path, as_json, verbose, quiet, reference, candidate, data, pr
         raise UsageError("no reference model given", "pass --reference MODEL.onnx or set model: in the config")
     if not cfg.data.inputs:
         raise UsageError("no data given", "pass --data DIR --preprocess PRESET, or a config with data.inputs")
-    from trtq.compare_run import run_compare
+    from trtq.pipeline.compare import run_compare
 
     report, layers = run_compare(cfg, Path(candidate), Path(cache) if cache else None,
                                  per_layer_mode if cfg.compare.per_layer else None, top)

@@ -76,7 +76,7 @@ def _run_once(model, shapes: Mapping[str, Sequence[int]], label: str, what: str)
     import numpy as np
 
     from trtq.model import input_specs
-    from trtq.runners import make_session
+    from trtq.compare.runners import make_session
 
     feeds = {}
     for s in input_specs(model):

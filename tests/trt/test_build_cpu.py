@@ -226,14 +226,14 @@ def test_float_depthwise_conv_takes_its_consumer_float_on_tensorrt_8(version, ex
     from trtq.config import QuantizeOptions
     from trtq.quantize import quantize_model
     from trtq.trt import compat
-    from trtq.quantize_file import warn_float_grouped_convs
+    from trtq.pipeline.quantize import warn_float_grouped_convs
 
     trt = fake_trt(version)
     result = quantize_model(_depthwise_pair_model(), {"x": 3.0, "r": 5.0},
                             QuantizeOptions(exclude=(f"^{excluded}$",)),
                             float_grouped_consumers=compat.float_grouped_conv_is_unsafe(trt))
     assert ("pw" in dict(result.left_float)) == (excluded == "pw" or bool(extra))
-    with build_warnings("trtq.quantize_file") as records:
+    with build_warnings("trtq.pipeline.quantize") as records:
         assert (warn_float_grouped_convs(version, result) if compat.float_grouped_conv_is_unsafe(trt) else []) == extra
     assert any("also leaving float pw" in r.getMessage() for r in records) == bool(extra)
 

@@ -32,7 +32,7 @@ from trtq.compare.evaluate import feeds_for, limited_batches, valid_outputs
 from trtq.compare.metrics import OutputAccumulator, OutputMetrics
 from trtq.compare.report import fmt, json_float, table
 from trtq.errors import ConfigError, DataError, TrtqError
-from trtq.runners import OnnxRunner
+from trtq.compare.runners import OnnxRunner
 
 log = logging.getLogger(__name__)
 

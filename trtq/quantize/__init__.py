@@ -79,7 +79,7 @@ def quantize_model(
     ``float_grouped_consumers``: also leave float the quantized layers a grouped Conv left float
     (--exclude / float_layers) feeds (what TensorRT 8 needs, see :mod:`~trtq.quantize.float_choice`).
     ``keep_float``: layers to leave float, name -> reason: the ``float_layers`` choice, made by the
-    caller (:func:`trtq.quantize_file.choose_float_layers` ranks the layers with compare's
+    caller (:func:`trtq.pipeline.quantize.choose_float_layers` ranks the layers with compare's
     per-layer sensitivity, which itself runs this function). The input model is not modified.
     """
     options = options if options is not None else QuantizeOptions()

