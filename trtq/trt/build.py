@@ -23,7 +23,7 @@ from trtq import __version__
 from trtq.config import BuildOptions, DataOptions, ProfileShapes, QuantizeOptions
 from trtq.errors import CacheError, ConfigError, ModelError, TrtqError, UsageError
 from trtq.fileio import atomic_path, atomic_write_bytes, sha256_file
-from trtq.model import TensorSpec
+from trtq.model import TensorSpec, check_shape, resolve_shapes
 from trtq.trt import compat
 from trtq.trt.network import add_profiles, configure, parse_file, parse_model
 from trtq.trt.metadata import FORMAT, metadata_path, render_metadata
@@ -46,33 +46,22 @@ class BuildResult:
 # ------------------------------------------------------------------------------------------------
 
 
-def _check_shape(spec: TensorSpec, shape: Sequence[int], what: str) -> Shape:
-    shape = tuple(int(d) for d in shape)
-    if len(shape) != len(spec.shape):
-        raise ConfigError(
-            f"{what} has rank {len(shape)} but input {spec.describe()} has rank {len(spec.shape)}",
-            "give one size per dimension",
-        )
-    for i, (g, d) in enumerate(zip(shape, spec.shape)):
-        if g <= 0:
-            raise ConfigError(f"{what} dim {i} must be positive, got {g}")
-        if isinstance(d, int) and g != d:
-            raise ConfigError(f"{what} dim {i} is {g} but the model fixes it to {d}", f"use {d} there")
-    return shape
-
-
 def profile_from_options(spec: TensorSpec, p: ProfileShapes) -> Tuple[Shape, Shape, Shape]:
     """(min, opt, max) from ``build.profiles.<name>``; a missing one is taken from the others."""
     opt = p.opt or p.max or p.min
     lo = p.min or opt
     hi = p.max or opt
     key = f"build.profiles.{spec.name}"
-    lo = _check_shape(spec, lo, key + ".min")
-    opt = _check_shape(spec, opt, key + ".opt")
-    hi = _check_shape(spec, hi, key + ".max")
+    lo = check_shape(spec, lo, key + ".min", ConfigError)
+    opt = check_shape(spec, opt, key + ".opt", ConfigError)
+    hi = check_shape(spec, hi, key + ".max", ConfigError)
     if not all(a <= b <= c for a, b, c in zip(lo, opt, hi)):
         raise ConfigError(f"{key} needs min <= opt <= max in every dim, got {list(lo)} {list(opt)} {list(hi)}")
     return lo, opt, hi
+
+
+def _profile_hint(s: TensorSpec) -> str:
+    return f"set build.profiles.{s.name} (min/opt/max) or data.shapes.{s.name}"
 
 
 def resolve_profiles(
@@ -85,47 +74,25 @@ def resolve_profiles(
     """Optimization profile (min, opt, max) for every dynamic input.
 
     Order: ``build.profiles`` > ``data.shapes`` > ``data.batch_size`` for a dynamic batch dim >
-    ``fallback_shapes`` (the shapes the cache was calibrated with) > batch 8. A fixed shape gives
-    min = opt = max.
+    ``fallback_shapes`` (the shapes the cache was calibrated with) > batch 8
+    (:func:`trtq.model.resolve_shapes`). A fixed shape gives min = opt = max.
     """
     names = {s.name for s in specs}
     for key in list(profiles) + list(shapes):
         if key not in names:
-            raise ConfigError(
-                f"build.profiles / data.shapes name '{key}', which is not a model input",
-                "model inputs: " + ", ".join(sorted(names)),
-            )
-    fallback = dict(fallback_shapes or {})
-    out: Dict[str, Tuple[Shape, Shape, Shape]] = {}
+            raise ConfigError(f"build.profiles / data.shapes name '{key}', which is not a model input",
+                              "model inputs: " + ", ".join(sorted(names)))
     for s in specs:
-        if not s.is_dynamic:
-            if s.name in profiles:
-                log.warning("input %s has a static shape: build.profiles.%s ignored", s.name, s.name)
-            continue
-        if s.name in profiles:
-            out[s.name] = profile_from_options(s, profiles[s.name])
-            continue
-        if s.name in shapes:
-            fixed = _check_shape(s, shapes[s.name], f"data.shapes.{s.name}")
-        else:
-            dims: List[int] = []
-            for i, d in enumerate(s.shape):
-                if isinstance(d, int):
-                    dims.append(d)
-                elif i == 0 and batch_size:
-                    dims.append(int(batch_size))
-                elif s.name in fallback and len(fallback[s.name]) == len(s.shape):
-                    dims.append(int(fallback[s.name][i]))
-                elif i == 0:
-                    dims.append(DEFAULT_BATCH)
-                else:
-                    raise ConfigError(
-                        f"model input {s.describe()} has a dynamic dim {i}",
-                        f"set build.profiles.{s.name} (min/opt/max) or data.shapes.{s.name}",
-                    )
-            fixed = _check_shape(s, dims, f"shape of {s.name}")
-        out[s.name] = (fixed, fixed, fixed)
-    return out
+        if not s.is_dynamic and s.name in profiles:
+            log.warning("input %s has a static shape: build.profiles.%s ignored", s.name, s.name)
+    dynamic = [s for s in specs if s.is_dynamic]
+    out = {s.name: profile_from_options(s, profiles[s.name]) for s in dynamic if s.name in profiles}
+    rest = [s for s in dynamic if s.name not in profiles]
+    fixed = resolve_shapes(rest, {s.name: shapes[s.name] for s in rest if s.name in shapes}, batch_size,
+                           fallback=fallback_shapes or {}, default_batch=DEFAULT_BATCH, error=ConfigError,
+                           hint=_profile_hint)
+    out.update((name, (shape, shape, shape)) for name, shape in fixed.items())
+    return {s.name: out[s.name] for s in dynamic}
 
 
 def _read_timing_cache(path: Optional[Path]) -> Optional[bytes]:
