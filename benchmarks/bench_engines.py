@@ -104,7 +104,7 @@ def flip_noise(ref: np.ndarray, a: np.ndarray, b: np.ndarray, n: int) -> Dict[st
 
 
 def build(name: str, model: Path, out: Path, options: BuildOptions, reuse: bool, **kw) -> Tuple[Path, Optional[float]]:
-    from trtq.trt.build import build_engine
+    from trtq.pipeline.build import build_engine
 
     plan = out / f"{name}.plan"
     if reuse and plan.exists():

@@ -85,7 +85,7 @@ def build_twice(name: str, model: Path, out: Path, options: BuildOptions, rebuil
 
     With ``reuse``, a plan built by an earlier run into the same folder (its row saved beside it)
     is taken as it is: builds can be spread over several calls and all engines timed in one."""
-    from trtq.trt.build import build_engine
+    from trtq.pipeline.build import build_engine
 
     saved = out / f"{name}.row.json"
     if reuse and saved.exists() and (out / f"{name}.plan").exists():
@@ -122,7 +122,7 @@ def warm_up(out: Path, options: BuildOptions) -> None:
     import onnx
     from onnx import TensorProto, helper
 
-    from trtq.trt.build import build_engine
+    from trtq.pipeline.build import build_engine
 
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "warmup",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],

@@ -807,7 +807,7 @@ def build(config_path, as_json, verbose, quiet, model, cache, output, mode, prec
     })
     if not cfg.model:
         raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
-    from trtq.trt.build import build_engine
+    from trtq.pipeline.build import build_engine
 
     out = Path(cfg.build.output) if cfg.build.output else Path(cfg.model).with_suffix(".plan")
     _check_outputs(cfg, config_path,

@@ -54,7 +54,7 @@ def test_float_depthwise_conv_takes_its_consumer_float_for_a_tensorrt_8_cache(tr
 def test_build_refuses_a_qdq_model_tensorrt_8_would_compute_wrongly(trtq, tmp_path, cache_version, build_version, refused):
     from tests.trt.fakes import fake_trt
     from trtq.errors import ModelError
-    from trtq.trt.build import refuse_float_grouped_convs_feeding_int8
+    from trtq.pipeline.build import refuse_float_grouped_convs_feeding_int8
 
     model = tmp_path / "m.onnx"
     data = _depthwise_model(model)

@@ -8,7 +8,8 @@ import pytest
 from trtq.config import BuildOptions, ProfileShapes
 from trtq.errors import ConfigError, EnvironmentMissing, UsageError
 from trtq.model import TensorSpec
-from trtq.trt.build import build_engine, resolve_profiles
+from trtq.pipeline.build import build_engine
+from trtq.trt.build import resolve_profiles
 
 X_DYN = TensorSpec("x", ("N", 3, 224, 224), "float32")
 X_STATIC = TensorSpec("x", (2, 3, 8, 8), "float32")
@@ -79,7 +80,7 @@ def test_build_without_tensorrt_is_exit_4_and_writes_nothing(tmp_path, sample_mo
 
 
 @contextlib.contextmanager
-def build_warnings(logger_name: str = "trtq.trt.build"):
+def build_warnings(logger_name: str = "trtq.pipeline.build"):
     """The build logger's (or ``logger_name``'s) warning records, read directly (the CLI tests may have stopped trtq's
     loggers propagating to caplog, and a CLI test run with -q leaves the trtq logger at ERROR)."""
     records = []
