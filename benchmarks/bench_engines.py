@@ -167,7 +167,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from trtq.model import input_specs, load_model
     from trtq.trt import cuda
     from trtq.trt.bench import bench_plans
-    from trtq.trt.calibrator import calibrate_with_tensorrt
+    from trtq.pipeline.calibrate import calibrate_file_with_tensorrt as calibrate_with_tensorrt
 
     a.out.mkdir(parents=True, exist_ok=True)
     cfg = load_config(a.config, {}, {})

@@ -193,7 +193,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from trtq.model import input_specs, load_model
     from trtq.trt import cuda
     from trtq.trt.bench import bench_plans
-    from trtq.trt.calibrator import calibrate_with_tensorrt
+    from trtq.pipeline.calibrate import calibrate_file_with_tensorrt as calibrate_with_tensorrt
 
     wanted = [s.strip() for s in a.only.split(",") if s.strip()]
     a.out.mkdir(parents=True, exist_ok=True)

@@ -471,14 +471,11 @@ def calibrate(config_path, as_json, verbose, quiet, model, data, preprocess, bat
         return
     _check_outputs(cfg, config_path, calib_outputs, ("ranges file", ranges))
     show = progress if progress is not None else sys.stderr.isatty()
-    if cfg.calibrate.backend == "tensorrt":
-        result = _calibrate_tensorrt(cfg)
-    else:
-        from trtq.calib.calibrate import run_calibration
+    from trtq.pipeline.calibrate import calibrate as run_calibrate
 
-        result = run_calibration(cfg, progress=_ProgressLine(bool(show) and not st.quiet), shard=shard_spec,
-                                 ranges=Path(ranges) if ranges else None,
-                                 keep_batches=Path(keep_batches) if keep_batches else None)
+    result = run_calibrate(cfg, progress=_ProgressLine(bool(show) and not st.quiet), shard=shard_spec,
+                           ranges=Path(ranges) if ranges else None,
+                           keep_batches=Path(keep_batches) if keep_batches else None)
     _emit(st, result.to_dict(), _calibration_text(result))
 
 
@@ -557,31 +554,6 @@ def _dry_run(st: _State, cfg) -> None:
         lines.append(f"input   {s.describe()}  -> batches of {list(batcher.shapes[s.name])}")
     lines.append(summary.render_text() if hasattr(summary, "render_text") else json.dumps(summary.to_dict(), indent=2))
     _emit(st, data, "\n".join(lines))
-
-
-def _calibrate_tensorrt(cfg):
-    from trtq.calib.calibrate import CalibrationResult, resolve_trt_version
-    from trtq.calib.cache import ALGORITHM_FOR_METHOD
-    from trtq.data.batcher import Batcher
-    from trtq.model import input_specs, load_model
-    from trtq.trt.calibrator import calibrate_with_tensorrt
-
-    if cfg.calibrate.method not in ("max", "entropy"):
-        raise UsageError(
-            f"--backend tensorrt supports --method max or entropy, not {cfg.calibrate.method}",
-            "TensorRT has MinMax and EntropyCalibration2 calibrators only",
-        )
-    t0 = time.perf_counter()
-    specs = input_specs(load_model(cfg.model))
-    batcher = Batcher(cfg.data, specs)
-    algorithm = ALGORITHM_FOR_METHOD[cfg.calibrate.method]
-    out = Path(cfg.calibrate.output)
-    table = calibrate_with_tensorrt(Path(cfg.model), batcher, algorithm, out, options=cfg.build)
-    return CalibrationResult(
-        cache_path=out, method=cfg.calibrate.method, algorithm=table.algorithm,
-        trt_version=table.trt_version or resolve_trt_version(None), amax=dict(table.amax),
-        samples=batcher.num_samples, batches=batcher.num_batches, seconds=time.perf_counter() - t0,
-    )
 
 
 # ------------------------------------------------------------------------------------------------

@@ -121,7 +121,7 @@ def test_tensorrt_calibration_writes_a_cache_tensorrt_accepts(tmp_path):
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs, load_model
     from trtq.pipeline.build import build_engine
-    from trtq.trt.calibrator import calibrate_with_tensorrt
+    from trtq.pipeline.calibrate import calibrate_file_with_tensorrt as calibrate_with_tensorrt
 
     model = residual_cnn(tmp_path / "dyn.onnx", batch="N", opset=13)
     rng = np.random.default_rng(3)

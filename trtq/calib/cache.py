@@ -60,6 +60,13 @@ ALGORITHM_FOR_METHOD = {
     "percentile": "EntropyCalibration2",
     "mse": "EntropyCalibration2",
 }
+# the methods TensorRT's own calibrators compute (trtq calibrate --backend tensorrt)
+TENSORRT_METHODS = ("max", "entropy")
+
+
+def method_for_algorithm(algorithm: str) -> str:
+    """The TensorRT-computed method an algorithm header stands for (``max`` or ``entropy``)."""
+    return next((m for m in TENSORRT_METHODS if ALGORITHM_FOR_METHOD[m] == algorithm), "entropy")
 
 # TensorRT 10.16 is the newest release with calibrators (TensorRT 11 removed implicit
 # quantization and IInt8Calibrator), so it is the newest that reads a calibration cache at all.

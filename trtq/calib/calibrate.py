@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-from trtq import __version__, interrupt
+from trtq import interrupt
 from trtq.config import TrtqConfig, to_dict
 from trtq.errors import CacheError, DataError, UsageError
 from trtq.fileio import sha256_file
@@ -264,28 +264,14 @@ def run_calibration(
 
 
 def build_provenance(cfg, model_path, specs, batcher, samples, trt_version, algorithm, amax) -> dict:
+    from trtq.calib.provenance import calibration_provenance, data_entry, model_entry
+
     opts = cfg.calibrate.resolved()
-    return {
-        "format": "trtq-calibration/1",
-        "trtq_version": __version__,
-        "model": {
-            "path": str(model_path),
-            "sha256": sha256_file(model_path),
-            "inputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype} for s in specs],
-        },
-        "data": {
-            "fingerprint": batcher.fingerprint(),
-            "samples": samples,
-            "batch_size": batcher.batch_size,
-            "shapes": {k: list(v) for k, v in batcher.shapes.items()},
-            "skipped": len(getattr(batcher, "skipped", [])),
-            "options": to_dict(cfg.data),
-        },
-        "method": {"name": opts.method, "percentile": opts.percentile, "num_bins": opts.num_bins},
-        "algorithm": algorithm,
-        "trt_version": trt_version,
-        "amax": dict(amax),
-    }
+    return calibration_provenance(
+        model_entry(model_path, specs), data_entry(batcher, samples, to_dict(cfg.data)),
+        {"name": opts.method, "percentile": opts.percentile, "num_bins": opts.num_bins},
+        algorithm, trt_version, amax,
+    )
 
 
 def calibrate_from_stats(cfg: TrtqConfig, stats_path: Path) -> CalibrationResult:
@@ -323,17 +309,10 @@ def calibrate_from_stats(cfg: TrtqConfig, stats_path: Path) -> CalibrationResult
     amax, zero = _finalize_amax({n: float(raw[n]) for n in tensors})
     trt_version = resolve_trt_version(opts.trt_version)
     algorithm = ALGORITHM_FOR_METHOD[opts.method]
-    provenance = dict(meta)
-    provenance.pop("tensors", None)
-    provenance.update({
-        "format": "trtq-calibration/1",
-        "trtq_version": __version__,
-        "method": {"name": opts.method, "percentile": opts.percentile, "num_bins": stats.num_bins},
-        "algorithm": algorithm,
-        "trt_version": trt_version,
-        "amax": dict(amax),
-        "from_stats": str(stats_path),
-    })
+    from trtq.calib.provenance import restamped_provenance
+
+    method = {"name": opts.method, "percentile": opts.percentile, "num_bins": stats.num_bins}
+    provenance = restamped_provenance(meta, method, algorithm, trt_version, amax, stats_path)
     out = Path(opts.output)
     _write_outputs(out, algorithm, trt_version, amax, provenance)
     data = meta.get("data") or {}
