@@ -14,6 +14,7 @@ from typing import Any, List, Mapping, Optional, Sequence, Union
 
 from trtq.calib.cache import INT8_MAX, CalibrationTable, scale_hex, scale_of, scale_problem, version_code
 from trtq.errors import ConfigError, TrtqError
+from trtq.numbers import format_number, json_number
 
 SORT_KEYS = ("file", "name", "amax", "scale", "rel-diff")
 
@@ -349,21 +350,11 @@ def to_jsonable(result: Any) -> Any:
         return {str(k): to_jsonable(v) for k, v in result.items()}
     if isinstance(result, (list, tuple)):
         return [to_jsonable(v) for v in result]
-    if isinstance(result, float) and not math.isfinite(result):
-        return "nan" if math.isnan(result) else ("inf" if result > 0 else "-inf")
+    if isinstance(result, float):
+        return json_number(result)
     if hasattr(result, "item") and callable(result.item):  # numpy scalar
         return to_jsonable(result.item())
     return result
-
-
-def _num(v: Optional[float]) -> str:
-    if v is None:
-        return "-"
-    if math.isnan(v):
-        return "nan"
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    return f"{v:.6g}"
 
 
 def _pct(v: Optional[float]) -> str:
@@ -403,7 +394,7 @@ def _render_summary(s: CacheSummary) -> List[str]:
                    "calibrator format, not the range method)")
     out += [
         f"tensors    {s.count}",
-        f"amax       min {_num(s.amax_min)}   median {_num(s.amax_median)}   max {_num(s.amax_max)}",
+        f"amax       min {format_number(s.amax_min)}   median {format_number(s.amax_median)}   max {format_number(s.amax_max)}",
     ]
     if s.zero_amax:
         out.append(f"zero amax  {len(s.zero_amax)}: {_names(s.zero_amax)}")
@@ -416,7 +407,7 @@ def _render_summary(s: CacheSummary) -> List[str]:
         order = {"file": "file order", "name": "by name", "amax": "largest amax first", "scale": "largest scale first"}
         shown = f"{len(s.rows)} of {s.count}" if len(s.rows) < s.count else f"all {s.count}"
         out.append(f"rows       {shown}, {order.get(s.sort, s.sort)}")
-        out += _table(["amax", "scale", "hex", "tensor"], [[_num(r.amax), _num(r.scale), r.hex, r.name] for r in s.rows])
+        out += _table(["amax", "scale", "hex", "tensor"], [[format_number(r.amax), format_number(r.scale), r.hex, r.name] for r in s.rows])
     return out
 
 
@@ -449,7 +440,7 @@ def _render_diff(d: CacheDiff) -> List[str]:
     if d.rows:
         out += _table(
             ["rel diff", f"amax {d.label_a}", f"amax {d.label_b}", "tensor"],
-            [[_pct(r.rel_diff), _num(r.amax_a), _num(r.amax_b), r.name] for r in d.rows],
+            [[_pct(r.rel_diff), format_number(r.amax_a), format_number(r.amax_b), r.name] for r in d.rows],
         )
     return out
 
