@@ -99,7 +99,8 @@ FLOORS = {"core": 1, "data": 2, "calib": 3, "quantize": 4, "compare": 5, "trt": 
 MAX_FLOORS = 7
 # top-level modules of trtq/ that are core (they import only core) and the command line
 CORE_MODULES = {"trtq", "trtq.errors", "trtq.fileio", "trtq.config", "trtq.model", "trtq.interrupt",
-                "trtq.outputs", "trtq.qdq_info", "trtq.input_override", "trtq.numbers"}
+                "trtq.outputs", "trtq.qdq_info", "trtq.input_override", "trtq.numbers",
+                "trtq.closing"}
 CLI_MODULES = {"trtq.cli", "trtq.__main__"}
 
 

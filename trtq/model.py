@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from trtq.errors import DataError, ModelError
+from trtq.fileio import require_input_file
 
 Dim = Union[int, str, None]  # static size, named dynamic dim, or unknown
 
@@ -56,12 +57,7 @@ def load_model(path: Union[str, Path], load_external_data: bool = True):
     import onnx
 
     path = Path(path)
-    if not path.exists():
-        raise ModelError(f"model not found: {path}", "check the --model path")
-    if path.is_dir():
-        raise ModelError(f"model path is a folder, not an ONNX file: {path}", "pass the .onnx file")
-    if not path.is_file():
-        raise ModelError(f"model path {path} is not a regular file (a device, FIFO or socket)", "pass the .onnx file")
+    require_input_file(path, ModelError, "model", "check the --model path", "pass the .onnx file")
     if path.stat().st_size == 0:
         raise ModelError(f"model file is empty: {path}", "re-export the model")
     try:
@@ -100,6 +96,12 @@ def _dims(type_proto) -> Tuple[Dim, ...]:
 def _spec(value_info) -> TensorSpec:
     elem = value_info.type.tensor_type.elem_type
     return TensorSpec(value_info.name, _dims(value_info.type), _ONNX_DTYPES.get(elem, f"onnx:{elem}"))
+
+
+def set_nodes(graph, nodes) -> None:
+    """Replace the nodes of an ONNX graph by ``nodes`` (in that order)."""
+    del graph.node[:]
+    graph.node.extend(nodes)
 
 
 def input_specs(model) -> List[TensorSpec]:

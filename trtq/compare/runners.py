@@ -34,6 +34,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 import numpy as np
 import onnxruntime as ort
 
+from trtq.closing import ClosesOnExit
 from trtq.errors import ConfigError, DataError, ModelError
 from trtq.model import TensorSpec, has_qdq
 
@@ -231,13 +232,15 @@ def _spec_from_node_arg(arg) -> TensorSpec:
     return TensorSpec(arg.name, tuple(dims), _ORT_DTYPES.get(arg.type, arg.type))
 
 
-class OnnxRunner:
+class OnnxRunner(ClosesOnExit):
     """Runs an ONNX model with ONNX Runtime.
 
     Use :meth:`from_path` (or ``trtq.pipeline.runners.open_runner``) for files and :meth:`from_model` for an in-memory ``ModelProto``.
     ``run`` casts a float feed to the float type the model declares (a float32 batch can feed a
     float16 model); any other mismatch is reported by ONNX Runtime as a DataError.
     """
+
+    _held = "_session"  # what close() lets go of
 
     def __init__(self, session: "ort.InferenceSession", name: str, semantics: Optional[str] = None):
         self._session: Optional[ort.InferenceSession] = session
@@ -304,19 +307,10 @@ class OnnxRunner:
             ) from None
         return dict(zip(self._output_names, values))
 
-    def close(self) -> None:
-        self._session = None
-
     def _live(self) -> "ort.InferenceSession":
         if self._session is None:
             raise ValueError(f"runner for {self.name} is closed")
         return self._session
-
-    def __enter__(self) -> "OnnxRunner":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"OnnxRunner({self.name!r})"

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from trtq.closing import ClosesOnExit
 from trtq.compare.runners import DEFAULT_SEMANTICS, OnnxRunner, Runner, check_model_file
 from trtq.errors import EnvironmentMissing, ModelError
 from trtq.model import TensorSpec
@@ -16,9 +17,11 @@ ONNX_SUFFIXES = (".onnx",)
 ENGINE_SUFFIXES = (".plan", ".engine")
 
 
-class EngineRunner:
+class EngineRunner(ClosesOnExit):
     """Adapter giving a ``trtq.trt.runtime.TrtRunner`` the full Runner surface (name, context
     manager, specs as lists) without depending on its internals."""
+
+    _held = "_inner"  # what close() lets go of
 
     def __init__(self, inner: Any, name: str):
         self._inner = inner
@@ -38,17 +41,6 @@ class EngineRunner:
     def describe_runtime(self) -> str:
         version = getattr(getattr(self._inner, "trt", None), "__version__", None)
         return f"TensorRT {version} engine" if version else "TensorRT engine"
-
-    def close(self) -> None:
-        inner, self._inner = self._inner, None
-        if inner is not None:
-            inner.close()
-
-    def __enter__(self) -> "EngineRunner":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"EngineRunner({self.name!r})"

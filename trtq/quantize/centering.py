@@ -39,6 +39,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import onnx
 
+from trtq.model import set_nodes
 from trtq.quantize.edit import InitializerEditor
 from trtq.quantize.graph import GraphIndex, attr
 
@@ -241,8 +242,7 @@ def _insert_after(model: onnx.ModelProto, after: Dict[str, onnx.NodeProto]) -> N
         nodes.append(node)
         if node.name in after:
             nodes.append(after[node.name])
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
+    set_nodes(model.graph, nodes)
 
 
 def apply_centrings(model: onnx.ModelProto, centrings: List[Centring]) -> None:

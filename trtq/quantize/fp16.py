@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from trtq.model import set_nodes
 from trtq.quantize.graph import FLOAT, FLOAT16, GraphIndex, default_opset, has_subgraph
 from trtq.quantize.rewrite import Namer, taken_names
 
@@ -196,7 +197,6 @@ def cast_float_rest(model: onnx.ModelProto, amax: Optional[Mapping[str, float]] 
             node.input[slot] = cast_of[key]
         ordered.append(node)
         ordered.extend(tail_casts.get(idx, []))
-    del graph.node[:]
-    graph.node.extend(ordered)
+    set_nodes(graph, ordered)
     del graph.value_info[:]  # float types changed; consumers re-infer what they need
     return model

@@ -27,6 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from trtq.errors import ModelError
+from trtq.model import set_nodes
 from trtq.quantize.graph import attr, default_opset, subgraph_names
 
 MIN_QDQ_OPSET = 13  # QuantizeLinear/DequantizeLinear with per-axis scales
@@ -94,8 +95,7 @@ def _toposort(graph: onnx.GraphProto, notes: List[str]) -> None:
             "check the model with onnx.checker.check_model and re-export it",
         )
     if order != sorted(order):
-        del graph.node[:]
-        graph.node.extend(nodes[i] for i in order)
+        set_nodes(graph, [nodes[i] for i in order])
         notes.append("sorted nodes into topological order")
 
 
@@ -133,8 +133,7 @@ def _constants_to_initializers(graph: onnx.GraphProto, notes: List[str]) -> None
                 continue
         keep.append(node)
     if converted:
-        del graph.node[:]
-        graph.node.extend(keep)
+        set_nodes(graph, keep)
         notes.append(f"turned {converted} Constant nodes into initializers")
 
 
@@ -273,8 +272,7 @@ def _fold_constants(graph: onnx.GraphProto, notes: List[str], opset: int) -> Non
         else:
             computed += 1
     if moved or computed:
-        del graph.node[:]
-        graph.node.extend(keep)
+        set_nodes(graph, keep)
     if moved:
         notes.append(f"folded {moved} data-movement nodes on constants into initializers")
     if computed:
