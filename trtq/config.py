@@ -12,18 +12,13 @@ This module is pure Python (no numpy/onnx) so that the CLI stays fast to import.
 """
 import dataclasses
 import os
-import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Literal, Mapping, Optional, Tuple, Union
 
 from trtq.errors import ConfigError
 
-if sys.version_info >= (3, 8):
-    from typing import Literal
-else:  # pragma: no cover
-    from typing_extensions import Literal
 
 
 def _path_field(default=None):

@@ -72,8 +72,6 @@ def method_for_algorithm(algorithm: str) -> str:
 # quantization and IInt8Calibrator), so it is the newest that reads a calibration cache at all.
 DEFAULT_TRT_VERSION = "10.16.0"
 
-SOURCE_FORMATS = ("tensorrt", "onnxruntime")
-
 # major.minor[.patch[.build]], optionally a pip suffix (.post1, rc2, ...) and a local label (+cuda12)
 _VERSION_RE = re.compile(
     r"^\s*(\d+)\.(\d+)(?:\.(\d+))?(?:\.\d+)?(?:[.-]?(?:post|dev|rc|a|b)\d*)?(?:\+[0-9a-z.]+)?\s*$",

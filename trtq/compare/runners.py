@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Union
 
 import numpy as np
 import onnxruntime as ort
@@ -37,11 +37,6 @@ import onnxruntime as ort
 from trtq.closing import ClosesOnExit
 from trtq.errors import ConfigError, DataError, ModelError
 from trtq.model import TensorSpec, has_qdq
-
-try:  # Protocol is in typing from 3.8 on
-    from typing import Protocol
-except ImportError:  # pragma: no cover
-    from typing_extensions import Protocol  # type: ignore
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ Rules that are easy to get subtly wrong, written down once:
 * ``exact`` and ``letterbox`` accept ``size: [s]`` for a square ``(s, s)``.
 """
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, Sequence, Tuple
 
 import numpy as np
 from PIL import Image
@@ -282,16 +282,6 @@ class Preprocessor:
                 "fix or remove it, check the preprocess scale/mean/std, or pass --skip-bad",
             )
         return out
-
-    def fixed_hw(self) -> Optional[Tuple[int, int]]:
-        """The output (h, w) when it does not depend on the image size, else None."""
-        o = self.options
-        if o.center_crop:
-            return _pair(o.center_crop)
-        if o.resize.mode in ("exact", "letterbox"):
-            return _pair(o.resize.size)
-        return None
-
 
 def build_preprocess(options: PreprocessOptions, key: str = "preprocess") -> Callable[..., np.ndarray]:
     """Validate ``options`` (ConfigError naming ``key``) and return the per-image function.
