@@ -35,7 +35,8 @@ log = logging.getLogger("bench_trt")
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, type=Path, help="FP32 ONNX classifier (one image input, logits output)")
     p.add_argument("--cache", required=True, type=Path, help="trtq calibration cache for the explicit INT8 engine")
     p.add_argument("--data", required=True, type=Path, help="image folder: TensorRT's own calibration data")
@@ -172,7 +173,10 @@ def render(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
             fmt(r.get("top1_agreement"), ".4f"),
         ])
     widths = [max(len(h), *(len(x[i]) for x in lines)) for i, h in enumerate(head)]
-    fmt_line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+
+    def fmt_line(cells):
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
     text = [fmt_line(head), fmt_line(["-" * w for w in widths])] + [fmt_line(x) for x in lines]
     text.append(
         f"({meta['model']}, batch {meta['batch']}, {meta['gpu']}, TensorRT {meta['tensorrt']}; "
@@ -214,9 +218,11 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     warm_up(a.out, base)
     if "fp32" in wanted:
-        rows.append(build_twice("fp32", a.model, a.out, _replace(base, precision="fp32"), rebuild["fp32"], a.reuse_plans))
+        rows.append(build_twice("fp32", a.model, a.out, _replace(base, precision="fp32"), rebuild["fp32"],
+                                a.reuse_plans))
     if "fp16" in wanted:
-        rows.append(build_twice("fp16", a.model, a.out, _replace(base, precision="fp16"), rebuild["fp16"], a.reuse_plans))
+        rows.append(build_twice("fp16", a.model, a.out, _replace(base, precision="fp16"), rebuild["fp16"],
+                                a.reuse_plans))
     if "int8-explicit" in wanted:
         rows.append(build_twice("int8-explicit", a.model, a.out, _replace(base, precision="int8", fp16=fp16_rest),
                                 rebuild["int8-explicit"], a.reuse_plans, cache_path=a.cache))

@@ -256,7 +256,8 @@ def _parse_shape_flags(items: Sequence[str], specs, base: Dict[str, Tuple[int, .
         name, sep, dims = item.rpartition("=")
         if not sep:
             if len(specs) != 1:
-                raise UsageError(f"the model has {len(specs)} inputs: give --shape INPUT=DIMS", "inputs: " + ", ".join(by_name))
+                raise UsageError(f"the model has {len(specs)} inputs: give --shape INPUT=DIMS",
+                                 "inputs: " + ", ".join(by_name))
             name = specs[0].name
         elif name not in by_name:
             raise UsageError(f"--shape names '{name}', which is not a model input", "inputs: " + ", ".join(by_name))
@@ -265,7 +266,8 @@ def _parse_shape_flags(items: Sequence[str], specs, base: Dict[str, Tuple[int, .
             raise UsageError(f"--shape {item}: the dims must be positive integers",
                              f"write every dim of {by_name[name].describe()}, e.g. --shape {name}=8x3x224x224")
         if name in seen:
-            raise UsageError(f"--shape gives input '{name}' twice ({seen[name]} and {item})", "pass one --shape per input")
+            raise UsageError(f"--shape gives input '{name}' twice ({seen[name]} and {item})",
+                             "pass one --shape per input")
         seen[name] = item
         shapes[name] = tuple(int(p) for p in parts)
     return shapes
@@ -468,7 +470,8 @@ _calibration = _option_group(
 
 _sharding = _option_group(
     "sharding",
-    click.option("--shard", metavar="I/N", help="Only shard I (0-based) of N of the samples; writes --save-stats, no cache."),
+    click.option("--shard", metavar="I/N",
+                 help="Only shard I (0-based) of N of the samples; writes --save-stats, no cache."),
     click.option("--ranges", type=click.Path(dir_okay=False),
                  help="Pass 2 of a shard: histograms over these merged pass-1 ranges."),
     click.option("--keep-batches", type=click.Path(dir_okay=False),
@@ -519,7 +522,8 @@ def calibrate(common, model, source, batching, calib, from_stats, dry_run, progr
     if not cfg.model:
         raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
     if not cfg.data.inputs:
-        raise UsageError("no calibration data given", "pass --data DIR --preprocess PRESET, or a config with data.inputs")
+        raise UsageError("no calibration data given",
+                         "pass --data DIR --preprocess PRESET, or a config with data.inputs")
     if dry_run:
         _dry_run(st, cfg)
         return
@@ -577,7 +581,8 @@ def _calibration_text(r) -> str:
                      f"({r.samples / r.seconds if r.seconds else 0:.1f} samples/s)")
     else:
         lines.append(f"computed {r.method} ranges from saved statistics ({r.samples} samples)")
-    lines.append(f"tensors     {len(r.amax)}" + (f" ({len(r.zero_tensors)} always zero: scale floored)" if r.zero_tensors else ""))
+    zero = f" ({len(r.zero_tensors)} always zero: scale floored)" if r.zero_tensors else ""
+    lines.append(f"tensors     {len(r.amax)}{zero}")
     if r.skipped:
         lines.append(f"skipped     {len(r.skipped)} bad samples: " + ", ".join(p for p, _ in r.skipped[:3])
                      + (" ..." if len(r.skipped) > 3 else ""))
@@ -654,7 +659,8 @@ def inspect_cache(cache, common, model, other, sort_key, top):
 _quantizing = _option_group(
     "quantizing",
     click.option("--exclude", multiple=True, metavar="PATTERN",
-                 help="Keep nodes float: an op type, an exact node name, else a regex searched in node names (repeat)."),
+                 help="Keep nodes float: an op type, an exact node name, else a regex searched in node names "
+                      "(repeat)."),
     click.option("--fp16", is_flag=True, default=None, help="Cast the non-quantized rest to float16."),
     click.option("--per-channel/--per-tensor", default=None,
                  help="Weight scales per output channel (default) or per tensor."),
@@ -725,10 +731,14 @@ def quantize(common, model, cache, output, quantizing, source):
 
 @cli.command()
 @_common
-@click.option("--cache", type=click.Path(dir_okay=False), required=True, help="calibration.cache (its .json provenance is read too).")
-@click.option("--stats", type=click.Path(dir_okay=False), help="Its --save-stats file (histograms, every method's range).")
-@click.option("--compare", "compare_json", type=click.Path(dir_okay=False), help="trtq compare --json output (accuracy, --per-layer).")
-@click.option("--quantize", "quantize_json", type=click.Path(dir_okay=False), help="trtq quantize --json output (layers left float).")
+@click.option("--cache", type=click.Path(dir_okay=False), required=True,
+              help="calibration.cache (its .json provenance is read too).")
+@click.option("--stats", type=click.Path(dir_okay=False),
+              help="Its --save-stats file (histograms, every method's range).")
+@click.option("--compare", "compare_json", type=click.Path(dir_okay=False),
+              help="trtq compare --json output (accuracy, --per-layer).")
+@click.option("--quantize", "quantize_json", type=click.Path(dir_okay=False),
+              help="trtq quantize --json output (layers left float).")
 @click.option("--bench", "bench_json", type=click.Path(dir_okay=False), help="trtq bench --json output (latency).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default="report.html", show_default=True,
               help="HTML file to write (self-contained).")
@@ -767,8 +777,10 @@ _per_layer = _option_group(
 @cli.command()
 @_override_option
 @_common
-@click.option("--reference", type=click.Path(dir_okay=False), help="Reference model (.onnx, FP32). Default: model: from the config.")
-@click.option("--candidate", type=click.Path(dir_okay=False), required=True, help="Candidate (.onnx Q/DQ or .plan engine).")
+@click.option("--reference", type=click.Path(dir_okay=False),
+              help="Reference model (.onnx, FP32). Default: model: from the config.")
+@click.option("--candidate", type=click.Path(dir_okay=False), required=True,
+              help="Candidate (.onnx Q/DQ or .plan engine).")
 @_DATA_SOURCE
 @_batching
 @click.option("--min-agreement", type=float, help="Fail (exit 1) when top-1 agreement is below this.")
@@ -823,7 +835,8 @@ _engine = _option_group(
     click.option("--precision", type=click.Choice(["int8", "fp16", "fp32"]), help="Engine precision (default int8)."),
     click.option("--fp16", is_flag=True, default=None, help="Let layers left in float run in FP16."),
     click.option("--workspace-mb", type=int, help="Builder workspace limit in MiB."),
-    click.option("--opt-level", "optimization_level", type=click.IntRange(0, 5), help="Builder optimization level 0-5."),
+    click.option("--opt-level", "optimization_level", type=click.IntRange(0, 5),
+                 help="Builder optimization level 0-5."),
     click.option("--timing-cache", type=click.Path(dir_okay=False), help="Load/save the builder timing cache here."),
     click.option("--tactic-sources",
                  help="Comma-separated tactic sources, e.g. EDGE_MASK_CONVOLUTIONS,JIT_CONVOLUTIONS."),
@@ -838,7 +851,8 @@ _engine = _option_group(
 @click.option("--cache", type=_IN_PATH, help="calibration.cache (INT8 from an FP32 model).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Engine path (default MODEL.plan).")
 @_engine
-@click.option("--exclude", multiple=True, metavar="PATTERN", help="Keep nodes float (explicit mode): an op type, an exact node name, else a name regex.")
+@click.option("--exclude", multiple=True, metavar="PATTERN",
+              help="Keep nodes float (explicit mode): an op type, an exact node name, else a name regex.")
 @click.option("--allow-stale", is_flag=True, default=None, help="Use a cache whose provenance names another model.")
 def build(common, model, cache, output, engine, exclude, allow_stale):
     """Build a TensorRT engine (.plan + .plan.json) from an FP32 model and a cache, or from a Q/DQ model."""

@@ -257,7 +257,8 @@ def _unique_key_loader():
                     continue
                 if first is not None:
                     raise ConfigError(
-                        f"config key '{key}' appears twice in one mapping (lines {first} and {key_node.start_mark.line + 1})",
+                        f"config key '{key}' appears twice in one mapping "
+                        f"(lines {first} and {key_node.start_mark.line + 1})",
                         "keep one of them (YAML would silently use the last)",
                     )
                 seen[key] = key_node.start_mark.line + 1
@@ -276,7 +277,8 @@ def _read_yaml(path: Path) -> Dict[str, Any]:
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}", "check the --config path") from None
     except OSError as e:
-        raise ConfigError(f"cannot read config file {path}: {e.strerror}", "check the path and its permissions") from None
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}",
+                          "check the path and its permissions") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

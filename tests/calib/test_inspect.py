@@ -242,7 +242,8 @@ def test_render_text_of_combined_result_has_sections_in_order():
     blocks = text.split("\n\n")
     assert blocks[0].startswith("cache      a.cache")
     assert blocks[1].startswith("model      1 of 4")
-    assert blocks[2].startswith("diff       cache (TRT-8600-EntropyCalibration2) vs other (TRT-110400-EntropyCalibration2)")
+    assert blocks[2].startswith("diff       cache (TRT-8600-EntropyCalibration2) vs other "
+                                "(TRT-110400-EntropyCalibration2)")
     assert "only in other  1: fetch_name_0" in text
     data = ic.to_jsonable(result)
     assert json.loads(json.dumps(data, allow_nan=False))["model_check"]["verdict"] == "incomplete"

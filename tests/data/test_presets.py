@@ -26,7 +26,8 @@ def test_imagenet_preset_is_torchvision_eval():
 
 def test_yolo_and_paddle_and_gray():
     y = preset("yolo", [1, 3, 640, 640])
-    assert (y.resize.mode, y.resize.size, y.resize.pad_value, y.resize.anchor) == ("letterbox", (640, 640), 114.0, "center")
+    resize = (y.resize.mode, y.resize.size, y.resize.pad_value, y.resize.anchor)
+    assert resize == ("letterbox", (640, 640), 114.0, "center")
     assert y.mean == () and y.std == ()
     p = preset("paddle", [1, 3, 48, 192])
     assert p.resize.anchor == "top_left" and p.resize.size == (48, 192) and p.mean == (0.5,) and p.std == (0.5,)

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("hypothesis", reason="the fuzz tests need hypothesis (in the dev extra; not in the GPU test bundle)")
+pytest.importorskip("hypothesis",
+                    reason="the fuzz tests need hypothesis (in the dev extra; not in the GPU test bundle)")
 from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 

@@ -399,7 +399,8 @@ def _render_summary(s: CacheSummary) -> List[str]:
                    "calibrator format, not the range method)")
     out += [
         f"tensors    {s.count}",
-        f"amax       min {format_number(s.amax_min)}   median {format_number(s.amax_median)}   max {format_number(s.amax_max)}",
+        f"amax       min {format_number(s.amax_min)}   median {format_number(s.amax_median)}   "
+        f"max {format_number(s.amax_max)}",
     ]
     out += _name_lines([
         (f"zero amax  {len(s.zero_amax)}: ", s.zero_amax),
@@ -411,7 +412,8 @@ def _render_summary(s: CacheSummary) -> List[str]:
         order = {"file": "file order", "name": "by name", "amax": "largest amax first", "scale": "largest scale first"}
         shown = f"{len(s.rows)} of {s.count}" if len(s.rows) < s.count else f"all {s.count}"
         out.append(f"rows       {shown}, {order.get(s.sort, s.sort)}")
-        out += _table(["amax", "scale", "hex", "tensor"], [[format_number(r.amax), format_number(r.scale), r.hex, r.name] for r in s.rows])
+        out += _table(["amax", "scale", "hex", "tensor"],
+                      [[format_number(r.amax), format_number(r.scale), r.hex, r.name] for r in s.rows])
     return out
 
 

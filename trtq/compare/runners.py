@@ -230,7 +230,8 @@ def _spec_from_node_arg(arg) -> TensorSpec:
 class OnnxRunner(ClosesOnExit):
     """Runs an ONNX model with ONNX Runtime.
 
-    Use :meth:`from_path` (or ``trtq.pipeline.runners.open_runner``) for files and :meth:`from_model` for an in-memory ``ModelProto``.
+    Use :meth:`from_path` (or ``trtq.pipeline.runners.open_runner``) for files and :meth:`from_model`
+    for an in-memory ``ModelProto``.
     ``run`` casts a float feed to the float type the model declares (a float32 batch can feed a
     float16 model); any other mismatch is reported by ONNX Runtime as a DataError.
     """

@@ -174,7 +174,8 @@ class Preprocessor:
             )
         if r.anchor not in ("center", "top_left"):
             raise ConfigError(f"{key}.resize.anchor must be center or top_left, got {r.anchor!r}")
-        for field, values in (("scale", (o.scale,)), ("mean", o.mean), ("std", o.std), ("resize.pad_value", (r.pad_value,))):
+        checked = (("scale", (o.scale,)), ("mean", o.mean), ("std", o.std), ("resize.pad_value", (r.pad_value,)))
+        for field, values in checked:
             if not all(np.isfinite(values)):
                 raise ConfigError(f"{key}.{field} must be finite, got {list(values)}")
         if any(float(s) == 0.0 for s in o.std):

@@ -64,7 +64,8 @@ def _open_engine(path: Path) -> EngineRunner:
         if e.name and e.name.split(".")[0] in ("tensorrt", "cuda"):
             raise EnvironmentMissing(
                 f"running {path.name} needs TensorRT and cuda-python ({e.name} is not installed)",
-                "pip install tensorrt cuda-python (or pip install -e '.[gpu]' in the trtq checkout) on a machine with an NVIDIA GPU",
+                "pip install tensorrt cuda-python (or pip install -e '.[gpu]' in the trtq checkout) on a machine "
+                "with an NVIDIA GPU",
             ) from None
         raise EnvironmentMissing(
             f"this trtq installation cannot run TensorRT engines ({e.name} is missing)",

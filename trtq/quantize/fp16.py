@@ -164,7 +164,8 @@ def _cast_outputs_back(index: GraphIndex, graph: onnx.GraphProto, new_type: Dict
     return cast_of, tail_casts
 
 
-def _fp16_weights(index: GraphIndex, graph: onnx.GraphProto, conv_in: Dict[int, Set[int]], namer: Namer) -> Dict[str, str]:
+def _fp16_weights(index: GraphIndex, graph: onnx.GraphProto, conv_in: Dict[int, Set[int]],
+                  namer: Namer) -> Dict[str, str]:
     """Step 3, weights read as float16: {initializer: its float16 version} (in place when every
     reader wants float16, else a copy)."""
     fp16_readers: Dict[str, int] = {}

@@ -1,4 +1,5 @@
 """Decide which node inputs get Q/DQ and with which scale; no graph is changed here."""
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Collection, Dict, List, Mapping, Optional, Tuple
@@ -115,7 +116,8 @@ def make_plan(
         missing: List[str] = []
         slots: List[Tuple[int, PairKey]] = []
         if not reason:
-            reason, slots = _table_inputs(index, node, rule, per_channel, lambda t: activation(t, missing))
+            record = functools.partial(activation, missing=missing)
+            reason, slots = _table_inputs(index, node, rule, per_channel, record)
         if not reason and missing:
             reason = "no amax in the cache for " + ", ".join(missing)
             plan.missing_amax.extend(t for t in missing if t not in plan.missing_amax)

@@ -212,7 +212,8 @@ def _evaluate(node: onnx.NodeProto, arrays: List[np.ndarray], opset: int) -> Opt
         return [fn(node, *arrays)]
     if node.op_type in _NOT_FOLDED or _has_subgraph(node):
         return None
-    if node.op_type == "ConstantOfShape" and arrays and int(np.prod(arrays[0], dtype=np.float64)) > _MAX_FOLDED_ELEMENTS:
+    if (node.op_type == "ConstantOfShape" and arrays
+            and int(np.prod(arrays[0], dtype=np.float64)) > _MAX_FOLDED_ELEMENTS):
         return None
     from onnx.reference import ReferenceEvaluator
 

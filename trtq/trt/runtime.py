@@ -87,7 +87,8 @@ class EngineSession:
             shape = tuple(int(d) for d in shapes[t.name])
             if any(d >= 0 and d != g for d, g in zip(t.shape, shape)) or len(shape) != len(t.shape):
                 raise DataError(
-                    f"input {t.name} has shape {format_shape(shape)} but the engine expects {format_shape(t.shape)} (? = any)",
+                    f"input {t.name} has shape {format_shape(shape)} but the engine expects "
+                    f"{format_shape(t.shape)} (? = any)",
                     "feed data of the shape the engine was built for",
                 )
             if any(d < 0 for d in t.shape):
