@@ -31,9 +31,8 @@ bench:  ## CPU benchmarks (see benchmarks/README.md); GPU: benchmarks/bench_trt.
 	$(PYTHON) benchmarks/bench_calibrate.py
 	$(PYTHON) benchmarks/bench_accuracy.py
 
-lint:
-	$(PYTHON) -m compileall -q trtq tests benchmarks
-	$(PYTHON) -m pyflakes trtq tests benchmarks 2>/dev/null || echo "(pyflakes not installed: pip install pyflakes)"
+lint:  ## ruff with the rules of pyproject.toml [tool.ruff] (in the dev extra)
+	$(PYTHON) -m ruff check trtq tests benchmarks
 
 clean:
 	rm -rf out .pytest_cache build *.egg-info

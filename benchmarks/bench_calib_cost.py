@@ -107,8 +107,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         rss_goal = 1.5 * base.peak_rss / 2**20 + hist_mb
         for method in a.methods.split(","):
             out = a.work / f"{name}.{method}.cache"
-            m = common.run_measured([sys.executable, "-m", "trtq", "calibrate", "--model", str(model), "--data", str(data),
-                                     "--method", method, "--batch-size", str(a.batch), "-o", str(out), "-q"], a.timeout)
+            m = common.run_measured([sys.executable, "-m", "trtq", "calibrate", "--model", str(model),
+                                     "--data", str(data), "--method", method, "--batch-size", str(a.batch),
+                                     "-o", str(out), "-q"], a.timeout)
             ratio = m.seconds / base.seconds if base.seconds else float("nan")
             verdict = m.label(None, a.timeout)
             if m.status == "ok" and method == "mse":
@@ -117,8 +118,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 worst = max(worst, 0 if ok else 1)
             print(f"{'':20s} {'':7s} {'trtq-' + method:16s} {m.seconds:7.1f} {ratio:8.2f} {m.peak_rss / 2**20:8.0f} "
                   f"{rss_goal:11.0f}  {verdict}", flush=True)
-    print(f"({a.samples} samples of the bundled photos per model, batch {a.batch}, {common.machine_line()})"
-          if hasattr(common, "machine_line") else f"({a.samples} samples of the bundled photos per model, batch {a.batch})")
+    setup = f"{a.samples} samples of the bundled photos per model, batch {a.batch}"
+    print(f"({setup}, {common.machine_line()})" if hasattr(common, "machine_line") else f"({setup})")
     return worst
 
 

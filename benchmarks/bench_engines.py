@@ -36,7 +36,8 @@ log = logging.getLogger("bench_engines")
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, type=Path, help="FP32 ONNX classifier (one image input, logits output)")
     p.add_argument("--config", required=True, type=Path, help="trtq config whose data.inputs give the preprocessing")
     p.add_argument("--calib", required=True, type=Path, help="image folder for TensorRT's own calibration")
@@ -104,7 +105,7 @@ def flip_noise(ref: np.ndarray, a: np.ndarray, b: np.ndarray, n: int) -> Dict[st
 
 
 def build(name: str, model: Path, out: Path, options: BuildOptions, reuse: bool, **kw) -> Tuple[Path, Optional[float]]:
-    from trtq.trt.build import build_engine
+    from trtq.pipeline.build import build_engine
 
     plan = out / f"{name}.plan"
     if reuse and plan.exists():
@@ -123,9 +124,10 @@ def render(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
     lines = []
     for r in rows:
         gap = None if r.get("ort_top1") is None else abs(r["engine_top1"] - r["ort_top1"])
-        lines.append([r["name"], fmt(r["engine_top1"], ".3f"), fmt(r["engine_sqnr_db"], ".1f"), fmt(r.get("ort_top1"), ".3f"),
-                      fmt(r.get("ort_sqnr_db"), ".1f"), fmt(gap, ".3f"), fmt(r.get("ort_int8_top1"), ".3f"),
-                      fmt(r.get("flips"), ".3f"), fmt(r.get("gap_sigma"), ".3f"), fmt(r["median_ms"], ".3f"), fmt(r["spread_ms"], ".3f"), fmt(r.get("vs_implicit"), ".3f"),
+        lines.append([r["name"], fmt(r["engine_top1"], ".3f"), fmt(r["engine_sqnr_db"], ".1f"),
+                      fmt(r.get("ort_top1"), ".3f"), fmt(r.get("ort_sqnr_db"), ".1f"), fmt(gap, ".3f"),
+                      fmt(r.get("ort_int8_top1"), ".3f"), fmt(r.get("flips"), ".3f"), fmt(r.get("gap_sigma"), ".3f"),
+                      fmt(r["median_ms"], ".3f"), fmt(r["spread_ms"], ".3f"), fmt(r.get("vs_implicit"), ".3f"),
                       fmt(r.get("build_s"), ".1f")])
     widths = [max(len(h), *(len(x[i]) for x in lines)) for i, h in enumerate(head)]
     line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
@@ -152,8 +154,8 @@ def goals(rows: List[Dict[str, Any]]) -> List[str]:
         gap = abs(r["engine_top1"] - r["ort_top1"])
         noise = (f"; top-1 differs on {r['flips']:.3f} of the samples, chance gap 1 sigma {r['gap_sigma']:.3f}"
                  if r.get("flips") is not None else "")
-        out.append(f"[{'PASS' if gap <= 0.01 + 1e-9 else 'FAIL'}] {r['name']}: ONNX Runtime Q/DQ semantics {r['ort_top1']:.3f} "
-                   f"vs engine {r['engine_top1']:.3f} (gap {gap:.3f}, goal <= 0.01{noise})")
+        out.append(f"[{'PASS' if gap <= 0.01 + 1e-9 else 'FAIL'}] {r['name']}: ONNX Runtime Q/DQ semantics "
+                   f"{r['ort_top1']:.3f} vs engine {r['engine_top1']:.3f} (gap {gap:.3f}, goal <= 0.01{noise})")
     return out
 
 
@@ -167,7 +169,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from trtq.model import input_specs, load_model
     from trtq.trt import cuda
     from trtq.trt.bench import bench_plans
-    from trtq.trt.calibrator import calibrate_with_tensorrt
+    from trtq.pipeline.calibrate import calibrate_file_with_tensorrt as calibrate_with_tensorrt
 
     a.out.mkdir(parents=True, exist_ok=True)
     cfg = load_config(a.config, {}, {})
@@ -233,11 +235,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     for r in rows:
         r["vs_implicit"] = r["median_ms"] / implicit["median_ms"] if implicit else None
     gpu, cc = cuda.device_info()
-    meta = {"model": a.model.name, "batch": a.batch, "gpu": gpu, "compute_capability": cc, "tensorrt": tensorrt.__version__,
-            "onnxruntime": onnxruntime.__version__, "eval_images": n, "repeats": a.repeats, "duration": a.duration,
+    meta = {"model": a.model.name, "batch": a.batch, "gpu": gpu, "compute_capability": cc,
+            "tensorrt": tensorrt.__version__, "onnxruntime": onnxruntime.__version__, "eval_images": n,
+            "repeats": a.repeats, "duration": a.duration,
             "opt_level": a.opt_level}
     checks = goals(rows)
-    atomic_write_text(a.out / "bench_engines.json", json.dumps({"meta": meta, "rows": rows, "goals": checks}, indent=1) + "\n")
+    report = json.dumps({"meta": meta, "rows": rows, "goals": checks}, indent=1)
+    atomic_write_text(a.out / "bench_engines.json", report + "\n")
     print(render(rows, meta))
     print("\n".join(checks))
     return 0

@@ -35,7 +35,8 @@ log = logging.getLogger("bench_trt")
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, type=Path, help="FP32 ONNX classifier (one image input, logits output)")
     p.add_argument("--cache", required=True, type=Path, help="trtq calibration cache for the explicit INT8 engine")
     p.add_argument("--data", required=True, type=Path, help="image folder: TensorRT's own calibration data")
@@ -72,7 +73,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def data_options(folder: Path, input_name: str, shape, preset_name: str, batch: int, limit: int) -> DataOptions:
-    from trtq.presets import preset
+    from trtq.data.presets import preset
 
     pre = preset(preset_name, shape)
     return DataOptions(inputs={input_name: InputSource(images=str(folder), preprocess=pre)},
@@ -85,7 +86,7 @@ def build_twice(name: str, model: Path, out: Path, options: BuildOptions, rebuil
 
     With ``reuse``, a plan built by an earlier run into the same folder (its row saved beside it)
     is taken as it is: builds can be spread over several calls and all engines timed in one."""
-    from trtq.trt.build import build_engine
+    from trtq.pipeline.build import build_engine
 
     saved = out / f"{name}.row.json"
     if reuse and saved.exists() and (out / f"{name}.plan").exists():
@@ -122,7 +123,7 @@ def warm_up(out: Path, options: BuildOptions) -> None:
     import onnx
     from onnx import TensorProto, helper
 
-    from trtq.trt.build import build_engine
+    from trtq.pipeline.build import build_engine
 
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "warmup",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
@@ -172,7 +173,10 @@ def render(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
             fmt(r.get("top1_agreement"), ".4f"),
         ])
     widths = [max(len(h), *(len(x[i]) for x in lines)) for i, h in enumerate(head)]
-    fmt_line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+
+    def fmt_line(cells):
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
     text = [fmt_line(head), fmt_line(["-" * w for w in widths])] + [fmt_line(x) for x in lines]
     text.append(
         f"({meta['model']}, batch {meta['batch']}, {meta['gpu']}, TensorRT {meta['tensorrt']}; "
@@ -193,7 +197,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from trtq.model import input_specs, load_model
     from trtq.trt import cuda
     from trtq.trt.bench import bench_plans
-    from trtq.trt.calibrator import calibrate_with_tensorrt
+    from trtq.pipeline.calibrate import calibrate_file_with_tensorrt as calibrate_with_tensorrt
 
     wanted = [s.strip() for s in a.only.split(",") if s.strip()]
     a.out.mkdir(parents=True, exist_ok=True)
@@ -214,9 +218,11 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     warm_up(a.out, base)
     if "fp32" in wanted:
-        rows.append(build_twice("fp32", a.model, a.out, _replace(base, precision="fp32"), rebuild["fp32"], a.reuse_plans))
+        rows.append(build_twice("fp32", a.model, a.out, _replace(base, precision="fp32"), rebuild["fp32"],
+                                a.reuse_plans))
     if "fp16" in wanted:
-        rows.append(build_twice("fp16", a.model, a.out, _replace(base, precision="fp16"), rebuild["fp16"], a.reuse_plans))
+        rows.append(build_twice("fp16", a.model, a.out, _replace(base, precision="fp16"), rebuild["fp16"],
+                                a.reuse_plans))
     if "int8-explicit" in wanted:
         rows.append(build_twice("int8-explicit", a.model, a.out, _replace(base, precision="int8", fp16=fp16_rest),
                                 rebuild["int8-explicit"], a.reuse_plans, cache_path=a.cache))
@@ -272,7 +278,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         import onnx
 
         from trtq.calib.cache import read_cache
-        from trtq.quantize_file import quantize_for
+        from trtq.pipeline.quantize import quantize_for
         from trtq.trt import compat
 
         fp32 = load_model(a.model)

@@ -62,7 +62,7 @@ MUTATIONS: List[Mutation] = [
     M("cache-non-finite", "trtq/calib/cache.py",
       "        if not allow_nonfinite:\n            raise _bad(path, n, f\"{what} of tensor '{name}' is {value} (not finite)\"",
       "        if False:\n            raise _bad(path, n, f\"{what} of tensor '{name}' is {value} (not finite)\""),
-    M("inspect-unusable-verdict", "trtq/inspect_cache.py", '    elif unusable:\n        verdict = "unusable"',
+    M("inspect-unusable-verdict", "trtq/calib/inspect.py", '    elif unusable:\n        verdict = "unusable"',
       '    elif False:\n        verdict = "unusable"'),
     # defect 4: unreadable sub-folders
     M("unreadable-subfolder", "trtq/data/sources.py", "    for e in errors:", "    for e in []:"),

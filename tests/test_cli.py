@@ -103,3 +103,34 @@ def test_click_invocations_in_one_process_each_get_their_own_stdout():
         assert r.exit_code == 0, r.output
         assert json.loads(r.stdout)["summary"]["count"] > 0
     assert sys.stdout is before
+
+
+def test_a_flag_group_reaches_the_command_as_one_object():
+    import click
+    from click.testing import CliRunner
+
+    from trtq.cli import _option_group
+
+    pair = _option_group("pair", click.option("--a", type=int), click.option("--b-value", default="x"))
+    seen = {}
+
+    @click.command()
+    @click.option("--before")
+    @pair
+    @click.option("--after", is_flag=True)
+    def command(before, pair, after):
+        seen.update(before=before, a=pair.a, b=pair.b_value, after=after, keys=sorted(vars(pair)))
+
+    r = CliRunner().invoke(command, ["--a", "3", "--after", "--before", "y"])
+    assert r.exit_code == 0, r.output
+    assert seen == {"before": "y", "a": 3, "b": "x", "after": True, "keys": ["a", "b_value"]}
+    assert [p.name for p in command.params] == ["before", "a", "b_value", "after"]  # --help order kept
+
+
+def test_no_command_takes_more_than_ten_parameters():
+    import inspect
+
+    from trtq.cli import cli
+
+    counts = {name: len(inspect.signature(c.callback).parameters) for name, c in cli.commands.items()}
+    assert max(counts.values()) <= 10, counts

@@ -1,10 +1,12 @@
-"""trtq's import graph (imports inside functions included) has no cycle: a module may not import,
-directly or through others, a module that imports it back. Two cycles existed (quantize <->
-compare.sensitivity through the float_layers choice, trt.build <-> trt.calibrator through build's
-private helpers); this test fails if one comes back or a new one is added."""
+"""trtq's import graph (imports inside functions included) follows the layers of docs/internals.md:
+no cycle (a module may not import, directly or through others, a module that imports it back),
+every import between packages points down a floor (never up, never sideways to a peer), and
+there are at most 7 floors. A new top-level module or package must be given its floor here."""
+from __future__ import annotations
+
 import ast
 from pathlib import Path
-from typing import Dict, List, Set
+from typing import Dict, List, Set, Tuple
 
 TRTQ = Path(__file__).resolve().parents[1] / "trtq"
 
@@ -91,6 +93,87 @@ def cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
     return found
 
 
+# floor of each group, bottom to top (docs/internals.md "Layers"); peers share a floor
+FLOORS = {"core": 1, "data": 2, "calib": 3, "quantize": 4, "compare": 5, "trt": 5, "report": 5,
+          "pipeline": 6, "cli": 7}
+MAX_FLOORS = 7
+# top-level modules of trtq/ that are core (they import only core) and the command line
+CORE_MODULES = {"trtq", "trtq.errors", "trtq.fileio", "trtq.config", "trtq.model", "trtq.interrupt",
+                "trtq.outputs", "trtq.qdq_info", "trtq.input_override", "trtq.numbers",
+                "trtq.closing"}
+CLI_MODULES = {"trtq.cli", "trtq.__main__"}
+
+
+def group_of(module: str) -> str:
+    """The layer group of a trtq module: core, cli, or its package under trtq/ ("" if unassigned)."""
+    if module in CORE_MODULES:
+        return "core"
+    if module in CLI_MODULES:
+        return "cli"
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in FLOORS else ""
+
+
+def layer_violations(graph: Dict[str, Set[str]], group=group_of, floors=FLOORS) -> List[str]:
+    """Each import between groups that does not point down a floor, and each module without a group."""
+    problems = [f"{m} has no floor: add it to tests/test_layers.py and docs/internals.md"
+                for m in sorted(graph) if not group(m)]
+    for module in sorted(graph):
+        for target in sorted(graph[module]):
+            a, b = group(module), group(target)
+            if not a or not b or a == b:
+                continue
+            if floors[b] == floors[a]:
+                problems.append(f"{module} -> {target}: sideways ({a} and {b} are peers on floor {floors[a]})")
+            elif floors[b] > floors[a]:
+                problems.append(f"{module} -> {target}: upward ({a} is floor {floors[a]}, {b} floor {floors[b]})")
+    return problems
+
+
+def floor_count(graph: Dict[str, Set[str]], group=group_of) -> Tuple[int, Dict[str, int]]:
+    """How many floors the group graph really stacks: each group one above the highest it imports."""
+    edges: Dict[str, Set[str]] = {}
+    for module, targets in graph.items():
+        edges.setdefault(group(module), set()).update(group(t) for t in targets if group(t) != group(module))
+    height: Dict[str, int] = {}
+
+    def rise(g: str, seen: Tuple[str, ...] = ()) -> int:
+        if g not in height:
+            below = [rise(t, (*seen, g)) for t in edges.get(g, ()) if t not in seen]
+            height[g] = 1 + max(below, default=0)
+        return height[g]
+
+    for g in edges:
+        rise(g)
+    return max(height.values(), default=0), height
+
+
+def test_the_layer_check_finds_upward_and_sideways_imports():
+    graph = {"trtq.model": {"trtq.data.batcher"}, "trtq.data.batcher": set(),
+             "trtq.trt.build": {"trtq.compare.runners", "trtq.quantize.fp16"},
+             "trtq.compare.runners": set(), "trtq.quantize.fp16": set(), "trtq.newthing": set()}
+    assert layer_violations(graph) == [
+        "trtq.newthing has no floor: add it to tests/test_layers.py and docs/internals.md",
+        "trtq.model -> trtq.data.batcher: upward (core is floor 1, data floor 2)",
+        "trtq.trt.build -> trtq.compare.runners: sideways (trt and compare are peers on floor 5)",
+    ]
+
+
+def test_the_floor_count_is_the_longest_chain_of_groups():
+    graph = {"trtq.cli": {"trtq.pipeline.build"}, "trtq.pipeline.build": {"trtq.trt.build"},
+             "trtq.trt.build": {"trtq.model"}, "trtq.model": set(), "trtq.data.batcher": {"trtq.model"}}
+    assert floor_count(graph)[0] == 4
+
+
+def test_every_import_points_down_a_floor():
+    assert layer_violations(import_graph()) == []
+
+
+def test_trtq_has_at_most_seven_floors():
+    count, height = floor_count(import_graph())
+    assert count <= MAX_FLOORS, f"{count} floors: {sorted(height.items(), key=lambda kv: kv[1])}"
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
@@ -99,7 +182,7 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_the_graph_sees_imports_inside_functions():
     graph = import_graph()
     assert "trtq.trt.network" in graph["trtq.trt.calibrator"]  # imported inside a function there
-    assert "trtq.compare.sensitivity" in graph["trtq.quantize_file"]
+    assert "trtq.compare.sensitivity" in graph["trtq.pipeline.quantize"]
 
 
 def test_trtq_has_no_import_cycle():

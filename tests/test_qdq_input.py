@@ -10,7 +10,7 @@ from trtq.compare.metrics import OutputMetrics
 from trtq.compare.report import CompareReport
 from trtq.compare.semantics import semantics_gaps
 from trtq.quantize import quantize_model
-from trtq.runners import OnnxRunner
+from trtq.compare.runners import OnnxRunner
 from tests.trt.models import activation_amax, qat_style_cnn, residual_cnn, write_trt_cache
 
 
@@ -58,7 +58,8 @@ def test_qdq_semantics_are_onnxruntime_basic_optimizations(files):
     """The default runner of a Q/DQ model gives exactly what a basic-optimizations session gives."""
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    want = ort.InferenceSession(str(files["qdq"]), so, providers=["CPUExecutionProvider"]).run(None, {"x": files["x"]})[0]
+    session = ort.InferenceSession(str(files["qdq"]), so, providers=["CPUExecutionProvider"])
+    want = session.run(None, {"x": files["x"]})[0]
     with OnnxRunner.from_path(files["qdq"]) as r:
         assert r.semantics == "qdq" and "Q/DQ semantics" in r.describe_runtime()
         np.testing.assert_array_equal(r.run({"x": files["x"]})["y"], want)

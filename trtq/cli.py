@@ -6,14 +6,16 @@ commands, so ``trtq --help`` stays fast and works without them.
 Exit codes: 0 ok, 1 operation failed, 2 usage/config error, 3 invalid input (data, model, cache),
 4 environment missing (TensorRT, GPU), 130 interrupted.
 """
+import functools
 import json
 import logging
 import os
 import signal
 import sys
 import time
+import types
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import click
 
@@ -118,25 +120,49 @@ def _setup_logging(verbose: int, quiet: bool) -> None:
     logger.propagate = False
 
 
-def _common(f):
-    """--config / --json / -v / -q on every subcommand (they may also come before the subcommand)."""
-    f = click.option("-q", "--quiet", is_flag=True, default=None, help="Only print errors on stderr.")(f)
-    f = click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv: debug, tracebacks).")(f)
-    f = click.option("--json", "as_json", is_flag=True, default=None, help="Print the result as JSON on stdout.")(f)
-    f = click.option(
-        "-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-        help="YAML config file (relative paths inside it are relative to the file).",
-    )(f)
-    return f
+class _Flags(types.SimpleNamespace):
+    """The values of one flag group, as attributes (``flags.batch_size``)."""
 
 
-def _apply_common(as_json, verbose, quiet) -> _State:
+def _option_group(name: str, *options: Callable) -> Callable:
+    """A decorator that adds ``options`` (click.option decorators, in --help order) to a command
+    and hands their values to it as one :class:`_Flags` parameter ``name``: a group of flags that
+    several commands share is declared once (as Polygraphy's argument groups are)."""
+
+    def decorate(f: Callable) -> Callable:
+        @functools.wraps(f)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            kwargs[name] = _Flags(**{dest: kwargs.pop(dest) for dest in dests})
+            return f(*args, **kwargs)
+
+        command.__click_params__ = list(getattr(f, "__click_params__", []))  # type: ignore[attr-defined]
+        before = len(command.__click_params__)  # type: ignore[attr-defined]
+        for option in reversed(options):
+            command = option(command)
+        dests = [p.name for p in command.__click_params__[before:] if p.expose_value]  # type: ignore[attr-defined]
+        return command
+
+    return decorate
+
+
+# --config / --json / -v / -q on every subcommand (they may also come before the subcommand)
+_common = _option_group(
+    "common",
+    click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+                 help="YAML config file (relative paths inside it are relative to the file)."),
+    click.option("--json", "as_json", is_flag=True, default=None, help="Print the result as JSON on stdout."),
+    click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv: debug, tracebacks)."),
+    click.option("-q", "--quiet", is_flag=True, default=None, help="Only print errors on stderr."),
+)
+
+
+def _apply_common(common: _Flags) -> _State:
     st = _state()
-    if as_json:
+    if common.as_json:
         st.json = True
-    if verbose:
-        st.verbose = max(st.verbose, verbose)
-    if quiet:
+    if common.verbose:
+        st.verbose = max(st.verbose, common.verbose)
+    if common.quiet:
         st.quiet = True
     _setup_logging(st.verbose, st.quiet)
     _guard.engage()
@@ -230,7 +256,8 @@ def _parse_shape_flags(items: Sequence[str], specs, base: Dict[str, Tuple[int, .
         name, sep, dims = item.rpartition("=")
         if not sep:
             if len(specs) != 1:
-                raise UsageError(f"the model has {len(specs)} inputs: give --shape INPUT=DIMS", "inputs: " + ", ".join(by_name))
+                raise UsageError(f"the model has {len(specs)} inputs: give --shape INPUT=DIMS",
+                                 "inputs: " + ", ".join(by_name))
             name = specs[0].name
         elif name not in by_name:
             raise UsageError(f"--shape names '{name}', which is not a model input", "inputs: " + ", ".join(by_name))
@@ -239,16 +266,19 @@ def _parse_shape_flags(items: Sequence[str], specs, base: Dict[str, Tuple[int, .
             raise UsageError(f"--shape {item}: the dims must be positive integers",
                              f"write every dim of {by_name[name].describe()}, e.g. --shape {name}=8x3x224x224")
         if name in seen:
-            raise UsageError(f"--shape gives input '{name}' twice ({seen[name]} and {item})", "pass one --shape per input")
+            raise UsageError(f"--shape gives input '{name}' twice ({seen[name]} and {item})",
+                             "pass one --shape per input")
         seen[name] = item
         shapes[name] = tuple(int(p) for p in parts)
     return shapes
 
 
-def _apply_data_flags(cfg, data: Sequence[str], preprocess: Optional[str]):
+def _apply_data_flags(cfg, source: _Flags):
     """Merge --data [NAME=]PATH, --shape and --preprocess PRESET into cfg.data (needs the model).
     A preset is sized from the input's full shape: data.shapes / --shape where given."""
     import dataclasses
+
+    data, preprocess = source.data, source.preprocess
 
     shape_flags = click.get_current_context().meta.get(_SHAPES_KEY, ())
     if not data and not preprocess and not shape_flags:
@@ -256,7 +286,7 @@ def _apply_data_flags(cfg, data: Sequence[str], preprocess: Optional[str]):
     if not cfg.model:
         raise UsageError("--data/--preprocess/--shape need a model", "pass --model MODEL.onnx")
     from trtq.model import input_specs, load_model
-    from trtq.presets import preset
+    from trtq.data.presets import preset
 
     specs = input_specs(load_model(cfg.model))
     by_name = {s.name: s for s in specs}
@@ -306,7 +336,7 @@ def _looks_like_input_name(text: str) -> bool:
 # or wrong files as invalid input (exit 3)
 _IN_PATH = click.Path(readable=False)
 
-# the names of trtq.presets.PRESETS (not imported here: the CLI stays fast to import)
+# the names of trtq.data.presets.PRESETS (not imported here: the CLI stays fast to import)
 _PRESET_CHOICE = click.Choice(["imagenet", "inception", "yolo", "paddle", "unit", "raw"])
 
 
@@ -325,26 +355,33 @@ def _shape_option(f):
                              "(as data.shapes; presets are sized from it).")(f)
 
 
-def _data_options(f):
-    f = _shape_option(f)
-    f = click.option("--preprocess", type=_PRESET_CHOICE,
-                     help="Preprocessing preset for image folders (instead of a config).")(f)
-    f = click.option("--data", "data", multiple=True, metavar="[INPUT=]PATH",
-                     help="Image folder, .txt file list, .npy file or glob; repeat per input as NAME=PATH.")(f)
-    f = click.option("--batch-size", type=int, help="Samples per batch (default: model's batch dim, else 8).")(f)
-    f = click.option("--limit", type=int, help="Use at most N samples.")(f)
-    f = click.option("--workers", type=int, help="Decode threads (default: min(4, CPUs)).")(f)
-    f = click.option("--skip-bad", is_flag=True, default=None, help="Skip undecodable images and report them.")(f)
-    f = click.option("--shuffle/--no-shuffle", default=None, help="Shuffle samples (seeded, deterministic).")(f)
-    f = click.option("--seed", type=int, help="Shuffle seed.")(f)
-    return f
+def _data_source(data_help: str, preprocess_help: str) -> Callable:
+    """--data / --preprocess (and --shape) as the group ``source``; merged by :func:`_apply_data_flags`."""
+    return _option_group(
+        "source",
+        click.option("--data", "data", multiple=True, metavar="[INPUT=]PATH", help=data_help),
+        click.option("--preprocess", type=_PRESET_CHOICE, help=preprocess_help),
+        _shape_option,
+    )
 
 
-def _data_overrides(batch_size, limit, workers, skip_bad, shuffle, seed) -> Dict[str, Any]:
-    return {
-        "data.batch_size": batch_size, "data.limit": limit, "data.workers": workers,
-        "data.skip_bad": skip_bad, "data.shuffle": shuffle, "data.seed": seed,
-    }
+_DATA_SOURCE = _data_source("Image folder, .txt file list, .npy file or glob; repeat per input as NAME=PATH.",
+                            "Preprocessing preset for image folders (instead of a config).")
+
+# how the data is batched (data.* keys), for the commands that run the model over it
+_batching = _option_group(
+    "batching",
+    click.option("--batch-size", type=int, help="Samples per batch (default: model's batch dim, else 8)."),
+    click.option("--limit", type=int, help="Use at most N samples."),
+    click.option("--workers", type=int, help="Decode threads (default: min(4, CPUs))."),
+    click.option("--skip-bad", is_flag=True, default=None, help="Skip undecodable images and report them."),
+    click.option("--shuffle/--no-shuffle", default=None, help="Shuffle samples (seeded, deterministic)."),
+    click.option("--seed", type=int, help="Shuffle seed."),
+)
+
+
+def _data_overrides(batching: _Flags) -> Dict[str, Any]:
+    return {f"data.{key}": value for key, value in vars(batching).items()}
 
 
 class _ProgressLine:
@@ -413,40 +450,60 @@ def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
+# how the ranges are computed and written (calibrate.* keys)
+_calibration = _option_group(
+    "calib",
+    click.option("--method", type=click.Choice(["max", "entropy", "percentile", "mse"]),
+                 help="Range method (default mse; with --backend tensorrt: entropy)."),
+    click.option("--percentile", type=float, help="Percentile for --method percentile (default 99.99)."),
+    click.option("--num-bins", type=int, help="Histogram bins (default 2048)."),
+    click.option("--tensors", multiple=True, metavar="NAMES", help="Only these tensors (comma-separated or repeated)."),
+    click.option("-o", "--output", type=click.Path(dir_okay=False), help="Cache path (default calibration.cache)."),
+    click.option("--trt-version",
+                 help="TensorRT version the cache header is written for (default: installed, else 10.16.0)."),
+    click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]),
+                 help="Who computes the ranges (default onnxruntime)."),
+    click.option("--providers", multiple=True, help="ONNX Runtime providers, e.g. CPUExecutionProvider."),
+    click.option("--save-stats", type=click.Path(dir_okay=False),
+                 help="Also save max + histograms (.npz) for --from-stats."),
+)
+
+_sharding = _option_group(
+    "sharding",
+    click.option("--shard", metavar="I/N",
+                 help="Only shard I (0-based) of N of the samples; writes --save-stats, no cache."),
+    click.option("--ranges", type=click.Path(dir_okay=False),
+                 help="Pass 2 of a shard: histograms over these merged pass-1 ranges."),
+    click.option("--keep-batches", type=click.Path(dir_okay=False),
+                 help="With --shard: pass 1 writes the decoded batches here, pass 2 reads them instead of decoding."),
+)
+
+
+def _calibrate_overrides(model: Optional[str], calib: _Flags) -> Dict[str, Any]:
+    overrides = {f"calibrate.{key}": getattr(calib, key)
+                 for key in ("method", "percentile", "num_bins", "output", "trt_version", "backend", "save_stats")}
+    overrides.update({"model": model, "calibrate.tensors": _split_csv(calib.tensors) or None,
+                      "calibrate.providers": list(calib.providers) or None})
+    return overrides
+
+
 @cli.command()
 @_override_option
 @_common
 @click.option("-m", "--model", type=_IN_PATH, help="FP32 ONNX model.")
-@_data_options
-@click.option("--method", type=click.Choice(["max", "entropy", "percentile", "mse"]), help="Range method (default mse; with --backend tensorrt: entropy).")
-@click.option("--percentile", type=float, help="Percentile for --method percentile (default 99.99).")
-@click.option("--num-bins", type=int, help="Histogram bins (default 2048).")
-@click.option("--tensors", multiple=True, metavar="NAMES", help="Only these tensors (comma-separated or repeated).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Cache path (default calibration.cache).")
-@click.option("--trt-version", help="TensorRT version the cache header is written for (default: installed, else 10.16.0).")
-@click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]), help="Who computes the ranges (default onnxruntime).")
-@click.option("--providers", multiple=True, help="ONNX Runtime providers, e.g. CPUExecutionProvider.")
-@click.option("--save-stats", type=click.Path(dir_okay=False), help="Also save max + histograms (.npz) for --from-stats.")
+@_DATA_SOURCE
+@_batching
+@_calibration
 @click.option("--from-stats", type=_IN_PATH, help="Compute the cache from saved statistics (no model run).")
 @click.option("--dry-run", is_flag=True, help="Show the input spec and a summary of the batches; write nothing.")
 @click.option("--progress/--no-progress", default=None, help="Progress on stderr (default: when stderr is a terminal).")
-@click.option("--shard", metavar="I/N", help="Only shard I (0-based) of N of the samples; writes --save-stats, no cache.")
-@click.option("--ranges", type=click.Path(dir_okay=False), help="Pass 2 of a shard: histograms over these merged pass-1 ranges.")
-@click.option("--keep-batches", type=click.Path(dir_okay=False),
-              help="With --shard: pass 1 writes the decoded batches here, pass 2 reads them instead of decoding.")
-def calibrate(config_path, as_json, verbose, quiet, model, data, preprocess, batch_size, limit, workers, skip_bad,
-              shuffle, seed, method, percentile, num_bins, tensors, output, trt_version, backend, providers,
-              save_stats, from_stats, dry_run, progress, shard=None, ranges=None, keep_batches=None):
+@_sharding
+def calibrate(common, model, source, batching, calib, from_stats, dry_run, progress, sharding):
     """Run the FP32 model over the data and write a TensorRT calibration.cache (+ .json provenance)."""
-    st = _apply_common(as_json, verbose, quiet)
-    overrides = {
-        "model": model, "calibrate.method": method, "calibrate.percentile": percentile,
-        "calibrate.num_bins": num_bins, "calibrate.output": output, "calibrate.trt_version": trt_version,
-        "calibrate.backend": backend, "calibrate.save_stats": save_stats,
-        "calibrate.tensors": _split_csv(tensors) or None, "calibrate.providers": list(providers) or None,
-        **_data_overrides(batch_size, limit, workers, skip_bad, shuffle, seed),
-    }
-    cfg = _load_config(config_path, overrides)
+    st = _apply_common(common)
+    config_path = common.config_path
+    cfg = _load_config(config_path, {**_calibrate_overrides(model, calib), **_data_overrides(batching)})
+    shard, ranges, keep_batches = sharding.shard, sharding.ranges, sharding.keep_batches
     shard_spec = _shard_flags(shard, ranges, from_stats, cfg)
     if keep_batches and shard_spec is None:
         raise UsageError("--keep-batches is for the two passes of a shard", "pass --shard I/N with it")
@@ -461,24 +518,22 @@ def calibrate(config_path, as_json, verbose, quiet, model, data, preprocess, bat
         result = calibrate_from_stats(cfg, Path(from_stats))
         _emit(st, result.to_dict(), _calibration_text(result))
         return
-    cfg = _apply_data_flags(cfg, data, preprocess)
+    cfg = _apply_data_flags(cfg, source)
     if not cfg.model:
         raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
     if not cfg.data.inputs:
-        raise UsageError("no calibration data given", "pass --data DIR --preprocess PRESET, or a config with data.inputs")
+        raise UsageError("no calibration data given",
+                         "pass --data DIR --preprocess PRESET, or a config with data.inputs")
     if dry_run:
         _dry_run(st, cfg)
         return
     _check_outputs(cfg, config_path, calib_outputs, ("ranges file", ranges))
     show = progress if progress is not None else sys.stderr.isatty()
-    if cfg.calibrate.backend == "tensorrt":
-        result = _calibrate_tensorrt(cfg)
-    else:
-        from trtq.calib.calibrate import run_calibration
+    from trtq.pipeline.calibrate import calibrate as run_calibrate
 
-        result = run_calibration(cfg, progress=_ProgressLine(bool(show) and not st.quiet), shard=shard_spec,
-                                 ranges=Path(ranges) if ranges else None,
-                                 keep_batches=Path(keep_batches) if keep_batches else None)
+    result = run_calibrate(cfg, progress=_ProgressLine(bool(show) and not st.quiet), shard=shard_spec,
+                           ranges=Path(ranges) if ranges else None,
+                           keep_batches=Path(keep_batches) if keep_batches else None)
     _emit(st, result.to_dict(), _calibration_text(result))
 
 
@@ -505,9 +560,9 @@ def _shard_flags(shard, ranges, from_stats, cfg):
 @click.argument("stats", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @_common
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Merged statistics (.npz).")
-def merge_stats(stats, config_path, as_json, verbose, quiet, output):
+def merge_stats(stats, common, output):
     """Merge the --save-stats files of the N shards of one pass (trtq calibrate --shard I/N)."""
-    st = _apply_common(as_json, verbose, quiet)
+    st = _apply_common(common)
     from trtq.calib.shard import merge_stats_files
 
     r = merge_stats_files([Path(p) for p in stats], Path(output))
@@ -526,7 +581,8 @@ def _calibration_text(r) -> str:
                      f"({r.samples / r.seconds if r.seconds else 0:.1f} samples/s)")
     else:
         lines.append(f"computed {r.method} ranges from saved statistics ({r.samples} samples)")
-    lines.append(f"tensors     {len(r.amax)}" + (f" ({len(r.zero_tensors)} always zero: scale floored)" if r.zero_tensors else ""))
+    zero = f" ({len(r.zero_tensors)} always zero: scale floored)" if r.zero_tensors else ""
+    lines.append(f"tensors     {len(r.amax)}{zero}")
     if r.skipped:
         lines.append(f"skipped     {len(r.skipped)} bad samples: " + ", ".join(p for p, _ in r.skipped[:3])
                      + (" ..." if len(r.skipped) > 3 else ""))
@@ -559,31 +615,6 @@ def _dry_run(st: _State, cfg) -> None:
     _emit(st, data, "\n".join(lines))
 
 
-def _calibrate_tensorrt(cfg):
-    from trtq.calib.calibrate import CalibrationResult, resolve_trt_version
-    from trtq.calib.cache import ALGORITHM_FOR_METHOD
-    from trtq.data.batcher import Batcher
-    from trtq.model import input_specs, load_model
-    from trtq.trt.calibrator import calibrate_with_tensorrt
-
-    if cfg.calibrate.method not in ("max", "entropy"):
-        raise UsageError(
-            f"--backend tensorrt supports --method max or entropy, not {cfg.calibrate.method}",
-            "TensorRT has MinMax and EntropyCalibration2 calibrators only",
-        )
-    t0 = time.perf_counter()
-    specs = input_specs(load_model(cfg.model))
-    batcher = Batcher(cfg.data, specs)
-    algorithm = ALGORITHM_FOR_METHOD[cfg.calibrate.method]
-    out = Path(cfg.calibrate.output)
-    table = calibrate_with_tensorrt(Path(cfg.model), batcher, algorithm, out, options=cfg.build)
-    return CalibrationResult(
-        cache_path=out, method=cfg.calibrate.method, algorithm=table.algorithm,
-        trt_version=table.trt_version or resolve_trt_version(None), amax=dict(table.amax),
-        samples=batcher.num_samples, batches=batcher.num_batches, seconds=time.perf_counter() - t0,
-    )
-
-
 # ------------------------------------------------------------------------------------------------
 # inspect-cache
 # ------------------------------------------------------------------------------------------------
@@ -597,10 +628,10 @@ def _calibrate_tensorrt(cfg):
 @click.option("--sort", "sort_key", type=click.Choice(["name", "amax", "scale", "rel-diff", "file"]), default="file",
               show_default=True, help="Row order.")
 @click.option("--top", type=int, help="Show only the first N rows.")
-def inspect_cache(cache, config_path, as_json, verbose, quiet, model, other, sort_key, top):
+def inspect_cache(cache, common, model, other, sort_key, top):
     """Decode a calibration cache (TensorRT or ONNX Runtime format): header, scales, amax, gaps, diffs."""
-    st = _apply_common(as_json, verbose, quiet)
-    from trtq import inspect_cache as ic
+    st = _apply_common(common)
+    from trtq.calib import inspect as ic
 
     table = ic.load_for_inspection(Path(cache))
     result: Dict[str, Any] = {"summary": ic.summarize(table, Path(cache), sort=sort_key, top=top)}
@@ -624,49 +655,53 @@ def inspect_cache(cache, config_path, as_json, verbose, quiet, model, other, sor
 # ------------------------------------------------------------------------------------------------
 
 
+# how the FP32 model is quantized (quantize.* keys)
+_quantizing = _option_group(
+    "quantizing",
+    click.option("--exclude", multiple=True, metavar="PATTERN",
+                 help="Keep nodes float: an op type, an exact node name, else a regex searched in node names "
+                      "(repeat)."),
+    click.option("--fp16", is_flag=True, default=None, help="Cast the non-quantized rest to float16."),
+    click.option("--per-channel/--per-tensor", default=None,
+                 help="Weight scales per output channel (default) or per tensor."),
+    click.option("--allow-stale", is_flag=True, default=None, help="Use a cache whose provenance names another model."),
+    click.option("--bias-correction", is_flag=True, default=None,
+                 help="Cancel the mean shift of INT8 weight rounding in Conv/Gemm biases (needs --data or a config "
+                      "with data)."),
+    click.option("--weight-rounding", type=click.Choice(["nearest", "gptq"]),
+                 help="INT8 weight levels: nearest (default) or gptq, chosen for each layer's output error "
+                      "on the data (needs --data or a config with data)."),
+    click.option("--float-layers", type=int, metavar="N",
+                 help="Leave float the N layers that add the most error alone (ranked as compare --per-layer "
+                      "does, on the data)."),
+    click.option("--samples", type=int,
+                 help="Calibration samples --bias-correction, gptq rounding and --float-layers read (default 128)."),
+    click.option("--center-activations", is_flag=True, default=None,
+                 help="Shift ReLU/Clip outputs that feed quantized Conv/Gemm to use both halves of INT8 "
+                      "(half the step; an exact rewrite of biases, clip bounds and pad values)."),
+)
+
+
 @cli.command()
 @_override_option
 @_common
 @click.option("-m", "--model", type=_IN_PATH, help="FP32 ONNX model.")
 @click.option("--cache", type=_IN_PATH, required=True, help="calibration.cache (trtq, TensorRT or ONNX Runtime).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Q/DQ model path (default MODEL.qdq.onnx).")
-@click.option("--exclude", multiple=True, metavar="PATTERN", help="Keep nodes float: an op type, an exact node name, else a regex searched in node names (repeat).")
-@click.option("--fp16", is_flag=True, default=None, help="Cast the non-quantized rest to float16.")
-@click.option("--per-channel/--per-tensor", default=None, help="Weight scales per output channel (default) or per tensor.")
-@click.option("--allow-stale", is_flag=True, default=None, help="Use a cache whose provenance names another model.")
-@click.option("--bias-correction", is_flag=True, default=None,
-              help="Cancel the mean shift of INT8 weight rounding in Conv/Gemm biases (needs --data or a config with data).")
-@click.option("--weight-rounding", type=click.Choice(["nearest", "gptq"]),
-              help="INT8 weight levels: nearest (default) or gptq, chosen for each layer's output error "
-                   "on the data (needs --data or a config with data).")
-@click.option("--float-layers", type=int, metavar="N",
-              help="Leave float the N layers that add the most error alone (ranked as compare --per-layer "
-                   "does, on the data).")
-@click.option("--samples", type=int,
-              help="Calibration samples --bias-correction, gptq rounding and --float-layers read (default 128).")
-@click.option("--center-activations", is_flag=True, default=None,
-              help="Shift ReLU/Clip outputs that feed quantized Conv/Gemm to use both halves of INT8 "
-                   "(half the step; an exact rewrite of biases, clip bounds and pad values).")
-@click.option("--data", "data", multiple=True, metavar="[INPUT=]PATH",
-              help="Data for --bias-correction, --weight-rounding gptq and --float-layers, as for calibrate.")
-@click.option("--preprocess", type=_PRESET_CHOICE,
-              help="Preprocessing preset for --data.")
-@_shape_option
-def quantize(config_path, as_json, verbose, quiet, model, cache, output, exclude, fp16, per_channel, allow_stale,
-             bias_correction, weight_rounding, float_layers, samples, center_activations, data, preprocess):
+@_quantizing
+@_data_source("Data for --bias-correction, --weight-rounding gptq and --float-layers, as for calibrate.",
+              "Preprocessing preset for --data.")
+def quantize(common, model, cache, output, quantizing, source):
     """Write an explicit Q/DQ ONNX model (TensorRT 8.6/10/11 ready) from a calibration cache."""
-    st = _apply_common(as_json, verbose, quiet)
-    cfg = _load_config(config_path, {
-        "model": model, "quantize.output": output, "quantize.exclude": list(exclude) or None,
-        "quantize.fp16": fp16, "quantize.per_channel": per_channel, "quantize.allow_stale": allow_stale,
-        "quantize.bias_correction": bias_correction, "quantize.weight_rounding": weight_rounding,
-        "quantize.float_layers": float_layers, "quantize.samples": samples,
-        "quantize.center_activations": center_activations,
-    })
-    cfg = _apply_data_flags(cfg, data, preprocess)
+    st = _apply_common(common)
+    config_path = common.config_path
+    cfg = _load_config(config_path, {"model": model, "quantize.output": output,
+                                     **{f"quantize.{k}": v for k, v in vars(quantizing).items()},
+                                     "quantize.exclude": list(quantizing.exclude) or None})
+    cfg = _apply_data_flags(cfg, source)
     if not cfg.model:
         raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
-    from trtq.quantize_file import quantize_file
+    from trtq.pipeline.quantize import quantize_file
 
     out = Path(cfg.quantize.output) if cfg.quantize.output else Path(cfg.model).with_suffix(".qdq.onnx")
     _check_outputs(cfg, config_path, [("output model", str(out))],
@@ -675,7 +710,7 @@ def quantize(config_path, as_json, verbose, quiet, model, cache, output, exclude
     data = result.to_dict()
     data["output"] = str(out)
     lines = [f"quantized   {len(result.quantized)} nodes -> {out}"]
-    from trtq.quantize_file import DATA_STEP_NOTES
+    from trtq.pipeline.quantize import DATA_STEP_NOTES
 
     lines += [f"            {note}" for note in result.notes if note.startswith(DATA_STEP_NOTES)]
     if result.left_float:
@@ -696,16 +731,20 @@ def quantize(config_path, as_json, verbose, quiet, model, cache, output, exclude
 
 @cli.command()
 @_common
-@click.option("--cache", type=click.Path(dir_okay=False), required=True, help="calibration.cache (its .json provenance is read too).")
-@click.option("--stats", type=click.Path(dir_okay=False), help="Its --save-stats file (histograms, every method's range).")
-@click.option("--compare", "compare_json", type=click.Path(dir_okay=False), help="trtq compare --json output (accuracy, --per-layer).")
-@click.option("--quantize", "quantize_json", type=click.Path(dir_okay=False), help="trtq quantize --json output (layers left float).")
+@click.option("--cache", type=click.Path(dir_okay=False), required=True,
+              help="calibration.cache (its .json provenance is read too).")
+@click.option("--stats", type=click.Path(dir_okay=False),
+              help="Its --save-stats file (histograms, every method's range).")
+@click.option("--compare", "compare_json", type=click.Path(dir_okay=False),
+              help="trtq compare --json output (accuracy, --per-layer).")
+@click.option("--quantize", "quantize_json", type=click.Path(dir_okay=False),
+              help="trtq quantize --json output (layers left float).")
 @click.option("--bench", "bench_json", type=click.Path(dir_okay=False), help="trtq bench --json output (latency).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default="report.html", show_default=True,
               help="HTML file to write (self-contained).")
-def report(config_path, as_json, verbose, quiet, cache, stats, compare_json, quantize_json, bench_json, output):
+def report(common, cache, stats, compare_json, quantize_json, bench_json, output):
     """Write one self-contained HTML page: histograms and ranges per tensor, sensitivity, accuracy, latency."""
-    st = _apply_common(as_json, verbose, quiet)
+    st = _apply_common(common)
     from trtq.fileio import atomic_write_text
     from trtq.report.data import build_report, summary
     from trtq.report.page import render_html
@@ -724,48 +763,67 @@ def report(config_path, as_json, verbose, quiet, cache, stats, compare_json, qua
 # ------------------------------------------------------------------------------------------------
 
 
+# compare --per-layer: rank the quantized layers by the error each adds
+_per_layer = _option_group(
+    "layers",
+    click.option("--per-layer", is_flag=True, default=None,
+                 help="Rank quantized layers by the error each adds (needs --cache)."),
+    click.option("--per-layer-mode", type=click.Choice(["only", "leave-one-out"]), default="only", show_default=True),
+    click.option("--cache", type=click.Path(dir_okay=False), help="Calibration cache for --per-layer."),
+    click.option("--top", type=int, default=10, show_default=True, help="Rows of the per-layer table."),
+)
+
+
+# compare: what the outputs are for (the task metric that gates and ranks)
+_task = _option_group(
+    "task",
+    click.option("--task", type=click.Choice(["auto", "classify", "detect", "segment", "ctc", "raw"]),
+                 help="What the outputs are for; sets the task metric that --min-agreement gates and --per-layer "
+                      "ranks by (default auto: inferred from each output's shape, stated in the report)."),
+    click.option("--detect-format", type=click.Choice(["auto", "v8", "v5"]),
+                 help="detect: YOLOv8 rows (4 box + class scores) or YOLOv5 rows (4 box, objectness, class scores)."),
+    click.option("--score-threshold", type=float, help="detect: least score of a detection (default 0.25)."),
+    click.option("--nms-iou", type=float, help="detect: NMS IoU threshold, per class (default 0.45)."),
+    click.option("--mask-threshold", type=float,
+                 help="segment: a one-channel map's mask is value > this (default 0.5)."),
+)
+
+
 @cli.command()
 @_override_option
 @_common
-@click.option("--reference", type=click.Path(dir_okay=False), help="Reference model (.onnx, FP32). Default: model: from the config.")
-@click.option("--candidate", type=click.Path(dir_okay=False), required=True, help="Candidate (.onnx Q/DQ or .plan engine).")
-@_data_options
-@click.option("--min-agreement", type=float, help="Fail (exit 1) when an output's task metric (top-1 agreement, detection "
-              "F1, mask IoU, CTC sequence agreement) is below this.")
+@click.option("--reference", type=click.Path(dir_okay=False),
+              help="Reference model (.onnx, FP32). Default: model: from the config.")
+@click.option("--candidate", type=click.Path(dir_okay=False), required=True,
+              help="Candidate (.onnx Q/DQ or .plan engine).")
+@_DATA_SOURCE
+@_batching
+@click.option("--min-agreement", type=float, help="Fail (exit 1) when an output's task metric (top-1 agreement, "
+              "detection F1, mask IoU, CTC sequence agreement) is below this.")
 @click.option("--min-cosine", type=float, help="Fail (exit 1) when mean cosine similarity is below this.")
-@click.option("--per-layer", is_flag=True, default=None, help="Rank quantized layers by the error each adds (needs --cache).")
-@click.option("--per-layer-mode", type=click.Choice(["only", "leave-one-out"]), default="only", show_default=True)
-@click.option("--cache", type=click.Path(dir_okay=False), help="Calibration cache for --per-layer.")
-@click.option("--top", type=int, default=10, show_default=True, help="Rows of the per-layer table.")
+@_per_layer
 @click.option("--semantics", type=click.Choice(["qdq", "onnxruntime"]),
               help="How a Q/DQ .onnx candidate is run: qdq (default: the Q/DQ pairs as written, what TensorRT "
                    "computes) or onnxruntime (its fused int8 kernels, as ONNX Runtime deploys it).")
-@click.option("--task", type=click.Choice(["auto", "classify", "detect", "segment", "ctc", "raw"]),
-              help="What the outputs are for; sets the task metric that --min-agreement gates and --per-layer "
-                   "ranks by (default auto: inferred from each output's shape, stated in the report).")
-@click.option("--detect-format", type=click.Choice(["auto", "v8", "v5"]),
-              help="detect: YOLOv8 rows (4 box + class scores) or YOLOv5 rows (4 box, objectness, class scores).")
-@click.option("--score-threshold", type=float, help="detect: least score of a detection (default 0.25).")
-@click.option("--nms-iou", type=float, help="detect: NMS IoU threshold, per class (default 0.45).")
-@click.option("--mask-threshold", type=float, help="segment: a one-channel map's mask is value > this (default 0.5).")
-def compare(config_path, as_json, verbose, quiet, reference, candidate, data, preprocess, batch_size, limit, workers,
-            skip_bad, shuffle, seed, min_agreement, min_cosine, per_layer, per_layer_mode, cache, top, semantics,
-            task, detect_format, score_threshold, nms_iou, mask_threshold):
+@_task
+def compare(common, reference, candidate, source, batching, min_agreement, min_cosine, layers, semantics, task):
     """Run reference and candidate on the same batches and report how close the candidate is."""
-    st = _apply_common(as_json, verbose, quiet)
-    cfg = _load_config(config_path, {
+    st = _apply_common(common)
+    cfg = _load_config(common.config_path, {
         "model": reference, "compare.min_agreement": min_agreement, "compare.min_cosine": min_cosine,
-        "compare.per_layer": per_layer, "compare.limit": limit, "compare.semantics": semantics,
-        "compare.task": task, "compare.detect_format": detect_format, "compare.score_threshold": score_threshold,
-        "compare.nms_iou": nms_iou, "compare.mask_threshold": mask_threshold,
-        **_data_overrides(batch_size, limit, workers, skip_bad, shuffle, seed),
+        "compare.per_layer": layers.per_layer, "compare.limit": batching.limit, "compare.semantics": semantics,
+        "compare.task": task.task, "compare.detect_format": task.detect_format,
+        "compare.score_threshold": task.score_threshold, "compare.nms_iou": task.nms_iou,
+        "compare.mask_threshold": task.mask_threshold,
+        **_data_overrides(batching),
     })
-    cfg = _apply_data_flags(cfg, data, preprocess)
+    cfg = _apply_data_flags(cfg, source)
+    per_layer_mode, cache, top = layers.per_layer_mode, layers.cache, layers.top
     if not cfg.model:
         raise UsageError("no reference model given", "pass --reference MODEL.onnx or set model: in the config")
     if not cfg.data.inputs:
         raise UsageError("no data given", "pass --data DIR --preprocess PRESET, or a config with data.inputs")
-    from trtq.compare_run import run_compare
+    from trtq.pipeline.compare import run_compare
 
     report, layers = run_compare(cfg, Path(candidate), Path(cache) if cache else None,
                                  per_layer_mode if cfg.compare.per_layer else None, top)
@@ -789,6 +847,22 @@ def compare(config_path, as_json, verbose, quiet, reference, candidate, data, pr
 # ------------------------------------------------------------------------------------------------
 
 
+# how TensorRT builds the engine (build.* keys)
+_engine = _option_group(
+    "engine",
+    click.option("--mode", type=click.Choice(["explicit", "implicit"]),
+                 help="explicit Q/DQ (default; TRT 11) or implicit calibrator (TRT <= 10)."),
+    click.option("--precision", type=click.Choice(["int8", "fp16", "fp32"]), help="Engine precision (default int8)."),
+    click.option("--fp16", is_flag=True, default=None, help="Let layers left in float run in FP16."),
+    click.option("--workspace-mb", type=int, help="Builder workspace limit in MiB."),
+    click.option("--opt-level", "optimization_level", type=click.IntRange(0, 5),
+                 help="Builder optimization level 0-5."),
+    click.option("--timing-cache", type=click.Path(dir_okay=False), help="Load/save the builder timing cache here."),
+    click.option("--tactic-sources",
+                 help="Comma-separated tactic sources, e.g. EDGE_MASK_CONVOLUTIONS,JIT_CONVOLUTIONS."),
+)
+
+
 @cli.command()
 @_override_option
 @_common
@@ -796,30 +870,23 @@ def compare(config_path, as_json, verbose, quiet, reference, candidate, data, pr
               help="ONNX model: FP32 (INT8 needs --cache), or already quantized (Q/DQ: built as it is).")
 @click.option("--cache", type=_IN_PATH, help="calibration.cache (INT8 from an FP32 model).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Engine path (default MODEL.plan).")
-@click.option("--mode", type=click.Choice(["explicit", "implicit"]), help="explicit Q/DQ (default; TRT 11) or implicit calibrator (TRT <= 10).")
-@click.option("--precision", type=click.Choice(["int8", "fp16", "fp32"]), help="Engine precision (default int8).")
-@click.option("--fp16", is_flag=True, default=None, help="Let layers left in float run in FP16.")
-@click.option("--workspace-mb", type=int, help="Builder workspace limit in MiB.")
-@click.option("--opt-level", "optimization_level", type=click.IntRange(0, 5), help="Builder optimization level 0-5.")
-@click.option("--timing-cache", type=click.Path(dir_okay=False), help="Load/save the builder timing cache here.")
-@click.option("--tactic-sources", help="Comma-separated tactic sources, e.g. EDGE_MASK_CONVOLUTIONS,JIT_CONVOLUTIONS.")
-@click.option("--exclude", multiple=True, metavar="PATTERN", help="Keep nodes float (explicit mode): an op type, an exact node name, else a name regex.")
+@_engine
+@click.option("--exclude", multiple=True, metavar="PATTERN",
+              help="Keep nodes float (explicit mode): an op type, an exact node name, else a name regex.")
 @click.option("--allow-stale", is_flag=True, default=None, help="Use a cache whose provenance names another model.")
-def build(config_path, as_json, verbose, quiet, model, cache, output, mode, precision, fp16, workspace_mb,
-          optimization_level, timing_cache, tactic_sources, exclude, allow_stale):
+def build(common, model, cache, output, engine, exclude, allow_stale):
     """Build a TensorRT engine (.plan + .plan.json) from an FP32 model and a cache, or from a Q/DQ model."""
-    st = _apply_common(as_json, verbose, quiet)
+    st = _apply_common(common)
+    config_path = common.config_path
     cfg = _load_config(config_path, {
-        "model": model, "build.output": output, "build.mode": mode, "build.precision": precision,
-        "build.fp16": fp16, "build.workspace_mb": workspace_mb, "build.optimization_level": optimization_level,
-        "build.timing_cache": timing_cache,
-        "build.tactic_sources": _split_csv([tactic_sources]) if tactic_sources else None,
+        "model": model, "build.output": output, **{f"build.{k}": v for k, v in vars(engine).items()},
+        "build.tactic_sources": _split_csv([engine.tactic_sources]) if engine.tactic_sources else None,
         "build.allow_stale": allow_stale, "quantize.exclude": list(exclude) or None,
         "quantize.allow_stale": allow_stale,
     })
     if not cfg.model:
         raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
-    from trtq.trt.build import build_engine
+    from trtq.pipeline.build import build_engine
 
     out = Path(cfg.build.output) if cfg.build.output else Path(cfg.model).with_suffix(".plan")
     _check_outputs(cfg, config_path,
@@ -846,10 +913,10 @@ def build(config_path, as_json, verbose, quiet, model, cache, output, mode, prec
 @click.option("--warmup", type=float, help="Warm-up seconds (default 0.5).")
 @click.option("--include-copies", is_flag=True, default=None, help="Time host->device and device->host copies too.")
 @click.option("--cuda-graph", is_flag=True, default=None, help="Launch through a captured CUDA graph.")
-def bench(plans, config_path, as_json, verbose, quiet, iterations, duration, warmup, include_copies, cuda_graph):
+def bench(plans, common, iterations, duration, warmup, include_copies, cuda_graph):
     """Time TensorRT engines with CUDA events (several plans: ratios to the first)."""
-    st = _apply_common(as_json, verbose, quiet)
-    cfg = _load_config(config_path, {
+    st = _apply_common(common)
+    cfg = _load_config(common.config_path, {
         "bench.iterations": iterations, "bench.duration": duration, "bench.warmup": warmup,
         "bench.include_copies": include_copies, "bench.cuda_graph": cuda_graph,
     })

@@ -12,18 +12,13 @@ This module is pure Python (no numpy/onnx) so that the CLI stays fast to import.
 """
 import dataclasses
 import os
-import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Literal, Mapping, Optional, Tuple, Union
 
 from trtq.errors import ConfigError
 
-if sys.version_info >= (3, 8):
-    from typing import Literal
-else:  # pragma: no cover
-    from typing_extensions import Literal
 
 
 def _path_field(default=None):
@@ -268,7 +263,8 @@ def _unique_key_loader():
                     continue
                 if first is not None:
                     raise ConfigError(
-                        f"config key '{key}' appears twice in one mapping (lines {first} and {key_node.start_mark.line + 1})",
+                        f"config key '{key}' appears twice in one mapping "
+                        f"(lines {first} and {key_node.start_mark.line + 1})",
                         "keep one of them (YAML would silently use the last)",
                     )
                 seen[key] = key_node.start_mark.line + 1
@@ -287,7 +283,8 @@ def _read_yaml(path: Path) -> Dict[str, Any]:
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}", "check the --config path") from None
     except OSError as e:
-        raise ConfigError(f"cannot read config file {path}: {e.strerror}", "check the path and its permissions") from None
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}",
+                          "check the path and its permissions") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -393,85 +390,86 @@ def _resolve_path(value: str, base_dir: Optional[Path]) -> str:
 
 def _convert(tp: Any, value: Any, path: str, base_dir: Optional[Path], is_path: bool = False,
              csv: bool = False) -> Any:
+    """``value`` from YAML / the environment / a flag as type ``tp``; ConfigError naming ``path``."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
-
     if dataclasses.is_dataclass(tp):
-        if value is None:
-            return tp()
-        if not isinstance(value, dict):
-            raise _bad(path, value, tp)
-        hints = typing.get_type_hints(tp)
-        fields = {f.name: f for f in dataclasses.fields(tp)}
-        kwargs = {}
-        for key, sub in value.items():
-            sub_path = f"{path}.{key}" if path else str(key)
-            if key not in fields:
-                raise ConfigError(
-                    f"unknown config key '{sub_path}'",
-                    "valid keys here: " + ", ".join(fields),
-                )
-            f = fields[key]
-            kwargs[key] = _convert(hints[key], sub, sub_path, base_dir, bool(f.metadata.get("path")),
-                                   bool(f.metadata.get("csv")))
-        try:
-            return tp(**kwargs)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"config section '{path or 'top level'}': {e}") from None
-
+        return _convert_section(tp, value, path, base_dir)
     if origin is Union:
-        if value is None and type(None) in args:
-            return None
-        last: Optional[ConfigError] = None
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _convert(a, value, path, base_dir, is_path, csv)
-            except ConfigError as e:
-                last = e
-        raise last if last is not None else _bad(path, value, tp)
-
+        return _convert_union(tp, args, value, path, base_dir, is_path, csv)
     if origin is Literal:
         if value in args and not isinstance(value, bool):
             return value
         if isinstance(value, str) and value.lower() in args:
             return value.lower()
         raise _bad(path, value, tp)
-
     if origin in (tuple, Tuple):
-        item_tp = args[0]
         items = list(value) if isinstance(value, (list, tuple)) else [value]
         if csv and isinstance(value, str):
             items = [p.strip() for p in value.split(",") if p.strip()]
-        return tuple(
-            _convert(item_tp, v, f"{path}[{i}]", base_dir, is_path) for i, v in enumerate(items)
-        )
-
+        return tuple(_convert(args[0], v, f"{path}[{i}]", base_dir, is_path) for i, v in enumerate(items))
     if origin is dict:
         if value is None:
             return {}
         if not isinstance(value, dict):
             raise _bad(path, value, tp)
-        val_tp = args[1]
-        return {str(k): _convert(val_tp, v, f"{path}.{k}", base_dir, is_path) for k, v in value.items()}
+        return {str(k): _convert(args[1], v, f"{path}.{k}", base_dir, is_path) for k, v in value.items()}
+    return _convert_scalar(tp, value, path, base_dir, is_path)
 
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
+
+def _convert_section(tp: Any, value: Any, path: str, base_dir: Optional[Path]) -> Any:
+    """A config section (a dataclass) from a mapping; unknown keys are refused with the valid ones."""
+    if value is None:
+        return tp()
+    if not isinstance(value, dict):
         raise _bad(path, value, tp)
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise _bad(path, value, tp)
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise _bad(path, value, tp)
-    if tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            text = str(value)
-            return _resolve_path(text, base_dir) if is_path else text
+    hints = typing.get_type_hints(tp)
+    fields = {f.name: f for f in dataclasses.fields(tp)}
+    kwargs = {}
+    for key, sub in value.items():
+        sub_path = f"{path}.{key}" if path else str(key)
+        if key not in fields:
+            raise ConfigError(
+                f"unknown config key '{sub_path}'",
+                "valid keys here: " + ", ".join(fields),
+            )
+        f = fields[key]
+        kwargs[key] = _convert(hints[key], sub, sub_path, base_dir, bool(f.metadata.get("path")),
+                               bool(f.metadata.get("csv")))
+    try:
+        return tp(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"config section '{path or 'top level'}': {e}") from None
+
+
+def _convert_union(tp: Any, args: Tuple[Any, ...], value: Any, path: str, base_dir: Optional[Path], is_path: bool,
+                   csv: bool) -> Any:
+    """The first member type of an Optional / Union that takes ``value``."""
+    if value is None and type(None) in args:
+        return None
+    last: Optional[ConfigError] = None
+    for a in args:
+        if a is type(None):
+            continue
+        try:
+            return _convert(a, value, path, base_dir, is_path, csv)
+        except ConfigError as e:
+            last = e
+    raise last if last is not None else _bad(path, value, tp)
+
+
+def _convert_scalar(tp: Any, value: Any, path: str, base_dir: Optional[Path], is_path: bool) -> Any:
+    """bool / int / float / str (a path resolved against the config's folder); bools are no numbers."""
+    number = not isinstance(value, bool)
+    if tp is bool and isinstance(value, bool):
+        return value
+    if tp is int and number and isinstance(value, int):
+        return value
+    if tp is float and number and isinstance(value, (int, float)):
+        return float(value)
+    if tp is str and number and isinstance(value, (str, int, float)):
+        return _resolve_path(str(value), base_dir) if is_path else str(value)
+    if tp in (bool, int, float, str):
         raise _bad(path, value, tp)
     raise ConfigError(f"config key '{path}' has an unsupported type")  # pragma: no cover
 

@@ -47,6 +47,17 @@ def non_regular_kind(path: PathLike) -> str:
     return "not a regular file"
 
 
+def require_input_file(path: Path, error: type, noun: str, missing_hint: str, file_hint: str) -> None:
+    """``error`` (one line naming ``noun`` and ``path``) unless ``path`` is an existing regular file:
+    missing (``missing_hint``), a folder or a device, FIFO or socket (``file_hint``)."""
+    if not path.exists():
+        raise error(f"{noun} not found: {path}", missing_hint)
+    if path.is_dir():
+        raise error(f"{noun} path is a folder, not a file: {path}", file_hint)
+    if not path.is_file():
+        raise error(f"{noun} {path} is not a regular file (a device, FIFO or socket)", file_hint)
+
+
 def check_writable_target(dest: PathLike) -> None:
     """UsageError when ``dest`` exists and is not a regular file (it would be replaced)."""
     kind = non_regular_kind(dest)

@@ -6,9 +6,10 @@ file can be wrong into a one-line :class:`~trtq.errors.ModelError`.
 import operator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from trtq.errors import DataError, ModelError
+from trtq.fileio import require_input_file
 
 Dim = Union[int, str, None]  # static size, named dynamic dim, or unknown
 
@@ -56,12 +57,7 @@ def load_model(path: Union[str, Path], load_external_data: bool = True):
     import onnx
 
     path = Path(path)
-    if not path.exists():
-        raise ModelError(f"model not found: {path}", "check the --model path")
-    if path.is_dir():
-        raise ModelError(f"model path is a folder, not an ONNX file: {path}", "pass the .onnx file")
-    if not path.is_file():
-        raise ModelError(f"model path {path} is not a regular file (a device, FIFO or socket)", "pass the .onnx file")
+    require_input_file(path, ModelError, "model", "check the --model path", "pass the .onnx file")
     if path.stat().st_size == 0:
         raise ModelError(f"model file is empty: {path}", "re-export the model")
     try:
@@ -102,48 +98,66 @@ def _spec(value_info) -> TensorSpec:
     return TensorSpec(value_info.name, _dims(value_info.type), _ONNX_DTYPES.get(elem, f"onnx:{elem}"))
 
 
+def set_nodes(graph, nodes) -> None:
+    """Replace the nodes of an ONNX graph by ``nodes`` (in that order)."""
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
 def input_specs(model) -> List[TensorSpec]:
     """Real graph inputs (initializers that some exporters also list as inputs are skipped)."""
     inits = {i.name for i in model.graph.initializer}
     return [_spec(v) for v in model.graph.input if v.name not in inits]
 
 
+def check_shape(spec: TensorSpec, shape: Sequence[int], what: str, error: type = DataError) -> Tuple[int, ...]:
+    """``shape`` as ints when it fits ``spec`` (same rank, positive, the model's fixed dims), else
+    ``error`` naming ``what`` (the config key or flag the shape came from)."""
+    given = tuple(int(d) for d in shape)
+    if len(given) != len(spec.shape):
+        raise error(f"{what} has rank {len(given)} but the model input {spec.describe()} has rank {len(spec.shape)}",
+                    "give one size per dimension")
+    for i, (g, d) in enumerate(zip(given, spec.shape)):
+        if isinstance(d, int) and g != d:
+            raise error(f"{what} dim {i} is {g} but the model fixes it to {d}", f"use {d} there")
+        if g <= 0:
+            raise error(f"{what} dim {i} must be positive, got {g}")
+    return given
+
+
+def _shape_hint(s: TensorSpec) -> str:
+    dims = "x".join([""] + [str(d) if isinstance(d, int) else "?" for d in s.shape[1:]])
+    return (f"give its full shape: --shape {s.name}=N{dims} with numbers for the ?, "
+            f"or data.shapes.{s.name}: [...] in the config")
+
+
 def resolve_shapes(
     specs: Sequence[TensorSpec],
     shapes: Mapping[str, Sequence[int]],
     batch_size: Optional[int],
+    *,
+    fallback: Optional[Mapping[str, Sequence[int]]] = None,
+    default_batch: Optional[int] = None,
+    error: type = DataError,
+    hint: Callable[[TensorSpec], str] = _shape_hint,
 ) -> Dict[str, Tuple[int, ...]]:
-    """Concrete shape for every input.
+    """Concrete shape for every input: the one resolver the Batcher and TensorRT's profiles use.
 
-    ``shapes`` (from ``data.shapes``) wins; otherwise a dynamic leading dim takes ``batch_size``
-    and any other dynamic dim is an error that says which config key to set.
+    ``shapes`` (from ``data.shapes``) wins; otherwise a dynamic leading dim takes ``batch_size``,
+    a dynamic dim takes the ``fallback`` shape's (e.g. the shapes a cache was calibrated with), a
+    leading one ``default_batch``; any other dynamic dim is ``error`` with ``hint(spec)`` saying
+    which setting to give.
     """
     known = {s.name for s in specs}
     for name in shapes:
         if name not in known:
-            raise DataError(
-                f"data.shapes names '{name}', which is not a model input",
-                "model inputs: " + ", ".join(sorted(known)),
-            )
+            raise error(f"data.shapes names '{name}', which is not a model input",
+                        "model inputs: " + ", ".join(sorted(known)))
+    fallback = fallback or {}
     out: Dict[str, Tuple[int, ...]] = {}
     for s in specs:
         if s.name in shapes:
-            given = tuple(int(d) for d in shapes[s.name])
-            if len(given) != len(s.shape):
-                raise DataError(
-                    f"data.shapes.{s.name} has rank {len(given)} but the model input "
-                    f"{s.describe()} has rank {len(s.shape)}",
-                    "give one size per dimension",
-                )
-            for i, (g, d) in enumerate(zip(given, s.shape)):
-                if isinstance(d, int) and g != d:
-                    raise DataError(
-                        f"data.shapes.{s.name} dim {i} is {g} but the model fixes it to {d}",
-                        f"use {d} there",
-                    )
-                if g <= 0:
-                    raise DataError(f"data.shapes.{s.name} dim {i} must be positive, got {g}")
-            out[s.name] = given
+            out[s.name] = check_shape(s, shapes[s.name], f"data.shapes.{s.name}", error)
             continue
         dims: List[int] = []
         for i, d in enumerate(s.shape):
@@ -151,13 +165,13 @@ def resolve_shapes(
                 dims.append(d)
             elif i == 0 and batch_size:
                 dims.append(int(batch_size))
+            elif s.name in fallback and len(fallback[s.name]) == len(s.shape):
+                dims.append(int(fallback[s.name][i]))
+            elif i == 0 and default_batch:
+                dims.append(default_batch)
             else:
-                raise DataError(
-                    f"model input {s.describe()} has a dynamic dim {i}",
-                    f"give its full shape: --shape {s.name}=N{'x'.join([''] + [str(d) if isinstance(d, int) else '?' for d in s.shape[1:]])} "
-                    f"with numbers for the ?, or data.shapes.{s.name}: [...] in the config",
-                )
-        out[s.name] = tuple(dims)
+                raise error(f"model input {s.describe()} has a dynamic dim {i}", hint(s))
+        out[s.name] = check_shape(s, dims, f"shape of {s.name}", error)
     return out
 
 

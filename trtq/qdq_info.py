@@ -27,6 +27,7 @@ import onnx
 from onnx import numpy_helper
 
 from trtq.errors import ModelError
+from trtq.model import set_nodes
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 OTHER_QUANTIZED_OPS = ("QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear",
@@ -177,8 +178,7 @@ def fold_constant_dequantize(model: onnx.ModelProto) -> int:
             continue
         kept.append(node)
     if folded:
-        del graph.node[:]
-        graph.node.extend(kept)
+        set_nodes(graph, kept)
     return folded
 
 

@@ -181,7 +181,8 @@ def test_malformed_shard_is_a_usage_error(trtq, mlp_data, tmp_path, shard):
 
 def test_shard_needs_save_stats_and_ranges_needs_shard(trtq, mlp_data, tmp_path):
     root, model, data = mlp_data
-    _refused(trtq(["calibrate", "-m", model, "--data", data, "--shard", "0/2", "-o", tmp_path / "c"]), 2, "--save-stats")
+    _refused(trtq(["calibrate", "-m", model, "--data", data, "--shard", "0/2", "-o", tmp_path / "c"]), 2,
+             "--save-stats")
     _refused(trtq(["calibrate", "-m", model, "--data", data, "--ranges", tmp_path / "r.npz"]), 2, "--shard")
     _refused(trtq(["calibrate", "--from-stats", tmp_path / "x.npz", "--shard", "0/2", "--save-stats", tmp_path / "p"]),
              2, "merge-stats")

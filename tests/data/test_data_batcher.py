@@ -145,7 +145,8 @@ def test_batch_size_defaults_and_conflicts(shards):
     assert Batcher(npy_options(shards), [spec(shape=("N", 4))]).batch_size == 8
     assert Batcher(npy_options(shards), [spec(shape=(5, 4))]).batch_size == 5
     assert Batcher(npy_options(shards, shapes={"x": (3, 4)}), [spec(shape=("N", 4))]).batch_size == 3
-    with pytest.raises(DataError, match=r"data.batch_size is 4 but the model's fixed batch dim of x is 5; set data.batch_size: 5"):
+    with pytest.raises(DataError,
+                       match=r"data.batch_size is 4 but the model's fixed batch dim of x is 5; set data.batch_size: 5"):
         Batcher(npy_options(shards, batch_size=4), [spec(shape=(5, 4))])
     with pytest.raises(DataError, match=r"data.batch_size is 4 but data.shapes.x\[0\] is 3"):
         Batcher(npy_options(shards, batch_size=4, shapes={"x": (3, 4)}), [spec(shape=("N", 4))])
@@ -252,7 +253,8 @@ def test_skip_bad_with_nan_npy_sample(tmp_path):
 
 
 def test_wrong_shape_is_not_skipped(photos):
-    opts = folder_options(photos, skip_bad=True, preprocess=replace(SMALL, resize=ResizeOptions(mode="exact", size=(9, 9))))
+    exact = replace(SMALL, resize=ResizeOptions(mode="exact", size=(9, 9)))
+    opts = folder_options(photos, skip_bad=True, preprocess=exact)
     with pytest.raises(DataError, match=r"preprocesses to \[3, 9, 9\] but input x expects \[3, 8, 8\]"):
         list(Batcher(opts, [spec()]))
 

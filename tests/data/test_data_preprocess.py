@@ -238,7 +238,8 @@ def test_center_crop_pair_and_square():
 
 
 def test_crop_larger_than_image_says_what_to_change():
-    with pytest.raises(DataError, match=r"image x.png is 11x9 .*smaller than preprocess\.center_crop 10x10.*set preprocess\.resize"):
+    with pytest.raises(DataError, match=r"image x.png is 11x9 .*smaller than preprocess\.center_crop 10x10"
+                                        r".*set preprocess\.resize"):
         build_preprocess(PreprocessOptions(center_crop=(10,)))(rgb(11, 9), "image x.png")
 
 

@@ -100,7 +100,8 @@ def test_grayscale_is_replicated_for_rgb(tmp_path):
     got = load_one(tmp_path / "g.png", (6, 8, 3))
     for c in range(3):
         np.testing.assert_array_equal(got[..., c], gray)
-    assert load_one(tmp_path / "g.png", (6, 8, 1), PreprocessOptions(color="gray", scale=1.0, layout="nhwc"))[..., 0].tolist() == gray.tolist()
+    loaded = load_one(tmp_path / "g.png", (6, 8, 1), PreprocessOptions(color="gray", scale=1.0, layout="nhwc"))
+    assert loaded[..., 0].tolist() == gray.tolist()
 
 
 def test_rgba_and_la_drop_alpha(tmp_path):
@@ -184,8 +185,9 @@ def test_corrupt_and_truncated_images(tmp_path):
 def test_wrong_preprocessed_shape_names_the_option(tmp_path):
     save_rgb(tmp_path / "a.png", 20, 16)
     opts = PreprocessOptions(resize=ResizeOptions(mode="exact", size=(16, 16)))
-    with pytest.raises(DataError, match=r"image .*a\.png preprocesses to \[3, 16, 16\] but input x expects \[3, 8, 8\]; "
-                                        r"set data\.inputs\.x\.preprocess\.center_crop or data\.inputs\.x\.preprocess\.resize"):
+    with pytest.raises(DataError, match=r"image .*a\.png preprocesses to \[3, 16, 16\] but input x expects "
+                                        r"\[3, 8, 8\]; set data\.inputs\.x\.preprocess\.center_crop or "
+                                        r"data\.inputs\.x\.preprocess\.resize"):
         load_one(tmp_path / "a.png", (3, 8, 8), opts)
     with pytest.raises(DataError, match=r"set data\.inputs\.x\.preprocess\.layout: nhwc"):
         load_one(tmp_path / "a.png", (16, 20, 3), PreprocessOptions())
@@ -238,7 +240,8 @@ def test_npy_wrong_shape_and_rank(tmp_path):
 
 def test_npy_object_and_pickle_rejected(tmp_path):
     np.save(tmp_path / "o.npy", np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
-    with pytest.raises(DataError, match=r"pickled/object \.npy not supported; save with np\.save\(arr\) of a numeric array"):
+    with pytest.raises(DataError,
+                       match=r"pickled/object \.npy not supported; save with np\.save\(arr\) of a numeric array"):
         make_source("x", InputSource(npy=(str(tmp_path / "o.npy"),)), (), "float32")
     (tmp_path / "p.npy").write_bytes(pickle.dumps(np.zeros(3)))
     with pytest.raises(DataError, match=r"pickled/object \.npy not supported"):

@@ -25,7 +25,8 @@ def _dynamic_hw_model(path: Path) -> Path:
 def _images(folder: Path, n: int = 3) -> Path:
     folder.mkdir()
     for i in range(n):
-        Image.fromarray(np.random.default_rng(i).integers(0, 255, (30 + i, 50, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+        pixels = np.random.default_rng(i).integers(0, 255, (30 + i, 50, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(folder / f"{i}.png")
     return folder
 
 
@@ -62,7 +63,8 @@ def test_the_dynamic_dim_error_says_how_to_set_the_shape(trtq, tmp_path):
     imgs = _images(tmp_path / "imgs")
     files.write_text("\n".join(str(p) for p in sorted(imgs.iterdir())))
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"model: {model}\ndata:\n  inputs:\n    x:\n      images: {imgs}\n      preprocess: {{resize: {{mode: exact, size: [8, 8]}}}}\n")
+    cfg.write_text(f"model: {model}\ndata:\n  inputs:\n    x:\n      images: {imgs}\n"
+                   "      preprocess: {resize: {mode: exact, size: [8, 8]}}\n")
     r = trtq(["calibrate", "--config", cfg, "--dry-run"])
     assert r.code == 3 and "--shape x=Nx3x?x?" in r.err and "data.shapes.x" in r.err, r
     r = trtq(["calibrate", "--config", cfg, "--shape", "x=1x3x8x8", "--dry-run", "--json"])

@@ -104,7 +104,8 @@ def text_page(seed=0, size=480):
     from PIL import Image, ImageDraw, ImageFont
 
     rng = np.random.default_rng(seed)
-    words = "the quick brown fox jumps over a lazy dog while engines quantize every layer of the model".split()
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "engines", "quantize",
+             "every", "layer", "of", "the", "model"]
     img = Image.new("RGB", (size, size), "white")
     draw = ImageDraw.Draw(img)
     try:

@@ -228,7 +228,8 @@ def _weights_only(model):
     return m
 
 
-@pytest.mark.parametrize("extra", [[], ["--fp16"], ["--weight-rounding", "gptq", "--bias-correction", "--samples", "8"]])
+@pytest.mark.parametrize("extra", [[], ["--fp16"],
+                                   ["--weight-rounding", "gptq", "--bias-correction", "--samples", "8"]])
 def test_quantize_center_activations_cli(trtq, tmp_path, extra):
     model = _chain(np.random.default_rng(0))
     onnx.save(model, str(tmp_path / "m.onnx"))

@@ -215,8 +215,8 @@ def _fold_by_running(model):
             constant_nodes.append(node)
             constant_names.update(node.output)
     wanted = [o for n in constant_nodes for o in n.output]
-    graph = helper.make_graph(constant_nodes, "consts", [], [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None)
-                                                           for o in wanted], list(model.graph.initializer))
+    outputs = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in wanted]
+    graph = helper.make_graph(constant_nodes, "consts", [], outputs, list(model.graph.initializer))
     values = ReferenceEvaluator(helper.make_model(graph, opset_imports=model.opset_import)).run(None, {})
     folded = onnx.ModelProto()
     folded.CopyFrom(model)

@@ -16,7 +16,8 @@ def _depthwise_model(path):
                         conv("dw", "ra", "wd", "d", group=16), helper.make_node("Relu", ["d"], ["rd"], name="relu1"),
                         conv("pw", "rd", "wp", "y", k=1)],
                        [value("x", [1, 16, 8, 8])], [value("y", [1, 16, 8, 8])],
-                       [init("w0", conv_weight(rng, 16, 16)), init("wd", dw), init("wp", conv_weight(rng, 16, 16, k=1))])
+                       [init("w0", conv_weight(rng, 16, 16)), init("wd", dw),
+                        init("wp", conv_weight(rng, 16, 16, k=1))])
     onnx.save(model, str(path))
     data = path.parent / "x.npy"
     np.save(data, rng.standard_normal((8, 16, 8, 8)).astype(np.float32))
@@ -38,7 +39,8 @@ def test_float_depthwise_conv_takes_its_consumer_float_for_a_tensorrt_8_cache(tr
     model = tmp_path / "m.onnx"
     data = _depthwise_model(model)
     cache = tmp_path / "m.cache"
-    assert trtq(["calibrate", "--model", model, "--data", data, "--trt-version", trt_version, "-o", cache, "-q"]).code == 0
+    r = trtq(["calibrate", "--model", model, "--data", data, "--trt-version", trt_version, "-o", cache, "-q"])
+    assert r.code == 0
     out = tmp_path / "m.qdq.onnx"
     r = trtq(["quantize", "--model", model, "--cache", cache, "--exclude", "^dw$", "-o", out])
     assert r.code == 0, r
@@ -51,15 +53,17 @@ def test_float_depthwise_conv_takes_its_consumer_float_for_a_tensorrt_8_cache(tr
     ("8.6.0", "8.6.0", False),    # quantized for TensorRT 8: the conv it feeds is float too
     ("10.3.0", "10.3.0", False),  # TensorRT 10 was not seen to need it
 ])
-def test_build_refuses_a_qdq_model_tensorrt_8_would_compute_wrongly(trtq, tmp_path, cache_version, build_version, refused):
+def test_build_refuses_a_qdq_model_tensorrt_8_would_compute_wrongly(trtq, tmp_path, cache_version, build_version,
+                                                                     refused):
     from tests.trt.fakes import fake_trt
     from trtq.errors import ModelError
-    from trtq.trt.build import refuse_float_grouped_convs_feeding_int8
+    from trtq.pipeline.build import refuse_float_grouped_convs_feeding_int8
 
     model = tmp_path / "m.onnx"
     data = _depthwise_model(model)
     cache = tmp_path / "m.cache"
-    assert trtq(["calibrate", "--model", model, "--data", data, "--trt-version", cache_version, "-o", cache, "-q"]).code == 0
+    r = trtq(["calibrate", "--model", model, "--data", data, "--trt-version", cache_version, "-o", cache, "-q"])
+    assert r.code == 0
     out = tmp_path / "m.qdq.onnx"
     assert trtq(["quantize", "--model", model, "--cache", cache, "--exclude", "^dw$", "-o", out, "-q"]).code == 0
     if refused:

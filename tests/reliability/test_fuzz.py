@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("hypothesis", reason="the fuzz tests need hypothesis (in the dev extra; not in the GPU test bundle)")
+pytest.importorskip("hypothesis",
+                    reason="the fuzz tests need hypothesis (in the dev extra; not in the GPU test bundle)")
 from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -20,7 +21,7 @@ from trtq.calib.cache import INT8_MAX, read_cache, scale_problem
 from trtq.config import TrtqConfig, load_config
 from trtq.data.sources import NpySource, SampleError
 from trtq.errors import CacheError, ConfigError, DataError
-from trtq.inspect_cache import load_for_inspection
+from trtq.calib.inspect import load_for_inspection
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 FUZZ_CLI = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))

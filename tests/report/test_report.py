@@ -134,7 +134,8 @@ def test_html_is_self_contained_and_names_the_runtimes(trtq, tmp_path):
     assert data["layers"]["rows"] and all(row["node"] for row in data["layers"]["rows"])
     page = out.read_text(encoding="utf-8")
     assert data["accuracy"]["outputs"][0]["task_top1"] == 0.8125
-    assert "<th>task top1</th>" in out.read_text(encoding="utf-8") and "<td>0.8125</td>" in out.read_text(encoding="utf-8")
+    page = out.read_text(encoding="utf-8")
+    assert "<th>task top1</th>" in page and "<td>0.8125</td>" in page
     for needle in ("id=histogram", "id=layers", "id=float", "id=accuracy", "id=latency", ">fc<",
                    "TensorRT engine (TensorRT 10.3.0)", "Q/DQ semantics (what TensorRT computes"):
         assert needle in page, needle

@@ -190,7 +190,8 @@ def qat_style_cnn(path: Path, batch: Union[int, str] = 2, seed: int = 0, scales_
     or initializers. Activation scales are fixed, as training would have learnt them."""
     rng = np.random.default_rng(seed)
     C, K = 32, 16
-    w = {"w1": rng.normal(0, 0.3, (C, 3, 3, 3)), "w2": rng.normal(0, 0.08, (C, C, 3, 3)), "wg": rng.normal(0, 0.3, (K, C))}
+    w = {"w1": rng.normal(0, 0.3, (C, 3, 3, 3)), "w2": rng.normal(0, 0.08, (C, C, 3, 3)),
+         "wg": rng.normal(0, 0.3, (K, C))}
     w = {k: v.astype(np.float32) for k, v in w.items()}
     inits = [numpy_helper.from_array(v, k) for k, v in w.items()]
     inits += [numpy_helper.from_array(rng.normal(0, 0.1, n).astype(np.float32), b) for b, n in
@@ -240,7 +241,13 @@ def ort_quantize_static(fp32: Path, path: Path, batches: Iterable[Dict[str, np.n
     """ONNX Runtime's own ``quantize_static`` in QDQ format: per-channel int8 weights, MinMax on the
     batches; ``symmetric``: int8 activations with zero point 0 (what TensorRT takes), else ONNX
     Runtime's default asymmetric uint8 activations."""
-    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     class Reader(CalibrationDataReader):
         def __init__(self):

@@ -8,7 +8,8 @@ import pytest
 from trtq.config import BuildOptions, ProfileShapes
 from trtq.errors import ConfigError, EnvironmentMissing, UsageError
 from trtq.model import TensorSpec
-from trtq.trt.build import build_engine, resolve_profiles
+from trtq.pipeline.build import build_engine
+from trtq.trt.build import resolve_profiles
 
 X_DYN = TensorSpec("x", ("N", 3, 224, 224), "float32")
 X_STATIC = TensorSpec("x", (2, 3, 8, 8), "float32")
@@ -79,7 +80,7 @@ def test_build_without_tensorrt_is_exit_4_and_writes_nothing(tmp_path, sample_mo
 
 
 @contextlib.contextmanager
-def build_warnings(logger_name: str = "trtq.trt.build"):
+def build_warnings(logger_name: str = "trtq.pipeline.build"):
     """The build logger's (or ``logger_name``'s) warning records, read directly (the CLI tests may have stopped trtq's
     loggers propagating to caplog, and a CLI test run with -q leaves the trtq logger at ERROR)."""
     records = []
@@ -226,14 +227,14 @@ def test_float_depthwise_conv_takes_its_consumer_float_on_tensorrt_8(version, ex
     from trtq.config import QuantizeOptions
     from trtq.quantize import quantize_model
     from trtq.trt import compat
-    from trtq.quantize_file import warn_float_grouped_convs
+    from trtq.pipeline.quantize import warn_float_grouped_convs
 
     trt = fake_trt(version)
     result = quantize_model(_depthwise_pair_model(), {"x": 3.0, "r": 5.0},
                             QuantizeOptions(exclude=(f"^{excluded}$",)),
                             float_grouped_consumers=compat.float_grouped_conv_is_unsafe(trt))
     assert ("pw" in dict(result.left_float)) == (excluded == "pw" or bool(extra))
-    with build_warnings("trtq.quantize_file") as records:
+    with build_warnings("trtq.pipeline.quantize") as records:
         assert (warn_float_grouped_convs(version, result) if compat.float_grouped_conv_is_unsafe(trt) else []) == extra
     assert any("also leaving float pw" in r.getMessage() for r in records) == bool(extra)
 

@@ -53,7 +53,7 @@ def run_plan(path, x):
 
 @pytest.mark.parametrize("kind", ["trtq", "onnxruntime", "qat", "qat-initializers"])
 def test_qdq_model_builds_as_it_is_and_matches_its_qdq_semantics(models, kind):
-    from trtq.trt.build import build_engine
+    from trtq.pipeline.build import build_engine
 
     path = models["paths"][kind]
     res = build_engine(path, models["dir"] / f"{kind}.plan", opts())
@@ -68,7 +68,7 @@ def test_qdq_model_builds_as_it_is_and_matches_its_qdq_semantics(models, kind):
 
 
 def test_qdq_model_with_fp16_rest(models):
-    from trtq.trt.build import build_engine
+    from trtq.pipeline.build import build_engine
 
     path = models["paths"]["qat"]
     res = build_engine(path, models["dir"] / "qat16.plan", opts(fp16=True))

@@ -63,7 +63,7 @@ def sample(tmp_path_factory):
 
 
 def _build_and_run(sample, name, **kw):
-    from trtq.trt.build import build_engine
+    from trtq.pipeline.build import build_engine
     from trtq.trt.runtime import TrtRunner
 
     prof = ProfileShapes((1, 3, 224, 224), (16, 3, 224, 224), (16, 3, 224, 224))

@@ -46,7 +46,7 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def built(tiny):
     """One engine per precision/mode, built once for the module."""
-    from trtq.trt.build import build_engine
+    from trtq.pipeline.build import build_engine
 
     d = tiny["dir"]
     out = {}
@@ -93,7 +93,7 @@ def test_plan_metadata(tiny, built):
 
 
 def test_dynamic_batch_profile(tmp_path):
-    from trtq.trt.build import build_engine
+    from trtq.pipeline.build import build_engine
     from trtq.trt.runtime import TrtRunner
 
     model = residual_cnn(tmp_path / "dyn.onnx", batch="N", opset=17)
@@ -120,8 +120,8 @@ def test_tensorrt_calibration_writes_a_cache_tensorrt_accepts(tmp_path):
     batch is used, and an implicit build takes the cache."""
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs, load_model
-    from trtq.trt.build import build_engine
-    from trtq.trt.calibrator import calibrate_with_tensorrt
+    from trtq.pipeline.build import build_engine
+    from trtq.pipeline.calibrate import calibrate_file_with_tensorrt as calibrate_with_tensorrt
 
     model = residual_cnn(tmp_path / "dyn.onnx", batch="N", opset=13)
     rng = np.random.default_rng(3)
@@ -183,7 +183,7 @@ def test_runtime_refuses_non_plan(tiny, tmp_path, content):
 
 
 def test_parse_error_names_opset_and_leaves_no_file(tmp_path):
-    from trtq.trt.build import build_engine
+    from trtq.pipeline.build import build_engine
 
     model = unsupported_op_opset18(tmp_path / "bad18.onnx")
     out = tmp_path / "out"
@@ -204,7 +204,7 @@ def test_timing_cache_corrupt_then_reused(tmp_path):
     """
     import tensorrt as trt
 
-    from trtq.trt.build import build_engine
+    from trtq.pipeline.build import build_engine
 
     model = residual_cnn(tmp_path / "convs.onnx", batch=BATCH, head=False)
     tc = tmp_path / "convs.timing.cache"
@@ -252,7 +252,7 @@ def test_centred_activations_engine_matches_its_qdq_model(tmp_path):
     from tests.trt.test_build_cpu import build_warnings
     from trtq.config import QuantizeOptions
     from trtq.quantize import quantize_model
-    from trtq.trt.build import build_engine
+    from trtq.pipeline.build import build_engine
 
     model = relu6_cnn(tmp_path / "r6.onnx", batch=BATCH)
     rng = np.random.default_rng(2)

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
 from trtq.errors import CacheError, ConfigError
-from trtq.fileio import atomic_write_bytes, atomic_write_text
+from trtq.fileio import atomic_write_bytes, atomic_write_text, require_input_file
 
 INT8_MAX = 127
 
@@ -60,12 +60,17 @@ ALGORITHM_FOR_METHOD = {
     "percentile": "EntropyCalibration2",
     "mse": "EntropyCalibration2",
 }
+# the methods TensorRT's own calibrators compute (trtq calibrate --backend tensorrt)
+TENSORRT_METHODS = ("max", "entropy")
+
+
+def method_for_algorithm(algorithm: str) -> str:
+    """The TensorRT-computed method an algorithm header stands for (``max`` or ``entropy``)."""
+    return next((m for m in TENSORRT_METHODS if ALGORITHM_FOR_METHOD[m] == algorithm), "entropy")
 
 # TensorRT 10.16 is the newest release with calibrators (TensorRT 11 removed implicit
 # quantization and IInt8Calibrator), so it is the newest that reads a calibration cache at all.
 DEFAULT_TRT_VERSION = "10.16.0"
-
-SOURCE_FORMATS = ("tensorrt", "onnxruntime")
 
 # major.minor[.patch[.build]], optionally a pip suffix (.post1, rc2, ...) and a local label (+cuda12)
 _VERSION_RE = re.compile(
@@ -276,13 +281,8 @@ def read_cache(path: Union[str, Path], allow_nonfinite: bool = False) -> Calibra
     """Read a TensorRT cache, or ONNX Runtime's text calibration table. CacheError on any problem,
     naming the file and line. ``allow_nonfinite`` keeps Inf/NaN scales (for inspection only)."""
     path = Path(path)
-    if not path.exists():
-        raise CacheError(f"calibration cache not found: {path}", "check the path, or create it with trtq calibrate")
-    if path.is_dir():
-        raise CacheError(f"calibration cache path is a folder: {path}", "pass the calibration.cache file")
-    if not path.is_file():
-        raise CacheError(f"calibration cache {path} is not a regular file (a device, FIFO or socket)",
-                         "pass the calibration.cache file")
+    require_input_file(path, CacheError, "calibration cache", "check the path, or create it with trtq calibrate",
+                       "pass the calibration.cache file")
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -367,16 +367,20 @@ def _read_trt(path: Path, header_no: int, header: str, entries, ends_with_newlin
         if len(hx) != 8 and not allow_nonfinite:
             raise _bad(path, n, f"scale {hx!r} of tensor '{name}' is not 8 hex digits (a usable scale always is)",
                        "re-calibrate, or remove that line (its consumers then stay float)")
-        if name in seen_at:
-            raise _bad(path, n, f"duplicate tensor '{name}' (first on line {seen_at[name]})",
-                       "keep one entry per tensor")
+        _note_entry(path, n, name, seen_at)
         scale = hex_to_scale(hx)
         _check_value(path, n, name, scale, "scale", allow_nonfinite, _TRT_HINT)
-        seen_at[name] = n
         amax[name] = scale * INT8_MAX
     if not amax:
         raise _bad(path, header_no, "the cache has a header but no entries", "re-create it with trtq calibrate")
     return CalibrationTable(trt_version=version, algorithm=algorithm, amax=amax, source_format="tensorrt")
+
+
+def _note_entry(path: Path, n: int, name: str, seen_at: Dict[str, int]) -> None:
+    """Remember that ``name`` is on line ``n``; CacheError when an earlier line has it already."""
+    if name in seen_at:
+        raise _bad(path, n, f"duplicate tensor '{name}' (first on line {seen_at[name]})", "keep one entry per tensor")
+    seen_at[name] = n
 
 
 def _read_ort(path: Path, entries, allow_nonfinite: bool) -> CalibrationTable:
@@ -393,12 +397,9 @@ def _read_ort(path: Path, entries, allow_nonfinite: bool) -> CalibrationTable:
                 )
             raise _bad(path, n, f"malformed entry {line[:80]!r}", _ORT_HINT)
         name, value_text = parts
-        if name in seen_at:
-            raise _bad(path, n, f"duplicate tensor '{name}' (first on line {seen_at[name]})",
-                       "keep one entry per tensor")
+        _note_entry(path, n, name, seen_at)
         value = float(value_text)
         _check_value(path, n, name, value, "amax", allow_nonfinite, _ORT_HINT)
-        seen_at[name] = n
         amax[name] = value
     return CalibrationTable(trt_version=None, algorithm=UNKNOWN_ALGORITHM, amax=amax, source_format="onnxruntime")
 

@@ -10,9 +10,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from trtq import __version__, interrupt
+from trtq import interrupt
 from trtq.config import TrtqConfig, to_dict
 from trtq.errors import CacheError, DataError, UsageError
 from trtq.fileio import sha256_file
@@ -112,6 +112,46 @@ def refuse_quantized(model, model_path: Path) -> None:
                          f"build it as it is (trtq build --model {model_path.name}), or calibrate the FP32 model")
 
 
+@dataclass
+class _Setup:
+    """What a calibration run works on, checked before any batch is read."""
+
+    opts: Any
+    model_path: Path
+    model: Any
+    specs: List[Any]
+    trt_version: str
+    algorithm: str
+    batcher: Any
+    tensors: List[str]
+    need_hist: bool
+    shard_pass: Optional[str] = None  # a shard's "ranges" (pass 1) or "histogram" (pass 2)
+    given: Optional[Dict[str, float]] = None  # pass 2 of a shard: the merged ranges of pass 1
+
+
+class _Stream:
+    """Runs the collector over one pass's batches, reporting progress; counts the last pass."""
+
+    def __init__(self, collector: Any, batcher: Any, progress: Optional[ProgressFn], stages: int):
+        self.collector, self.batcher, self.progress, self.stages = collector, batcher, progress, stages
+        self.samples = self.batches = 0
+
+    def run(self, stage: str, index: int, update: Callable, source: Any) -> None:
+        t0 = time.perf_counter()
+        done_batches = done_samples = 0
+        for batch in source:
+            interrupt.check()
+            update(self.collector.run(batch.arrays, batch.valid))
+            done_batches += 1
+            done_samples += batch.valid
+            if self.progress is not None:
+                self.progress(Progress(stage, index, self.stages, done_batches, self.batcher.num_batches,
+                                       done_samples, time.perf_counter() - t0))
+        self.samples, self.batches = done_samples, done_batches
+        if self.samples == 0:
+            raise DataError("no samples were usable for calibration", "check the data folder and --skip-bad report")
+
+
 def run_calibration(
     cfg: TrtqConfig, progress: Optional[ProgressFn] = None, write: bool = True,
     shard: Optional[Tuple[int, int]] = None, ranges: Optional[Path] = None, keep_batches: Optional[Path] = None,
@@ -123,13 +163,51 @@ def run_calibration(
     merged pass-1 file) pass 2 alone, histograms over those ranges. ``keep_batches``: pass 1 writes
     the shard's decoded batches there and pass 2 reads them back (trtq.calib.batchfile).
     """
-    from trtq.calib.cache import ALGORITHM_FOR_METHOD
-    from trtq.calib.collect import OrtCollector, check_providers, select_tensors
-    from trtq.calib.derive import abs_max, derive_extremes, monotone_links
+    from trtq.calib.collect import OrtCollector
+    from trtq.calib.derive import monotone_links
     from trtq.calib.kernels import numba_enabled
-    from trtq.calib.replay import ReplayedBatches
-    from trtq.calib.replay import _decodes_images as replay_worthwhile  # .npy inputs are memory-mapped
-    from trtq.calib.stats import AbsMaxAccumulator, HistogramAccumulator, compute_all, save_stats
+    from trtq.calib.stats import compute_all
+
+    run = _prepare(cfg, shard, ranges, keep_batches)
+    opts, tensors = run.opts, run.tensors
+    # Relu/Clip outputs whose range follows from their input's are not exposed by ONNX Runtime in
+    # the max pass (trtq.calib.derive)
+    links = monotone_links(run.model, tensors)
+    measured = [t for t in tensors if t not in links]
+    collector = OrtCollector(run.model, measured if run.given is None else tensors, opts.providers)
+    if run.need_hist:  # load numba and the kernel while pass 1 runs (its first use is in pass 2)
+        threading.Thread(target=numba_enabled, name="trtq-numba-warmup", daemon=True).start()
+    stream = _Stream(collector, run.batcher, progress, 2 if run.need_hist and run.given is None else 1)
+    started = time.perf_counter()
+    maxima, counts, zeros = _passes(run, stream, links, keep_batches if write else None, keep_batches)
+    if run.shard_pass == "ranges":  # a pass-1 shard: maxima only, histograms come in pass 2
+        import numpy as np
+
+        counts = {n: np.zeros(opts.num_bins, dtype=np.int64) for n in tensors}
+        zeros = {n: 0 for n in tensors}
+    raw_amax = compute_all("max" if run.shard_pass else opts.method, maxima, counts, opts.percentile, zeros)
+    amax, zero = _finalize_amax({name: float(raw_amax[name]) for name in tensors})
+    seconds = time.perf_counter() - started
+
+    provenance = build_provenance(cfg, run.model_path, run.specs, run.batcher, stream.samples, run.trt_version,
+                                  run.algorithm, amax)
+    out = Path(opts.output)
+    stats_path = Path(opts.save_stats) if opts.save_stats else None
+    if write:
+        _write_run(run, out, stats_path, provenance, amax, (maxima, counts, zeros), shard)
+    return CalibrationResult(
+        cache_path=out if write and run.shard_pass is None else None, method=opts.method, algorithm=run.algorithm,
+        trt_version=run.trt_version, amax=amax, samples=stream.samples, batches=stream.batches, seconds=seconds,
+        stats_path=stats_path, skipped=list(getattr(run.batcher, "skipped", [])), zero_tensors=zero,
+        providers=list(stream.collector.providers),
+    )
+
+
+def _prepare(cfg: TrtqConfig, shard: Optional[Tuple[int, int]], ranges: Optional[Path],
+             keep_batches: Optional[Path]) -> _Setup:
+    """Model, data and options checked, before any batch is read."""
+    from trtq.calib.cache import ALGORITHM_FOR_METHOD
+    from trtq.calib.collect import check_providers, select_tensors
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs, load_model
 
@@ -143,149 +221,111 @@ def run_calibration(
     if not any(s.is_float for s in specs):
         raise DataError(f"model {model_path} has no float input to calibrate", "pass an FP32 model")
     refuse_quantized(model, model_path)
-    trt_version = resolve_trt_version(opts.trt_version)
-    algorithm = ALGORITHM_FOR_METHOD[opts.method]
-    batcher = Batcher(cfg.data, specs)
-    tensors = select_tensors(model, opts.tensors)
-    need_hist = opts.method != "max" or opts.save_stats is not None
-    shard_pass = given = None
+    run = _Setup(opts, model_path, model, specs, resolve_trt_version(opts.trt_version),
+                 ALGORITHM_FOR_METHOD[opts.method], Batcher(cfg.data, specs), select_tensors(model, opts.tensors),
+                 need_hist=opts.method != "max" or opts.save_stats is not None)
     if shard is not None or ranges is not None:
         from trtq.calib.shard import prepare_shard
 
-        shard_pass, given = prepare_shard(batcher, shard, ranges, opts, model_path, tensors)
-        need_hist = shard_pass == "histogram"
+        run.shard_pass, run.given = prepare_shard(run.batcher, shard, ranges, opts, model_path, run.tensors)
+        run.need_hist = run.shard_pass == "histogram"
     elif keep_batches is not None:
         raise UsageError("--keep-batches is for the two passes of a shard", "pass --shard I/N with it")
-    # Relu/Clip outputs whose range follows from their input's are not exposed by ONNX Runtime in
-    # the max pass (trtq.calib.derive)
-    links = monotone_links(model, tensors)
-    measured = [t for t in tensors if t not in links]
-    collector = OrtCollector(model, measured if given is None else tensors, opts.providers)
-    if need_hist:  # load numba and the kernel while pass 1 runs (its first use is in pass 2)
-        threading.Thread(target=numba_enabled, name="trtq-numba-warmup", daemon=True).start()
-    stages = 2 if need_hist and given is None else 1
+    return run
 
-    started = time.perf_counter()
-    samples = 0
-    batches = 0
 
-    def stream(stage: str, index: int, update, source):
-        nonlocal samples, batches
-        t0 = time.perf_counter()
-        done_batches = done_samples = 0
-        for batch in source:
-            interrupt.check()
-            update(collector.run(batch.arrays, batch.valid))
-            done_batches += 1
-            done_samples += batch.valid
-            if progress is not None:
-                progress(Progress(stage, index, stages, done_batches, batcher.num_batches, done_samples,
-                                  time.perf_counter() - t0))
-        samples, batches = done_samples, done_batches
+def _passes(run: _Setup, stream: _Stream, links: Any, write_batches: Optional[Path],
+            read_batches: Optional[Path]) -> Tuple[Dict[str, float], Any, Any]:
+    """Pass 1 (maxima; skipped in pass 2 of a shard) and pass 2 (histograms, when needed):
+    (maxima, counts or None, zeros or None)."""
+    from trtq.calib.derive import abs_max, derive_extremes
+    from trtq.calib.replay import ReplayedBatches
+    from trtq.calib.replay import _decodes_images as replay_worthwhile  # .npy inputs are memory-mapped
+    from trtq.calib.stats import AbsMaxAccumulator
 
-    with ReplayedBatches(batcher, enabled=need_hist and given is None) as replay:
-        if given is None:
+    with ReplayedBatches(run.batcher, enabled=run.need_hist and run.given is None) as replay:
+        if run.given is None:
             maxima_acc = AbsMaxAccumulator()
             source = replay.first()
-            if keep_batches is not None and write and replay_worthwhile(batcher):
+            if write_batches is not None and replay_worthwhile(run.batcher):
                 from trtq.calib.batchfile import write_through
 
-                source = write_through(source, Path(keep_batches), batcher)
-            stream("max", 1, maxima_acc.update_batch, source)
-            if samples == 0:
-                raise DataError("no samples were usable for calibration", "check the data folder and --skip-bad report")
+                source = write_through(source, Path(write_batches), run.batcher)
+            stream.run("max", 1, maxima_acc.update_batch, source)
             derived = derive_extremes(maxima_acc.extremes, links)
             maxima_acc.add_derived({name: abs_max(derived[name]) for name in links})
             maxima = maxima_acc.maxima
         else:
-            maxima = given  # pass 2 of a shard: the merged ranges of pass 1
-        counts = zeros = None
-        if need_hist:
-            if not numba_enabled():
-                log.info("histograms on the numpy fallback; pip install numba makes this pass ~2x faster")
-            hist = HistogramAccumulator(maxima, num_bins=opts.num_bins)
-            # pass 2 needs every tensor: a session that exposes them all (the first one is freed
-            # first, so the peak holds one set of activations)
-            if given is None:
-                collector = None
-                collector = OrtCollector(model, tensors, opts.providers)
-            if given is None:
-                source = replay.second()
-            else:
-                source = None
-                if keep_batches is not None:
-                    from trtq.calib.batchfile import open_batches
+            maxima = run.given  # pass 2 of a shard: the merged ranges of pass 1
+        if not run.need_hist:
+            return maxima, None, None
+        return (maxima, *_histogram_pass(run, stream, maxima, replay, read_batches))
 
-                    source = open_batches(Path(keep_batches), batcher)
-                source = batcher if source is None else source
-            stream("histogram", stages, hist.update_batch, source)
-            if samples == 0:
-                raise DataError("no samples were usable for calibration", "check the data folder and --skip-bad report")
-            counts = hist.counts
-            zeros = hist.zeros
-            if hist.exceeded:
-                log.warning(
-                    "%d tensor(s) had values above their first-pass max in the second pass (data not "
-                    "deterministic?): %s; they were counted in the last bin",
-                    len(hist.exceeded), ", ".join(sorted(hist.exceeded)[:5]))
-    if shard_pass == "ranges":  # a pass-1 shard: maxima only, histograms come in pass 2
-        import numpy as np
 
-        counts = {n: np.zeros(opts.num_bins, dtype=np.int64) for n in tensors}
-        zeros = {n: 0 for n in tensors}
-    raw_amax = compute_all("max" if shard_pass else opts.method, maxima, counts, opts.percentile, zeros)
-    amax, zero = _finalize_amax({name: float(raw_amax[name]) for name in tensors})
-    seconds = time.perf_counter() - started
+def _histogram_pass(run: _Setup, stream: _Stream, maxima: Dict[str, float], replay: Any,
+                    read_batches: Optional[Path]) -> Tuple[Any, Any]:
+    """Pass 2: histograms over the fixed edges of ``maxima``; (counts, zeros)."""
+    from trtq.calib.collect import OrtCollector
+    from trtq.calib.kernels import numba_enabled
+    from trtq.calib.stats import HistogramAccumulator
 
-    provenance = build_provenance(cfg, model_path, specs, batcher, samples, trt_version, algorithm, amax)
-    out = Path(opts.output)
-    stats_path = Path(opts.save_stats) if opts.save_stats else None
-    if write:
-        from trtq.interrupt import held_for_outputs
+    if not numba_enabled():
+        log.info("histograms on the numpy fallback; pip install numba makes this pass ~2x faster")
+    hist = HistogramAccumulator(maxima, num_bins=run.opts.num_bins)
+    # pass 2 needs every tensor: a session that exposes them all (the first one is freed
+    # first, so the peak holds one set of activations)
+    if run.given is None:
+        stream.collector = None
+        stream.collector = OrtCollector(run.model, run.tensors, run.opts.providers)
+        source = replay.second()
+    else:
+        source = None
+        if read_batches is not None:
+            from trtq.calib.batchfile import open_batches
 
-        with held_for_outputs():  # statistics, cache and provenance as one step for Ctrl-C / SIGTERM
-            if stats_path is not None:
-                meta = {k: v for k, v in provenance.items() if k not in ("amax", "method", "algorithm")}
-                meta["tensors"] = tensors
-                if shard_pass is not None:
-                    from trtq.calib.shard import ranges_sha256
+            source = open_batches(Path(read_batches), run.batcher)
+        source = run.batcher if source is None else source
+    stream.run("histogram", stream.stages, hist.update_batch, source)
+    if hist.exceeded:
+        log.warning(
+            "%d tensor(s) had values above their first-pass max in the second pass (data not "
+            "deterministic?): %s; they were counted in the last bin",
+            len(hist.exceeded), ", ".join(sorted(hist.exceeded)[:5]))
+    return hist.counts, hist.zeros
 
-                    meta["shard"] = {"index": shard[0], "count": shard[1], "pass": shard_pass,
-                                     "ranges_sha256": ranges_sha256(given) if given is not None else None}
-                save_stats(stats_path, {n: maxima[n] for n in tensors}, {n: counts[n] for n in tensors}, meta,
-                           {n: zeros[n] for n in tensors})
-            if shard_pass is None:
-                _write_outputs(out, algorithm, trt_version, amax, provenance)
-    return CalibrationResult(
-        cache_path=out if write and shard_pass is None else None, method=opts.method, algorithm=algorithm, trt_version=trt_version,
-        amax=amax, samples=samples, batches=batches, seconds=seconds, stats_path=stats_path,
-        skipped=list(getattr(batcher, "skipped", [])), zero_tensors=zero, providers=list(collector.providers),
-    )
+
+def _write_run(run: _Setup, out: Path, stats_path: Optional[Path], provenance: dict, amax: Dict[str, float],
+               statistics: Tuple[Any, Any, Any], shard: Optional[Tuple[int, int]]) -> None:
+    """Statistics (``--save-stats``), cache and provenance, as one step for Ctrl-C / SIGTERM."""
+    from trtq.calib.stats import save_stats
+    from trtq.interrupt import held_for_outputs
+
+    maxima, counts, zeros = statistics
+    tensors = run.tensors
+    with held_for_outputs():
+        if stats_path is not None:
+            meta = {k: v for k, v in provenance.items() if k not in ("amax", "method", "algorithm")}
+            meta["tensors"] = tensors
+            if run.shard_pass is not None:
+                from trtq.calib.shard import ranges_sha256
+
+                meta["shard"] = {"index": shard[0], "count": shard[1], "pass": run.shard_pass,
+                                 "ranges_sha256": ranges_sha256(run.given) if run.given is not None else None}
+            save_stats(stats_path, {n: maxima[n] for n in tensors}, {n: counts[n] for n in tensors}, meta,
+                       {n: zeros[n] for n in tensors})
+        if run.shard_pass is None:
+            _write_outputs(out, run.algorithm, run.trt_version, amax, provenance)
 
 
 def build_provenance(cfg, model_path, specs, batcher, samples, trt_version, algorithm, amax) -> dict:
+    from trtq.calib.provenance import calibration_provenance, data_entry, model_entry
+
     opts = cfg.calibrate.resolved()
-    return {
-        "format": "trtq-calibration/1",
-        "trtq_version": __version__,
-        "model": {
-            "path": str(model_path),
-            "sha256": sha256_file(model_path),
-            "inputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype} for s in specs],
-        },
-        "data": {
-            "fingerprint": batcher.fingerprint(),
-            "samples": samples,
-            "batch_size": batcher.batch_size,
-            "shapes": {k: list(v) for k, v in batcher.shapes.items()},
-            "skipped": len(getattr(batcher, "skipped", [])),
-            "options": to_dict(cfg.data),
-        },
-        "method": {"name": opts.method, "percentile": opts.percentile, "num_bins": opts.num_bins},
-        "algorithm": algorithm,
-        "trt_version": trt_version,
-        "amax": dict(amax),
-    }
+    return calibration_provenance(
+        model_entry(model_path, specs), data_entry(batcher, samples, to_dict(cfg.data)),
+        {"name": opts.method, "percentile": opts.percentile, "num_bins": opts.num_bins},
+        algorithm, trt_version, amax,
+    )
 
 
 def calibrate_from_stats(cfg: TrtqConfig, stats_path: Path) -> CalibrationResult:
@@ -323,17 +363,10 @@ def calibrate_from_stats(cfg: TrtqConfig, stats_path: Path) -> CalibrationResult
     amax, zero = _finalize_amax({n: float(raw[n]) for n in tensors})
     trt_version = resolve_trt_version(opts.trt_version)
     algorithm = ALGORITHM_FOR_METHOD[opts.method]
-    provenance = dict(meta)
-    provenance.pop("tensors", None)
-    provenance.update({
-        "format": "trtq-calibration/1",
-        "trtq_version": __version__,
-        "method": {"name": opts.method, "percentile": opts.percentile, "num_bins": stats.num_bins},
-        "algorithm": algorithm,
-        "trt_version": trt_version,
-        "amax": dict(amax),
-        "from_stats": str(stats_path),
-    })
+    from trtq.calib.provenance import restamped_provenance
+
+    method = {"name": opts.method, "percentile": opts.percentile, "num_bins": stats.num_bins}
+    provenance = restamped_provenance(meta, method, algorithm, trt_version, amax, stats_path)
     out = Path(opts.output)
     _write_outputs(out, algorithm, trt_version, amax, provenance)
     data = meta.get("data") or {}

@@ -103,8 +103,8 @@ def _compile_numba():
 
     @numba.njit(nogil=True, cache=True)
     def histogram_f32(x, scale, counts, exceed_at):  # pragma: no cover - compiled
-        # counts: int64[lanes, num_bins] (measured faster than int32 here); lane j takes elements j, j+lanes, ... so that runs of
-        # equal bins (the zeros of a ReLU) do not serialise on one counter.
+        # counts: int64[lanes, num_bins] (measured faster than int32 here); lane j takes elements j,
+        # j+lanes, ... so that runs of equal bins (the zeros of a ReLU) do not serialise on one counter.
         lanes = counts.shape[0]
         last = counts.shape[1] - 1
         flast = np.float32(last)

@@ -72,7 +72,7 @@ class ReplayedBatches:
                 if not self._fits(batch):
                     self.enabled = False
                     return
-                self._file = tempfile.TemporaryFile(prefix="trtq-batches-")
+                self._file = tempfile.TemporaryFile(prefix="trtq-batches-")  # noqa: SIM115 (open until close())
             layout = []
             for name, a in batch.arrays.items():
                 a = np.ascontiguousarray(a)

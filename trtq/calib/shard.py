@@ -37,7 +37,8 @@ def parse_shard(text: str) -> Tuple[int, int]:
     """``"I/N"`` -> ``(I, N)`` with ``0 <= I < N``; UsageError otherwise."""
     m = _SHARD_RE.match(str(text))
     if not m:
-        raise UsageError(f"--shard {text!r} is not I/N", "pass the 0-based shard index and the shard count, e.g. --shard 0/4")
+        raise UsageError(f"--shard {text!r} is not I/N",
+                         "pass the 0-based shard index and the shard count, e.g. --shard 0/4")
     index, count = int(m.group(1)), int(m.group(2))
     if count < 1 or not 0 <= index < count:
         raise UsageError(f"--shard {text}: the index must be in 0..N-1 and N at least 1",
@@ -118,7 +119,8 @@ def check_ranges_fit(ranges_path: Path, meta: dict, model_sha: str, fingerprint:
 
 class MergeResult:
     def __init__(self, output: Path, shards: int, pass_name: str, samples: int, tensors: int):
-        self.output, self.shards, self.pass_name, self.samples, self.tensors = output, shards, pass_name, samples, tensors
+        self.output, self.shards, self.pass_name = output, shards, pass_name
+        self.samples, self.tensors = samples, tensors
 
     def to_dict(self) -> dict:
         return {"output": str(self.output), "shards": self.shards, "pass": self.pass_name,
@@ -138,7 +140,8 @@ def merge_stats_files(paths: Sequence[Path], output: Path) -> MergeResult:
 
     paths = [Path(p) for p in paths]
     if not paths:
-        raise UsageError("no statistics files to merge", "pass the shard files, e.g. trtq merge-stats part-*.npz -o merged.npz")
+        raise UsageError("no statistics files to merge",
+                         "pass the shard files, e.g. trtq merge-stats part-*.npz -o merged.npz")
     loaded = []
     for p in paths:
         st = load_stats(p)
@@ -159,7 +162,8 @@ def merge_stats_files(paths: Sequence[Path], output: Path) -> MergeResult:
             raise CacheError(f"{p} is from pass {s.get('pass')}, {p0} from pass {pass_name}",
                              "merge the shards of one pass at a time")
         if st.num_bins != st0.num_bins:
-            raise CacheError(f"{p} has {st.num_bins} histogram bins, {p0} has {st0.num_bins}", "use the same --num-bins")
+            raise CacheError(f"{p} has {st.num_bins} histogram bins, {p0} has {st0.num_bins}",
+                             "use the same --num-bins")
         index = int(s["index"])
         if index in seen:
             raise CacheError(f"shard {index}/{count} given twice: {seen[index]} and {p}", "pass each shard once")

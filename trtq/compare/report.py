@@ -7,29 +7,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from trtq.compare.metrics import OutputMetrics
 from trtq.errors import ConfigError
-
-
-def json_float(value: Optional[float]) -> Any:
-    """A float for JSON: finite values as numbers, inf / -inf / nan as the strings "inf",
-    "-inf", "nan" (strict JSON has no such numbers), None as null."""
-    if value is None:
-        return None
-    value = float(value)
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return value
-
-
-def fmt(value: Optional[float], spec: str) -> str:
-    if value is None:
-        return "-"
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return format(value, spec)
+from trtq.numbers import format_number as fmt
+from trtq.numbers import json_number as json_float
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
@@ -145,7 +124,7 @@ class CompareReport:
         raise KeyError(name)
 
     def to_dict(self) -> Dict[str, Any]:
-        """Plain JSON-able dict (see :func:`json_float` for how inf / nan are written)."""
+        """Plain JSON-able dict (see :func:`trtq.numbers.json_number` for how inf / nan are written)."""
         out = {
             "reference": self.reference,
             "candidate": self.candidate,

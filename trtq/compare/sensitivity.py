@@ -35,7 +35,7 @@ from trtq.compare.metrics import OutputAccumulator, OutputMetrics
 from trtq.compare.report import fmt, gated_values, json_float, table
 from trtq.compare.tasks import TaskAccumulator, TaskSettings, output_producers
 from trtq.errors import ConfigError, DataError, TrtqError
-from trtq.runners import OnnxRunner
+from trtq.compare.runners import OnnxRunner
 
 log = logging.getLogger(__name__)
 

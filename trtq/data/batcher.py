@@ -180,7 +180,8 @@ class Batcher:
         model = [s.name for s in self.specs]
         config = list(self.options.inputs)
         if not config:
-            raise DataError("no data configured", "set data.inputs.<input>: {images: DIR} in the config, or pass --data")
+            raise DataError("no data configured",
+                            "set data.inputs.<input>: {images: DIR} in the config, or pass --data")
         unknown = [n for n in config if n not in model]
         missing = [n for n in model if n not in config]
         if unknown or missing:

@@ -24,7 +24,7 @@ Rules that are easy to get subtly wrong, written down once:
 * ``exact`` and ``letterbox`` accept ``size: [s]`` for a square ``(s, s)``.
 """
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, Sequence, Tuple
 
 import numpy as np
 from PIL import Image
@@ -174,7 +174,8 @@ class Preprocessor:
             )
         if r.anchor not in ("center", "top_left"):
             raise ConfigError(f"{key}.resize.anchor must be center or top_left, got {r.anchor!r}")
-        for field, values in (("scale", (o.scale,)), ("mean", o.mean), ("std", o.std), ("resize.pad_value", (r.pad_value,))):
+        checked = (("scale", (o.scale,)), ("mean", o.mean), ("std", o.std), ("resize.pad_value", (r.pad_value,)))
+        for field, values in checked:
             if not all(np.isfinite(values)):
                 raise ConfigError(f"{key}.{field} must be finite, got {list(values)}")
         if any(float(s) == 0.0 for s in o.std):
@@ -282,16 +283,6 @@ class Preprocessor:
                 "fix or remove it, check the preprocess scale/mean/std, or pass --skip-bad",
             )
         return out
-
-    def fixed_hw(self) -> Optional[Tuple[int, int]]:
-        """The output (h, w) when it does not depend on the image size, else None."""
-        o = self.options
-        if o.center_crop:
-            return _pair(o.center_crop)
-        if o.resize.mode in ("exact", "letterbox"):
-            return _pair(o.resize.size)
-        return None
-
 
 def build_preprocess(options: PreprocessOptions, key: str = "preprocess") -> Callable[..., np.ndarray]:
     """Validate ``options`` (ConfigError naming ``key``) and return the per-image function.

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 _EXIF_ORIENTATION = 0x0112
 _SKIP_HINT = "remove it or pass --skip-bad"
+_NO_PICKLE_HINT = "pickled/object .npy not supported; save with np.save(arr) of a numeric array"
 
 
 class SampleError(DataError):
@@ -58,7 +59,8 @@ def list_image_folder(folder: Path, skip_bad: bool = False,
     """
     folder = Path(folder)
     if not folder.exists():
-        raise DataError(f"image folder not found: {folder}", "check the data path (data.inputs.<input>.images or --data)")
+        raise DataError(f"image folder not found: {folder}",
+                        "check the data path (data.inputs.<input>.images or --data)")
     if not folder.is_dir():
         raise DataError(
             f"image folder is a file, not a folder: {folder}",
@@ -111,7 +113,8 @@ def read_file_list(entries: Sequence[str], key: str) -> Tuple[Path, List[str]]:
         except FileNotFoundError:
             raise DataError(f"file list not found: {list_path}", f"check {key}") from None
         except (OSError, UnicodeDecodeError) as e:
-            raise DataError(f"cannot read file list {list_path}: {e}", "save it as UTF-8 text, one path per line") from None
+            raise DataError(f"cannot read file list {list_path}: {e}",
+                            "save it as UTF-8 text, one path per line") from None
         root = list_path.parent
         paths: List[Path] = []
         for lineno, line in enumerate(lines, 1):
@@ -197,7 +200,8 @@ def decode_image(path: str) -> Image.Image:
                 img = ImageOps.exif_transpose(img)
             return img
     except FileNotFoundError:
-        raise SampleError(f"image not found: {path}", "it was removed while reading; " + _SKIP_HINT, path, "not found") from None
+        raise SampleError(f"image not found: {path}", "it was removed while reading; " + _SKIP_HINT, path,
+                          "not found") from None
     except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, struct.error, ... for bad files
         reason = _reason(e)
         raise SampleError(f"cannot decode image {path}: {reason}", _SKIP_HINT, path, reason) from None
@@ -212,7 +216,8 @@ def _target_dtype(name: str, dtype: str) -> np.dtype:
     try:
         return np.dtype(dtype)
     except TypeError:
-        raise DataError(f"model input {name} has dtype {dtype}, which trtq cannot feed", "export the model with a float32 input") from None
+        raise DataError(f"model input {name} has dtype {dtype}, which trtq cannot feed",
+                        "export the model with a float32 input") from None
 
 
 class ImageSource:
@@ -346,7 +351,7 @@ class NpySource:
                 raise DataError(f"{path} is an .npz archive, not an .npy file", "save each array with np.save")
             if magic[:1] == b"\x80":
                 raise DataError(
-                    f"{path} is a pickle file", "pickled/object .npy not supported; save with np.save(arr) of a numeric array"
+                    f"{path} is a pickle file", _NO_PICKLE_HINT
                 )
             raise DataError(f"{path} is not an .npy file", "save arrays with np.save")
         try:
@@ -355,7 +360,7 @@ class NpySource:
             text = str(e).lower()
             if "object" in text or "pickle" in text:
                 raise DataError(
-                    f"{path} holds Python objects", "pickled/object .npy not supported; save with np.save(arr) of a numeric array"
+                    f"{path} holds Python objects", _NO_PICKLE_HINT
                 ) from None
             raise DataError(f"corrupt or truncated .npy file {path}: {_reason(e)}", "re-save it with np.save") from None
         except (OSError, EOFError, SyntaxError, TypeError) as e:
@@ -369,9 +374,10 @@ class NpySource:
         arr = self._open(path)
         shape, dt = tuple(arr.shape), arr.dtype
         if dt.kind == "O" or dt.hasobject:
-            raise DataError(f"{path} holds Python objects", "pickled/object .npy not supported; save with np.save(arr) of a numeric array")
+            raise DataError(f"{path} holds Python objects", _NO_PICKLE_HINT)
         if dt.kind not in "biufc" or dt.names is not None:
-            raise DataError(f"{path} has dtype {dt}, which is not numeric", f"save a numeric array castable to {self.dtype}")
+            raise DataError(f"{path} has dtype {dt}, which is not numeric",
+                            f"save a numeric array castable to {self.dtype}")
         if not np.can_cast(dt, self.dtype, "same_kind"):
             raise DataError(
                 f"{path} has dtype {dt}, which cannot be cast to {self.dtype} (the dtype of input {self.input_name})",
@@ -384,7 +390,8 @@ class NpySource:
             else:
                 hint = f"axis 0 is the sample axis: save an array of shape [N, {_shape_str(self.sample_shape)[1:]}"
             raise DataError(
-                f"{path} holds {found} but input {self.input_name} expects samples of shape {_shape_str(self.sample_shape)}",
+                f"{path} holds {found} but input {self.input_name} expects samples of shape "
+                f"{_shape_str(self.sample_shape)}",
                 hint,
             )
         del arr
@@ -425,7 +432,8 @@ class NpySource:
             arr = self._map(f)
             x = np.array(arr[row], dtype=self.dtype)
         except (OSError, ValueError) as e:  # the file changed or became unreadable while reading
-            raise SampleError(f"cannot read sample {row} of {path}: {_reason(e)}", "re-save it with np.save", str(path), _reason(e)) from None
+            raise SampleError(f"cannot read sample {row} of {path}: {_reason(e)}", "re-save it with np.save",
+                              str(path), _reason(e)) from None
         _release_row(arr, row)
         if x.dtype.kind in "fc" and not np.isfinite(x).all():
             raise SampleError(
@@ -492,7 +500,8 @@ def make_source(input_name: str, src: InputSource, sample_shape: Tuple[int, ...]
     given = [k for k, v in (("images", src.images), ("files", src.files), ("npy", src.npy)) if v]
     if len(given) != 1:
         what = "none" if not given else " and ".join(given)
-        raise ConfigError(f"{key} must set exactly one of images, files, npy (it sets {what})", "keep one data source per input")
+        raise ConfigError(f"{key} must set exactly one of images, files, npy (it sets {what})",
+                          "keep one data source per input")
     if src.npy:
         if src.preprocess != PreprocessOptions():
             log.warning("%s.preprocess is ignored for .npy data (arrays are fed as they are)", key)

@@ -16,7 +16,7 @@
 - :mod:`~trtq.quantize.fp16` (``options.fp16``): the float rest cast to float16.
 """
 from dataclasses import dataclass, field
-from typing import Collection, Iterable, List, Mapping, Optional, Tuple
+from typing import Collection, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import onnx
 
@@ -79,54 +79,21 @@ def quantize_model(
     ``float_grouped_consumers``: also leave float the quantized layers a grouped Conv left float
     (--exclude / float_layers) feeds (what TensorRT 8 needs, see :mod:`~trtq.quantize.float_choice`).
     ``keep_float``: layers to leave float, name -> reason: the ``float_layers`` choice, made by the
-    caller (:func:`trtq.quantize_file.choose_float_layers` ranks the layers with compare's
+    caller (:func:`trtq.pipeline.quantize.choose_float_layers` ranks the layers with compare's
     per-layer sensitivity, which itself runs this function). The input model is not modified.
     """
     options = options if options is not None else QuantizeOptions()
-    if is_quantized(model):
-        raise ModelError("model already has Q/DQ nodes",
-                         "quantize the FP32 model, or build this one as it is (trtq build --model MODEL.qdq.onnx)")
-    check_amax(amax)
-    names = _tensor_names(model.graph)
-    if not any(name in names for name in amax):
-        raise CacheError(
-            f"cache does not belong to this model: none of its {len(amax)} tensors are in the model",
-            "calibrate this model (trtq calibrate) or pass the cache made for it",
-        )
-
+    _refuse_unfit(model, amax)
     prepared, notes = prepare_model(model)
     index = GraphIndex(prepared)
-    if only_nodes is not None:
-        known = {n.name for n in index.nodes}
-        unknown = sorted(set(only_nodes) - known)
-        if unknown:
-            raise UsageError(
-                f"only_nodes names {len(unknown)} node(s) that are not in the model: " + ", ".join(unknown[:5])
-                + (" ..." if len(unknown) > 5 else ""),
-                "use node names from a quantize report",
-            )
-    keep_float = dict(keep_float or {})
-    if keep_float:
-        notes.append(f"float layers: {len(keep_float)} most sensitive left float: " + ", ".join(keep_float))
-    plan = make_plan(index, amax, options.exclude, options.per_channel, only_nodes, keep_float)
-    if float_grouped_consumers:
-        from trtq.quantize.float_choice import GROUPED_CONSUMER_REASON, grouped_conv_consumers
-
-        risky, extra = grouped_conv_consumers(index, plan.left_float, plan.quantized)
-        if extra:
-            keep_float = dict(keep_float, **{n: GROUPED_CONSUMER_REASON for n in extra})
-            plan = make_plan(index, amax, options.exclude, options.per_channel, only_nodes, keep_float)
-            notes.append(f"float grouped conv consumers: {', '.join(extra)} left float (fed by {', '.join(risky)})")
+    _check_only_nodes(index, only_nodes)
+    plan, keep_float = _plan(index, amax, options, only_nodes, dict(keep_float or {}), float_grouped_consumers,
+                             notes)
     observed, centred = model, []  # the float model the data steps read
     gptq_levels = data is not None and options.weight_rounding == "gptq"
     if options.center_activations:
         plan, centred = _centre(prepared, index, plan, amax, options, only_nodes, keep_float)
-        if centred:
-            notes.append(f"centred activations: {len(centred)} shifted to use both halves of INT8: "
-                         + ", ".join(c.describe() for c in centred[:3]) + (" ..." if len(centred) > 3 else ""))
-        else:
-            notes.append("centred activations: none (no Relu/Clip output with a biased producer feeds only "
-                         "quantized Conv/Gemm without implicit padding)")
+        notes.append(_centring_note(centred))
         if centred and gptq_levels:
             # gptq chooses the readers' levels for the shifted inputs they see
             observed = onnx.ModelProto()
@@ -150,6 +117,58 @@ def quantize_model(
         qdq_pairs=len(plan.pairs),
         centred=[{"tensor": c.tensor, "shift": c.shift, "amax": c.amax} for c in centred],
     )
+
+
+def _refuse_unfit(model: onnx.ModelProto, amax: Mapping[str, float]) -> None:
+    """Refuse a model that is quantized already, and a cache with unusable values or for another model."""
+    if is_quantized(model):
+        raise ModelError("model already has Q/DQ nodes",
+                         "quantize the FP32 model, or build this one as it is (trtq build --model MODEL.qdq.onnx)")
+    check_amax(amax)
+    names = _tensor_names(model.graph)
+    if not any(name in names for name in amax):
+        raise CacheError(
+            f"cache does not belong to this model: none of its {len(amax)} tensors are in the model",
+            "calibrate this model (trtq calibrate) or pass the cache made for it",
+        )
+
+
+def _check_only_nodes(index: GraphIndex, only_nodes: Optional[Collection[str]]) -> None:
+    if only_nodes is None:
+        return
+    unknown = sorted(set(only_nodes) - {n.name for n in index.nodes})
+    if unknown:
+        raise UsageError(
+            f"only_nodes names {len(unknown)} node(s) that are not in the model: " + ", ".join(unknown[:5])
+            + (" ..." if len(unknown) > 5 else ""),
+            "use node names from a quantize report",
+        )
+
+
+def _plan(index: GraphIndex, amax: Mapping[str, float], options: QuantizeOptions, only_nodes,
+          keep_float: Dict[str, str], float_grouped_consumers: bool, notes: List[str]):
+    """The Q/DQ plan with ``keep_float`` left float and, for TensorRT 8, the consumers of float
+    grouped convs too; (plan, the layers kept float)."""
+    if keep_float:
+        notes.append(f"float layers: {len(keep_float)} most sensitive left float: " + ", ".join(keep_float))
+    plan = make_plan(index, amax, options.exclude, options.per_channel, only_nodes, keep_float)
+    if float_grouped_consumers:
+        from trtq.quantize.float_choice import GROUPED_CONSUMER_REASON, grouped_conv_consumers
+
+        risky, extra = grouped_conv_consumers(index, plan.left_float, plan.quantized)
+        if extra:
+            keep_float = dict(keep_float, **{n: GROUPED_CONSUMER_REASON for n in extra})
+            plan = make_plan(index, amax, options.exclude, options.per_channel, only_nodes, keep_float)
+            notes.append(f"float grouped conv consumers: {', '.join(extra)} left float (fed by {', '.join(risky)})")
+    return plan, keep_float
+
+
+def _centring_note(centred) -> str:
+    if centred:
+        return (f"centred activations: {len(centred)} shifted to use both halves of INT8: "
+                + ", ".join(c.describe() for c in centred[:3]) + (" ..." if len(centred) > 3 else ""))
+    return ("centred activations: none (no Relu/Clip output with a biased producer feeds only "
+            "quantized Conv/Gemm without implicit padding)")
 
 
 def _centre(prepared: onnx.ModelProto, index: GraphIndex, plan, amax: Mapping[str, float], options: QuantizeOptions,

@@ -39,6 +39,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import onnx
 
+from trtq.model import set_nodes
 from trtq.quantize.edit import InitializerEditor
 from trtq.quantize.graph import GraphIndex, attr
 
@@ -129,7 +130,8 @@ def _commutes(index: GraphIndex, node: onnx.NodeProto) -> bool:
         return False
     if node.op_type == "Pad":
         value = node.input[2] if len(node.input) > 2 else ""
-        return attr(node, "mode", b"constant") in (b"constant", "constant") and (not value or _constant(index, value) is not None)
+        constant_mode = attr(node, "mode", b"constant") in (b"constant", "constant")
+        return constant_mode and (not value or _constant(index, value) is not None)
     if node.op_type == "AveragePool":  # padded zeros that count in the average do not move with x
         return not attr(node, "count_include_pad", 0) or not any(attr(node, "pads", None) or [])
     return True
@@ -153,12 +155,14 @@ def _through_commuting(index: GraphIndex, tensor: str):
     return None, ()
 
 
-def find_centrings(index: GraphIndex, tensors: Dict[str, float], quantized_input: Callable[[int, int], bool]) -> List[Centring]:
+def find_centrings(index: GraphIndex, tensors: Dict[str, float],
+                   quantized_input: Callable[[int, int], bool]) -> List[Centring]:
     """The centrings possible for the quantized activation ``tensors`` (name -> amax) of the float
     graph ``index``; ``quantized_input(node index, slot)`` says whether that input gets Q/DQ."""
     out = []
     for tensor, amax in tensors.items():
-        if not amax > 0 or index.fan_out(tensor) != len(index.consumers.get(tensor, [])) or tensor in index.graph_outputs:
+        read_elsewhere = index.fan_out(tensor) != len(index.consumers.get(tensor, []))
+        if not amax > 0 or read_elsewhere or tensor in index.graph_outputs:
             continue
         node, pads = _through_commuting(index, tensor)
         if node is None:
@@ -241,8 +245,7 @@ def _insert_after(model: onnx.ModelProto, after: Dict[str, onnx.NodeProto]) -> N
         nodes.append(node)
         if node.name in after:
             nodes.append(after[node.name])
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
+    set_nodes(model.graph, nodes)
 
 
 def apply_centrings(model: onnx.ModelProto, centrings: List[Centring]) -> None:

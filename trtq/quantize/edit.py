@@ -16,7 +16,8 @@ class InitializerEditor:
         self.graph = model.graph
         self.inits = {i.name: i for i in self.graph.initializer}
         self.nodes = {n.name: n for n in self.graph.node}
-        self.taken = set(self.inits) | {o for n in self.graph.node for o in n.output} | {i.name for i in self.graph.input}
+        outputs = {o for n in self.graph.node for o in n.output}
+        self.taken = set(self.inits) | outputs | {i.name for i in self.graph.input}
 
     def array(self, name: str) -> np.ndarray:
         return numpy_helper.to_array(self.inits[name])

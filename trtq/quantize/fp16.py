@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from trtq.model import set_nodes
 from trtq.quantize.graph import FLOAT, FLOAT16, GraphIndex, default_opset, has_subgraph
 from trtq.quantize.rewrite import Namer, taken_names
 
@@ -104,19 +105,26 @@ def cast_float_rest(model: onnx.ModelProto, amax: Optional[Mapping[str, float]] 
     ``amax`` (calibrated ranges) keeps nodes whose activations come near the float16 limit in
     float32, as do weights beyond it (BatchNorm variances of large activations).
     """
-    amax = amax or {}
     index = GraphIndex(model)
     graph = model.graph
-    opset = default_opset(model)
     orig_type = dict(index.types)
-    types = dict(index.types)
     namer = Namer(taken_names(graph))
-    nodes = index.nodes
+    conv_in, new_type = _fp16_slots(index, default_opset(model), orig_type, amax or {})
+    cast_of, tail_casts = _cast_outputs_back(index, graph, new_type, orig_type, namer)
+    init_fp16 = _fp16_weights(index, graph, conv_in, namer)
+    set_nodes(graph, _nodes_with_casts(index, conv_in, init_fp16, new_type, orig_type, cast_of, tail_casts, namer))
+    del graph.value_info[:]  # float types changed; consumers re-infer what they need
+    return model
 
-    # 1. which slots move to float16
+
+def _fp16_slots(index: GraphIndex, opset: int, orig_type: Dict[str, int],
+                amax: Mapping[str, float]) -> Tuple[Dict[int, Set[int]], Dict[str, int]]:
+    """Step 1, which slots move to float16: {node index: its float16 input slots}, and the tensor
+    types after the move."""
+    types = dict(index.types)
     pinned = {index.producer[t] for t in index.subgraph_refs if t in index.producer}
     conv_in: Dict[int, Set[int]] = {}
-    for idx, node in enumerate(nodes):
+    for idx, node in enumerate(index.nodes):
         if (
             node.op_type in _KEEP_FP32_OPS
             or node.domain not in ("", "ai.onnx")
@@ -130,9 +138,13 @@ def cast_float_rest(model: onnx.ModelProto, amax: Optional[Mapping[str, float]] 
             conv_in[idx] = ins
             for s in outs:
                 types[node.output[s]] = FLOAT16  # new type of this tensor
-    new_type = types
+    return conv_in, types
 
-    # 2. graph outputs computed in float16: rename inside, cast back under the original name
+
+def _cast_outputs_back(index: GraphIndex, graph: onnx.GraphProto, new_type: Dict[str, int], orig_type: Dict[str, int],
+                       namer: Namer) -> Tuple[Dict[Tuple[str, int], str], Dict[int, List[onnx.NodeProto]]]:
+    """Step 2, graph outputs computed in float16: renamed inside, cast back under the original name."""
+    nodes = index.nodes
     cast_of: Dict[Tuple[str, int], str] = {}
     tail_casts: Dict[int, List[onnx.NodeProto]] = {}
     for out in [o.name for o in graph.output]:
@@ -149,12 +161,17 @@ def cast_float_rest(model: onnx.ModelProto, amax: Optional[Mapping[str, float]] 
         cast = helper.make_node("Cast", [inner], [out], name=namer(f"{out}_cast_fp32"), to=FLOAT)
         tail_casts.setdefault(p, []).append(cast)
         cast_of[(inner, FLOAT)] = out
+    return cast_of, tail_casts
 
-    # 3. weights read as float16
+
+def _fp16_weights(index: GraphIndex, graph: onnx.GraphProto, conv_in: Dict[int, Set[int]],
+                  namer: Namer) -> Dict[str, str]:
+    """Step 3, weights read as float16: {initializer: its float16 version} (in place when every
+    reader wants float16, else a copy)."""
     fp16_readers: Dict[str, int] = {}
     for idx, ins in conv_in.items():
         for s in ins:
-            name = nodes[idx].input[s]
+            name = index.nodes[idx].input[s]
             if name in index.initializers:
                 fp16_readers[name] = fp16_readers.get(name, 0) + 1
     init_fp16: Dict[str, str] = {}
@@ -169,10 +186,15 @@ def cast_float_rest(model: onnx.ModelProto, amax: Optional[Mapping[str, float]] 
             copy = namer(f"{name}_fp16")
             graph.initializer.append(numpy_helper.from_array(_fp16_array(tensor), copy))
             init_fp16[name] = copy
+    return init_fp16
 
-    # 4. Casts where a reader wants another type than the tensor has
+
+def _nodes_with_casts(index: GraphIndex, conv_in: Dict[int, Set[int]], init_fp16: Dict[str, str],
+                      new_type: Dict[str, int], orig_type: Dict[str, int], cast_of: Dict[Tuple[str, int], str],
+                      tail_casts: Dict[int, List[onnx.NodeProto]], namer: Namer) -> List[onnx.NodeProto]:
+    """Step 4, the nodes with a Cast wherever a reader wants another type than the tensor has."""
     ordered: List[onnx.NodeProto] = []
-    for idx, node in enumerate(nodes):
+    for idx, node in enumerate(index.nodes):
         ins = conv_in.get(idx, set())
         for slot, name in enumerate(node.input):
             if not name:
@@ -196,7 +218,4 @@ def cast_float_rest(model: onnx.ModelProto, amax: Optional[Mapping[str, float]] 
             node.input[slot] = cast_of[key]
         ordered.append(node)
         ordered.extend(tail_casts.get(idx, []))
-    del graph.node[:]
-    graph.node.extend(ordered)
-    del graph.value_info[:]  # float types changed; consumers re-infer what they need
-    return model
+    return ordered

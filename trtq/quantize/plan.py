@@ -1,4 +1,5 @@
 """Decide which node inputs get Q/DQ and with which scale; no graph is changed here."""
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Collection, Dict, List, Mapping, Optional, Tuple
@@ -115,7 +116,8 @@ def make_plan(
         missing: List[str] = []
         slots: List[Tuple[int, PairKey]] = []
         if not reason:
-            reason, slots = _table_inputs(index, node, rule, per_channel, lambda t: activation(t, missing))
+            record = functools.partial(activation, missing=missing)
+            reason, slots = _table_inputs(index, node, rule, per_channel, record)
         if not reason and missing:
             reason = "no amax in the cache for " + ", ".join(missing)
             plan.missing_amax.extend(t for t in missing if t not in plan.missing_amax)
@@ -125,6 +127,21 @@ def make_plan(
         decisions[idx] = slots
 
     # 2. residual Adds: Q/DQ on the skip input of an Add fused into a quantized Conv
+    _residual_decisions(index, plan, decisions, gate, activation)
+
+    # 3. Concat: the quantized tensors around one Concat share the largest amax
+    used = {key[0] for slots in decisions.values() for _, key in slots if key[0] in act_amax}
+    act_amax = {t: v for t, v in act_amax.items() if t in used}
+    _share_concat_scales(index, act_amax)
+
+    # 4. pairs in node order, with their scales
+    _add_pairs(index, plan, decisions, act_amax)
+    return plan
+
+
+def _residual_decisions(index: GraphIndex, plan: Plan, decisions: Dict[int, List[Tuple[int, PairKey]]],
+                        gate, activation) -> None:
+    """Add to ``decisions`` the skip input of every residual Add fused into a quantized Conv."""
     quantized_nodes = {i: True for i in decisions}
     for idx, node in enumerate(index.nodes):
         if node.op_type != rules.RESIDUAL_OP or node.domain not in ("", "ai.onnx"):
@@ -133,7 +150,7 @@ def make_plan(
         if skip is None:
             continue
         tensor = node.input[skip]
-        missing = []
+        missing: List[str] = []
         reason = gate(node) or _type_reason(index, tensor)
         key = None if reason else activation(tensor, missing)
         if not reason and key is None:
@@ -144,12 +161,10 @@ def make_plan(
             continue
         decisions[idx] = [(skip, key)]
 
-    # 3. Concat: the quantized tensors around one Concat share the largest amax
-    used = {key[0] for slots in decisions.values() for _, key in slots if key[0] in act_amax}
-    act_amax = {t: v for t, v in act_amax.items() if t in used}
-    _share_concat_scales(index, act_amax)
 
-    # 4. pairs in node order, with their scales
+def _add_pairs(index: GraphIndex, plan: Plan, decisions: Dict[int, List[Tuple[int, PairKey]]],
+               act_amax: Mapping[str, float]) -> None:
+    """The plan's quantized nodes, Q/DQ pairs (with their scales) and uses, in node order."""
     for idx in sorted(decisions):
         plan.quantized.append(index.nodes[idx].name)
         for slot, key in decisions[idx]:
@@ -160,7 +175,6 @@ def make_plan(
                 else:
                     plan.pairs[key] = QdqPair(tensor, None, activation_scale(act_amax[tensor]), False)
             plan.uses.append((idx, slot, key))
-    return plan
 
 
 def _table_inputs(index: GraphIndex, node: onnx.NodeProto, rule: rules.OpRule, per_channel: bool, activation):

@@ -27,6 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from trtq.errors import ModelError
+from trtq.model import set_nodes
 from trtq.quantize.graph import attr, default_opset, subgraph_names
 
 MIN_QDQ_OPSET = 13  # QuantizeLinear/DequantizeLinear with per-axis scales
@@ -94,8 +95,7 @@ def _toposort(graph: onnx.GraphProto, notes: List[str]) -> None:
             "check the model with onnx.checker.check_model and re-export it",
         )
     if order != sorted(order):
-        del graph.node[:]
-        graph.node.extend(nodes[i] for i in order)
+        set_nodes(graph, [nodes[i] for i in order])
         notes.append("sorted nodes into topological order")
 
 
@@ -133,8 +133,7 @@ def _constants_to_initializers(graph: onnx.GraphProto, notes: List[str]) -> None
                 continue
         keep.append(node)
     if converted:
-        del graph.node[:]
-        graph.node.extend(keep)
+        set_nodes(graph, keep)
         notes.append(f"turned {converted} Constant nodes into initializers")
 
 
@@ -213,7 +212,8 @@ def _evaluate(node: onnx.NodeProto, arrays: List[np.ndarray], opset: int) -> Opt
         return [fn(node, *arrays)]
     if node.op_type in _NOT_FOLDED or _has_subgraph(node):
         return None
-    if node.op_type == "ConstantOfShape" and arrays and int(np.prod(arrays[0], dtype=np.float64)) > _MAX_FOLDED_ELEMENTS:
+    if (node.op_type == "ConstantOfShape" and arrays
+            and int(np.prod(arrays[0], dtype=np.float64)) > _MAX_FOLDED_ELEMENTS):
         return None
     from onnx.reference import ReferenceEvaluator
 
@@ -273,8 +273,7 @@ def _fold_constants(graph: onnx.GraphProto, notes: List[str], opset: int) -> Non
         else:
             computed += 1
     if moved or computed:
-        del graph.node[:]
-        graph.node.extend(keep)
+        set_nodes(graph, keep)
     if moved:
         notes.append(f"folded {moved} data-movement nodes on constants into initializers")
     if computed:

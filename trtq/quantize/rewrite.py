@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from trtq.model import set_nodes
 from trtq.quantize.plan import PairKey, Plan
 
 
@@ -111,8 +112,7 @@ def insert_qdq(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
         ordered.append(node)
         for key in after.get(idx, []):
             ordered.extend(pair_nodes[key])
-    del graph.node[:]
-    graph.node.extend(ordered)
+    set_nodes(graph, ordered)
     return model
 
 

@@ -282,7 +282,8 @@ def _descend(levels: np.ndarray, w: np.ndarray, s: np.ndarray, h: np.ndarray, sw
     return levels
 
 
-def solve(w: np.ndarray, s: np.ndarray, h: np.ndarray, sweeps: int = SWEEPS) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def solve(w: np.ndarray, s: np.ndarray, h: np.ndarray,
+          sweeps: int = SWEEPS) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Integer levels for W [G, R, D] with row scales s [G, R] under H [G, D, D].
 
     Returns (levels, error of nearest rounding, error of the result), errors per row as ``d H d^T``.
@@ -340,4 +341,5 @@ def apply_rounding(qdq: onnx.ModelProto, rounded: Dict[str, np.ndarray]) -> None
 
     for init in qdq.graph.initializer:
         if init.name in rounded:
-            init.CopyFrom(numpy_helper.from_array(rounded[init.name].astype(numpy_helper.to_array(init).dtype), init.name))
+            dtype = numpy_helper.to_array(init).dtype
+            init.CopyFrom(numpy_helper.from_array(rounded[init.name].astype(dtype), init.name))

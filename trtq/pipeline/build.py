@@ -1,0 +1,212 @@
+"""``trtq build``'s file-level step: read and check the model and the cache, decide how the
+network model is made (a Q/DQ model as it is, the FP32 model quantized with the cache, or the
+plain file), then hand it to :func:`trtq.trt.build.build_plan`.
+
+Modes (``BuildOptions.precision`` / ``mode``):
+  * a model that already has Q/DQ nodes (trtq quantize, ONNX Runtime quantize_static QDQ, a QAT
+    export) is built as it is: INT8 explicit, no cache (one given is refused), checked first by
+    :func:`trtq.qdq_info.check_for_tensorrt`.
+  * int8 explicit (default; the only INT8 mode on TensorRT 11): the cache's amax table becomes
+    Q/DQ nodes (:func:`trtq.pipeline.quantize.quantize_for`), the Q/DQ model is parsed from memory.
+  * int8 implicit (TensorRT <= 10): the FP32 model is built with a calibrator that hands TensorRT
+    the cache, re-rendered for the installed TensorRT, and never any data.
+  * fp16 / fp32: the plain model, no cache, for comparison.
+How each mode maps onto the installed TensorRT is decided in :func:`trtq.trt.compat.plan_build`.
+"""
+import dataclasses
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from trtq.config import BuildOptions, DataOptions, QuantizeOptions
+from trtq.errors import ModelError, UsageError
+from trtq.trt import compat
+from trtq.trt.build import BuildResult, build_plan, resolve_profiles
+
+log = logging.getLogger(__name__)
+
+
+def build_engine(
+    model_path: Path,
+    output: Path,
+    options: BuildOptions,
+    *,
+    cache_path: Optional[Path] = None,
+    quantize_options: Optional[QuantizeOptions] = None,
+    data_options: Optional[DataOptions] = None,
+) -> BuildResult:
+    """Build ``output`` (a plan) and ``output.json``; nothing is written when the build fails."""
+    from trtq.model import input_specs, load_model
+    from trtq.trt import cuda
+
+    model_path, output = Path(model_path), Path(output)
+    quantize_options = quantize_options or QuantizeOptions()
+    data_options = data_options or DataOptions()
+    if output.suffix == ".onnx" or output.resolve() == model_path.resolve():
+        raise UsageError(f"refusing to write the engine over {output}", "choose an output path ending in .plan")
+
+    # everything that can be checked without TensorRT first: model, cache, shapes
+    model = load_model(model_path)
+    prequantized = prequantized_model(model, model_path, options, cache_path, quantize_options)
+    if options.precision == "int8" and cache_path is None and prequantized is None:
+        raise UsageError("an INT8 build needs a calibration cache, or a model with Q/DQ nodes",
+                         "pass --cache calibration.cache (from trtq calibrate), or a Q/DQ model (trtq quantize)")
+    if options.precision != "int8" and cache_path is not None:
+        log.info("precision %s: the calibration cache is not used", options.precision)
+        cache_path = None
+    table, fallback = _read_cache(cache_path, model_path, options.allow_stale or quantize_options.allow_stale)
+    profiles = resolve_profiles(input_specs(model), options.profiles, data_options.shapes, data_options.batch_size,
+                                fallback)
+    if options.precision == "int8" and options.mode == "implicit":
+        unused = explicit_only_settings(quantize_options)
+        if unused:
+            log.warning("build.mode implicit builds the FP32 model with TensorRT's calibrator: %s apply only to "
+                        "explicit (Q/DQ) builds and are ignored", ", ".join(unused))
+    trt = compat.import_tensorrt()
+    if prequantized is not None:
+        refuse_float_grouped_convs_feeding_int8(trt, model, model_path)
+    cuda.require_gpu()
+    recipe = compat.plan_build(trt, options.precision, options.mode, options.fp16)
+    t0 = time.perf_counter()
+    if prequantized is not None:
+        network_model, quant_info = _prequantized_network_model(model, prequantized, recipe)
+    elif recipe.quantize:
+        network_model, quant_info = _quantized_network_model(trt, model, table, recipe, quantize_options,
+                                                             data_options)
+    else:
+        network_model, quant_info = None, {}
+    del model
+    return build_plan(trt, recipe, network_model, model_path, output, options, profiles, table=table,
+                      cache_path=cache_path, quant_info=quant_info, started=t0)
+
+
+def _read_cache(cache_path: Optional[Path], model_path: Path, allow_stale: bool) -> Tuple[Any, Dict[str, Any]]:
+    """(the cache's table, the input shapes its provenance says it was calibrated with), checked
+    against the model; (None, {}) without a cache."""
+    if cache_path is None:
+        return None, {}
+    from trtq.calib.cache import read_cache
+    from trtq.calib.freshness import check_cache_for_model
+
+    table = read_cache(Path(cache_path))
+    provenance = check_cache_for_model(Path(cache_path), model_path, allow_stale, amax=table.amax)
+    fallback = ((provenance or {}).get("data") or {}).get("shapes") or {}
+    return table, fallback if isinstance(fallback, dict) else {}
+
+
+def _prequantized_network_model(model: Any, prequantized: Any, recipe: Any) -> Tuple[Any, Dict[str, Any]]:
+    """A Q/DQ model as TensorRT takes it: int32 biases folded, the float rest FP16 when strongly typed."""
+    from trtq.qdq_info import fold_constant_dequantize
+
+    quant_info: Dict[str, Any] = dict(prequantized.summary(), source="model")
+    folded = fold_constant_dequantize(model)
+    if folded:
+        log.info("%d int32 biases behind DequantizeLinear folded to float (TensorRT keeps biases float)", folded)
+        quant_info["folded_int32_biases"] = folded
+    if recipe.quantizer_fp16:  # strongly typed (TensorRT 10+): the float rest is FP16 only if its tensors are
+        from trtq.quantize.fp16 import cast_float_rest
+
+        model = cast_float_rest(model, prequantized.activations)
+        quant_info["fp16_rest"] = True
+    return model, quant_info
+
+
+def _quantized_network_model(trt: Any, model: Any, table: Any, recipe: Any, qopts: QuantizeOptions,
+                             data_options: DataOptions) -> Tuple[Any, Dict[str, Any]]:
+    """The FP32 model quantized with the cache's amax for the installed TensorRT."""
+    from trtq.pipeline.quantize import quantize_for, warn_float_grouped_convs
+
+    centring_off = compat.centring_in_engines(trt) if qopts.center_activations else None
+    if centring_off:
+        log.warning("quantize.center_activations is not used in TensorRT builds: %s; build the Q/DQ model "
+                    "of trtq quantize --center-activations yourself to try it", centring_off)
+        qopts = dataclasses.replace(qopts, center_activations=False)
+    if recipe.quantizer_fp16 != qopts.fp16 and recipe.quantizer_fp16:
+        qopts = dataclasses.replace(qopts, fp16=True)
+    qresult = quantize_for(model, table.amax, qopts, data_options, str(compat.version_of(trt)))
+    if compat.float_grouped_conv_is_unsafe(trt):
+        warn_float_grouped_convs(str(compat.version_of(trt)), qresult)
+    return qresult.model, _quantize_summary(qresult)
+
+
+def _quantize_summary(result: Any) -> Dict[str, int]:
+    """Counts from a QuantizeResult (quantized nodes, nodes left float, amax the cache lacked)."""
+    out: Dict[str, int] = {}
+    for attr in ("quantized", "left_float", "missing_amax"):
+        value = getattr(result, attr, None)
+        if isinstance(value, (list, tuple, dict, set)):
+            out[attr] = len(value)
+    if isinstance(getattr(result, "qdq_pairs", None), int):
+        out["qdq_pairs"] = result.qdq_pairs
+    if getattr(result, "centred", None):
+        out["centred"] = len(result.centred)
+    missing = getattr(result, "missing_amax", None) or []
+    if missing:
+        log.warning(
+            "the cache has no amax for %d tensor(s) the Q/DQ rules wanted (e.g. %s): those stay float",
+            len(missing), ", ".join(list(missing)[:3]),
+        )
+    return out
+
+
+def refuse_float_grouped_convs_feeding_int8(trt: Any, model: Any, model_path: Path) -> None:
+    """TensorRT 8 built Q/DQ networks in which a float grouped/depthwise Conv feeds an INT8 layer
+    into engines with garbage outputs (see compat.float_grouped_conv_is_unsafe): refuse such a
+    model (trtq quantize with a TensorRT 10 cache, or another tool's output) instead."""
+    if not compat.float_grouped_conv_is_unsafe(trt):
+        return
+    from trtq.quantize.float_choice import float_grouped_convs_in_qdq_model
+
+    risky, consumers = float_grouped_convs_in_qdq_model(model)
+    if consumers:
+        raise ModelError(
+            f"{model_path.name}: the float grouped/depthwise Conv {risky[0]} feeds the INT8 layer {consumers[0]}"
+            f"{f' (and {len(consumers) - 1} more)' if len(consumers) > 1 else ''}; TensorRT "
+            f"{compat.version_of(trt)} builds such engines with wrong outputs",
+            "quantize again with a cache for TensorRT 8 (trtq calibrate --trt-version 8.6.0), which leaves those "
+            f"layers float too, or add --exclude '^{re.escape(consumers[0])}$'",
+        )
+
+
+def prequantized_model(model: Any, model_path: Path, options: BuildOptions, cache_path: Optional[Path],
+                       quantize_options: QuantizeOptions) -> Any:
+    """The model's :class:`~trtq.qdq_info.QdqInfo` when it already has Q/DQ nodes (then it
+    is built as it is: INT8, explicit, no cache), else None. Refuses what cannot go with it."""
+    from trtq.qdq_info import check_for_tensorrt, read_qdq
+
+    info = read_qdq(model)
+    if not info.is_qdq and not info.other_ops:
+        return None
+    check_for_tensorrt(info, model_path.name)
+    if cache_path is not None:
+        raise UsageError(
+            f"{model_path.name} already has Q/DQ nodes: its scales come from the model, so --cache would not be used",
+            "drop --cache to build it as it is, or pass the FP32 model with --cache to quantize it again",
+        )
+    if options.precision != "int8":
+        raise UsageError(
+            f"{model_path.name} has Q/DQ nodes, so it builds as INT8 only (not {options.precision})",
+            "drop --precision, or build the FP32 model for an FP16/FP32 engine",
+        )
+    if options.mode == "implicit":
+        raise UsageError(
+            f"{model_path.name} has Q/DQ nodes: TensorRT builds it explicitly, there is nothing to calibrate",
+            "drop --mode implicit (use the FP32 model for an implicit build)",
+        )
+    ignored = explicit_only_settings(quantize_options)
+    if ignored:
+        log.warning("%s is already quantized: %s apply when trtq quantizes an FP32 model and are ignored",
+                    model_path.name, ", ".join(ignored))
+    log.info("%s has Q/DQ nodes (%d activations, %d weights): building it as it is (INT8 explicit%s)",
+             model_path.name, len(info.activations), info.weights, ", FP16 rest" if options.fp16 else "")
+    return info
+
+
+def explicit_only_settings(q: QuantizeOptions) -> List[str]:
+    """The quantize.* settings a build of the Q/DQ model would use that differ from their defaults
+    (an implicit build has no Q/DQ model, so it cannot honour them)."""
+    default = QuantizeOptions()
+    keys = ("exclude", "per_channel", "bias_correction", "weight_rounding", "float_layers", "center_activations")
+    return [f"quantize.{k}" for k in keys if getattr(q, k) != getattr(default, k)]

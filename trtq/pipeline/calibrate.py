@@ -1,0 +1,77 @@
+"""``trtq calibrate``'s file-level step: the ONNX Runtime passes of :mod:`trtq.calib.calibrate`,
+or TensorRT's own calibrator (``--backend tensorrt``, :mod:`trtq.trt.calibrator`), whose cache is
+written here with the provenance of :mod:`trtq.calib.provenance`, as the ONNX Runtime path does."""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Optional, Tuple
+
+from trtq.config import BuildOptions
+from trtq.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+
+def calibrate(cfg: Any, progress: Any = None, shard: Optional[Tuple[int, int]] = None,
+              ranges: Optional[Path] = None, keep_batches: Optional[Path] = None) -> Any:
+    """Calibrate ``cfg.model`` on ``cfg.data`` with the configured backend; a CalibrationResult."""
+    if cfg.calibrate.backend == "tensorrt":
+        return calibrate_with_tensorrt(cfg)
+    from trtq.calib.calibrate import run_calibration
+
+    return run_calibration(cfg, progress=progress, shard=shard, ranges=ranges, keep_batches=keep_batches)
+
+
+def calibrate_with_tensorrt(cfg: Any) -> Any:
+    """``--backend tensorrt``: TensorRT's MinMax or EntropyCalibration2 calibrator over the data."""
+    from trtq.calib.cache import ALGORITHM_FOR_METHOD, TENSORRT_METHODS
+    from trtq.calib.calibrate import CalibrationResult, resolve_trt_version
+    from trtq.data.batcher import Batcher
+    from trtq.model import input_specs, load_model
+
+    if cfg.calibrate.method not in TENSORRT_METHODS:
+        raise UsageError(
+            f"--backend tensorrt supports --method max or entropy, not {cfg.calibrate.method}",
+            "TensorRT has MinMax and EntropyCalibration2 calibrators only",
+        )
+    t0 = time.perf_counter()
+    specs = input_specs(load_model(cfg.model))
+    batcher = Batcher(cfg.data, specs)
+    algorithm = ALGORITHM_FOR_METHOD[cfg.calibrate.method]
+    out = Path(cfg.calibrate.output)
+    table = calibrate_file_with_tensorrt(Path(cfg.model), batcher, algorithm, out, options=cfg.build)
+    return CalibrationResult(
+        cache_path=out, method=cfg.calibrate.method, algorithm=table.algorithm,
+        trt_version=table.trt_version or resolve_trt_version(None), amax=dict(table.amax),
+        samples=batcher.num_samples, batches=batcher.num_batches, seconds=time.perf_counter() - t0,
+    )
+
+
+def calibrate_file_with_tensorrt(model_path: Path, batcher: Any, algorithm: str, output_cache: Path,
+                                 options: Optional[BuildOptions] = None) -> Any:
+    """Calibrate with TensorRT's own calibrator; write its cache (+ provenance); return the table.
+
+    ``algorithm``: ``EntropyCalibration2`` / ``MinMaxCalibration`` (or ``entropy`` / ``max``);
+    ``options``: the throw-away calibration build's settings (see ``run_tensorrt_calibration``).
+    """
+    from trtq.calib.cache import method_for_algorithm, read_cache, write_provenance
+    from trtq.calib.provenance import calibration_provenance, data_entry, model_entry
+    from trtq.fileio import atomic_path
+    from trtq.interrupt import held_for_outputs
+    from trtq.model import input_specs, load_model
+    from trtq.trt.calibrator import run_tensorrt_calibration
+
+    model_path, output_cache = Path(model_path), Path(output_cache)
+    specs = input_specs(load_model(model_path))
+    run = run_tensorrt_calibration(model_path, batcher, algorithm, options)
+    with held_for_outputs(), atomic_path(output_cache) as tmp:  # cache and provenance as one step (signals)
+        tmp.write_bytes(run.cache)
+        table = read_cache(tmp)  # refuse to publish anything trtq cannot read back
+        method = {"name": method_for_algorithm(run.algorithm), "backend": "tensorrt"}
+        write_provenance(output_cache, calibration_provenance(
+            model_entry(model_path, specs), data_entry(batcher, run.samples), method, run.algorithm,
+            run.trt_version, table.amax, seconds=round(run.seconds, 3)))
+    log.info("TensorRT calibration: %d batches, %d tensors, %.1f s", run.batches, len(table.amax), run.seconds)
+    return table
