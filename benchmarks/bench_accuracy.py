@@ -36,15 +36,14 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
-import models  # noqa: E402
+import common
+import models
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from trtq.fileio import atomic_path, atomic_write_text  # noqa: E402
+from trtq.fileio import atomic_path, atomic_write_text
 
 METHODS = ("max", "entropy", "percentile", "mse")
 ORT_STOCK = "ort-minmax"
@@ -63,10 +62,10 @@ class Scores:
     labelled_correct: int
     labelled_total: int
     sqnr_db: float  # logits, all evaluation images: 10 log10(sum ref^2 / sum (ref - got)^2)
-    seconds: Optional[float] = None  # calibrate + quantize wall time
+    seconds: float | None = None  # calibrate + quantize wall time
 
 
-def run_trtq(args: List[str]) -> dict:
+def run_trtq(args: list[str]) -> dict:
     """Run ``python -m trtq ARGS --json``; return the JSON it prints (exit with its error if it fails)."""
     cmd = [sys.executable, "-m", "trtq"] + args + ["--json"]
     proc = subprocess.run(cmd, cwd=common.REPO, env=common.repo_env(), capture_output=True, text=True)
@@ -76,7 +75,7 @@ def run_trtq(args: List[str]) -> dict:
     return json.loads(proc.stdout)
 
 
-def trtq_int8(method: str, model: Path, config: Path, n: int, out_dir: Path, reuse: bool) -> Tuple[Path, float]:
+def trtq_int8(method: str, model: Path, config: Path, n: int, out_dir: Path, reuse: bool) -> tuple[Path, float]:
     cache = out_dir / f"trtq-{method}.cache"
     qdq = out_dir / f"trtq-{method}.qdq.onnx"
     t0 = time.perf_counter()
@@ -102,13 +101,13 @@ VARIANTS = {
 }
 
 
-def float_variant(n: int) -> Tuple[str, Tuple[str, List[str]]]:
+def float_variant(n: int) -> tuple[str, tuple[str, list[str]]]:
     return f"+gptq+bc+float{n}", (f"gptq-bc-float{n}", ["--weight-rounding", "gptq", "--bias-correction",
                                                        "--float-layers", str(n)])
 
 
-def trtq_variant(method: str, variant: Tuple[str, List[str]], model: Path, config: Path, out_dir: Path,
-                 reuse: bool) -> Tuple[Path, float]:
+def trtq_variant(method: str, variant: tuple[str, list[str]], model: Path, config: Path, out_dir: Path,
+                 reuse: bool) -> tuple[Path, float]:
     """The method's cache quantized with extra quantize flags (wall time of that quantize)."""
     cache = out_dir / f"trtq-{method}.cache"
     qdq = out_dir / f"trtq-{method}-{variant[0]}.qdq.onnx"
@@ -120,7 +119,7 @@ def trtq_variant(method: str, variant: Tuple[str, List[str]], model: Path, confi
 
 
 def ort_int8(model: Path, images: Path, n: int, out_dir: Path, reuse: bool,
-             symmetric: bool = False) -> Tuple[Path, float]:
+             symmetric: bool = False) -> tuple[Path, float]:
     """ONNX Runtime's static QDQ quantization on the same calibration batches: stock settings, or
     with symmetric int8 activations (``symmetric``), the only activation format TensorRT runs."""
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
@@ -177,7 +176,7 @@ def score(name: str, ref: np.ndarray, got: np.ndarray, labels: np.ndarray, secon
     )
 
 
-def report(rows: List[Scores], n_eval: int) -> str:
+def report(rows: list[Scores], n_eval: int) -> str:
     table = [[r.model, f"{r.agreement:.3f}", f"{r.sqnr_db:.1f}" if r.sqnr_db < 200 else "inf",
               f"{r.cosine_mean:.4f}", f"{r.cosine_min:.4f}",
               f"{r.labelled_correct}/{r.labelled_total}", f"{r.seconds:.0f}" if r.seconds else "-"]
@@ -186,7 +185,7 @@ def report(rows: List[Scores], n_eval: int) -> str:
     return common.format_table(headers, table)
 
 
-def goals(rows: List[Scores]) -> List[str]:
+def goals(rows: list[Scores]) -> list[str]:
     fp32 = next(r for r in rows if r.model == "fp32")
     trtq = [r for r in rows if r.model.startswith("trtq-")]
     ort = next((r for r in rows if r.model == ORT_STOCK), None)
@@ -205,7 +204,7 @@ def goals(rows: List[Scores]) -> List[str]:
     return lines
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, default=common.DEFAULT_WORK, help="work folder (default .bench/)")
     ap.add_argument("--calib", type=int, default=512, help="calibration photos (default 512)")
@@ -243,7 +242,7 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"{args.eval} photos of {evals} + {len(samples)} labelled ImageNet images (foolbox); runtime: ONNX "
           f"Runtime {ort_version()} CPU, Q/DQ semantics (basic graph optimizations)", flush=True)
 
-    int8: Dict[str, tuple] = {}
+    int8: dict[str, tuple] = {}
     for m in methods:
         int8[f"trtq-{m}"] = trtq_int8(m, model, config, args.calib, out_dir, args.reuse)
         print(f"  trtq-{m}: {int8[f'trtq-{m}'][1]:.0f} s", file=sys.stderr, flush=True)

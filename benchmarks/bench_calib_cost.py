@@ -17,31 +17,31 @@ bytes, printed). Start-up and imports are inside every case alike.
 import argparse
 import sys
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Optional
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+import common
 
 ROOT = Path(__file__).resolve().parents[1]
 BINS = 2048
 
 
-def rapidocr_models() -> List[Tuple[str, Path, Tuple[int, int, int]]]:
+def rapidocr_models() -> list[tuple[str, Path, tuple[int, int, int]]]:
     import importlib.util
 
     spec = importlib.util.find_spec("rapidocr_onnxruntime")
     if spec is None or not spec.submodule_search_locations:
         return []
-    folder = Path(list(spec.submodule_search_locations)[0]) / "models"
+    folder = Path(next(iter(spec.submodule_search_locations))) / "models"
     wanted = [("pp-ocrv4-det", "ch_PP-OCRv4_det_infer.onnx", (3, 320, 320)),
               ("pp-ocrv4-rec", "ch_PP-OCRv4_rec_infer.onnx", (3, 48, 320)),
               ("pp-ocr-cls", "ch_ppocr_mobile_v2.0_cls_infer.onnx", (3, 48, 192))]
     return [(name, folder / f, shape) for name, f, shape in wanted if (folder / f).exists()]
 
 
-def photos_as_npy(out: Path, shape: Tuple[int, int, int], count: int) -> Path:
+def photos_as_npy(out: Path, shape: tuple[int, int, int], count: int) -> Path:
     """The bundled sample photos resized to ``shape`` (CHW), scaled to [-1, 1], repeated to ``count``."""
     from PIL import Image
 
@@ -76,7 +76,7 @@ def tensor_count(model: Path) -> int:
     return len(calibratable_tensors(onnx.load(str(model))))
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, default=ROOT / ".bench" / "cost")
     ap.add_argument("--samples", type=int, default=32)

@@ -28,13 +28,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
-import models  # noqa: E402
+import common
+import models
 
-from trtq.fileio import atomic_write_text  # noqa: E402
+from trtq.fileio import atomic_write_text
 
 ORT_CASES = ("fp32", "ort-minmax", "ort-entropy", "ort-percentile")
 TRTQ_METHODS = ("max", "entropy", "percentile", "mse")
@@ -65,7 +64,7 @@ def run_ort_case(case: str, model: Path, images: Path, limit: int, batch_size: i
     if len(paths) != limit:
         raise SystemExit(f"{images} has {len(paths)} images, need {limit}")
     t0 = time.perf_counter()
-    amax: Dict[str, float] = {}
+    amax: dict[str, float] = {}
     if case == "fp32":
         sess = models.ort_session(model)
         for batch in common.prefetched_batches(paths, pre, batch_size):
@@ -102,10 +101,10 @@ class CaseRow:
     case: str
     images: int
     status: str  # "ok" or a label such as "killed (> 20 GB)"
-    seconds: Optional[float]
-    peak_rss: Optional[int]
+    seconds: float | None
+    peak_rss: int | None
     detail: str = ""
-    cpu_seconds: Optional[float] = None  # user + system of the process tree
+    cpu_seconds: float | None = None  # user + system of the process tree
 
     @property
     def ok(self) -> bool:
@@ -117,7 +116,7 @@ class CaseRow:
         return self.status.startswith(("killed", "timeout"))
 
 
-def compare(r: CaseRow, ref: Optional[CaseRow], attr: str) -> Tuple[str, Optional[float], bool]:
+def compare(r: CaseRow, ref: CaseRow | None, attr: str) -> tuple[str, float | None, bool]:
     """(text, ratio, exact) of ``r.attr / ref.attr``. A stopped reference ran at least that long /
     that big, so the ratio is then an upper bound (printed "<0.12x")."""
     if ref is None or not r.ok or not getattr(ref, attr):
@@ -130,7 +129,7 @@ def compare(r: CaseRow, ref: Optional[CaseRow], attr: str) -> Tuple[str, Optiona
     return "-", None, False
 
 
-def read_trt_cache_amax(path: Path) -> Dict[str, float]:
+def read_trt_cache_amax(path: Path) -> dict[str, float]:
     """amax per tensor from a TensorRT calibration.cache (scale = amax / 127, big-endian hex)."""
     out = {}
     lines = Path(path).read_text(encoding="utf-8").splitlines()
@@ -142,7 +141,7 @@ def read_trt_cache_amax(path: Path) -> Dict[str, float]:
     return out
 
 
-def case_command(case: str, model: Path, config: Path, images: Path, n: int, batch: int, out: Path) -> List[str]:
+def case_command(case: str, model: Path, config: Path, images: Path, n: int, batch: int, out: Path) -> list[str]:
     if case in ORT_CASES:
         return [sys.executable, str(Path(__file__).resolve()), "--worker", case, "--model", str(model),
                 "--images", str(images), "--limit", str(n), "--batch-size", str(batch), "--out", str(out)]
@@ -170,10 +169,7 @@ def run_case(case: str, n: int, args, model: Path, config: Path, images: Path) -
     status = m.label(cap, args.timeout)
     detail = ""
     if m.status == "ok":
-        if case in ORT_CASES:
-            done = json.loads(out.read_text())["samples"]
-        else:
-            done = json.loads(m.stdout)["samples"]
+        done = json.loads(out.read_text())["samples"] if case in ORT_CASES else json.loads(m.stdout)["samples"]
         if done != n:
             status, detail = "failed", f"used {done} samples, not {n}"
     elif m.status == "failed":
@@ -182,10 +178,10 @@ def run_case(case: str, n: int, args, model: Path, config: Path, images: Path) -
     return CaseRow(case, n, status, m.seconds, m.peak_rss, detail, m.cpu_seconds)
 
 
-def report(rows: List[CaseRow], sizes: List[int]) -> str:
+def report(rows: list[CaseRow], sizes: list[int]) -> str:
     by = {(r.case, r.images): r for r in rows}
     table = []
-    notes: List[str] = []
+    notes: list[str] = []
     for n in sorted({r.images for r in rows}):  # the goal sizes and any --fit-size runs
         for r in [r for r in rows if r.images == n]:
             floor = by.get(("fp32", n))
@@ -210,12 +206,12 @@ def report(rows: List[CaseRow], sizes: List[int]) -> str:
     return "\n".join([common.format_table(headers, table)] + ["* " + n for n in notes])
 
 
-def goals(rows: List[CaseRow], sizes: List[int]) -> List[str]:
+def goals(rows: list[CaseRow], sizes: list[int]) -> list[str]:
     by = {(r.case, r.images): r for r in rows}
     lines = []
     lo, hi = min(sizes), max(sizes)
 
-    def line(ok: Optional[bool], text: str, got: str) -> None:
+    def line(ok: bool | None, text: str, got: str) -> None:
         lines.append(f"[{common.verdict(ok)}] {text}: {got}")
 
     for case in TRTQ_CASES:
@@ -266,7 +262,7 @@ def goals(rows: List[CaseRow], sizes: List[int]) -> List[str]:
     return lines
 
 
-def fitted_reference(by, ref_case: str, n: int) -> Optional[Tuple[float, int]]:
+def fitted_reference(by, ref_case: str, n: int) -> tuple[float, int] | None:
     """ORT's wall time at ``n`` images scaled linearly from the largest smaller size it finished
     (its histogram calibrators keep every activation, so its time per image does not fall with n)."""
     done = sorted(m for (c, m), r in by.items() if c == ref_case and m < n and r.ok)
@@ -276,7 +272,7 @@ def fitted_reference(by, ref_case: str, n: int) -> Optional[Tuple[float, int]]:
     return by[(ref_case, m)].seconds * n / m, m
 
 
-def cross_check(work: Path, sizes: List[int]) -> List[str]:
+def cross_check(work: Path, sizes: list[int]) -> list[str]:
     """trtq max vs ORT MinMax ranges on the same images: both are max|x| per tensor."""
     lines = []
     for n in sizes:
@@ -299,7 +295,7 @@ def cross_check(work: Path, sizes: List[int]) -> List[str]:
     return lines
 
 
-def print_results(rows: List[CaseRow], sizes: List[int], work: Path) -> None:
+def print_results(rows: list[CaseRow], sizes: list[int], work: Path) -> None:
     print(report(rows, sizes))
     print()
     for line in goals(rows, sizes) + cross_check(work, sizes):
@@ -329,7 +325,7 @@ def parse_args(argv):
     return ap.parse_args(argv)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         run_ort_case(args.worker, args.model, args.images, args.limit, args.batch_size, args.out)
@@ -354,7 +350,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"model {model.name}, {max(sizes)} calibration photos in {images}, batch {args.batch_size}, "
           f"{os.cpu_count()} CPUs, cap {args.mem_cap_gb:g} GB / {args.timeout:.0f} s per case, "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
-    rows: List[CaseRow] = []
+    rows: list[CaseRow] = []
     for n in sizes:
         for case in cases:
             row = run_case(case, n, args, model, config, images)

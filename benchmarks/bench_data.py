@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -68,7 +67,7 @@ def plain_sample(path: Path) -> np.ndarray:
     return (x - MEAN) / STD
 
 
-def plain_batches(paths: List[Path], batch_size: int):
+def plain_batches(paths: list[Path], batch_size: int):
     for start in range(0, len(paths), batch_size):
         chunk = paths[start:start + batch_size]
         rows = [plain_sample(p) for p in chunk]
@@ -76,7 +75,7 @@ def plain_batches(paths: List[Path], batch_size: int):
         yield np.stack(rows)
 
 
-def warm_page_cache(paths: List[Path]) -> None:
+def warm_page_cache(paths: list[Path]) -> None:
     for p in paths:
         with open(p, "rb") as f:
             f.read()
@@ -109,7 +108,7 @@ def wait_until_idle(max_wait: float, threshold: float = 0.15) -> float:
             return others
 
 
-def timed(fn) -> Tuple[float, float, float]:
+def timed(fn) -> tuple[float, float, float]:
     """(wall s, CPU s of this process, cores used by other processes meanwhile) for fn()."""
     w0, c0, b0 = time.perf_counter(), _own_cpu_seconds(), _system_busy_seconds()
     fn()
@@ -118,7 +117,7 @@ def timed(fn) -> Tuple[float, float, float]:
     return wall, cpu, others
 
 
-def throughput(folder: Path, batch_size: int, repeats: int, max_wait: float) -> Dict[str, float]:
+def throughput(folder: Path, batch_size: int, repeats: int, max_wait: float) -> dict[str, float]:
     """Alternate the two pipelines ``repeats`` times each, each run started on an idle machine
     when possible (other load hits the threaded pipeline harder than the single-threaded one)."""
     from trtq.data.sources import list_image_folder
@@ -134,13 +133,13 @@ def throughput(folder: Path, batch_size: int, repeats: int, max_wait: float) -> 
         "plain": lambda: sum(1 for _ in plain_batches(paths, batch_size)),
         "trtq": lambda: sum(1 for _ in batcher),
     }
-    results: Dict[str, List[Tuple[float, float, float]]] = {k: [] for k in runs}
+    results: dict[str, list[tuple[float, float, float]]] = {k: [] for k in runs}
     for r in range(repeats):
         for name in (("plain", "trtq") if r % 2 == 0 else ("trtq", "plain")):
             wait_until_idle(max_wait)
             results[name].append(timed(runs[name]))
     n = len(paths)
-    out: Dict[str, float] = {"images": n, "workers": batcher.workers}
+    out: dict[str, float] = {"images": n, "workers": batcher.workers}
     for name, res in results.items():
         best = min(res)
         out[name] = n / best[0]
@@ -162,7 +161,7 @@ def peak_rss_child(folder: Path, batch_size: int) -> None:
     print(json.dumps({"samples": n, "peak_rss_kib": peak, "checksum": checksum}))
 
 
-def peak_rss(folder: Path, batch_size: int) -> Dict[str, float]:
+def peak_rss(folder: Path, batch_size: int) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, __file__, "--child-rss", str(folder), "--batch-size", str(batch_size)],
         check=True, capture_output=True, text=True,

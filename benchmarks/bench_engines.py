@@ -23,19 +23,19 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
 
-from trtq.config import BenchOptions, BuildOptions, ProfileShapes, load_config  # noqa: E402
-from trtq.fileio import atomic_write_text  # noqa: E402
+from trtq.config import BenchOptions, BuildOptions, ProfileShapes, load_config
+from trtq.fileio import atomic_write_text
 
 log = logging.getLogger("bench_engines")
 
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, type=Path, help="FP32 ONNX classifier (one image input, logits output)")
@@ -69,7 +69,7 @@ def data_options(cfg, folder: Path, batch: int, limit: int):
     return dataclasses.replace(cfg.data, inputs=inputs, batch_size=batch, limit=limit, last_batch="pad", shuffle=False)
 
 
-def logits_onnxruntime(model: Path, batches: List[np.ndarray], name: str, int8_kernels: bool = False) -> np.ndarray:
+def logits_onnxruntime(model: Path, batches: list[np.ndarray], name: str, int8_kernels: bool = False) -> np.ndarray:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -80,7 +80,7 @@ def logits_onnxruntime(model: Path, batches: List[np.ndarray], name: str, int8_k
     return np.concatenate([sess.run(None, {name: b})[0] for b in batches])
 
 
-def logits_engine(plan: Path, batches: List[np.ndarray], name: str) -> np.ndarray:
+def logits_engine(plan: Path, batches: list[np.ndarray], name: str) -> np.ndarray:
     from trtq.trt.runtime import TrtRunner
 
     with TrtRunner(plan) as r:
@@ -88,14 +88,14 @@ def logits_engine(plan: Path, batches: List[np.ndarray], name: str) -> np.ndarra
         return np.concatenate([r.run({name: b})[out] for b in batches])
 
 
-def scores(ref: np.ndarray, got: np.ndarray, n: int) -> Dict[str, float]:
+def scores(ref: np.ndarray, got: np.ndarray, n: int) -> dict[str, float]:
     ref, got = ref[:n].astype(np.float64), got[:n].astype(np.float64)
     err = ((ref - got) ** 2).sum()
     return {"top1": float((ref.argmax(1) == got.argmax(1)).mean()),
             "sqnr_db": float(10 * np.log10((ref ** 2).sum() / err)) if err > 0 else float("inf")}
 
 
-def flip_noise(ref: np.ndarray, a: np.ndarray, b: np.ndarray, n: int) -> Dict[str, float]:
+def flip_noise(ref: np.ndarray, a: np.ndarray, b: np.ndarray, n: int) -> dict[str, float]:
     """How far apart two runtimes' top-1 agreements can be by chance: ``flips`` is the share of
     samples whose top-1 differs between ``a`` and ``b``; each flip moves the agreement difference by
     +-1/n, so with f flips it is noise of about sqrt(f)/n (one sigma)."""
@@ -104,7 +104,7 @@ def flip_noise(ref: np.ndarray, a: np.ndarray, b: np.ndarray, n: int) -> Dict[st
     return {"flips": f / n, "gap_sigma": float(np.sqrt(f)) / n}
 
 
-def build(name: str, model: Path, out: Path, options: BuildOptions, reuse: bool, **kw) -> Tuple[Path, Optional[float]]:
+def build(name: str, model: Path, out: Path, options: BuildOptions, reuse: bool, **kw) -> tuple[Path, Optional[float]]:
     from trtq.pipeline.build import build_engine
 
     plan = out / f"{name}.plan"
@@ -118,7 +118,7 @@ def fmt(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def render(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
+def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     head = ["engine", "engine top-1", "engine dB", "ORT Q/DQ top-1", "ORT Q/DQ dB", "gap", "ORT int8-kernels top-1",
             "flips", "gap 1 sigma", "median ms", "spread ms", "vs implicit", "build s"]
     lines = []
@@ -139,7 +139,7 @@ def render(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
     return "\n".join(text)
 
 
-def goals(rows: List[Dict[str, Any]]) -> List[str]:
+def goals(rows: list[dict[str, Any]]) -> list[str]:
     implicit = next((r for r in rows if r["name"] == "int8-implicit"), None)
     explicit = [r for r in rows if r.get("ort_top1") is not None]
     out = []
@@ -159,7 +159,7 @@ def goals(rows: List[Dict[str, Any]]) -> List[str]:
     return out
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     a = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     import onnxruntime
@@ -180,7 +180,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         tactic_sources=tuple(a.tactic_sources.split(",")),
                         profiles={spec.name: ProfileShapes(fixed, fixed, fixed)} if spec.is_dynamic else {},
                         timing_cache=str(a.timing_cache) if a.timing_cache else None)
-    plans: List[Tuple[str, Path, Optional[float], Optional[Path]]] = []  # name, plan, build s, Q/DQ source
+    plans: list[tuple[str, Path, Optional[float], Optional[Path]]] = []  # name, plan, build s, Q/DQ source
     if not a.no_reference:
         if not a.no_fp16:
             plan, s = build("fp16", a.model, a.out, dataclasses.replace(base, precision="fp16"), a.reuse)
@@ -204,7 +204,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for name, plan, seconds, _ in plans:
             print(f"{name}: {plan} ({'reused' if seconds is None else f'{seconds:.1f} s'})")
         return 0
-    medians: Dict[str, List[float]] = {name: [] for name, *_ in plans}
+    medians: dict[str, list[float]] = {name: [] for name, *_ in plans}
     for i in range(a.repeats):
         log.info("bench run %d of %d", i + 1, a.repeats)
         for (name, *_), res in zip(plans, bench_plans([p for _, p, _, _ in plans],
@@ -215,7 +215,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     batches = [b.arrays[spec.name] for b in ev]
     n = ev.num_samples
     ref = logits_onnxruntime(a.model, batches, spec.name)
-    rows: List[Dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
     for name, plan, seconds, qdq in plans:
         row = {"name": name, "plan": str(plan), "build_s": seconds, "median_ms": float(np.median(medians[name])),
                "spread_ms": float(max(medians[name]) - min(medians[name])), "medians_ms": medians[name]}

@@ -28,9 +28,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+import common
 
-from trtq.fileio import atomic_path, atomic_write_text  # noqa: E402
+from trtq.fileio import atomic_path, atomic_write_text
 
 GOAL_RATIO = 1.10
 

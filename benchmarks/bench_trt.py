@@ -21,20 +21,20 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
 
-from trtq.config import BenchOptions, BuildOptions, DataOptions, InputSource, ProfileShapes, QuantizeOptions  # noqa: E402
-from trtq.errors import TrtqError  # noqa: E402
-from trtq.fileio import atomic_write_text  # noqa: E402
+from trtq.config import BenchOptions, BuildOptions, DataOptions, InputSource, ProfileShapes, QuantizeOptions
+from trtq.errors import TrtqError
+from trtq.fileio import atomic_write_text
 
 log = logging.getLogger("bench_trt")
 
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, type=Path, help="FP32 ONNX classifier (one image input, logits output)")
@@ -81,7 +81,7 @@ def data_options(folder: Path, input_name: str, shape, preset_name: str, batch: 
 
 
 def build_twice(name: str, model: Path, out: Path, options: BuildOptions, rebuild: bool, reuse: bool = False,
-                **kw) -> Dict[str, Any]:
+                **kw) -> dict[str, Any]:
     """Cold build with an empty timing cache, then (optionally) a rebuild that loads it.
 
     With ``reuse``, a plan built by an earlier run into the same folder (its row saved beside it)
@@ -157,7 +157,7 @@ def predictions_engine(plan: Path, batcher, input_name: str) -> np.ndarray:
     return np.concatenate(out)
 
 
-def render(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
+def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     head = ["engine", "build s", "rebuild s", "cache used", "median ms", "p99 ms", "img/s", "vs fp32", "top-1 agree"]
 
     def fmt(v, spec):
@@ -189,7 +189,7 @@ def render(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
     return "\n".join(text)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     a = parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s: %(message)s")
@@ -214,7 +214,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     fp16_rest = not a.no_fp16_fallback
     rebuild_names = set(wanted if a.rebuild_engines == "all" else a.rebuild_engines.split(","))
     rebuild = {n: (not a.no_rebuild and n in rebuild_names) for n in wanted}
-    rows: List[Dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
 
     warm_up(a.out, base)
     if "fp32" in wanted:

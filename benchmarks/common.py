@@ -18,12 +18,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def repo_env() -> Dict[str, str]:
+def repo_env() -> dict[str, str]:
     """The environment for a child process that runs this checkout's trtq: REPO first on PYTHONPATH,
     the caller's entries kept (the GPU bundle's Python finds its packages through them)."""
     env = dict(os.environ)
@@ -59,10 +59,10 @@ def foolbox_data_dir() -> Path:
     spec = importlib.util.find_spec("foolbox")
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("foolbox is not installed: pip install --no-deps foolbox")
-    return Path(list(spec.submodule_search_locations)[0]) / "data"
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 
-def imagenet_samples(folder: Optional[Path] = None) -> List[Tuple[Path, int]]:
+def imagenet_samples(folder: Path | None = None) -> list[tuple[Path, int]]:
     """foolbox's labelled ImageNet images as (path, class index), in file-name order.
 
     The files are named ``imagenet_<NN>_<label>.jpg``; the label is the ImageNet-1k class index.
@@ -87,7 +87,7 @@ _PIL_FILTERS = {
 }
 
 
-def model_preprocess(config: Path = MODEL_CONFIG) -> Tuple[str, PreprocessOptions]:
+def model_preprocess(config: Path = MODEL_CONFIG) -> tuple[str, PreprocessOptions]:
     """(input name, preprocessing) of the single image input described by a trtq config."""
     cfg = load_config(config)
     (name, source), = cfg.data.inputs.items()
@@ -139,7 +139,7 @@ def preprocess_image(path: Path, opts: PreprocessOptions) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.dtype(opts.dtype))
 
 
-def list_images(folder: Path) -> List[Path]:
+def list_images(folder: Path) -> list[Path]:
     exts = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
     return sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in exts and p.is_file())
 
@@ -215,11 +215,11 @@ class Measured:
     seconds: float
     peak_rss: int  # bytes, of the child and everything it waited for
     cpu_seconds: float  # user + system, same scope
-    returncode: Optional[int]
+    returncode: int | None
     stdout: str
     stderr: str
 
-    def label(self, mem_cap: Optional[int], timeout: float) -> str:
+    def label(self, mem_cap: int | None, timeout: float) -> str:
         if self.status == "killed":
             return f"killed (> {mem_cap / GIB:.0f} GB)" if mem_cap else "killed"
         if self.status == "timeout":
@@ -230,8 +230,8 @@ class Measured:
 
 
 def run_measured(
-    cmd: Sequence[str], timeout: float, mem_cap: Optional[int] = None,
-    env: Optional[Dict[str, str]] = None, cwd: Optional[Path] = None,
+    cmd: Sequence[str], timeout: float, mem_cap: int | None = None,
+    env: dict[str, str] | None = None, cwd: Path | None = None,
 ) -> Measured:
     """Run ``cmd`` alone in a new session; return wall and CPU time, peak RSS and how it ended.
 
@@ -308,7 +308,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     return "\n".join([line(cells[0]), sep] + [line(r) for r in cells[1:]])
 
 
-def verdict(ok: Optional[bool]) -> str:
+def verdict(ok: bool | None) -> str:
     return "n/a" if ok is None else ("PASS" if ok else "FAIL")
 
 

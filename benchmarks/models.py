@@ -26,14 +26,13 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+import common
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from trtq.fileio import atomic_path, sha256_file  # noqa: E402
+from trtq.fileio import atomic_path, sha256_file
 
 MODEL_NAME = "efficientnet-lite0"
 ONNX_NAME = "efficientnet_lite0.onnx"
@@ -178,9 +177,9 @@ def ensure_model(work: Path, force: bool = False, kind: str = "torchscript") -> 
 class Verification:
     max_abs_diff: float  # ONNX Runtime vs torch logits on one real image
     max_logit: float
-    labels: List[int]
-    torch_top1: List[int]
-    onnx_top1: List[int]
+    labels: list[int]
+    torch_top1: list[int]
+    onnx_top1: list[int]
 
     @property
     def torch_correct(self) -> int:
@@ -191,7 +190,7 @@ class Verification:
         return int(sum(a == b for a, b in zip(self.onnx_top1, self.labels)))
 
 
-def ort_session(path: Path, threads: Optional[int] = None, basic: bool = False):
+def ort_session(path: Path, threads: int | None = None, basic: bool = False):
     """A CPU session; ``basic``: basic graph optimizations only (a Q/DQ model's Q/DQ semantics)."""
     import onnxruntime as ort
 
@@ -226,7 +225,7 @@ def verify(onnx_path: Path, config: Path = common.MODEL_CONFIG) -> Verification:
     )
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, default=common.DEFAULT_WORK, help="work folder (default .bench/)")
     ap.add_argument("--force", action="store_true", help="export again even if the file exists")

@@ -21,7 +21,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 REL = "tests/reliability"
@@ -33,11 +33,11 @@ class Mutation:
     path: str  # file in the tree
     old: str  # must occur exactly once
     new: str
-    tests: Tuple[str, ...] = (REL,)
+    tests: tuple[str, ...] = (REL,)
 
 
 M = Mutation
-MUTATIONS: List[Mutation] = [
+MUTATIONS: list[Mutation] = [
     # defect 1: outputs against inputs and each other
     M("output-is-an-input", "trtq/outputs.py", "            if _same(path, in_path):", "            if False:"),
     M("two-outputs-same-file", "trtq/outputs.py", "            if _same(path, other):", "            if False:"),
@@ -70,7 +70,7 @@ MUTATIONS: List[Mutation] = [
     M("providers-validated", "trtq/calib/collect.py",
       "        if name not in available:\n            raise ConfigError(f\"ONNX Runtime provider '{name}'",
       "        if False:\n            raise ConfigError(f\"ONNX Runtime provider '{name}'"),
-    M("stdout-guard", "trtq/cli.py", "    _guard.engage()\n    return st", "    return st"),
+    M("stdout-guard", "trtq/cli.py", "    _guard.engage()\n    ctx = click", "    ctx = click"),
     # defect 6: environment problems
     M("non-utf8-config", "trtq/config.py", "        text = raw.decode(\"utf-8\")\n    except UnicodeDecodeError as e:",
       "        text = raw.decode(\"utf-8\")\n    except ZeroDivisionError as e:"),
@@ -132,7 +132,7 @@ def line_of(m: Mutation) -> int:
     return text.count("\n", 0, i) + 1 if i >= 0 else 0
 
 
-def run_one(m: Mutation, timeout: float) -> Tuple[str, float, str]:
+def run_one(m: Mutation, timeout: float) -> tuple[str, float, str]:
     with tempfile.TemporaryDirectory(prefix="trtq-mutant-") as tmp:
         tree = Path(tmp)
         copy_tree(tree)
@@ -155,7 +155,7 @@ def run_one(m: Mutation, timeout: float) -> Tuple[str, float, str]:
         return "killed", seconds, (lines[0] if lines else p.stdout.strip().splitlines()[-1])[:110]
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="run the mutations whose name contains this")
     ap.add_argument("--list", action="store_true")

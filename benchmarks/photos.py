@@ -16,13 +16,12 @@ import functools
 import os
 import sys
 from pathlib import Path
-from typing import List, Tuple
 
 import numpy as np
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, not installed
-from trtq.fileio import atomic_path  # noqa: E402
+from trtq.fileio import atomic_path
 
 # Photographs only (no synthetic test patterns, no single-channel microscopy), split by content.
 SOURCE_PHOTOS = {
@@ -58,7 +57,7 @@ def _package_dir(package: str) -> Path:
     return Path(sklearn.datasets.__file__).parent / "images"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_source(package: str, name: str) -> Image.Image:
     path = _package_dir(package) / name
     if not path.is_file():
@@ -67,7 +66,7 @@ def _load_source(package: str, name: str) -> Image.Image:
         return im.convert("RGB")
 
 
-def _plan(rng: np.random.Generator, size: Tuple[int, int]) -> Tuple[Tuple[int, int, int, int], Tuple[int, int]]:
+def _plan(rng: np.random.Generator, size: tuple[int, int]) -> tuple[tuple[int, int, int, int], tuple[int, int]]:
     """A random crop box (scale 25-100 % of the area, aspect 3:4..4:3) and its output size."""
     w, h = size
     for _ in range(20):
@@ -115,7 +114,7 @@ def make_photo(dest: Path, index: int, seed: int, sources: str) -> Path:
     return path
 
 
-def make_photo_set(dest: Path, count: int, seed: int, sources: str = "calibration") -> List[Path]:
+def make_photo_set(dest: Path, count: int, seed: int, sources: str = "calibration") -> list[Path]:
     """Make sure ``dest`` holds photos 0..count-1 of the set; return their paths in order."""
     if sources not in SOURCE_PHOTOS:
         raise ValueError(f"sources must be one of {sorted(SOURCE_PHOTOS)}, not {sources!r}")

@@ -2,7 +2,6 @@
 import os
 import sys
 from pathlib import Path
-from typing import Dict
 
 import pytest
 
@@ -12,7 +11,7 @@ SAMPLE_IMAGES = ROOT / "sample_data" / "images"
 SAMPLE_CONFIG = ROOT / "configs" / "sample.yaml"
 
 
-def repo_env(**extra: str) -> Dict[str, str]:
+def repo_env(**extra: str) -> dict[str, str]:
     """The environment for a child process that runs this checkout's trtq: ROOT first on PYTHONPATH,
     the caller's entries kept (the GPU bundle's Python finds its packages through them)."""
     env = dict(os.environ, **extra)

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Dict, List, Set, Tuple
 
 TRTQ = Path(__file__).resolve().parents[1] / "trtq"
 
 
-def _module_names() -> Dict[str, Path]:
+def _module_names() -> dict[str, Path]:
     names = {}
     for path in TRTQ.rglob("*.py"):
         parts = path.relative_to(TRTQ.parent).with_suffix("").parts
@@ -20,7 +19,7 @@ def _module_names() -> Dict[str, Path]:
     return names
 
 
-def import_graph() -> Dict[str, Set[str]]:
+def import_graph() -> dict[str, set[str]]:
     """module -> the trtq modules it imports anywhere in its file (a package counts as its __init__)."""
     modules = _module_names()
 
@@ -29,11 +28,11 @@ def import_graph() -> Dict[str, Set[str]]:
             name = name.rpartition(".")[0]
         return name
 
-    graph: Dict[str, Set[str]] = {m: set() for m in modules}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
     for module, path in modules.items():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            targets: List[str] = []
+            targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -48,13 +47,13 @@ def import_graph() -> Dict[str, Set[str]]:
     return graph
 
 
-def cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components with more than one module (Tarjan, iterative)."""
-    index: Dict[str, int] = {}
-    low: Dict[str, int] = {}
-    stack: List[str] = []
-    on_stack: Set[str] = set()
-    found: List[List[str]] = []
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
     counter = 0
     for root in sorted(graph):
         if root in index:
@@ -114,7 +113,7 @@ def group_of(module: str) -> str:
     return parts[1] if len(parts) > 1 and parts[1] in FLOORS else ""
 
 
-def layer_violations(graph: Dict[str, Set[str]], group=group_of, floors=FLOORS) -> List[str]:
+def layer_violations(graph: dict[str, set[str]], group=group_of, floors=FLOORS) -> list[str]:
     """Each import between groups that does not point down a floor, and each module without a group."""
     problems = [f"{m} has no floor: add it to tests/test_layers.py and docs/internals.md"
                 for m in sorted(graph) if not group(m)]
@@ -130,14 +129,14 @@ def layer_violations(graph: Dict[str, Set[str]], group=group_of, floors=FLOORS) 
     return problems
 
 
-def floor_count(graph: Dict[str, Set[str]], group=group_of) -> Tuple[int, Dict[str, int]]:
+def floor_count(graph: dict[str, set[str]], group=group_of) -> tuple[int, dict[str, int]]:
     """How many floors the group graph really stacks: each group one above the highest it imports."""
-    edges: Dict[str, Set[str]] = {}
+    edges: dict[str, set[str]] = {}
     for module, targets in graph.items():
         edges.setdefault(group(module), set()).update(group(t) for t in targets if group(t) != group(module))
-    height: Dict[str, int] = {}
+    height: dict[str, int] = {}
 
-    def rise(g: str, seen: Tuple[str, ...] = ()) -> int:
+    def rise(g: str, seen: tuple[str, ...] = ()) -> int:
         if g not in height:
             below = [rise(t, (*seen, g)) for t in edges.get(g, ()) if t not in seen]
             height[g] = 1 + max(below, default=0)

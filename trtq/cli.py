@@ -15,12 +15,14 @@ import sys
 import time
 import types
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional
+from collections.abc import Sequence
 
 import click
 
 from trtq import __version__
 from trtq.errors import TrtqError, UsageError
+import contextlib
 
 log = logging.getLogger("trtq")
 
@@ -91,10 +93,8 @@ class _StdoutGuard:
                 os.close(self.saved_fd)
                 self.saved_fd = None
             if self.own is not None:
-                try:
+                with contextlib.suppress(OSError):
                     self.own.close()
-                except OSError:
-                    pass
                 self.own = None
 
 
@@ -180,7 +180,7 @@ def _emit(st: _State, data: Any, text: str) -> None:
     _guard.result.flush()
 
 
-def _load_config(config_path: Optional[Path], overrides: Dict[str, Any]):
+def _load_config(config_path: Optional[Path], overrides: dict[str, Any]):
     """The effective config; with model_input_shapes / --override-input-shape, ``model`` is a
     rewritten copy of the model at those input shapes (checked, removed when the command ends)."""
     import dataclasses
@@ -224,8 +224,8 @@ def _check_outputs(cfg, config_path, outputs, *extra_inputs) -> None:
     check_outputs(inputs, outputs)
 
 
-def _split_csv(values: Sequence[str]) -> List[str]:
-    out: List[str] = []
+def _split_csv(values: Sequence[str]) -> list[str]:
+    out: list[str] = []
     for v in values:
         out.extend(p.strip() for p in v.split(",") if p.strip())
     return out
@@ -247,11 +247,11 @@ def _source_for_path(path: str):
     raise DataError(f"data path not found: {path}", "pass an image folder, a .txt file list, or .npy files")
 
 
-def _parse_shape_flags(items: Sequence[str], specs, base: Dict[str, Tuple[int, ...]]) -> Dict[str, Tuple[int, ...]]:
+def _parse_shape_flags(items: Sequence[str], specs, base: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
     """--shape [INPUT=]DIMS (DIMS like 8x3x48x320 or 8,3,48,320) merged over data.shapes."""
     by_name = {s.name: s for s in specs}
     shapes = dict(base)
-    seen: Dict[str, str] = {}
+    seen: dict[str, str] = {}
     for item in items:
         name, sep, dims = item.rpartition("=")
         if not sep:
@@ -292,7 +292,7 @@ def _apply_data_flags(cfg, source: _Flags):
     by_name = {s.name: s for s in specs}
     shapes = _parse_shape_flags(shape_flags, specs, dict(cfg.data.shapes))
     inputs = dict(cfg.data.inputs)
-    given: Dict[str, str] = {}
+    given: dict[str, str] = {}
     for item in data:
         name, sep, path = item.partition("=")
         if sep and name not in by_name and _looks_like_input_name(name) and not Path(item).exists():
@@ -380,7 +380,7 @@ _batching = _option_group(
 )
 
 
-def _data_overrides(batching: _Flags) -> Dict[str, Any]:
+def _data_overrides(batching: _Flags) -> dict[str, Any]:
     return {f"data.{key}": value for key, value in vars(batching).items()}
 
 
@@ -479,7 +479,7 @@ _sharding = _option_group(
 )
 
 
-def _calibrate_overrides(model: Optional[str], calib: _Flags) -> Dict[str, Any]:
+def _calibrate_overrides(model: Optional[str], calib: _Flags) -> dict[str, Any]:
     overrides = {f"calibrate.{key}": getattr(calib, key)
                  for key in ("method", "percentile", "num_bins", "output", "trt_version", "backend", "save_stats")}
     overrides.update({"model": model, "calibrate.tensors": _split_csv(calib.tensors) or None,
@@ -634,7 +634,7 @@ def inspect_cache(cache, common, model, other, sort_key, top):
     from trtq.calib import inspect as ic
 
     table = ic.load_for_inspection(Path(cache))
-    result: Dict[str, Any] = {"summary": ic.summarize(table, Path(cache), sort=sort_key, top=top)}
+    result: dict[str, Any] = {"summary": ic.summarize(table, Path(cache), sort=sort_key, top=top)}
     if model:
         from trtq.model import load_model
 
@@ -1005,8 +1005,8 @@ def _redeliver_after_import(signum: int) -> None:
     os.kill(os.getpid(), signum)
 
 
-def _install_signal_handlers() -> Dict[int, Any]:
-    previous: Dict[int, Any] = {}
+def _install_signal_handlers() -> dict[int, Any]:
+    previous: dict[int, Any] = {}
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, _on_signal)
@@ -1037,16 +1037,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         # ONNX Runtime and numba takes a while, during which Python has reset the signal handlers:
         # a Ctrl-C there killed the process and lost its exit code)
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-            except (OSError, ValueError):
-                pass
         logging.shutdown()
         os._exit(code)
     sys.exit(code)
 
 
-def _run(args: List[str], verbose: int) -> int:
+def _run(args: list[str], verbose: int) -> int:
     from trtq.interrupt import Terminated
 
     global _finishing

@@ -15,7 +15,8 @@ import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Literal, Mapping, Optional, Tuple, Union
+from typing import Any, Literal, Optional, Union
+from collections.abc import Mapping
 
 from trtq.errors import ConfigError
 
@@ -52,7 +53,7 @@ class ResizeOptions:
     """
 
     mode: Literal["none", "exact", "shorter", "longer", "letterbox"] = "none"
-    size: Tuple[int, ...] = ()
+    size: tuple[int, ...] = ()
     interpolation: Interpolation = "bilinear"
     pad_value: float = 0.0
     anchor: Literal["center", "top_left"] = "center"
@@ -65,10 +66,10 @@ class PreprocessOptions:
 
     color: Literal["rgb", "bgr", "gray"] = "rgb"
     resize: ResizeOptions = ResizeOptions()
-    center_crop: Tuple[int, ...] = ()
+    center_crop: tuple[int, ...] = ()
     scale: float = 1.0 / 255.0
-    mean: Tuple[float, ...] = ()
-    std: Tuple[float, ...] = ()
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
     layout: Literal["nchw", "nhwc"] = "nchw"
     dtype: Literal["float32", "float16"] = "float32"
 
@@ -78,14 +79,14 @@ class InputSource:
     """Where the samples for one model input come from: exactly one of images / files / npy."""
 
     images: Optional[str] = _path_field()  # folder, searched recursively
-    files: Tuple[str, ...] = _paths_field()  # explicit image paths, or one .txt list file
-    npy: Tuple[str, ...] = _paths_field()  # .npy files or globs; axis 0 is the sample axis
+    files: tuple[str, ...] = _paths_field()  # explicit image paths, or one .txt list file
+    npy: tuple[str, ...] = _paths_field()  # .npy files or globs; axis 0 is the sample axis
     preprocess: PreprocessOptions = PreprocessOptions()
 
 
 @dataclass(frozen=True)
 class DataOptions:
-    inputs: Dict[str, InputSource] = field(default_factory=dict)
+    inputs: dict[str, InputSource] = field(default_factory=dict)
     batch_size: Optional[int] = None  # default: the model's static batch dim, else 8
     last_batch: Literal["pad", "drop", "keep"] = "pad"
     limit: Optional[int] = None  # use at most this many samples
@@ -95,7 +96,7 @@ class DataOptions:
     prefetch: int = 4  # batches decoded ahead of the consumer
     skip_bad: bool = False
     # full shapes for inputs with dynamic dims, e.g. {x: [8, 3, 224, 224]}
-    shapes: Dict[str, Tuple[int, ...]] = field(default_factory=dict)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,11 +112,11 @@ class CalibrateOptions:
     method: Optional[Method] = None  # None: the backend's default, see DEFAULT_METHOD / resolved()
     percentile: float = 99.99
     num_bins: int = 2048
-    tensors: Tuple[str, ...] = ()  # empty: every tensor a TensorRT cache can name
+    tensors: tuple[str, ...] = ()  # empty: every tensor a TensorRT cache can name
     output: str = _path_field("calibration.cache")
     trt_version: Optional[str] = None  # default: installed tensorrt, else DEFAULT_TRT_VERSION
     backend: Literal["onnxruntime", "tensorrt"] = "onnxruntime"
-    providers: Tuple[str, ...] = ()  # ONNX Runtime providers; default CUDA if present, else CPU
+    providers: tuple[str, ...] = ()  # ONNX Runtime providers; default CUDA if present, else CPU
     save_stats: Optional[str] = _path_field()
 
     def resolved(self) -> "CalibrateOptions":
@@ -133,7 +134,7 @@ DEFAULT_METHOD = {"onnxruntime": "mse", "tensorrt": "entropy"}
 @dataclass(frozen=True)
 class QuantizeOptions:
     output: Optional[str] = _path_field()
-    exclude: Tuple[str, ...] = ()  # node-name regexes or op types kept in float
+    exclude: tuple[str, ...] = ()  # node-name regexes or op types kept in float
     per_channel: bool = True
     fp16: bool = False  # cast the non-quantized rest to float16
     allow_stale: bool = False
@@ -167,9 +168,9 @@ class CompareOptions:
 
 @dataclass(frozen=True)
 class ProfileShapes:
-    min: Tuple[int, ...] = ()
-    opt: Tuple[int, ...] = ()
-    max: Tuple[int, ...] = ()
+    min: tuple[int, ...] = ()
+    opt: tuple[int, ...] = ()
+    max: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -182,8 +183,8 @@ class BuildOptions:
     optimization_level: Optional[int] = None  # builder optimization level 0..5
     timing_cache: Optional[str] = _path_field()
     # e.g. [EDGE_MASK_CONVOLUTIONS, JIT_CONVOLUTIONS], or the flag's comma-separated string
-    tactic_sources: Optional[Tuple[str, ...]] = field(default=None, metadata={"csv": True})
-    profiles: Dict[str, ProfileShapes] = field(default_factory=dict)
+    tactic_sources: Optional[tuple[str, ...]] = field(default=None, metadata={"csv": True})
+    profiles: dict[str, ProfileShapes] = field(default_factory=dict)
     allow_stale: bool = False
 
 
@@ -200,7 +201,7 @@ class BenchOptions:
 class TrtqConfig:
     model: Optional[str] = _path_field()
     # rewrite fixed declared input shapes, e.g. {input: [1, 3, 240, 320]} (--override-input-shape)
-    model_input_shapes: Dict[str, Tuple[int, ...]] = field(default_factory=dict)
+    model_input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     data: DataOptions = DataOptions()
     calibrate: CalibrateOptions = CalibrateOptions()
     quantize: QuantizeOptions = QuantizeOptions()
@@ -226,7 +227,7 @@ def load_config(
     ``overrides`` maps dotted keys to values (``{"calibrate.method": "max"}``); ``None`` values
     are ignored so unset CLI flags do not override anything.
     """
-    raw: Dict[str, Any] = {}
+    raw: dict[str, Any] = {}
     base_dir: Optional[Path] = None
     if path is not None:
         raw = _read_yaml(Path(path))
@@ -254,7 +255,7 @@ def _unique_key_loader():
 
     class UniqueKeyLoader(yaml.SafeLoader):
         def construct_mapping(self, node, deep=False):
-            seen: Dict[Any, int] = {}
+            seen: dict[Any, int] = {}
             for key_node, _ in node.value:
                 key = self.construct_object(key_node, deep=True)
                 try:
@@ -273,7 +274,7 @@ def _unique_key_loader():
     return UniqueKeyLoader
 
 
-def _read_yaml(path: Path) -> Dict[str, Any]:
+def _read_yaml(path: Path) -> dict[str, Any]:
     import yaml
 
     if path.exists() and not path.is_file():
@@ -305,11 +306,11 @@ def _read_yaml(path: Path) -> Dict[str, Any]:
     return data
 
 
-def _env_overrides(environ: Mapping[str, str]) -> Dict[str, Any]:
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     import yaml
 
     table = _scalar_paths(TrtqConfig, "")
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
     for name, text in environ.items():
         if not name.startswith(ENV_PREFIX) or name in _ENV_IGNORED:
             continue
@@ -331,9 +332,9 @@ def _env_overrides(environ: Mapping[str, str]) -> Dict[str, Any]:
 _ENV_IGNORED = {"TRTQ_TEST_MODELS", "TRTQ_BENCH_DIR", "TRTQ_GPU_TESTS", "TRTQ_NO_NUMBA"}
 
 
-def _scalar_paths(tp: Any, prefix: str) -> Dict[str, str]:
+def _scalar_paths(tp: Any, prefix: str) -> dict[str, str]:
     """Map env-style keys (``calibrate_method``) to dotted paths for every settable field."""
-    out: Dict[str, str] = {}
+    out: dict[str, str] = {}
     for f in dataclasses.fields(tp):
         dotted = f"{prefix}{f.name}"
         hint = typing.get_type_hints(tp)[f.name]
@@ -367,7 +368,7 @@ def _type_name(tp: Any) -> str:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if origin is Union:
         return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
-    if origin in (tuple, Tuple):
+    if origin in (tuple, tuple):
         return f"a list of {_type_name(typing.get_args(tp)[0])}"
     if origin is dict:
         return "a mapping"
@@ -403,7 +404,7 @@ def _convert(tp: Any, value: Any, path: str, base_dir: Optional[Path], is_path: 
         if isinstance(value, str) and value.lower() in args:
             return value.lower()
         raise _bad(path, value, tp)
-    if origin in (tuple, Tuple):
+    if origin in (tuple, tuple):
         items = list(value) if isinstance(value, (list, tuple)) else [value]
         if csv and isinstance(value, str):
             items = [p.strip() for p in value.split(",") if p.strip()]
@@ -442,7 +443,7 @@ def _convert_section(tp: Any, value: Any, path: str, base_dir: Optional[Path]) -
         raise ConfigError(f"config section '{path or 'top level'}': {e}") from None
 
 
-def _convert_union(tp: Any, args: Tuple[Any, ...], value: Any, path: str, base_dir: Optional[Path], is_path: bool,
+def _convert_union(tp: Any, args: tuple[Any, ...], value: Any, path: str, base_dir: Optional[Path], is_path: bool,
                    csv: bool) -> Any:
     """The first member type of an Optional / Union that takes ``value``."""
     if value is None and type(None) in args:
@@ -474,6 +475,6 @@ def _convert_scalar(tp: Any, value: Any, path: str, base_dir: Optional[Path], is
     raise ConfigError(f"config key '{path}' has an unsupported type")  # pragma: no cover
 
 
-def to_dict(cfg: Any) -> Dict[str, Any]:
+def to_dict(cfg: Any) -> dict[str, Any]:
     """Plain-data view of a config (for provenance JSON and ``--dry-run`` output)."""
     return dataclasses.asdict(cfg)

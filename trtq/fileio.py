@@ -18,13 +18,14 @@ import stat
 import secrets
 import threading
 from pathlib import Path
-from typing import Iterator, Set, Union
+from typing import Union
+from collections.abc import Iterator
 
 from trtq.errors import TrtqError, UsageError
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-_pending: Set[str] = set()
+_pending: set[str] = set()
 _pending_lock = threading.RLock()  # re-entrant: the signal handler runs on the thread that may hold it
 
 
@@ -150,11 +151,10 @@ def _umask() -> int:
 
 
 def atomic_write_bytes(dest: PathLike, data: bytes) -> None:
-    with atomic_path(dest) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+    with atomic_path(dest) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def atomic_write_text(dest: PathLike, text: str) -> None:

@@ -11,17 +11,17 @@ place of the original (removed when the command ends).
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Mapping, Sequence, Tuple
+from collections.abc import Mapping, Sequence
 
 from trtq.errors import ModelError, UsageError
 from trtq.model import format_shape
 
-_temp_dirs: List[str] = []
+_temp_dirs: list[str] = []
 
 
-def parse_override(items: Sequence[str]) -> Dict[str, Tuple[int, ...]]:
+def parse_override(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
     """``NAME=DIMS`` flags (DIMS like 1x3x240x320 or 1,3,240,320) -> {name: dims}."""
-    out: Dict[str, Tuple[int, ...]] = {}
+    out: dict[str, tuple[int, ...]] = {}
     for item in items:
         name, sep, dims = item.rpartition("=")
         parts = dims.replace(",", "x").split("x")

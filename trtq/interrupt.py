@@ -8,7 +8,8 @@ the run would go on. So the handler also records the signal here, and every batc
 """
 import contextlib
 import signal
-from typing import Iterator, Optional
+from typing import Optional
+from collections.abc import Iterator
 
 _requested: Optional[int] = None
 _raised = False  # an exception for the requested signal has been raised already

@@ -6,7 +6,8 @@ file can be wrong into a one-line :class:`~trtq.errors.ModelError`.
 import operator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Optional, Union
+from collections.abc import Mapping, Sequence
 
 from trtq.errors import DataError, ModelError
 from trtq.fileio import require_input_file
@@ -24,7 +25,7 @@ FLOAT_DTYPES = ("float32", "float16", "float64", "bfloat16")
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
-    shape: Tuple[Dim, ...]
+    shape: tuple[Dim, ...]
     dtype: str  # numpy dtype name, e.g. "float32"
 
     @property
@@ -78,11 +79,11 @@ def load_model(path: Union[str, Path], load_external_data: bool = True):
     return model
 
 
-def _dims(type_proto) -> Tuple[Dim, ...]:
+def _dims(type_proto) -> tuple[Dim, ...]:
     tt = type_proto.tensor_type
     if not tt.HasField("shape"):
         return ()
-    out: List[Dim] = []
+    out: list[Dim] = []
     for d in tt.shape.dim:
         if d.HasField("dim_value") and d.dim_value > 0:
             out.append(int(d.dim_value))
@@ -104,13 +105,13 @@ def set_nodes(graph, nodes) -> None:
     graph.node.extend(nodes)
 
 
-def input_specs(model) -> List[TensorSpec]:
+def input_specs(model) -> list[TensorSpec]:
     """Real graph inputs (initializers that some exporters also list as inputs are skipped)."""
     inits = {i.name for i in model.graph.initializer}
     return [_spec(v) for v in model.graph.input if v.name not in inits]
 
 
-def check_shape(spec: TensorSpec, shape: Sequence[int], what: str, error: type = DataError) -> Tuple[int, ...]:
+def check_shape(spec: TensorSpec, shape: Sequence[int], what: str, error: type = DataError) -> tuple[int, ...]:
     """``shape`` as ints when it fits ``spec`` (same rank, positive, the model's fixed dims), else
     ``error`` naming ``what`` (the config key or flag the shape came from)."""
     given = tuple(int(d) for d in shape)
@@ -140,7 +141,7 @@ def resolve_shapes(
     default_batch: Optional[int] = None,
     error: type = DataError,
     hint: Callable[[TensorSpec], str] = _shape_hint,
-) -> Dict[str, Tuple[int, ...]]:
+) -> dict[str, tuple[int, ...]]:
     """Concrete shape for every input: the one resolver the Batcher and TensorRT's profiles use.
 
     ``shapes`` (from ``data.shapes``) wins; otherwise a dynamic leading dim takes ``batch_size``,
@@ -154,12 +155,12 @@ def resolve_shapes(
             raise error(f"data.shapes names '{name}', which is not a model input",
                         "model inputs: " + ", ".join(sorted(known)))
     fallback = fallback or {}
-    out: Dict[str, Tuple[int, ...]] = {}
+    out: dict[str, tuple[int, ...]] = {}
     for s in specs:
         if s.name in shapes:
             out[s.name] = check_shape(s, shapes[s.name], f"data.shapes.{s.name}", error)
             continue
-        dims: List[int] = []
+        dims: list[int] = []
         for i, d in enumerate(s.shape):
             if isinstance(d, int):
                 dims.append(d)
@@ -183,7 +184,7 @@ _NON_ACTIVATION_OPS = {
 }
 
 
-def calibratable_tensors(model) -> List[str]:
+def calibratable_tensors(model) -> list[str]:
     """Float activations a TensorRT calibration cache can name, in topological order.
 
     These are the float graph inputs plus every float output of a compute node, excluding
@@ -197,13 +198,13 @@ def calibratable_tensors(model) -> List[str]:
     except Exception:  # shape inference is a help, not a requirement
         inferred = model
     g = inferred.graph
-    elem_type: Dict[str, int] = {}
+    elem_type: dict[str, int] = {}
     for vi in list(g.value_info) + list(g.input) + list(g.output):
         elem_type[vi.name] = vi.type.tensor_type.elem_type
     float_types = {1, 10, 11, 16}
 
     constant = {i.name for i in g.initializer}
-    names: List[str] = []
+    names: list[str] = []
     seen = set()
     for spec in input_specs(inferred):
         if spec.is_float:

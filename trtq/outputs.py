@@ -8,15 +8,16 @@ nothing and a long calibration does not die at its last step.
 import glob
 import os
 from pathlib import Path
-from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Optional
+from collections.abc import Iterable, Mapping, Sequence
 
 from trtq.errors import TrtqError, UsageError
 from trtq.fileio import check_writable_target
 
-Labelled = Sequence[Tuple[str, Optional[str]]]  # (what, path) pairs; None paths are skipped
+Labelled = Sequence[tuple[str, Optional[str]]]  # (what, path) pairs; None paths are skipped
 
 
-def _identity(path: str) -> Tuple:
+def _identity(path: str) -> tuple:
     """What makes two paths the same file: (dev, inode) when it exists, else the resolved path."""
     try:
         st = os.stat(path)
@@ -83,9 +84,9 @@ def check_outputs(inputs: Labelled, outputs: Labelled) -> None:
                             "write to a folder you can write to (-o), or fix its permissions")
 
 
-def data_files(inputs: Mapping) -> List[Tuple[str, str]]:
+def data_files(inputs: Mapping) -> list[tuple[str, str]]:
     """(what, path) for the files named by ``data.inputs`` (npy files and globs, file lists)."""
-    out: List[Tuple[str, str]] = []
+    out: list[tuple[str, str]] = []
     for name, src in inputs.items():
         for pattern in getattr(src, "npy", ()) or ():
             matches = sorted(glob.glob(os.path.expanduser(pattern))) if glob.has_magic(pattern) else [pattern]
@@ -95,5 +96,5 @@ def data_files(inputs: Mapping) -> List[Tuple[str, str]]:
     return out
 
 
-def existing(paths: Iterable[Tuple[str, Optional[str]]]) -> Labelled:
+def existing(paths: Iterable[tuple[str, Optional[str]]]) -> Labelled:
     return [(w, p) for w, p in paths if p]

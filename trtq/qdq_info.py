@@ -20,7 +20,7 @@ those into the float constants they compute (exact: ``bias_int32 * scale``).
 Scales may sit in initializers or Constant nodes (QAT exports write both).
 """
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Optional
 
 import numpy as np
 import onnx
@@ -39,19 +39,19 @@ OTHER_QUANTIZED_OPS = ("QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInt
 class QdqInfo:
     """The quantization a Q/DQ model carries (main graph)."""
 
-    activations: Dict[str, float] = field(default_factory=dict)  # tensor -> amax (127 * scale), per-tensor Q
+    activations: dict[str, float] = field(default_factory=dict)  # tensor -> amax (127 * scale), per-tensor Q
     weights: int = 0  # QuantizeLinear nodes on constants
     per_channel: int = 0  # of those, with a 1-D scale
     quantize_nodes: int = 0
     dequantize_nodes: int = 0
-    other_ops: List[str] = field(default_factory=list)  # QOperator ops found (op types)
-    problems: List[str] = field(default_factory=list)  # why TensorRT cannot build it as is
+    other_ops: list[str] = field(default_factory=list)  # QOperator ops found (op types)
+    problems: list[str] = field(default_factory=list)  # why TensorRT cannot build it as is
 
     @property
     def is_qdq(self) -> bool:
         return bool(self.quantize_nodes or self.dequantize_nodes)
 
-    def summary(self) -> Dict[str, int]:
+    def summary(self) -> dict[str, int]:
         return {"quantize_nodes": self.quantize_nodes, "dequantize_nodes": self.dequantize_nodes,
                 "activations": len(self.activations), "weights": self.weights, "per_channel_weights": self.per_channel}
 
@@ -66,7 +66,7 @@ class _Constants:
                 for a in node.attribute:
                     if a.name == "value":
                         self._tensors[node.output[0]] = a.t
-        self._cache: Dict[str, np.ndarray] = {}
+        self._cache: dict[str, np.ndarray] = {}
 
     def __contains__(self, name: str) -> bool:
         return name in self._tensors

@@ -1,7 +1,7 @@
 """Plain-Python scoring of task outputs, written apart from trtq.compare's code, that the tests
 hold compare's numbers against (loops over lists, no shared helpers)."""
 import itertools
-from typing import List, Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -13,7 +13,7 @@ def iou(a: Sequence[float], b: Sequence[float]) -> float:
     return w * h / union if union > 0 else 0.0
 
 
-def yolo_detections(sample: np.ndarray, v5: bool, conf: float, nms_iou: float) -> List[Tuple[int, float, list]]:
+def yolo_detections(sample: np.ndarray, v5: bool, conf: float, nms_iou: float) -> list[tuple[int, float, list]]:
     """(class, score, [x1, y1, x2, y2]) after per-class NMS, for one sample's [A, K] rows."""
     found = []
     for row in sample.astype(np.float64).tolist():
@@ -54,7 +54,7 @@ def detection_f1(ref: np.ndarray, cand: np.ndarray, v5: bool, conf=0.25, nms_iou
     return p, rc, f1, matched, n_ref, n_cand
 
 
-def ctc_lines(probs: np.ndarray) -> List[List[int]]:
+def ctc_lines(probs: np.ndarray) -> list[list[int]]:
     return [[k for k, _ in itertools.groupby(row.tolist()) if k != 0] for row in probs.argmax(-1)]
 
 
@@ -66,7 +66,7 @@ def levenshtein(a: Sequence[int], b: Sequence[int]) -> int:
     return table[-1][-1]
 
 
-def ctc_scores(ref: np.ndarray, cand: np.ndarray) -> Tuple[float, float]:
+def ctc_scores(ref: np.ndarray, cand: np.ndarray) -> tuple[float, float]:
     """(sequence agreement, character error rate)."""
     r, c = ctc_lines(ref), ctc_lines(cand)
     same = sum(a == b for a, b in zip(r, c))

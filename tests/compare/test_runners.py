@@ -99,16 +99,14 @@ def test_float_feed_is_cast_to_the_declared_float_type(weights):
 
 
 def test_missing_feed_is_a_data_error(affine_file):
-    with OnnxRunner.from_path(affine_file) as runner:
-        with pytest.raises(DataError) as info:
-            runner.run({"image": np.zeros((1, 6), np.float32)})
+    with OnnxRunner.from_path(affine_file) as runner, pytest.raises(DataError) as info:
+        runner.run({"image": np.zeros((1, 6), np.float32)})
     assert "'x'" in str(info.value) and "image" in str(info.value)
 
 
 def test_wrong_shape_is_a_one_line_data_error(affine_file):
-    with OnnxRunner.from_path(affine_file) as runner:
-        with pytest.raises(DataError) as info:
-            runner.run({"x": np.zeros((1, 7), np.float32)})
+    with OnnxRunner.from_path(affine_file) as runner, pytest.raises(DataError) as info:
+        runner.run({"x": np.zeros((1, 7), np.float32)})
     msg = str(info.value)
     assert "\n" not in msg and "affine.onnx" in msg and "[ONNXRuntimeError]" not in msg
 

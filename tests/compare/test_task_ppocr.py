@@ -16,7 +16,8 @@ from tests.conftest import SAMPLE_IMAGES
 
 from . import scoring
 
-WORDS = "invoice total paid order number date amount seven hello world quick brown fox 2024 12.50 tax".split()
+WORDS = ["invoice", "total", "paid", "order", "number", "date", "amount", "seven",
+         "hello", "world", "quick", "brown", "fox", "2024", "12.50", "tax"]
 
 
 def _model(name: str) -> Path:

@@ -1,6 +1,7 @@
 """Small real files for the data-pipeline tests (made with PIL / numpy in tmp_path)."""
 from pathlib import Path
-from typing import List, Sequence
+from typing import Optional
+from collections.abc import Sequence
 
 import numpy as np
 from PIL import Image
@@ -13,13 +14,13 @@ def noise_rgb(width: int, height: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
 
 
-def save_rgb(path: Path, width: int = 20, height: int = 16, seed: int = 0, fmt: str = None) -> Path:
+def save_rgb(path: Path, width: int = 20, height: int = 16, seed: int = 0, fmt: Optional[str] = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(noise_rgb(width, height, seed)).save(path, format=fmt)
     return path
 
 
-def image_folder(root: Path, count: int, width: int = 20, height: int = 16) -> List[Path]:
+def image_folder(root: Path, count: int, width: int = 20, height: int = 16) -> list[Path]:
     """``count`` distinct noise PNGs named img_000.png ... (lossless, so values are exact)."""
     return [save_rgb(root / f"img_{i:03d}.png", width, height, seed=i) for i in range(count)]
 

@@ -206,7 +206,7 @@ def test_real_sample_model_input(sample_model, photos):
     b = Batcher(opts, specs)
     batch = next(iter(b))
     assert batch.arrays["x"].shape == (4, 3, 224, 224) and batch.arrays["x"].dtype == np.float32
-    assert -1.0 <= batch.arrays["x"].min() and batch.arrays["x"].max() <= 1.0
+    assert batch.arrays["x"].min() >= -1.0 and batch.arrays["x"].max() <= 1.0
 
 
 # ------------------------------------------------------------------------------------ bad samples

@@ -93,7 +93,7 @@ def test_paddle_rec_model_with_a_shape(trtq, tmp_path):
     spec = importlib.util.find_spec("rapidocr_onnxruntime")
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("rapidocr-onnxruntime is not installed (pip install --no-deps rapidocr-onnxruntime)")
-    model = Path(list(spec.submodule_search_locations)[0]) / "models" / "ch_PP-OCRv4_rec_infer.onnx"
+    model = Path(next(iter(spec.submodule_search_locations))) / "models" / "ch_PP-OCRv4_rec_infer.onnx"
     if not model.exists():
         pytest.skip(f"{model.name} is not in this rapidocr-onnxruntime")
     imgs = _images(tmp_path / "imgs")

@@ -1,6 +1,6 @@
 """Helpers for the quantizer tests: real amax from FP32 runs, ORT sessions, real and synthetic images."""
 from pathlib import Path
-from typing import Dict, List, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import onnx
@@ -23,11 +23,11 @@ def session(model: onnx.ModelProto):
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
-def run(model: onnx.ModelProto, feeds: Dict[str, np.ndarray]) -> List[np.ndarray]:
+def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     return session(model).run(None, feeds)
 
 
-def activation_amax(model: onnx.ModelProto, feeds_list: Sequence[Dict[str, np.ndarray]]) -> Dict[str, float]:
+def activation_amax(model: onnx.ModelProto, feeds_list: Sequence[dict[str, np.ndarray]]) -> dict[str, float]:
     """max|x| of every float tensor (graph inputs and node outputs) over FP32 runs of ``model``.
 
     The maxima are computed inside the graph (Abs -> ReduceMax per tensor, as extra scalar
@@ -56,7 +56,7 @@ def activation_amax(model: onnx.ModelProto, feeds_list: Sequence[Dict[str, np.nd
             exposed.graph.node.append(helper.make_node("ReduceMax", [abs_out + "_f"], [max_out], keepdims=0))
         exposed.graph.output.append(helper.make_tensor_value_info(max_out, TensorProto.FLOAT, None))
     sess = session(exposed)
-    amax: Dict[str, float] = {}
+    amax: dict[str, float] = {}
     for feeds in feeds_list:
         for name, value in zip(names, sess.run(None, feeds)):
             amax[name] = max(amax.get(name, 0.0), float(value))
@@ -144,7 +144,7 @@ def init(name: str, array) -> onnx.TensorProto:
     return numpy_helper.from_array(np.asarray(array), name)
 
 
-def nodes_of(model: onnx.ModelProto, op_type: str) -> List[onnx.NodeProto]:
+def nodes_of(model: onnx.ModelProto, op_type: str) -> list[onnx.NodeProto]:
     return [n for n in model.graph.node if n.op_type == op_type]
 
 
@@ -174,7 +174,7 @@ def value(name, shape, elem=TensorProto.FLOAT):
     return helper.make_tensor_value_info(name, elem, shape)
 
 
-def random_feeds(model: onnx.ModelProto, seed=0, batch=2) -> Dict[str, np.ndarray]:
+def random_feeds(model: onnx.ModelProto, seed=0, batch=2) -> dict[str, np.ndarray]:
     """Normal samples for every graph input (dynamic dims take ``batch``)."""
     rng = np.random.default_rng(seed)
     inits = {i.name for i in model.graph.initializer}

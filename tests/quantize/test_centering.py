@@ -195,7 +195,7 @@ def test_gptq_without_bias_correction_settles_the_readers_it_keeps_at_nearest():
     batches = [SimpleNamespace(arrays={"x": x[i:i + 8]}, valid=8) for i in (0, 8)]
     nearest = quantize_model(model, amax, QuantizeOptions(center_activations=True))
     gptq = quantize_model(model, amax, QuantizeOptions(center_activations=True, weight_rounding="gptq"), data=batches)
-    kept = [n for n in gptq.notes if n.startswith("weight rounding gptq")][0]
+    kept = next(n for n in gptq.notes if n.startswith("weight rounding gptq"))
     assert "nearest kept for 2: fc1" in kept and "fc2" in kept, kept
 
     def bias(result, node):

@@ -106,7 +106,7 @@ def test_solve_cancels_the_error_along_a_dominant_input_direction():
 
 def test_solve_never_loses_to_nearest_and_respects_the_range():
     rng = np.random.default_rng(2)
-    for trial in range(5):
+    for _trial in range(5):
         g, r, d = 2, 6, 20
         w = rng.normal(size=(g, r, d))
         w[:, :, 0] = np.abs(w).max(axis=2) * 1.0001  # the largest weight sits on the top level

@@ -7,7 +7,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Optional
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import onnx
@@ -57,7 +58,7 @@ class Kit:
         self.prov = root / "c.cache.json"
         self.stats = root / "s.npz"
 
-    def snapshot(self) -> Dict[str, bytes]:
+    def snapshot(self) -> dict[str, bytes]:
         """Every file under the folder (hidden ones included) with its bytes."""
         out = {}
         for p in sorted(self.root.rglob("*")):
@@ -99,7 +100,7 @@ def one_line_error(r: CliResult) -> bool:
             and "Traceback" not in r.err and "internal error" not in r.err)
 
 
-def temp_leftovers(folder: Path) -> List[str]:
+def temp_leftovers(folder: Path) -> list[str]:
     return [str(p) for p in Path(folder).rglob(".*.tmp")]
 
 
@@ -108,13 +109,13 @@ def temp_leftovers(folder: Path) -> List[str]:
 # ------------------------------------------------------------------------------------------------
 
 
-def child_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+def child_env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
     env = {k: v for k, v in repo_env().items() if not k.startswith("TRTQ_")}
     env.update(extra or {})
     return env
 
 
-def trtq_cmd(args: Sequence) -> List[str]:
+def trtq_cmd(args: Sequence) -> list[str]:
     return [sys.executable, "-m", "trtq"] + [str(a) for a in args]
 
 
@@ -143,7 +144,7 @@ def _setpriv_works() -> bool:
 
 
 @pytest.fixture(scope="session")
-def unprivileged() -> List[str]:
+def unprivileged() -> list[str]:
     """Command prefix under which file permissions apply: nothing for a normal user; for root,
     setpriv without CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH (root ignores chmod otherwise)."""
     if not _setpriv_works():

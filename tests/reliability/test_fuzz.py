@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("hypothesis",
                     reason="the fuzz tests need hypothesis (in the dev extra; not in the GPU test bundle)")
-from hypothesis import HealthCheck, example, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from tests.reliability.conftest import make_model, one_line_error, temp_leftovers
 from trtq.calib.cache import INT8_MAX, read_cache, scale_problem

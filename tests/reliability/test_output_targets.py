@@ -5,13 +5,12 @@ run is refused or fails with one line, exit 2 (bad target) or 1 (cannot write), 
 outputs are byte-identical and no temporary file is left.
 """
 import os
-import shutil
 import stat
 
 import pytest
 
 from tests.reliability.conftest import (
-    IS_ROOT, fill_up, one_line_error, remount_read_only, run_child, temp_leftovers, tmpfs,
+    fill_up, one_line_error, remount_read_only, run_child, temp_leftovers, tmpfs,
 )
 from trtq.errors import UsageError
 from trtq.fileio import atomic_write_bytes

@@ -54,7 +54,7 @@ def test_calibrate_output_onto_an_input_or_the_other_output(trtq, kit, target):
 
 def test_calibrate_outputs_onto_the_config_and_the_stats_input(trtq, kit):
     cfg = kit.root / "cfg.yaml"
-    cfg.write_text(f"model: m.onnx\ndata:\n  inputs:\n    x:\n      npy: [x.npy]\n")
+    cfg.write_text("model: m.onnx\ndata:\n  inputs:\n    x:\n      npy: [x.npy]\n")
     _refused(trtq, kit, ["calibrate", "--config", cfg, "-o", cfg], "config file")
     _refused(trtq, kit, ["calibrate", "--from-stats", kit.stats, "-o", kit.stats], "statistics file")
     _refused(trtq, kit, ["calibrate", "--from-stats", kit.stats, "--model", kit.model, "-o", kit.model], "is the model")

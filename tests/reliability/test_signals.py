@@ -2,7 +2,6 @@
 with one line (or 0 when the run had already finished), the previous outputs intact or the new
 ones complete, never a temporary file, never a traceback. A second signal stops at once. An
 interrupt that a finalizer swallows is raised again at the next batch."""
-import os
 import random
 import signal
 import subprocess

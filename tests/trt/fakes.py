@@ -6,7 +6,7 @@ in the real releases where they matter (NetworkDefinitionCreationFlag: EXPLICIT_
 STRONGLY_TYPED=1 in 10.x, STRONGLY_TYPED=0 in 11.x) so tests notice a decision made on values.
 """
 from types import SimpleNamespace
-from typing import Dict, List
+from typing import Optional
 
 
 class Member:
@@ -20,7 +20,7 @@ class Member:
         return f"{self._enum}.{self.name}"
 
 
-def make_enum(enum_name: str, names: List[str], values: Dict[str, int] = None) -> type:
+def make_enum(enum_name: str, names: list[str], values: Optional[dict[str, int]] = None) -> type:
     members = {n: Member(enum_name, n, (values or {}).get(n, i)) for i, n in enumerate(names)}
     cls = type(enum_name, (), dict(members))
     cls.__members__ = dict(members)

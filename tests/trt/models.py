@@ -1,7 +1,8 @@
 """Tiny exact ONNX models, ONNX Runtime references and hand-written TensorRT caches for GPU tests."""
 import struct
 from pathlib import Path
-from typing import Dict, Iterable, Union
+from typing import Union, Optional
+from collections.abc import Iterable
 
 import numpy as np
 import onnx
@@ -113,7 +114,7 @@ def unsupported_op_opset18(path: Path) -> Path:
     return path
 
 
-def ort_run(model_path: Path, feeds: Dict[str, np.ndarray], int8_kernels: bool = False) -> Dict[str, np.ndarray]:
+def ort_run(model_path: Path, feeds: dict[str, np.ndarray], int8_kernels: bool = False) -> dict[str, np.ndarray]:
     """ONNX Runtime on the CPU with basic graph optimizations: Q/DQ pairs computed as written (what
     TensorRT computes); ``int8_kernels``: all optimizations (ONNX Runtime's fused int8 kernels)."""
     import onnxruntime as ort
@@ -127,7 +128,7 @@ def ort_run(model_path: Path, feeds: Dict[str, np.ndarray], int8_kernels: bool =
     return dict(zip(names, sess.run(names, feeds)))
 
 
-def activation_amax(model_path: Path, batches: Iterable[Dict[str, np.ndarray]]) -> Dict[str, float]:
+def activation_amax(model_path: Path, batches: Iterable[dict[str, np.ndarray]]) -> dict[str, float]:
     """max|x| of every calibratable tensor over the batches, from ONNX Runtime FP32 inference."""
     import onnxruntime as ort
 
@@ -140,14 +141,14 @@ def activation_amax(model_path: Path, batches: Iterable[Dict[str, np.ndarray]]) 
         if n not in have:
             model.graph.output.append(helper.make_tensor_value_info(n, TensorProto.FLOAT, None))
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    amax: Dict[str, float] = {}
+    amax: dict[str, float] = {}
     for feeds in batches:
         for n, v in zip(names, sess.run(names, feeds)):
             amax[n] = max(amax.get(n, 0.0), float(np.abs(v).max()))
     return amax
 
 
-def write_trt_cache(path: Path, amax: Dict[str, float], algorithm: str = "MinMaxCalibration",
+def write_trt_cache(path: Path, amax: dict[str, float], algorithm: str = "MinMaxCalibration",
                     version_code: str = "101600") -> Path:
     """A TensorRT calibration cache written from the documented format, independently of trtq:
     header ``TRT-<code>-<Algorithm>``, then ``name: <big-endian float32 hex of amax/127>``."""
@@ -205,7 +206,7 @@ def qat_style_cnn(path: Path, batch: Union[int, str] = 2, seed: int = 0, scales_
             inits.append(numpy_helper.from_array(arr, name))
         return name
 
-    def qdq(src: str, scale: np.ndarray, axis: int = None) -> str:
+    def qdq(src: str, scale: np.ndarray, axis: Optional[int] = None) -> str:
         s = const(f"{src}_scale", scale.astype(np.float32))
         z = const(f"{src}_zp", np.zeros(scale.shape, np.int8))
         kw = {} if axis is None else {"axis": axis}
@@ -236,7 +237,7 @@ def qat_style_cnn(path: Path, batch: Union[int, str] = 2, seed: int = 0, scales_
     return _save(helper.make_model(graph), path, 13)
 
 
-def ort_quantize_static(fp32: Path, path: Path, batches: Iterable[Dict[str, np.ndarray]],
+def ort_quantize_static(fp32: Path, path: Path, batches: Iterable[dict[str, np.ndarray]],
                         symmetric: bool = True) -> Path:
     """ONNX Runtime's own ``quantize_static`` in QDQ format: per-channel int8 weights, MinMax on the
     batches; ``symmetric``: int8 activations with zero point 0 (what TensorRT takes), else ONNX

@@ -11,7 +11,8 @@ import json
 import logging
 import struct
 from pathlib import Path
-from typing import Iterable, Iterator, List, Optional
+from typing import Optional
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -32,23 +33,22 @@ def identity(batcher) -> dict:
 def write_through(batches: Iterable[Batch], path: Path, batcher) -> Iterator[Batch]:
     """Yield ``batches`` unchanged while writing them to ``path``; the file appears only when the
     iteration completes."""
-    layout: List[list] = []
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(MAGIC)
-            for batch in batches:
-                arrays = []
-                for name, a in batch.arrays.items():
-                    a = np.ascontiguousarray(a)
-                    f.write(memoryview(a).cast("B"))
-                    arrays.append([name, list(a.shape), a.dtype.str])
-                layout.append([batch.index, batch.valid, arrays])
-                yield batch
-            footer = dict(identity(batcher), format=FORMAT, batches=layout,
-                          skipped=[list(s) for s in getattr(batcher, "skipped", [])])
-            blob = json.dumps(footer).encode("utf-8")
-            f.write(blob)
-            f.write(struct.pack("<Q", len(blob)))
+    layout: list[list] = []
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(MAGIC)
+        for batch in batches:
+            arrays = []
+            for name, a in batch.arrays.items():
+                a = np.ascontiguousarray(a)
+                f.write(memoryview(a).cast("B"))
+                arrays.append([name, list(a.shape), a.dtype.str])
+            layout.append([batch.index, batch.valid, arrays])
+            yield batch
+        footer = dict(identity(batcher), format=FORMAT, batches=layout,
+                      skipped=[list(s) for s in getattr(batcher, "skipped", [])])
+        blob = json.dumps(footer).encode("utf-8")
+        f.write(blob)
+        f.write(struct.pack("<Q", len(blob)))
 
 
 def _footer(path: Path) -> dict:

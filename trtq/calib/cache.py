@@ -35,7 +35,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Optional, Union
 
 from trtq.errors import CacheError, ConfigError
 from trtq.fileio import atomic_write_bytes, atomic_write_text, require_input_file
@@ -88,7 +88,7 @@ _TRT_ENTRY_RE = re.compile(r"^.+: [0-9a-fA-F]{1,8}$")
 # --------------------------------------------------------------------------------------------
 
 
-def parse_trt_version(text: str) -> Tuple[int, int, int]:
+def parse_trt_version(text: str) -> tuple[int, int, int]:
     """``"8.6.1"`` / ``"10.3"`` / ``"11.4.0"`` / ``"10.13.3.9"`` -> ``(major, minor, patch)``.
 
     A fourth (build) component, pip suffixes such as ``.post1`` and local labels (``+cuda12``)
@@ -231,11 +231,11 @@ class CalibrationTable:
 
     trt_version: Optional[str]
     algorithm: str
-    amax: Dict[str, float] = field(default_factory=dict)
+    amax: dict[str, float] = field(default_factory=dict)
     source_format: str = "tensorrt"
 
     @property
-    def scales(self) -> Dict[str, float]:
+    def scales(self) -> dict[str, float]:
         """``amax / 127`` rounded to float32, per tensor."""
         return {name: scale_of(a) for name, a in self.amax.items()}
 
@@ -349,8 +349,8 @@ def _read_trt(path: Path, header_no: int, header: str, entries, ends_with_newlin
     except ValueError:
         raise _bad(path, header_no, f"unknown TensorRT version code '{code}' in header",
                    "expected e.g. 8600 (TensorRT 8.6.0) or 100300 (TensorRT 10.3.0)") from None
-    amax: Dict[str, float] = {}
-    seen_at: Dict[str, int] = {}
+    amax: dict[str, float] = {}
+    seen_at: dict[str, int] = {}
     for k, (n, line) in enumerate(entries):
         is_last = k == len(entries) - 1
         if ": " not in line:
@@ -376,7 +376,7 @@ def _read_trt(path: Path, header_no: int, header: str, entries, ends_with_newlin
     return CalibrationTable(trt_version=version, algorithm=algorithm, amax=amax, source_format="tensorrt")
 
 
-def _note_entry(path: Path, n: int, name: str, seen_at: Dict[str, int]) -> None:
+def _note_entry(path: Path, n: int, name: str, seen_at: dict[str, int]) -> None:
     """Remember that ``name`` is on line ``n``; CacheError when an earlier line has it already."""
     if name in seen_at:
         raise _bad(path, n, f"duplicate tensor '{name}' (first on line {seen_at[name]})", "keep one entry per tensor")
@@ -384,8 +384,8 @@ def _note_entry(path: Path, n: int, name: str, seen_at: Dict[str, int]) -> None:
 
 
 def _read_ort(path: Path, entries, allow_nonfinite: bool) -> CalibrationTable:
-    amax: Dict[str, float] = {}
-    seen_at: Dict[str, int] = {}
+    amax: dict[str, float] = {}
+    seen_at: dict[str, int] = {}
     for n, line in entries:
         parts = line.rstrip().rsplit(" ", 1)
         if len(parts) != 2 or not parts[0] or not _DECIMAL_RE.match(parts[1]):
@@ -423,7 +423,7 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON data")
 
 
-def write_provenance(cache_path: Union[str, Path], data: Dict[str, Any]) -> Path:
+def write_provenance(cache_path: Union[str, Path], data: dict[str, Any]) -> Path:
     """Write ``data`` to ``<cache>.json`` atomically (sorted keys, indent 2). Floats are written
     with ``repr``, so they read back bit-exact. Returns the JSON path."""
     try:

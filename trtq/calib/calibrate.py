@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Optional
 
 from trtq import interrupt
 from trtq.config import TrtqConfig, to_dict
@@ -42,14 +42,14 @@ class CalibrationResult:
     method: str
     algorithm: str
     trt_version: str
-    amax: Dict[str, float]
+    amax: dict[str, float]
     samples: int
     batches: int
     seconds: float
     stats_path: Optional[Path] = None
-    skipped: List = field(default_factory=list)
-    zero_tensors: List[str] = field(default_factory=list)
-    providers: List[str] = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+    zero_tensors: list[str] = field(default_factory=list)
+    providers: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -81,12 +81,12 @@ def resolve_trt_version(requested: Optional[str]) -> str:
     return version
 
 
-def _finalize_amax(amax: Dict[str, float]) -> Tuple[Dict[str, float], List[str]]:
+def _finalize_amax(amax: dict[str, float]) -> tuple[dict[str, float], list[str]]:
     zero = [name for name, a in amax.items() if not a > 0]
     return {name: (a if a > 0 else MIN_AMAX) for name, a in amax.items()}, zero
 
 
-def _write_outputs(out: Path, algorithm: str, trt_version: str, amax: Dict[str, float], provenance: dict) -> None:
+def _write_outputs(out: Path, algorithm: str, trt_version: str, amax: dict[str, float], provenance: dict) -> None:
     from trtq.calib.cache import CalibrationTable, write_cache, write_provenance
 
     table = CalibrationTable(trt_version=trt_version, algorithm=algorithm, amax=amax, source_format="tensorrt")
@@ -119,14 +119,14 @@ class _Setup:
     opts: Any
     model_path: Path
     model: Any
-    specs: List[Any]
+    specs: list[Any]
     trt_version: str
     algorithm: str
     batcher: Any
-    tensors: List[str]
+    tensors: list[str]
     need_hist: bool
     shard_pass: Optional[str] = None  # a shard's "ranges" (pass 1) or "histogram" (pass 2)
-    given: Optional[Dict[str, float]] = None  # pass 2 of a shard: the merged ranges of pass 1
+    given: Optional[dict[str, float]] = None  # pass 2 of a shard: the merged ranges of pass 1
 
 
 class _Stream:
@@ -154,7 +154,7 @@ class _Stream:
 
 def run_calibration(
     cfg: TrtqConfig, progress: Optional[ProgressFn] = None, write: bool = True,
-    shard: Optional[Tuple[int, int]] = None, ranges: Optional[Path] = None, keep_batches: Optional[Path] = None,
+    shard: Optional[tuple[int, int]] = None, ranges: Optional[Path] = None, keep_batches: Optional[Path] = None,
 ) -> CalibrationResult:
     """Calibrate ``cfg.model`` on ``cfg.data`` with ``cfg.calibrate`` and write the cache.
 
@@ -203,7 +203,7 @@ def run_calibration(
     )
 
 
-def _prepare(cfg: TrtqConfig, shard: Optional[Tuple[int, int]], ranges: Optional[Path],
+def _prepare(cfg: TrtqConfig, shard: Optional[tuple[int, int]], ranges: Optional[Path],
              keep_batches: Optional[Path]) -> _Setup:
     """Model, data and options checked, before any batch is read."""
     from trtq.calib.cache import ALGORITHM_FOR_METHOD
@@ -235,7 +235,7 @@ def _prepare(cfg: TrtqConfig, shard: Optional[Tuple[int, int]], ranges: Optional
 
 
 def _passes(run: _Setup, stream: _Stream, links: Any, write_batches: Optional[Path],
-            read_batches: Optional[Path]) -> Tuple[Dict[str, float], Any, Any]:
+            read_batches: Optional[Path]) -> tuple[dict[str, float], Any, Any]:
     """Pass 1 (maxima; skipped in pass 2 of a shard) and pass 2 (histograms, when needed):
     (maxima, counts or None, zeros or None)."""
     from trtq.calib.derive import abs_max, derive_extremes
@@ -262,8 +262,8 @@ def _passes(run: _Setup, stream: _Stream, links: Any, write_batches: Optional[Pa
         return (maxima, *_histogram_pass(run, stream, maxima, replay, read_batches))
 
 
-def _histogram_pass(run: _Setup, stream: _Stream, maxima: Dict[str, float], replay: Any,
-                    read_batches: Optional[Path]) -> Tuple[Any, Any]:
+def _histogram_pass(run: _Setup, stream: _Stream, maxima: dict[str, float], replay: Any,
+                    read_batches: Optional[Path]) -> tuple[Any, Any]:
     """Pass 2: histograms over the fixed edges of ``maxima``; (counts, zeros)."""
     from trtq.calib.collect import OrtCollector
     from trtq.calib.kernels import numba_enabled
@@ -294,8 +294,8 @@ def _histogram_pass(run: _Setup, stream: _Stream, maxima: Dict[str, float], repl
     return hist.counts, hist.zeros
 
 
-def _write_run(run: _Setup, out: Path, stats_path: Optional[Path], provenance: dict, amax: Dict[str, float],
-               statistics: Tuple[Any, Any, Any], shard: Optional[Tuple[int, int]]) -> None:
+def _write_run(run: _Setup, out: Path, stats_path: Optional[Path], provenance: dict, amax: dict[str, float],
+               statistics: tuple[Any, Any, Any], shard: Optional[tuple[int, int]]) -> None:
     """Statistics (``--save-stats``), cache and provenance, as one step for Ctrl-C / SIGTERM."""
     from trtq.calib.stats import save_stats
     from trtq.interrupt import held_for_outputs

@@ -4,7 +4,8 @@ The collector streams: each ``run`` returns only the current batch's tensors; st
 the accumulators in :mod:`trtq.calib.stats`, never the activations.
 """
 import logging
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Optional
+from collections.abc import Sequence
 
 import numpy as np
 import onnx
@@ -15,7 +16,7 @@ from trtq.model import calibratable_tensors
 log = logging.getLogger(__name__)
 
 
-def select_tensors(model: onnx.ModelProto, requested: Sequence[str] = ()) -> List[str]:
+def select_tensors(model: onnx.ModelProto, requested: Sequence[str] = ()) -> list[str]:
     """The tensors to calibrate: all calibratable ones, or the requested subset (validated)."""
     available = calibratable_tensors(model)
     if not requested:
@@ -57,14 +58,14 @@ def _with_outputs(model: onnx.ModelProto, tensors: Sequence[str]) -> onnx.ModelP
     return m
 
 
-def default_providers() -> List[str]:
+def default_providers() -> list[str]:
     import onnxruntime as ort
 
     available = ort.get_available_providers()
     return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
 
 
-def check_providers(requested: Sequence[str]) -> List[str]:
+def check_providers(requested: Sequence[str]) -> list[str]:
     """The requested providers, or ConfigError naming one this ONNX Runtime does not have (ONNX
     Runtime itself would print a banner and fall back to CPU)."""
     if not requested:
@@ -115,9 +116,9 @@ class OrtCollector:
         self.input_names = [i.name for i in self.session.get_inputs()]
         self._binding = None
         self._bound_key = None
-        self._buffers: List[np.ndarray] = []
+        self._buffers: list[np.ndarray] = []
 
-    def _run_session(self, feeds: Dict[str, np.ndarray]) -> List[np.ndarray]:
+    def _run_session(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         if not self._from_session:
             return []
         key = tuple((n, a.shape, a.dtype.str) for n, a in feeds.items())
@@ -146,7 +147,7 @@ class OrtCollector:
             self._binding = binding
         return self._buffers
 
-    def run(self, arrays: Dict[str, np.ndarray], valid: Optional[int] = None) -> Dict[str, np.ndarray]:
+    def run(self, arrays: dict[str, np.ndarray], valid: Optional[int] = None) -> dict[str, np.ndarray]:
         """Activations for one batch; only the first ``valid`` rows along the batch axis when given.
 
         A tensor is treated as batched when its leading dim equals the batch's leading dim. The

@@ -6,15 +6,16 @@ a node is calibrated too, the node's ``max|y|`` comes from the input's extremes 
 writing ``y`` out or numpy reading it (in ReLU6 networks that is every other tensor).
 """
 import math
-from typing import Dict, Iterable, Mapping, Optional, Tuple
+from typing import Optional
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
 # output tensor -> (input tensor, lower bound, upper bound)
-Links = Dict[str, Tuple[str, float, float]]
+Links = dict[str, tuple[str, float, float]]
 
 
-def _constants(graph) -> Dict[str, np.ndarray]:
+def _constants(graph) -> dict[str, np.ndarray]:
     from onnx import numpy_helper
 
     values = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
@@ -33,7 +34,7 @@ def _scalar(values: Mapping[str, np.ndarray], name: str) -> Optional[float]:
     return float(v.reshape(()))
 
 
-def _bounds(node, values) -> Optional[Tuple[float, float]]:
+def _bounds(node, values) -> Optional[tuple[float, float]]:
     if node.op_type == "Relu":
         return 0.0, math.inf
     if node.op_type != "Clip":
@@ -65,7 +66,7 @@ def monotone_links(model, tensors: Iterable[str]) -> Links:
     return links
 
 
-def derive_extremes(extremes: Mapping[str, Tuple[float, float]], links: Links) -> Dict[str, Tuple[float, float]]:
+def derive_extremes(extremes: Mapping[str, tuple[float, float]], links: Links) -> dict[str, tuple[float, float]]:
     """``(min, max)`` of every linked output from its input's (chains such as Relu -> Clip resolve
     in any order)."""
     out = dict(extremes)
@@ -84,6 +85,6 @@ def derive_extremes(extremes: Mapping[str, Tuple[float, float]], links: Links) -
     return out
 
 
-def abs_max(extremes: Tuple[float, float]) -> float:
+def abs_max(extremes: tuple[float, float]) -> float:
     lo, hi = extremes
     return max(abs(lo), abs(hi))

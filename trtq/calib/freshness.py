@@ -8,7 +8,8 @@ are accepted with a warning, and the quantizer still refuses one that shares no 
 import logging
 import math
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Optional
+from collections.abc import Mapping
 
 from trtq.errors import CacheError
 from trtq.fileio import sha256_file

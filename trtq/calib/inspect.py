@@ -10,7 +10,8 @@ import re
 import statistics
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
-from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Union
+from collections.abc import Mapping, Sequence
 
 from trtq.calib.cache import INT8_MAX, CalibrationTable, scale_hex, scale_of, scale_problem, version_code
 from trtq.errors import ConfigError, TrtqError
@@ -44,11 +45,11 @@ class CacheSummary:
     amax_min: Optional[float]
     amax_median: Optional[float]
     amax_max: Optional[float]
-    zero_amax: List[str]
-    nonfinite: List[str]
+    zero_amax: list[str]
+    nonfinite: list[str]
     sort: str
-    rows: List[TensorRow]  # after sorting and --top
-    unusable: List[str] = field(default_factory=list)  # zero, denormal, huge, NaN/Inf scales: quantize refuses them
+    rows: list[TensorRow]  # after sorting and --top
+    unusable: list[str] = field(default_factory=list)  # zero, denormal, huge, NaN/Inf scales: quantize refuses them
     # the range method trtq used ("mse", "percentile 99.99"), from the provenance JSON when it matches
     # this cache; the header's algorithm is only TensorRT's label (trtq writes EntropyCalibration2)
     method: Optional[str] = None
@@ -58,14 +59,14 @@ class CacheSummary:
 class ModelCheck:
     model_tensors: int  # calibratable tensors of the model
     covered: int  # of those, how many the cache has
-    missing_from_cache: List[str]  # model order
-    not_in_model: List[str]  # cache order
+    missing_from_cache: list[str]  # model order
+    not_in_model: list[str]  # cache order
     tensorrt_internal: int  # of not_in_model: names TensorRT makes up ((Unnamed Layer* N) ..., ONNXTRT_...)
     verdict: str  # "complete" | "incomplete" | "unusable" | "no-match"; Q/DQ model: "qdq-same" | "qdq-differs"
     message: str
-    unusable: List[str] = field(default_factory=list)  # model tensors whose scale cannot be used
+    unusable: list[str] = field(default_factory=list)  # model tensors whose scale cannot be used
     qdq_model: bool = False  # the model has Q/DQ nodes: its activation scales are compared with the cache's
-    differing: List[str] = field(default_factory=list)  # Q/DQ model: tensors whose scale differs from the cache
+    differing: list[str] = field(default_factory=list)  # Q/DQ model: tensors whose scale differs from the cache
 
 
 @dataclass
@@ -83,15 +84,15 @@ class CacheDiff:
     header_a: Optional[str]
     header_b: Optional[str]
     compared: int
-    only_in_a: List[str]
-    only_in_b: List[str]
+    only_in_a: list[str]
+    only_in_b: list[str]
     median_rel_diff: Optional[float]
     max_rel_diff: Optional[float]
     max_rel_diff_tensor: Optional[str]
     over_1pct: int
     over_10pct: int
     sort: str
-    rows: List[DiffRow] = field(default_factory=list)  # after sorting and --top
+    rows: list[DiffRow] = field(default_factory=list)  # after sorting and --top
 
 
 # --------------------------------------------------------------------------------------------
@@ -189,7 +190,7 @@ def _method_from_provenance(table: CalibrationTable, path: Union[str, Path, None
     return name
 
 
-def unusable_entries(table: CalibrationTable) -> List[str]:
+def unusable_entries(table: CalibrationTable) -> list[str]:
     """Entries whose scale cannot quantize anything (see trtq.calib.cache.scale_problem)."""
     return [n for n, a in table.amax.items() if scale_problem(float(a) / INT8_MAX) is not None]
 
@@ -365,7 +366,7 @@ def _pct(v: Optional[float]) -> str:
     return f"{100.0 * v:.3g}%"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> List[str]:
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
     """Right-aligned number columns, last column (the tensor name) left-aligned and unpadded."""
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header[:-1])]
 
@@ -380,12 +381,12 @@ def _names(names: Sequence[str], limit: int = 10) -> str:
     return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
 
 
-def _name_lines(entries: Sequence[Tuple[str, Sequence[str]]]) -> List[str]:
+def _name_lines(entries: Sequence[tuple[str, Sequence[str]]]) -> list[str]:
     """One line per non-empty list of names: its label, then the first names and how many more."""
     return [label + _names(names) for label, names in entries if names]
 
 
-def _render_summary(s: CacheSummary) -> List[str]:
+def _render_summary(s: CacheSummary) -> list[str]:
     if s.format == "tensorrt":
         fmt = f"TensorRT calibration cache, header {s.header} (TensorRT {s.trt_version}, {s.algorithm})"
     else:
@@ -417,7 +418,7 @@ def _render_summary(s: CacheSummary) -> List[str]:
     return out
 
 
-def _render_check(c: ModelCheck) -> List[str]:
+def _render_check(c: ModelCheck) -> list[str]:
     what = "quantized activations of the Q/DQ model" if c.qdq_model else "calibratable tensors"
     out = [
         f"model      {c.covered} of {c.model_tensors} {what} have a range in the cache",
@@ -430,7 +431,7 @@ def _render_check(c: ModelCheck) -> List[str]:
     ])
 
 
-def _render_diff(d: CacheDiff) -> List[str]:
+def _render_diff(d: CacheDiff) -> list[str]:
     out = [
         f"diff       {d.label_a} ({d.header_a or 'no header'}) vs {d.label_b} ({d.header_b or 'no header'})",
         f"compared   {d.compared} tensors in both: median rel diff {_pct(d.median_rel_diff)}, "
@@ -452,7 +453,7 @@ def _render_diff(d: CacheDiff) -> List[str]:
 def render_text(result: Any) -> str:
     """Readable text for a CacheSummary, ModelCheck, CacheDiff, or a dict holding any of them
     under "summary", "model_check", "diff" (printed in that order, separated by blank lines)."""
-    parts: List[List[str]] = []
+    parts: list[list[str]] = []
     items = [result[k] for k in ("summary", "model_check", "diff") if k in result] if isinstance(result, Mapping) \
         else [result]
     for item in items:

@@ -17,7 +17,8 @@ its own counts, summed at the end, so the result is independent of the split and
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable, List, Optional, Tuple, TypeVar
+from typing import Callable, Optional, TypeVar
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -45,7 +46,7 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def parallel_map(fn: Callable[[T], R], items: Iterable[T]) -> List[R]:
+def parallel_map(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
     """``[fn(x) for x in items]`` on the shared thread pool (inline on one core), in order."""
     items = list(items)
     cores = usable_cores()
@@ -58,7 +59,7 @@ def parallel_map(fn: Callable[[T], R], items: Iterable[T]) -> List[R]:
     return list(_pool.map(fn, items))
 
 
-def parts(flat: np.ndarray, size: int = PART) -> List[np.ndarray]:
+def parts(flat: np.ndarray, size: int = PART) -> list[np.ndarray]:
     """Contiguous views of ``flat`` of at most ``size`` elements."""
     return [flat[i:i + size] for i in range(0, flat.size, size)] or [flat]
 
@@ -68,7 +69,7 @@ def parts(flat: np.ndarray, size: int = PART) -> List[np.ndarray]:
 # --------------------------------------------------------------------------------------------
 
 
-def abs_max_min(part: np.ndarray) -> Tuple[float, float]:
+def abs_max_min(part: np.ndarray) -> tuple[float, float]:
     """``(max, min)`` of a non-empty array as Python floats; NaN propagates into both."""
     return float(part.max()), float(part.min())
 
@@ -136,7 +137,7 @@ def _compile_numba():
     return histogram_f32
 
 
-def histogram_into(part: np.ndarray, scale: np.float32, counts: np.ndarray) -> Tuple[int, int]:
+def histogram_into(part: np.ndarray, scale: np.float32, counts: np.ndarray) -> tuple[int, int]:
     """Add the bin counts of ``floor(|part| * scale)`` (float32 arithmetic, clipped to the last bin)
     to ``counts`` (int64, one row per bin set: shape ``(num_bins,)``).
 
@@ -166,7 +167,7 @@ def histogram_into(part: np.ndarray, scale: np.float32, counts: np.ndarray) -> T
     return _histogram_numpy(part.reshape(-1), scale, counts, exceed_at)
 
 
-def _histogram_numpy(flat: np.ndarray, scale: np.float32, counts: np.ndarray, exceed_at) -> Tuple[int, int]:
+def _histogram_numpy(flat: np.ndarray, scale: np.float32, counts: np.ndarray, exceed_at) -> tuple[int, int]:
     num_bins = counts.shape[-1]
     size = min(_CHUNK, flat.size)
     f = np.empty(size, np.float32)

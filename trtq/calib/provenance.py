@@ -6,7 +6,8 @@ passes, TensorRT's own calibrator and ``--from-stats`` all build it here; the fr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from trtq import __version__
 from trtq.fileio import sha256_file
@@ -14,7 +15,7 @@ from trtq.fileio import sha256_file
 FORMAT = "trtq-calibration/1"
 
 
-def model_entry(model_path: Path, specs: Sequence[Any]) -> Dict[str, Any]:
+def model_entry(model_path: Path, specs: Sequence[Any]) -> dict[str, Any]:
     """The model a cache was calibrated for: path, content hash and declared inputs."""
     return {
         "path": str(model_path),
@@ -23,10 +24,10 @@ def model_entry(model_path: Path, specs: Sequence[Any]) -> Dict[str, Any]:
     }
 
 
-def data_entry(batcher: Any, samples: int, options: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+def data_entry(batcher: Any, samples: int, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The data it was calibrated on: the Batcher's fingerprint, counts and batch shapes, and the
     data options when given."""
-    entry: Dict[str, Any] = {
+    entry: dict[str, Any] = {
         "fingerprint": batcher.fingerprint(),
         "samples": samples,
         "batch_size": batcher.batch_size,
@@ -40,7 +41,7 @@ def data_entry(batcher: Any, samples: int, options: Optional[Mapping[str, Any]] 
 
 def calibration_provenance(model: Mapping[str, Any], data: Mapping[str, Any], method: Mapping[str, Any],
                            algorithm: str, trt_version: str, amax: Mapping[str, float],
-                           **extra: Any) -> Dict[str, Any]:
+                           **extra: Any) -> dict[str, Any]:
     """The provenance of a cache calibrated by running the model (``extra``: e.g. ``seconds``)."""
     return {"format": FORMAT, "trtq_version": __version__, "model": dict(model), "data": dict(data),
             "method": dict(method), "algorithm": algorithm, "trt_version": trt_version, **extra,
@@ -48,7 +49,7 @@ def calibration_provenance(model: Mapping[str, Any], data: Mapping[str, Any], me
 
 
 def restamped_provenance(meta: Mapping[str, Any], method: Mapping[str, Any], algorithm: str, trt_version: str,
-                         amax: Mapping[str, float], from_stats: Path) -> Dict[str, Any]:
+                         amax: Mapping[str, float], from_stats: Path) -> dict[str, Any]:
     """The provenance of a cache computed from saved statistics: the statistics file's own
     metadata (model, data) with this run's method, algorithm, TensorRT version and amax."""
     provenance = dict(meta)

@@ -10,7 +10,7 @@ fails (disk full), the second pass simply iterates the batcher again.
 import logging
 import shutil
 import tempfile
-from typing import Iterator, List, Tuple
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -29,7 +29,7 @@ class ReplayedBatches:
         self.enabled = enabled and _decodes_images(batcher)
         self.budget = budget
         self._file = None
-        self._index: List[Tuple[int, int, List[Tuple[str, tuple, str]]]] = []
+        self._index: list[tuple[int, int, list[tuple[str, tuple, str]]]] = []
         self._complete = False
 
     def first(self) -> Iterator[Batch]:
@@ -105,4 +105,4 @@ def _decodes_images(batcher) -> bool:
     return any(getattr(src, "images", None) or getattr(src, "files", None) for src in inputs.values())
 
 
-__all__ = ["ReplayedBatches", "DISK_BUDGET"]
+__all__ = ["DISK_BUDGET", "ReplayedBatches"]

@@ -23,7 +23,8 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Optional
+from collections.abc import Sequence
 
 from trtq.errors import CacheError, UsageError
 
@@ -33,7 +34,7 @@ PASS_HISTOGRAM = "histogram"
 _SHARD_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 
 
-def parse_shard(text: str) -> Tuple[int, int]:
+def parse_shard(text: str) -> tuple[int, int]:
     """``"I/N"`` -> ``(I, N)`` with ``0 <= I < N``; UsageError otherwise."""
     m = _SHARD_RE.match(str(text))
     if not m:
@@ -46,7 +47,7 @@ def parse_shard(text: str) -> Tuple[int, int]:
     return index, count
 
 
-def ranges_sha256(maxima: Dict[str, float]) -> str:
+def ranges_sha256(maxima: dict[str, float]) -> str:
     """Identity of a set of histogram edges: tensor names and their float64 maxima."""
     import numpy as np
 
@@ -152,7 +153,7 @@ def merge_stats_files(paths: Sequence[Path], output: Path) -> MergeResult:
         loaded.append((p, st, s))
     p0, st0, s0 = loaded[0]
     count, pass_name = int(s0["count"]), s0.get("pass")
-    seen: Dict[int, Path] = {}
+    seen: dict[int, Path] = {}
     for p, st, s in loaded:
         check_same_origin(p, st.meta, p0, st0.meta)
         if int(s.get("count", -1)) != count:
@@ -203,8 +204,8 @@ def merge_stats_files(paths: Sequence[Path], output: Path) -> MergeResult:
 # ------------------------------------------------------------------------------------------------
 
 
-def prepare_shard(batcher, shard: Optional[Tuple[int, int]], ranges: Optional[Path], opts, model_path: Path,
-                  tensors: Sequence[str]) -> Tuple[str, Optional[Dict[str, float]]]:
+def prepare_shard(batcher, shard: Optional[tuple[int, int]], ranges: Optional[Path], opts, model_path: Path,
+                  tensors: Sequence[str]) -> tuple[str, Optional[dict[str, float]]]:
     """Restrict ``batcher`` to the shard; returns (pass name, the merged maxima for pass 2 or None)."""
     from trtq.calib.stats import load_stats
     from trtq.errors import DataError

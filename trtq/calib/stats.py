@@ -25,7 +25,8 @@ import math
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Mapping, Optional, Tuple, Union
+from typing import Optional, Union
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -61,8 +62,8 @@ class AbsMaxAccumulator:
     """Running ``max|x|`` per tensor (float64). Tensors keep the order in which they were first seen."""
 
     def __init__(self) -> None:
-        self._max: Dict[str, float] = {}
-        self._ext: Dict[str, Tuple[float, float]] = {}  # signed (min, max), for trtq.calib.derive
+        self._max: dict[str, float] = {}
+        self._ext: dict[str, tuple[float, float]] = {}  # signed (min, max), for trtq.calib.derive
 
     def update(self, name: str, array) -> None:
         self.update_batch({name: array})
@@ -85,7 +86,7 @@ class AbsMaxAccumulator:
                 raise _nonfinite_error(name)
             self._fold(name, max(hi, -lo), (lo, hi))
 
-    def _fold(self, name: str, m: float, ext: Optional[Tuple[float, float]]) -> None:
+    def _fold(self, name: str, m: float, ext: Optional[tuple[float, float]]) -> None:
         prev = self._max.get(name)
         if prev is None or m > prev:
             self._max[name] = m
@@ -94,11 +95,11 @@ class AbsMaxAccumulator:
             self._ext[name] = ext if old is None else (min(old[0], ext[0]), max(old[1], ext[1]))
 
     @property
-    def maxima(self) -> Dict[str, float]:
+    def maxima(self) -> dict[str, float]:
         return dict(self._max)
 
     @property
-    def extremes(self) -> Dict[str, Tuple[float, float]]:
+    def extremes(self) -> dict[str, tuple[float, float]]:
         """Signed ``(min, max)`` per tensor that had any element."""
         return dict(self._ext)
 
@@ -134,10 +135,10 @@ class HistogramAccumulator:
         if int(num_bins) < 1:
             raise ConfigError(f"num_bins must be a positive integer, got {num_bins}")
         self.num_bins = int(num_bins)
-        self.maxima: Dict[str, float] = {}
-        self._counts: Dict[str, np.ndarray] = {}
-        self._scale: Dict[str, Optional[np.float32]] = {}
-        self._zeros: Dict[str, int] = {}
+        self.maxima: dict[str, float] = {}
+        self._counts: dict[str, np.ndarray] = {}
+        self._scale: dict[str, Optional[np.float32]] = {}
+        self._zeros: dict[str, int] = {}
         self.exceeded = set()
         for name, m in maxima.items():
             m = float(m)
@@ -210,11 +211,11 @@ class HistogramAccumulator:
         self._zeros[name] += x.size - int(np.count_nonzero(x))
 
     @property
-    def counts(self) -> Dict[str, np.ndarray]:
+    def counts(self) -> dict[str, np.ndarray]:
         return {name: c.copy() for name, c in self._counts.items()}
 
     @property
-    def zeros(self) -> Dict[str, int]:
+    def zeros(self) -> dict[str, int]:
         """Exact zeros seen per tensor (a subset of bin 0)."""
         return dict(self._zeros)
 
@@ -244,7 +245,7 @@ class HistogramAccumulator:
 # --------------------------------------------------------------------------------------------
 
 
-def _check_hist(counts, max_value: float) -> Tuple[np.ndarray, float]:
+def _check_hist(counts, max_value: float) -> tuple[np.ndarray, float]:
     c = np.asarray(counts)
     if c.ndim != 1 or c.size == 0:
         raise ValueError("counts must be a non-empty 1-D histogram")
@@ -376,7 +377,7 @@ def percentile_amax(counts, max_value: float, percentile: float = 99.99) -> floa
     return (k + 1) * (m / c.size)
 
 
-def mse_errors(counts, max_value: float, start_bin: int = NUM_QUANTIZED_BINS) -> Tuple[np.ndarray, np.ndarray]:
+def mse_errors(counts, max_value: float, start_bin: int = NUM_QUANTIZED_BINS) -> tuple[np.ndarray, np.ndarray]:
     """Candidate amax values and the squared quantisation error of each, summed over the histogram.
 
     Error model: every value in bin ``b`` is represented by the bin centre ``x_b = (b + 0.5) * w``
@@ -469,7 +470,7 @@ def compute_all(
     counts: Optional[Mapping[str, np.ndarray]],
     percentile: float = 99.99,
     zeros: Optional[Mapping[str, int]] = None,
-) -> Dict[str, float]:
+) -> dict[str, float]:
     """amax for every tensor of ``maxima`` (same order). ``counts`` may be None for ``max``;
     ``zeros``: exact zeros per tensor (see :func:`compute_amax`), none when omitted."""
     if method not in METHODS:
@@ -494,11 +495,11 @@ def compute_all(
 
 @dataclass
 class StatsFile:
-    maxima: Dict[str, float]
-    counts: Dict[str, np.ndarray]
+    maxima: dict[str, float]
+    counts: dict[str, np.ndarray]
     meta: dict
     num_bins: int
-    zeros: Dict[str, int] = field(default_factory=dict)  # empty for files written before trtq saved them
+    zeros: dict[str, int] = field(default_factory=dict)  # empty for files written before trtq saved them
 
 
 def save_stats(
@@ -534,9 +535,8 @@ def save_stats(
     zr = np.array([int((zeros or {}).get(n, 0)) for n in names], dtype=np.int64)
     if np.any(zr < 0) or (len(names) and np.any(zr > ct[:, 0])):
         raise ValueError("zeros must be between 0 and the count of bin 0")
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a name
-            np.savez_compressed(f, header=np.frombuffer(blob, dtype=np.uint8), maxima=mx, counts=ct, zeros=zr)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a name
+        np.savez_compressed(f, header=np.frombuffer(blob, dtype=np.uint8), maxima=mx, counts=ct, zeros=zr)
 
 
 def _stats_error(path: Path, what: str) -> CacheError:

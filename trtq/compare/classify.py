@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Dict
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +35,7 @@ class ClassifyAccumulator:
             self.top5 += int(np.count_nonzero(np.sum(c > own, axis=1) < TOP_K))
         self.samples += n
 
-    def metrics(self) -> Dict[str, Any]:
+    def metrics(self) -> dict[str, Any]:
         n = self.samples
         out = {"top1_agreement": self.top1 / n if n else math.nan}
         if self.classes >= TOP_K:

@@ -11,14 +11,15 @@ Each sample is decoded greedily: the arg-max class at every time step, repeats m
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
 BLANK = 0
 
 
-def greedy_decode(probs: np.ndarray) -> List[List[int]]:
+def greedy_decode(probs: np.ndarray) -> list[list[int]]:
     """Greedy CTC decode of ``[N, T, C]`` scores: one list of class ids per sample."""
     best = np.argmax(np.asarray(probs), axis=-1)  # [N, T]
     lines = []
@@ -61,11 +62,8 @@ class CtcAccumulator:
             self.edits += edit_distance(r, c)
             self.ref_chars += len(r)
 
-    def metrics(self) -> Dict[str, Any]:
-        if self.ref_chars:
-            cer = self.edits / self.ref_chars
-        else:
-            cer = 0.0 if self.edits == 0 else math.inf
+    def metrics(self) -> dict[str, Any]:
+        cer = self.edits / self.ref_chars if self.ref_chars else 0.0 if self.edits == 0 else math.inf
         return {
             "sequence_agreement": self.exact / self.samples if self.samples else math.nan,
             "cer": cer,

@@ -19,7 +19,7 @@ harmonic mean; all three are 1.0 when neither side detects anything.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -119,7 +119,7 @@ def match_count(ref: Detections, cand: Detections, iou: float = MATCH_IOU) -> in
     return matched
 
 
-def prf(matched: int, ref_count: int, cand_count: int) -> Tuple[float, float, float]:
+def prf(matched: int, ref_count: int, cand_count: int) -> tuple[float, float, float]:
     """(precision, recall, F1); 1.0 each when neither side has a detection."""
     if ref_count == 0 and cand_count == 0:
         return 1.0, 1.0, 1.0
@@ -153,7 +153,7 @@ class DetectAccumulator:
             self.cand_count += len(cand_det.scores)
             self.matched += match_count(ref_det, cand_det)
 
-    def metrics(self) -> Dict[str, Any]:
+    def metrics(self) -> dict[str, Any]:
         precision, recall, f1 = prf(self.matched, self.ref_count, self.cand_count)
         return {
             "f1": f1,

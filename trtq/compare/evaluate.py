@@ -9,7 +9,8 @@ sample per batch.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -21,12 +22,12 @@ from trtq.errors import DataError, ModelError
 Progress = Callable[[int, int], None]  # (batches done, samples done)
 
 
-def _names(specs: Sequence[Any]) -> List[str]:
+def _names(specs: Sequence[Any]) -> list[str]:
     return [s.name for s in specs]
 
 
-def _mismatch(kind: str, reference: Any, candidate: Any, ref_names: List[str],
-              cand_names: List[str]) -> ModelError:
+def _mismatch(kind: str, reference: Any, candidate: Any, ref_names: list[str],
+              cand_names: list[str]) -> ModelError:
     return ModelError(
         f"the models' {kind} differ: reference {_label(reference)} has "
         f"{', '.join(ref_names) or 'none'}; candidate {_label(candidate)} has "
@@ -39,11 +40,11 @@ def _label(runner: Any) -> str:
     return str(getattr(runner, "name", type(runner).__name__))
 
 
-def _static(dim: Any) -> Optional[int]:
+def _static(dim: Any) -> int | None:
     return int(dim) if isinstance(dim, (int, np.integer)) and int(dim) > 0 else None
 
 
-def check_compatible(reference: Any, candidate: Any) -> List[str]:
+def check_compatible(reference: Any, candidate: Any) -> list[str]:
     """Output names to compare, in the reference's order.
 
     ModelError when the input or output names differ, or when an output's rank or a static dim
@@ -79,7 +80,7 @@ def _dims(shape: Sequence[Any]) -> str:
     return format_shape([_static(d) for d in shape])
 
 
-def batch_rows(batch: Any) -> Tuple[int, int]:
+def batch_rows(batch: Any) -> tuple[int, int]:
     """(rows in the batch arrays, valid rows)."""
     arrays = batch.arrays
     if not arrays:
@@ -95,7 +96,7 @@ def batch_rows(batch: Any) -> Tuple[int, int]:
     return rows, valid
 
 
-def feeds_for(runner: Any, arrays: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+def feeds_for(runner: Any, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The arrays ``runner`` needs, by input name (DataError naming what is missing)."""
     feeds = {}
     for spec in runner.inputs:
@@ -110,7 +111,7 @@ def feeds_for(runner: Any, arrays: Mapping[str, np.ndarray]) -> Dict[str, np.nda
 
 
 def valid_outputs(outputs: Mapping[str, np.ndarray], names: Sequence[str], rows: int,
-                  valid: int, side: str, runner: Any) -> Dict[str, np.ndarray]:
+                  valid: int, side: str, runner: Any) -> dict[str, np.ndarray]:
     """Rows ``[:valid]`` of each named output (whole output if axis 0 is not the batch)."""
     out = {}
     for name in names:
@@ -132,8 +133,8 @@ def compare_models(
     candidate: Any,
     batches: Iterable[Any],
     options: Any = None,
-    progress: Optional[Progress] = None,
-    producers: Optional[Mapping[str, Any]] = None,
+    progress: Progress | None = None,
+    producers: Mapping[str, Any] | None = None,
 ) -> CompareReport:
     """Run both runners on every batch and return the metrics per output.
 
@@ -151,12 +152,12 @@ def compare_many(
     candidates: Sequence[Any],
     batches: Iterable[Any],
     options: Any = None,
-    progress: Optional[Progress] = None,
-    producers: Optional[Mapping[str, Any]] = None,
-) -> List[CompareReport]:
+    progress: Progress | None = None,
+    producers: Mapping[str, Any] | None = None,
+) -> list[CompareReport]:
     """:func:`compare_models` for several candidates on the same batches, the reference run once
     per batch; one report per candidate, in order."""
-    names = [check_compatible(reference, c) for c in candidates][0]
+    names = next(check_compatible(reference, c) for c in candidates)
     limit = getattr(options, "limit", None)
     if limit is not None and int(limit) <= 0:
         raise DataError(f"compare limit must be a positive number of samples, got {limit}")
@@ -209,7 +210,7 @@ def describe_runtime(runner: Any) -> str:
     return describe() if callable(describe) else type(runner).__name__
 
 
-def limited_batches(batches: Iterable[Any], limit: Optional[int]) -> Iterator[Tuple[Any, int, int]]:
+def limited_batches(batches: Iterable[Any], limit: int | None) -> Iterator[tuple[Any, int, int]]:
     """(batch, rows, valid) for batches with valid rows, ``valid`` cut so that at most
     ``limit`` samples are used in all; stops pulling batches once the limit is reached."""
     used = 0

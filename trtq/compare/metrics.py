@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -29,10 +29,10 @@ from trtq.errors import ModelError
 @dataclass(frozen=True)
 class OutputMetrics:
     name: str
-    sample_shape: Tuple[int, ...]  # shape of one sample (the output's shape without axis 0)
+    sample_shape: tuple[int, ...]  # shape of one sample (the output's shape without axis 0)
     samples: int
-    top1_agreement: Optional[float]
-    top1_matches: Optional[int]
+    top1_agreement: float | None
+    top1_matches: int | None
     cosine_mean: float
     cosine_min: float
     max_abs_error: float
@@ -40,7 +40,7 @@ class OutputMetrics:
     sqnr_db: float
     ref_max_abs: float
     nonfinite: int
-    task: Optional[Any] = None  # a tasks.TaskResult: the task metric of this output
+    task: Any | None = None  # a tasks.TaskResult: the task metric of this output
 
 
 def looks_like_scores(array: np.ndarray) -> bool:
@@ -79,7 +79,7 @@ class OutputAccumulator:
 
     def __init__(self, name: str):
         self.name = name
-        self.sample_shape: Optional[Tuple[int, ...]] = None
+        self.sample_shape: tuple[int, ...] | None = None
         self.samples = 0
         self.elements = 0
         self.scores = True  # stays True while every update looked like classifier scores

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
+from collections.abc import Sequence
 
 from trtq.compare.metrics import OutputMetrics
 from trtq.errors import ConfigError
@@ -41,7 +42,7 @@ LABELS = {
 }
 
 
-def task_dict(result: Any) -> Optional[Dict[str, Any]]:
+def task_dict(result: Any) -> dict[str, Any] | None:
     """The ``task`` entry of an output in ``compare --json`` (None when there is no result)."""
     if result is None:
         return None
@@ -53,7 +54,7 @@ def task_dict(result: Any) -> Optional[Dict[str, Any]]:
     }
 
 
-def task_lines(outputs: Sequence[Any]) -> List[str]:
+def task_lines(outputs: Sequence[Any]) -> list[str]:
     """Per output with a task: its task and how it was chosen, then its metrics (the gated one
     marked), then counts and settings. Raw outputs get the first line only."""
     lines = []
@@ -78,7 +79,7 @@ def task_lines(outputs: Sequence[Any]) -> List[str]:
     return lines
 
 
-def gated_values(outputs: Sequence[Any]) -> List[Tuple[Any, str, Optional[float]]]:
+def gated_values(outputs: Sequence[Any]) -> list[tuple[Any, str, float | None]]:
     """(output, metric name, value) for each output the agreement gate reads: the task metric,
     or, for a raw output that looks like classifier scores, its top-1 agreement."""
     found = []
@@ -91,7 +92,7 @@ def gated_values(outputs: Sequence[Any]) -> List[Tuple[Any, str, Optional[float]
     return found
 
 
-def _check_fraction(value: Optional[float], flag: str, low: float) -> None:
+def _check_fraction(value: float | None, flag: str, low: float) -> None:
     if value is None:
         return
     if not (low <= float(value) <= 1.0):
@@ -101,7 +102,7 @@ def _check_fraction(value: Optional[float], flag: str, low: float) -> None:
         )
 
 
-def _below(value: Optional[float], threshold: float) -> bool:
+def _below(value: float | None, threshold: float) -> bool:
     """True when ``value`` fails ``>= threshold``; NaN always fails."""
     return value is None or math.isnan(value) or value < threshold
 
@@ -112,10 +113,10 @@ class CompareReport:
     candidate: str
     samples: int
     batches: int
-    outputs: Tuple[OutputMetrics, ...]
+    outputs: tuple[OutputMetrics, ...]
     runtime: str = ""  # what computed the candidate's outputs (and with which Q/DQ semantics)
-    other: Optional["CompareReport"] = None  # the same Q/DQ model under the other semantics
-    warnings: Tuple[str, ...] = ()
+    other: CompareReport | None = None  # the same Q/DQ model under the other semantics
+    warnings: tuple[str, ...] = ()
 
     def output(self, name: str) -> OutputMetrics:
         for o in self.outputs:
@@ -123,7 +124,7 @@ class CompareReport:
                 return o
         raise KeyError(name)
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (see :func:`trtq.numbers.json_number` for how inf / nan are written)."""
         out = {
             "reference": self.reference,
@@ -196,7 +197,7 @@ class CompareReport:
         return "\n".join(head + [table(header, rows)] + ([""] + tasks if tasks else [])
                          + ([""] + notes if notes else []))
 
-    def gate(self, options: Any) -> List[str]:
+    def gate(self, options: Any) -> list[str]:
         """Descriptions of the failed gates (empty list: all passed).
 
         ``options.min_agreement`` applies to the task metric of every output that has one
@@ -209,7 +210,7 @@ class CompareReport:
         min_cosine = getattr(options, "min_cosine", None)
         _check_fraction(min_agreement, "--min-agreement", 0.0)
         _check_fraction(min_cosine, "--min-cosine", -1.0)
-        failed: List[str] = []
+        failed: list[str] = []
         if min_agreement is not None:
             scored = gated_values(self.outputs)
             if not scored:

@@ -29,7 +29,8 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Union
+from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -76,16 +77,16 @@ class Runner(Protocol):
     name: str
 
     @property
-    def inputs(self) -> List[TensorSpec]: ...
+    def inputs(self) -> list[TensorSpec]: ...
 
     @property
-    def outputs(self) -> List[TensorSpec]: ...
+    def outputs(self) -> list[TensorSpec]: ...
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]: ...
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
     def close(self) -> None: ...
 
-    def __enter__(self) -> "Runner": ...
+    def __enter__(self) -> Runner: ...
 
     def __exit__(self, *exc: Any) -> None: ...
 
@@ -101,7 +102,7 @@ def check_semantics(semantics: str) -> str:
     return semantics
 
 
-def session_options(basic: bool = False) -> "ort.SessionOptions":
+def session_options(basic: bool = False) -> ort.SessionOptions:
     """The session options every trtq ONNX Runtime session uses; ``basic``: basic graph
     optimizations only (the Q/DQ semantics, see the module doc), else all of them."""
     so = ort.SessionOptions()
@@ -113,7 +114,7 @@ def session_options(basic: bool = False) -> "ort.SessionOptions":
     return so
 
 
-def resolve_providers(requested: Optional[Sequence[str]] = None) -> List[str]:
+def resolve_providers(requested: Sequence[str] | None = None) -> list[str]:
     """Provider list for a session: the requested ones this build has, then CPU.
 
     Accepts full names (``CUDAExecutionProvider``) or the short forms ``cpu``, ``cuda``,
@@ -124,7 +125,7 @@ def resolve_providers(requested: Optional[Sequence[str]] = None) -> List[str]:
         return ["CPUExecutionProvider"]
     known = set(ort.get_all_providers())
     available = set(ort.get_available_providers())
-    chosen: List[str] = []
+    chosen: list[str] = []
     for raw in requested:
         name = _PROVIDER_ALIASES.get(str(raw).strip().lower(), str(raw).strip())
         if name not in known:
@@ -155,7 +156,7 @@ def _ort_message_flat(err: BaseException) -> str:
     return _ORT_PREFIX.sub("", text).strip() or type(err).__name__
 
 
-def _model_has_qdq(model: Union["Any", bytes, str, Path]) -> bool:
+def _model_has_qdq(model: Any | bytes | str | Path) -> bool:
     """Whether a path, serialized model or ModelProto has Q/DQ nodes (False when it cannot be read:
     the session load then reports the problem)."""
     if not isinstance(model, (str, Path, bytes, bytearray)):
@@ -171,12 +172,12 @@ def _model_has_qdq(model: Union["Any", bytes, str, Path]) -> bool:
 
 
 def make_session(
-    model: Union["Any", bytes, str, Path],
-    providers: Optional[Sequence[str]] = None,
-    label: Optional[str] = None,
+    model: Any | bytes | str | Path,
+    providers: Sequence[str] | None = None,
+    label: str | None = None,
     semantics: str = DEFAULT_SEMANTICS,
-    qdq: Optional[bool] = None,
-) -> "ort.InferenceSession":
+    qdq: bool | None = None,
+) -> ort.InferenceSession:
     """An InferenceSession from an ``onnx.ModelProto``, serialized model bytes, or a path.
 
     ``semantics`` decides how a Q/DQ model is run (see the module doc); ``qdq`` says whether the
@@ -186,7 +187,7 @@ def make_session(
     check_semantics(semantics)
     basic = semantics == "qdq" and (_model_has_qdq(model) if qdq is None else qdq)
     if isinstance(model, (str, Path)):
-        source: Union[str, bytes] = str(model)
+        source: str | bytes = str(model)
         label = label or str(model)
     elif isinstance(model, (bytes, bytearray)):
         source = bytes(model)
@@ -238,8 +239,8 @@ class OnnxRunner(ClosesOnExit):
 
     _held = "_session"  # what close() lets go of
 
-    def __init__(self, session: "ort.InferenceSession", name: str, semantics: Optional[str] = None):
-        self._session: Optional[ort.InferenceSession] = session
+    def __init__(self, session: ort.InferenceSession, name: str, semantics: str | None = None):
+        self._session: ort.InferenceSession | None = session
         self.name = name
         self.semantics = semantics  # how its Q/DQ nodes run; None: it has none
         self._inputs = [_spec_from_node_arg(a) for a in session.get_inputs()]
@@ -247,8 +248,8 @@ class OnnxRunner(ClosesOnExit):
         self._output_names = [s.name for s in self._outputs]
 
     @classmethod
-    def from_path(cls, path: Union[str, Path], providers: Optional[Sequence[str]] = None,
-                  name: Optional[str] = None, semantics: str = DEFAULT_SEMANTICS) -> "OnnxRunner":
+    def from_path(cls, path: str | Path, providers: Sequence[str] | None = None,
+                  name: str | None = None, semantics: str = DEFAULT_SEMANTICS) -> OnnxRunner:
         path = Path(path)
         check_model_file(path)
         qdq = _model_has_qdq(path)
@@ -256,22 +257,22 @@ class OnnxRunner(ClosesOnExit):
         return cls(session, name or path.name, semantics if qdq else None)
 
     @classmethod
-    def from_model(cls, model: Any, providers: Optional[Sequence[str]] = None,
-                   name: str = "in-memory model", semantics: str = DEFAULT_SEMANTICS) -> "OnnxRunner":
+    def from_model(cls, model: Any, providers: Sequence[str] | None = None,
+                   name: str = "in-memory model", semantics: str = DEFAULT_SEMANTICS) -> OnnxRunner:
         qdq = _model_has_qdq(model)
         session = make_session(model, providers, label=name, semantics=semantics, qdq=qdq)
         return cls(session, name, semantics if qdq else None)
 
     @property
-    def inputs(self) -> List[TensorSpec]:
+    def inputs(self) -> list[TensorSpec]:
         return list(self._inputs)
 
     @property
-    def outputs(self) -> List[TensorSpec]:
+    def outputs(self) -> list[TensorSpec]:
         return list(self._outputs)
 
     @property
-    def providers(self) -> List[str]:
+    def providers(self) -> list[str]:
         return list(self._live().get_providers())
 
     def describe_runtime(self) -> str:
@@ -279,9 +280,9 @@ class OnnxRunner(ClosesOnExit):
         text = f"ONNX Runtime {ort.__version__} ({where})"
         return text + (f", {SEMANTICS_LABEL[self.semantics]}" if self.semantics else "")
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         session = self._live()
-        prepared: Dict[str, np.ndarray] = {}
+        prepared: dict[str, np.ndarray] = {}
         for spec in self._inputs:
             if spec.name not in feeds:
                 raise DataError(
@@ -303,7 +304,7 @@ class OnnxRunner(ClosesOnExit):
             ) from None
         return dict(zip(self._output_names, values))
 
-    def _live(self) -> "ort.InferenceSession":
+    def _live(self) -> ort.InferenceSession:
         if self._session is None:
             raise ValueError(f"runner for {self.name} is closed")
         return self._session

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Dict
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +48,7 @@ class SegmentAccumulator:
         self.same += int(both.sum())
         self.pixels += int(r.size)
 
-    def metrics(self) -> Dict[str, Any]:
+    def metrics(self) -> dict[str, Any]:
         if self.classes == 1:  # class 1 is the mask, class 0 the background
             union = int(self.union[1])
             out = {"iou": float(self.inter[1] / union) if union else 1.0}

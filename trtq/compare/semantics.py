@@ -6,7 +6,6 @@ computes the Q/DQ pairs as written. Both scores are deterministic on the same sa
 is the runtimes' doing; :data:`AGREEMENT_GAP` and :data:`SQNR_GAP_DB` only leave room for the
 small rounding differences two correct implementations have.
 """
-from typing import List
 
 AGREEMENT_GAP = 0.01  # top-1 agreement, and any task metric (detection F1, mask IoU, ...)
 SQNR_GAP_DB = 1.0
@@ -17,7 +16,7 @@ def _gap(a, b) -> bool:
     return a is not None and b is not None and abs(a - b) > AGREEMENT_GAP
 
 
-def semantics_gaps(main, other, semantics: str, other_semantics: str) -> List[str]:
+def semantics_gaps(main, other, semantics: str, other_semantics: str) -> list[str]:
     """One line per output whose score differs by more than the gaps between two CompareReports
     of the same candidate (``main``: run with ``semantics``, the one the user asked for)."""
     lines = []
@@ -35,7 +34,7 @@ def semantics_gaps(main, other, semantics: str, other_semantics: str) -> List[st
                 and task.task != "classify" and _gap(task.value, other_task.value):
             parts.append(f"{task.gate_label} {task.value:.4f} vs {other_task.value:.4f}")
         if o.sqnr_db is not None and p.sqnr_db is not None and abs(o.sqnr_db - p.sqnr_db) > SQNR_GAP_DB \
-                and not (o.sqnr_db == p.sqnr_db):  # inf == inf: no gap
+                and o.sqnr_db != p.sqnr_db:  # inf == inf: no gap
             parts.append(f"SQNR {o.sqnr_db:.2f} vs {p.sqnr_db:.2f} dB")
         if parts:
             lines.append(f"{o.name}: {' and '.join(parts)} under {SHORT[semantics]} vs {SHORT[other_semantics]}: "

@@ -26,7 +26,8 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -52,13 +53,13 @@ class LayerRow:
     sqnr_db: float
     cosine_mean: float
     cosine_min: float
-    top1_agreement: Optional[float]
+    top1_agreement: float | None
     max_abs_error: float
-    gain_db: Optional[float] = None  # leave-one-out only
-    task_metric: Optional[float] = None  # the worst output's task metric (ranked by first)
-    task_metric_name: Optional[str] = None
+    gain_db: float | None = None  # leave-one-out only
+    task_metric: float | None = None  # the worst output's task metric (ranked by first)
+    task_metric_name: str | None = None
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         d = {
             "node": self.node,
             "op_type": self.op_type,
@@ -106,10 +107,10 @@ def render_layer_table(rows: Sequence[LayerRow], mode: str = "only") -> str:
 
 
 class _CachedBatch:
-    __slots__ = ("feeds", "rows", "valid", "reference")
+    __slots__ = ("feeds", "reference", "rows", "valid")
 
-    def __init__(self, feeds: Dict[str, np.ndarray], rows: int, valid: int,
-                 reference: Dict[str, np.ndarray]):
+    def __init__(self, feeds: dict[str, np.ndarray], rows: int, valid: int,
+                 reference: dict[str, np.ndarray]):
         self.feeds = feeds
         self.rows = rows
         self.valid = valid
@@ -117,7 +118,7 @@ class _CachedBatch:
 
 
 def _worst(node: str, op_type: str, metrics: Sequence[OutputMetrics],
-           gain_db: Optional[float] = None) -> LayerRow:
+           gain_db: float | None = None) -> LayerRow:
     top1 = [m.top1_agreement for m in metrics if m.top1_agreement is not None]
     gated = [(label, value) for m, label, value in gated_values(metrics) if m.task is not None
              and m.task.task != "raw"]
@@ -145,18 +146,18 @@ def _nanmin(values: Iterable[float]) -> float:
     return out
 
 
-def _low_first(value: Optional[float]) -> float:
+def _low_first(value: float | None) -> float:
     """Sort value of a metric where lower is worse: NaN is the worst, a missing one ties."""
     if value is None:
         return 0.0
     return -math.inf if math.isnan(value) else value
 
 
-def _sort_key_only(row: LayerRow) -> Tuple[float, float, float]:
+def _sort_key_only(row: LayerRow) -> tuple[float, float, float]:
     return (_low_first(row.task_metric), _low_first(row.sqnr_db), _low_first(row.cosine_mean))
 
 
-def _sort_key_gain(row: LayerRow) -> Tuple[float, float, float]:
+def _sort_key_gain(row: LayerRow) -> tuple[float, float, float]:
     gain = row.gain_db if row.gain_db is not None else 0.0
     task = row.task_metric if row.task_metric is not None else 0.0
     return (-(math.inf if math.isnan(task) else task), -(math.inf if math.isnan(gain) else gain),
@@ -169,12 +170,12 @@ def per_layer_sensitivity(
     quantize_options: Any,
     batches: Iterable[Any],
     mode: str = "only",
-    top: Optional[int] = None,
-    limit: Optional[int] = None,
-    providers: Optional[Sequence[str]] = None,
-    progress: Optional[LayerProgress] = None,
+    top: int | None = None,
+    limit: int | None = None,
+    providers: Sequence[str] | None = None,
+    progress: LayerProgress | None = None,
     task_options: Any = None,
-) -> List[LayerRow]:
+) -> list[LayerRow]:
     """Rank the layers ``quantize_model`` quantizes by the error each one causes.
 
     ``model`` is the FP32 ``onnx.ModelProto``; ``amax`` the calibration table; ``batches`` as
@@ -215,7 +216,7 @@ def per_layer_sensitivity(
 
     producers = output_producers(model)
 
-    def measure(candidate_model: Any, label: str) -> List[OutputMetrics]:
+    def measure(candidate_model: Any, label: str) -> list[OutputMetrics]:
         accs = {n: OutputAccumulator(n) for n in names}
         tasks = {n: TaskAccumulator(n, settings, producers.get(n)) for n in names} if settings else {}
         with OnnxRunner.from_model(candidate_model, providers, name=label) as runner:
@@ -229,7 +230,7 @@ def per_layer_sensitivity(
         return [with_task(accs[n].result(), tasks[n]) if n in tasks else accs[n].result()
                 for n in names]
 
-    rows: List[LayerRow] = []
+    rows: list[LayerRow] = []
     if mode == "only":
         for i, node in enumerate(layers):
             result = quantize_model(model, amax, options, only_nodes={node})
@@ -257,9 +258,9 @@ def _gain(sqnr: float, baseline: float) -> float:
     return sqnr - baseline
 
 
-def _cache_reference(fp32: OnnxRunner, names: List[str], batches: Iterable[Any],
-                     limit: int) -> List[_CachedBatch]:
-    cached: List[_CachedBatch] = []
+def _cache_reference(fp32: OnnxRunner, names: list[str], batches: Iterable[Any],
+                     limit: int) -> list[_CachedBatch]:
+    cached: list[_CachedBatch] = []
     for batch, rows, valid in limited_batches(batches, limit):
         # copies: a batcher may reuse its buffers for the next batch
         feeds = {k: np.array(v, copy=True) for k, v in feeds_for(fp32, batch.arrays).items()}

@@ -20,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -53,7 +54,7 @@ class TaskSettings:
     mask_threshold: float = 0.5
 
     @classmethod
-    def from_options(cls, options: Any) -> "TaskSettings":
+    def from_options(cls, options: Any) -> TaskSettings:
         """From a ``CompareOptions`` (or anything with the same fields; missing ones default)."""
         values = {f.name: getattr(options, f.name, None) for f in dataclasses.fields(cls)}
         settings = cls(**{k: v for k, v in values.items() if v is not None})
@@ -78,24 +79,24 @@ class TaskSettings:
 class TaskResult:
     task: str
     how: str  # why this task: "given (--task)" or the inference's reason
-    metrics: Dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def gate_metric(self) -> Optional[str]:
+    def gate_metric(self) -> str | None:
         return GATE_METRIC[self.task][0] if self.task in GATE_METRIC else None
 
     @property
-    def gate_label(self) -> Optional[str]:
+    def gate_label(self) -> str | None:
         return GATE_METRIC[self.task][1] if self.task in GATE_METRIC else None
 
     @property
-    def value(self) -> Optional[float]:
+    def value(self) -> float | None:
         """The task metric (None for raw)."""
         key = self.gate_metric
         return None if key is None else self.metrics.get(key)
 
 
-def output_producers(model: Any) -> Dict[str, Tuple[str, Optional[int]]]:
+def output_producers(model: Any) -> dict[str, tuple[str, int | None]]:
     """Graph output name -> (op type of the node that makes it, its ``axis`` attribute or None)."""
     from onnx import helper
 
@@ -120,7 +121,7 @@ def _layout(shape: Sequence[int], detect_format: str) -> Layout:
     return Layout(channels_first=channels_first, objectness=objectness)
 
 
-def fits(task: str, shape: Sequence[int], settings: TaskSettings) -> Optional[str]:
+def fits(task: str, shape: Sequence[int], settings: TaskSettings) -> str | None:
     """None when ``task`` can score an output of this (batch) shape, else why not."""
     if task == "raw":
         return None
@@ -144,7 +145,7 @@ def fits(task: str, shape: Sequence[int], settings: TaskSettings) -> Optional[st
     raise ConfigError(f"unknown compare task '{task}'", "use one of: " + ", ".join(TASKS))
 
 
-def infer(shape: Sequence[int], producer: Optional[Tuple[str, Optional[int]]]) -> Tuple[str, str]:
+def infer(shape: Sequence[int], producer: tuple[str, int | None] | None) -> tuple[str, str]:
     """(task, how it was inferred) for an output of this (batch) shape."""
     dims = _dims(shape)
     if len(shape) >= 2 and shape[1] > 1 and all(d == 1 for d in shape[2:]):
@@ -171,17 +172,17 @@ class TaskAccumulator:
     """The task metric of one output, chosen on the first batch (see the module doc)."""
 
     def __init__(self, name: str, settings: TaskSettings,
-                 producer: Optional[Tuple[str, Optional[int]]] = None) -> None:
+                 producer: tuple[str, int | None] | None = None) -> None:
         self.name = name
         self.settings = settings
         self.producer = producer
-        self.task: Optional[str] = None
+        self.task: str | None = None
         self.how = ""
-        self.misfit: Optional[str] = None  # why an explicit task did not fit this output
-        self.shape: Tuple[int, ...] = ()
+        self.misfit: str | None = None  # why an explicit task did not fit this output
+        self.shape: tuple[int, ...] = ()
         self._impl: Any = None
 
-    def _choose(self, shape: Tuple[int, ...]) -> None:
+    def _choose(self, shape: tuple[int, ...]) -> None:
         requested = self.settings.task
         self.shape = shape
         if requested == "auto":
@@ -209,7 +210,7 @@ class TaskAccumulator:
         if self._impl is not None and len(ref):
             self._impl.update(ref, cand)
 
-    def result(self) -> Optional[TaskResult]:
+    def result(self) -> TaskResult | None:
         if self.task is None:
             return None
         return TaskResult(self.task, self.how, self._impl.metrics() if self._impl is not None else {})

@@ -11,7 +11,8 @@ import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Deque, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Callable
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -32,7 +33,7 @@ class Batch:
     """One batch. Rows ``valid:`` of every array are padding (copies of the last real sample)."""
 
     index: int
-    arrays: Dict[str, np.ndarray]
+    arrays: dict[str, np.ndarray]
     valid: int
 
 
@@ -58,7 +59,7 @@ class Batcher:
         self._check_options()
         self._check_names()
         self.batch_size = self._batch_size()
-        self.shapes: Dict[str, Tuple[int, ...]] = resolve_shapes(self.specs, self._given_shapes(), self.batch_size)
+        self.shapes: dict[str, tuple[int, ...]] = resolve_shapes(self.specs, self._given_shapes(), self.batch_size)
         for s in self.specs:
             if len(self.shapes[s.name]) == 0:
                 raise DataError(f"model input {s.describe()} is a scalar", "trtq feeds batched inputs only")
@@ -76,10 +77,7 @@ class Batcher:
             )
         total = next(iter(counts.values()))
         self.total_samples = total
-        if options.shuffle:
-            order = np.random.default_rng(options.seed).permutation(total)
-        else:
-            order = np.arange(total)
+        order = np.random.default_rng(options.seed).permutation(total) if options.shuffle else np.arange(total)
         if options.limit is not None:
             order = order[: options.limit]
         self._order = order.astype(np.int64)
@@ -105,7 +103,7 @@ class Batcher:
             self.num_batches = -(-self.num_samples // bs)
         self.workers = default_workers() if options.workers is None else int(options.workers)
         self.prefetch = max(1, int(options.prefetch))
-        self.skipped: List[Tuple[str, str]] = []
+        self.skipped: list[tuple[str, str]] = []
 
     def take_shard(self, index: int, count: int) -> None:
         """Keep only the samples at positions ``p`` with ``p % count == index`` of the full order.
@@ -126,7 +124,7 @@ class Batcher:
         self.num_samples = int(len(self._order))
         self.num_batches = -(-self.num_samples // self.batch_size)
 
-    def _given_shapes(self) -> Dict[str, Tuple[int, ...]]:
+    def _given_shapes(self) -> dict[str, tuple[int, ...]]:
         """data.shapes, plus the dynamic dims of .npy-fed inputs taken from their first file (the
         arrays are fed as they are, so their shape is the only one that can work)."""
         from trtq.data.sources import npy_sample_shape
@@ -197,7 +195,7 @@ class Batcher:
 
     def _batch_size(self) -> int:
         o = self.options
-        fixed: Dict[str, Tuple[int, str]] = {}
+        fixed: dict[str, tuple[int, str]] = {}
         for s in self.specs:
             if s.name in o.shapes and len(o.shapes[s.name]) > 0:
                 fixed[s.name] = (int(o.shapes[s.name][0]), f"data.shapes.{s.name}[0]")
@@ -226,10 +224,10 @@ class Batcher:
 
     # ------------------------------------------------------------------------------ iteration
 
-    def _load(self, index: int) -> Dict[str, np.ndarray]:
+    def _load(self, index: int) -> dict[str, np.ndarray]:
         return {name: src.load(index) for name, src in self.sources.items()}
 
-    def _samples(self) -> Iterator[Tuple[int, Any]]:
+    def _samples(self) -> Iterator[tuple[int, Any]]:
         """(source index, arrays or SampleError) in order, decoded ahead by the worker pool."""
         order = self._order
         if self.workers == 0:
@@ -238,7 +236,7 @@ class Batcher:
             return
         window = self.prefetch * self.batch_size
         pool = ThreadPoolExecutor(self.workers, thread_name_prefix="trtq-data")
-        pending: Deque[Tuple[int, Future]] = deque()
+        pending: deque[tuple[int, Future]] = deque()
         todo = iter(order.tolist())
         try:
             for i in todo:
@@ -259,10 +257,10 @@ class Batcher:
 
     def __iter__(self) -> Iterator[Batch]:
         # sub-folders that could not be listed (skip_bad) count as skipped on every pass
-        skipped: List[Tuple[str, str]] = [u for src in self.sources.values() for u in getattr(src, "unreadable", [])]
+        skipped: list[tuple[str, str]] = [u for src in self.sources.values() for u in getattr(src, "unreadable", [])]
         self.skipped = skipped
         bs = self.batch_size
-        rows: List[Dict[str, np.ndarray]] = []
+        rows: list[dict[str, np.ndarray]] = []
         index = 0
         for _, result in self._samples():
             interrupt.check()  # an interrupt swallowed by a finalizer is raised again here
@@ -284,7 +282,7 @@ class Batcher:
             elif policy == "keep":
                 yield self._stack(index, rows, len(rows))
 
-    def _stack(self, index: int, rows: List[Dict[str, np.ndarray]], size: int) -> Batch:
+    def _stack(self, index: int, rows: list[dict[str, np.ndarray]], size: int) -> Batch:
         arrays = {}
         for name in self.sources:
             first = rows[0][name]
@@ -321,7 +319,7 @@ class Batcher:
         h.update(self._full_order.astype("<i8").tobytes())
         return h.hexdigest()
 
-    def describe(self) -> Dict[str, Any]:
+    def describe(self) -> dict[str, Any]:
         o = self.options
         return {
             "inputs": {

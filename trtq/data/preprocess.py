@@ -24,7 +24,8 @@ Rules that are easy to get subtly wrong, written down once:
 * ``exact`` and ``letterbox`` accept ``size: [s]`` for a square ``(s, s)``.
 """
 from dataclasses import dataclass
-from typing import Callable, Sequence, Tuple
+from typing import Callable
+from collections.abc import Sequence
 
 import numpy as np
 from PIL import Image
@@ -33,7 +34,12 @@ from trtq.config import PreprocessOptions
 from trtq.errors import ConfigError, DataError
 
 __all__ = [
-    "FILTERS", "Preprocessor", "build_preprocess", "resized_size", "letterbox_size", "crop_offsets",
+    "FILTERS",
+    "Preprocessor",
+    "build_preprocess",
+    "crop_offsets",
+    "letterbox_size",
+    "resized_size",
 ]
 
 
@@ -60,7 +66,7 @@ def _round_half_up(num: int, den: int) -> int:
     return (2 * num + den) // (2 * den)
 
 
-def resized_size(mode: str, size: Tuple[int, ...], width: int, height: int) -> Tuple[int, int]:
+def resized_size(mode: str, size: tuple[int, ...], width: int, height: int) -> tuple[int, int]:
     """(width, height) after resize ``mode`` (letterbox: the size of the image inside the canvas)."""
     if mode == "none":
         return width, height
@@ -75,7 +81,7 @@ def resized_size(mode: str, size: Tuple[int, ...], width: int, height: int) -> T
     return max(1, _round_half_up(s * width, height)), s
 
 
-def letterbox_size(target_hw: Tuple[int, int], width: int, height: int) -> Tuple[int, int]:
+def letterbox_size(target_hw: tuple[int, int], width: int, height: int) -> tuple[int, int]:
     """(width, height) of an image scaled to fit inside ``target_hw`` keeping its aspect ratio."""
     th, tw = target_hw
     if th * width <= tw * height:  # height binds: r = th / height
@@ -83,13 +89,13 @@ def letterbox_size(target_hw: Tuple[int, int], width: int, height: int) -> Tuple
     return tw, min(th, max(1, _round_half_up(height * tw, width)))
 
 
-def crop_offsets(height: int, width: int, crop_hw: Tuple[int, int]) -> Tuple[int, int]:
+def crop_offsets(height: int, width: int, crop_hw: tuple[int, int]) -> tuple[int, int]:
     """(top, left) of a center crop, rounded like torchvision's CenterCrop."""
     ch, cw = crop_hw
     return int(round((height - ch) / 2.0)), int(round((width - cw) / 2.0))
 
 
-def _pair(size: Sequence[int]) -> Tuple[int, int]:
+def _pair(size: Sequence[int]) -> tuple[int, int]:
     return (int(size[0]), int(size[0])) if len(size) == 1 else (int(size[0]), int(size[1]))
 
 
@@ -97,10 +103,10 @@ def _pair(size: Sequence[int]) -> Tuple[int, int]:
 class _Plan:
     """Geometry of one image: resize target, placement on the canvas, crop window."""
 
-    resize_to: Tuple[int, int]  # (w, h) of the resized image
-    offset: Tuple[int, int]  # (top, left) of the resized image on the canvas
-    canvas: Tuple[int, int]  # (h, w) before the crop
-    crop: Tuple[int, int, int, int]  # (top, left, h, w) window on the canvas
+    resize_to: tuple[int, int]  # (w, h) of the resized image
+    offset: tuple[int, int]  # (top, left) of the resized image on the canvas
+    canvas: tuple[int, int]  # (h, w) before the crop
+    crop: tuple[int, int, int, int]  # (top, left, h, w) window on the canvas
 
 
 class Preprocessor:
@@ -217,7 +223,7 @@ class Preprocessor:
 
     # ---------------------------------------------------------------- the pipeline
 
-    def _to_color(self, img: Image.Image, where: str) -> Tuple[Image.Image, bool]:
+    def _to_color(self, img: Image.Image, where: str) -> tuple[Image.Image, bool]:
         """Color conversion; returns (image, is_float). Float images are single-channel mode F."""
         mode = img.mode
         is16 = mode in _MODES_16BIT or (mode == "I" and getattr(img, "format", None) == "PNG")

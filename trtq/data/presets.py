@@ -4,7 +4,7 @@ A preset is only a starting point written out in full: ``trtq calibrate --dry-ru
 options it expands to, which can be pasted into a YAML config and edited.
 """
 from dataclasses import replace
-from typing import Dict, Sequence, Tuple
+from collections.abc import Sequence
 
 from trtq.config import PreprocessOptions, ResizeOptions
 from trtq.errors import ConfigError, DataError
@@ -13,7 +13,7 @@ from trtq.model import format_shape
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-PRESETS: Dict[str, str] = {
+PRESETS: dict[str, str] = {
     "imagenet": "torchvision ImageNet eval: resize shorter side to size/0.875, center crop, mean/std",
     "inception": "resize shorter side to size/0.875, center crop, scale to [-1, 1] (TF / EfficientNet-Lite)",
     "yolo": "letterbox to the input size (centre, pad 114), scale to [0, 1]",
@@ -23,7 +23,7 @@ PRESETS: Dict[str, str] = {
 }
 
 
-def layout_of(shape: Sequence) -> Tuple[str, int, int, int]:
+def layout_of(shape: Sequence) -> tuple[str, int, int, int]:
     """(layout, channels, height, width) of an image input shape [N, C, H, W] or [N, H, W, C]."""
     if len(shape) != 4:
         raise DataError(

@@ -13,7 +13,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Optional
+from collections.abc import Sequence
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -21,6 +22,7 @@ from PIL import Image, ImageOps
 from trtq.config import InputSource, PreprocessOptions
 from trtq.data.preprocess import Preprocessor
 from trtq.errors import ConfigError, DataError
+import contextlib
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ def _is_hidden(name: str) -> bool:
 
 
 def list_image_folder(folder: Path, skip_bad: bool = False,
-                      unreadable: Optional[List[Tuple[str, str]]] = None) -> List[str]:
+                      unreadable: Optional[list[tuple[str, str]]] = None) -> list[str]:
     """Image files under ``folder`` (recursive), as POSIX paths relative to it, sorted.
 
     Extensions are matched case-insensitively; hidden files and hidden folders are ignored. A
@@ -66,8 +68,8 @@ def list_image_folder(folder: Path, skip_bad: bool = False,
             f"image folder is a file, not a folder: {folder}",
             "pass the folder that holds the images, or use files: for a file list",
         )
-    found: List[str] = []
-    errors: List[OSError] = []
+    found: list[str] = []
+    errors: list[OSError] = []
     for root, dirs, files in os.walk(folder, onerror=errors.append):
         dirs[:] = [d for d in dirs if not _is_hidden(d)]
         rel_root = Path(root).relative_to(folder)
@@ -92,7 +94,7 @@ def list_image_folder(folder: Path, skip_bad: bool = False,
     return found
 
 
-def read_file_list(entries: Sequence[str], key: str) -> Tuple[Path, List[str]]:
+def read_file_list(entries: Sequence[str], key: str) -> tuple[Path, list[str]]:
     """Resolve ``files:`` (image paths, or one ``.txt`` list) to (root folder, relative paths).
 
     A ``.txt`` list holds one path per line, relative to the list file's folder; blank lines and
@@ -116,7 +118,7 @@ def read_file_list(entries: Sequence[str], key: str) -> Tuple[Path, List[str]]:
             raise DataError(f"cannot read file list {list_path}: {e}",
                             "save it as UTF-8 text, one path per line") from None
         root = list_path.parent
-        paths: List[Path] = []
+        paths: list[Path] = []
         for lineno, line in enumerate(lines, 1):
             text = line.strip()
             if not text or text.startswith("#"):
@@ -141,9 +143,9 @@ def read_file_list(entries: Sequence[str], key: str) -> Tuple[Path, List[str]]:
     return root, [Path(os.path.relpath(p.resolve(), root.resolve())).as_posix() for p in paths]
 
 
-def expand_npy(patterns: Sequence[str], key: str) -> List[Path]:
+def expand_npy(patterns: Sequence[str], key: str) -> list[Path]:
     """``.npy`` paths and globs -> files, in the order given, each glob's matches sorted."""
-    out: List[Path] = []
+    out: list[Path] = []
     for pattern in patterns:
         if glob.has_magic(pattern):
             matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
@@ -161,7 +163,7 @@ def expand_npy(patterns: Sequence[str], key: str) -> List[Path]:
     return out
 
 
-def npy_sample_shape(src: InputSource) -> Optional[Tuple[int, ...]]:
+def npy_sample_shape(src: InputSource) -> Optional[tuple[int, ...]]:
     """The per-sample shape of the first .npy file of ``src`` (its shape without axis 0), or None
     when ``src`` is not .npy data or that file cannot be read (the source reports that later)."""
     if not src.npy:
@@ -228,9 +230,9 @@ class ImageSource:
         input_name: str,
         kind: str,
         root: Path,
-        rel_paths: List[str],
+        rel_paths: list[str],
         preprocess: PreprocessOptions,
-        sample_shape: Tuple[int, ...],
+        sample_shape: tuple[int, ...],
         dtype: str,
         origin: str,
     ):
@@ -239,7 +241,7 @@ class ImageSource:
         self.root = Path(root)
         self.rel_paths = rel_paths
         self.origin = origin
-        self.unreadable: List[Tuple[str, str]] = []  # sub-folders skipped while listing (skip_bad)
+        self.unreadable: list[tuple[str, str]] = []  # sub-folders skipped while listing (skip_bad)
         self.sample_shape = tuple(sample_shape)
         self.dtype = _target_dtype(input_name, dtype)
         self.key = f"data.inputs.{input_name}.preprocess"
@@ -276,7 +278,7 @@ class ImageSource:
             )
         return x if x.dtype == self.dtype else x.astype(self.dtype)
 
-    def _shape_hint(self, got: Tuple[int, ...]) -> str:
+    def _shape_hint(self, got: tuple[int, ...]) -> str:
         want = self.sample_shape
         opts = self.preprocess.options
         if len(want) != 3:
@@ -293,9 +295,9 @@ class ImageSource:
             return f"check {self.key}.layout (now {opts.layout}; the model may want {other})"
         return f"set {self.key}.center_crop or {self.key}.resize to produce {hw[0]}x{hw[1]} (h x w)"
 
-    def identity(self) -> List[Any]:
+    def identity(self) -> list[Any]:
         """Per-sample identity for fingerprints: relative path and file size (no decoding)."""
-        out: List[Any] = []
+        out: list[Any] = []
         for rel in self.rel_paths:
             try:
                 size = os.stat(self.root / rel).st_size
@@ -304,7 +306,7 @@ class ImageSource:
             out.append([rel, size])
         return out
 
-    def describe(self) -> Dict[str, Any]:
+    def describe(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "path": self.origin,
@@ -324,18 +326,18 @@ class NpySource:
 
     _OPEN_FILES = 8  # memory maps kept open at once (each holds a file descriptor)
 
-    def __init__(self, input_name: str, files: List[Path], sample_shape: Tuple[int, ...], dtype: str, key: str):
+    def __init__(self, input_name: str, files: list[Path], sample_shape: tuple[int, ...], dtype: str, key: str):
         self.input_name = input_name
         self.kind = "npy"
         self.files = [Path(f) for f in files]
         self.sample_shape = tuple(sample_shape)
         self.dtype = _target_dtype(input_name, dtype)
         self.key = key
-        self.headers: List[Tuple[Tuple[int, ...], np.dtype]] = [self._check(f) for f in self.files]
+        self.headers: list[tuple[tuple[int, ...], np.dtype]] = [self._check(f) for f in self.files]
         self._ends = np.cumsum([shape[0] for shape, _ in self.headers]).tolist()
         if not self._ends or self._ends[-1] == 0:
             raise DataError(f"{key}: the .npy files hold no samples", "save arrays with at least one row")
-        self._maps: "OrderedDict[int, np.ndarray]" = OrderedDict()
+        self._maps: OrderedDict[int, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
 
     def _open(self, path: Path) -> np.ndarray:
@@ -370,7 +372,7 @@ class NpySource:
         except Exception as e:  # numpy parses the header with Python's tokenizer: TokenError, RecursionError, ...
             raise DataError(f"corrupt .npy header in {path}: {type(e).__name__}", "re-save it with np.save") from None
 
-    def _check(self, path: Path) -> Tuple[Tuple[int, ...], np.dtype]:
+    def _check(self, path: Path) -> tuple[tuple[int, ...], np.dtype]:
         arr = self._open(path)
         shape, dt = tuple(arr.shape), arr.dtype
         if dt.kind == "O" or dt.hasobject:
@@ -403,7 +405,7 @@ class NpySource:
     def __len__(self) -> int:
         return int(self._ends[-1])
 
-    def _locate(self, index: int) -> Tuple[int, int]:
+    def _locate(self, index: int) -> tuple[int, int]:
         f = bisect.bisect_right(self._ends, index)
         start = self._ends[f - 1] if f else 0
         return f, index - start
@@ -444,10 +446,10 @@ class NpySource:
             )
         return x
 
-    def identity(self) -> List[Any]:
+    def identity(self) -> list[Any]:
         return [[p.name, list(shape), str(dt)] for p, (shape, dt) in zip(self.files, self.headers)]
 
-    def describe(self) -> Dict[str, Any]:
+    def describe(self) -> dict[str, Any]:
         return {
             "kind": "npy",
             "files": [str(p) for p in self.files],
@@ -486,13 +488,11 @@ def _release_row(arr: np.ndarray, row: int) -> None:
     begin -= begin % page
     end = min(len(mm), -(-end // page) * page)
     if end > begin:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             mm.madvise(mmap.MADV_DONTNEED, begin, end - begin)
-        except (OSError, ValueError):
-            pass
 
 
-def make_source(input_name: str, src: InputSource, sample_shape: Tuple[int, ...], dtype: str,
+def make_source(input_name: str, src: InputSource, sample_shape: tuple[int, ...], dtype: str,
                 skip_bad: bool = False):
     """Build the source for one model input from its config. ``skip_bad``: unreadable sub-folders
     of an image folder are skipped (listed in the source's ``unreadable``) instead of refused."""
@@ -508,7 +508,7 @@ def make_source(input_name: str, src: InputSource, sample_shape: Tuple[int, ...]
         return NpySource(input_name, expand_npy(src.npy, f"{key}.npy"), sample_shape, dtype, f"{key}.npy")
     if src.images:
         folder = Path(src.images)
-        unreadable: List[Tuple[str, str]] = []
+        unreadable: list[tuple[str, str]] = []
         source = ImageSource(input_name, "images", folder, list_image_folder(folder, skip_bad, unreadable),
                              src.preprocess, sample_shape, dtype, str(folder))
         source.unreadable = unreadable

@@ -1,7 +1,7 @@
 """One full pass over a Batcher, reduced to the numbers ``trtq calibrate --dry-run`` shows."""
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 import numpy as np
 
@@ -11,7 +11,7 @@ class InputSummary:
     """Statistics over the real (non-padding) rows of one input."""
 
     name: str
-    shape: Tuple[int, ...]  # full batch shape
+    shape: tuple[int, ...]  # full batch shape
     dtype: str
     min: Optional[float] = None
     max: Optional[float] = None
@@ -21,18 +21,18 @@ class InputSummary:
 
 @dataclass
 class DataSummary:
-    inputs: List[InputSummary]
+    inputs: list[InputSummary]
     batches: int
     samples: int
     padded_rows: int
-    skipped: List[Tuple[str, str]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
     def samples_per_second(self) -> float:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "inputs": [dict(asdict(i), shape=list(i.shape)) for i in self.inputs],
             "batches": self.batches,

@@ -18,7 +18,7 @@ import logging
 import re
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 from trtq.config import BuildOptions, DataOptions, QuantizeOptions
 from trtq.errors import ModelError, UsageError
@@ -82,7 +82,7 @@ def build_engine(
                       cache_path=cache_path, quant_info=quant_info, started=t0)
 
 
-def _read_cache(cache_path: Optional[Path], model_path: Path, allow_stale: bool) -> Tuple[Any, Dict[str, Any]]:
+def _read_cache(cache_path: Optional[Path], model_path: Path, allow_stale: bool) -> tuple[Any, dict[str, Any]]:
     """(the cache's table, the input shapes its provenance says it was calibrated with), checked
     against the model; (None, {}) without a cache."""
     if cache_path is None:
@@ -96,11 +96,11 @@ def _read_cache(cache_path: Optional[Path], model_path: Path, allow_stale: bool)
     return table, fallback if isinstance(fallback, dict) else {}
 
 
-def _prequantized_network_model(model: Any, prequantized: Any, recipe: Any) -> Tuple[Any, Dict[str, Any]]:
+def _prequantized_network_model(model: Any, prequantized: Any, recipe: Any) -> tuple[Any, dict[str, Any]]:
     """A Q/DQ model as TensorRT takes it: int32 biases folded, the float rest FP16 when strongly typed."""
     from trtq.qdq_info import fold_constant_dequantize
 
-    quant_info: Dict[str, Any] = dict(prequantized.summary(), source="model")
+    quant_info: dict[str, Any] = dict(prequantized.summary(), source="model")
     folded = fold_constant_dequantize(model)
     if folded:
         log.info("%d int32 biases behind DequantizeLinear folded to float (TensorRT keeps biases float)", folded)
@@ -114,7 +114,7 @@ def _prequantized_network_model(model: Any, prequantized: Any, recipe: Any) -> T
 
 
 def _quantized_network_model(trt: Any, model: Any, table: Any, recipe: Any, qopts: QuantizeOptions,
-                             data_options: DataOptions) -> Tuple[Any, Dict[str, Any]]:
+                             data_options: DataOptions) -> tuple[Any, dict[str, Any]]:
     """The FP32 model quantized with the cache's amax for the installed TensorRT."""
     from trtq.pipeline.quantize import quantize_for, warn_float_grouped_convs
 
@@ -131,9 +131,9 @@ def _quantized_network_model(trt: Any, model: Any, table: Any, recipe: Any, qopt
     return qresult.model, _quantize_summary(qresult)
 
 
-def _quantize_summary(result: Any) -> Dict[str, int]:
+def _quantize_summary(result: Any) -> dict[str, int]:
     """Counts from a QuantizeResult (quantized nodes, nodes left float, amax the cache lacked)."""
-    out: Dict[str, int] = {}
+    out: dict[str, int] = {}
     for attr in ("quantized", "left_float", "missing_amax"):
         value = getattr(result, attr, None)
         if isinstance(value, (list, tuple, dict, set)):
@@ -204,7 +204,7 @@ def prequantized_model(model: Any, model_path: Path, options: BuildOptions, cach
     return info
 
 
-def explicit_only_settings(q: QuantizeOptions) -> List[str]:
+def explicit_only_settings(q: QuantizeOptions) -> list[str]:
     """The quantize.* settings a build of the Q/DQ model would use that differ from their defaults
     (an implicit build has no Q/DQ model, so it cannot honour them)."""
     default = QuantizeOptions()

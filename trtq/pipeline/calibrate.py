@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Optional, Tuple
+from typing import Any
 
 from trtq.config import BuildOptions
 from trtq.errors import UsageError
@@ -14,8 +14,8 @@ from trtq.errors import UsageError
 log = logging.getLogger(__name__)
 
 
-def calibrate(cfg: Any, progress: Any = None, shard: Optional[Tuple[int, int]] = None,
-              ranges: Optional[Path] = None, keep_batches: Optional[Path] = None) -> Any:
+def calibrate(cfg: Any, progress: Any = None, shard: tuple[int, int] | None = None,
+              ranges: Path | None = None, keep_batches: Path | None = None) -> Any:
     """Calibrate ``cfg.model`` on ``cfg.data`` with the configured backend; a CalibrationResult."""
     if cfg.calibrate.backend == "tensorrt":
         return calibrate_with_tensorrt(cfg)
@@ -50,7 +50,7 @@ def calibrate_with_tensorrt(cfg: Any) -> Any:
 
 
 def calibrate_file_with_tensorrt(model_path: Path, batcher: Any, algorithm: str, output_cache: Path,
-                                 options: Optional[BuildOptions] = None) -> Any:
+                                 options: BuildOptions | None = None) -> Any:
     """Calibrate with TensorRT's own calibrator; write its cache (+ provenance); return the table.
 
     ``algorithm``: ``EntropyCalibration2`` / ``MinMaxCalibration`` (or ``entropy`` / ``max``);

@@ -2,7 +2,8 @@
 import logging
 import re
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional
+from typing import Optional
+from collections.abc import Mapping
 
 from trtq.config import QuantizeOptions
 from trtq.errors import ModelError, UsageError
@@ -73,7 +74,7 @@ def refuse_nothing_quantized(result, model_path: Path) -> None:
 RANK_SAMPLES = 64  # samples the float_layers ranking runs each layer on (at most)
 
 
-def choose_float_layers(fp32, amax: Mapping[str, float], options: QuantizeOptions, data) -> Dict[str, str]:
+def choose_float_layers(fp32, amax: Mapping[str, float], options: QuantizeOptions, data) -> dict[str, str]:
     """The ``options.float_layers`` layers with the lowest output SQNR when quantized alone
     (compare --per-layer's ``only`` mode, nearest rounding), name -> reason; empty when the options
     ask for none or there is no data. Passed to ``quantize_model(keep_float=...)``."""
@@ -131,7 +132,7 @@ def save_model(model, output: Path) -> None:
         onnx.save(model, str(tmp))
 
 
-def warn_float_grouped_convs(trt_version: str, result) -> List[str]:
+def warn_float_grouped_convs(trt_version: str, result) -> list[str]:
     """Log what the TensorRT 8 float grouped-conv workaround (``quantize_model(float_grouped_consumers=
     True)``, for a TensorRT 8 build or a cache written for TensorRT 8) left float; returns those
     consumers. Float grouped Convs it could not protect (no quantized consumer found) get a warning
@@ -173,8 +174,8 @@ def quantize_file(model_path: Path, cache_path: Path, output: Path, options: Qua
     _warn_tensorrt8_float_convs(result)
     if result.centred:
         log.warning("centred activations: TensorRT 8.6 computes this model right, but its engine ran 3x slower than "
-                    "the uncentred one on EfficientNet-Lite0 at builder optimization level 0, and at level 3 it did not "
-                    "build in 10 minutes (the Add after each centred activation is not fused); "
+                    "the uncentred one on EfficientNet-Lite0 at builder optimization level 0, and at level 3 it did "
+                    "not build in 10 minutes (the Add after each centred activation is not fused); "
                     "trtq build leaves center_activations off; measure with trtq bench before deploying it")
     for name in result.missing_amax[:10]:
         log.warning("no amax for tensor %s in %s: its consumers stay float", name, cache_path)

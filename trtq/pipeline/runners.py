@@ -4,7 +4,8 @@ without TensorRT). Both have the :class:`trtq.compare.runners.Runner` surface.""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -28,14 +29,14 @@ class EngineRunner(ClosesOnExit):
         self.name = name
 
     @property
-    def inputs(self) -> List[TensorSpec]:
+    def inputs(self) -> list[TensorSpec]:
         return [_as_spec(s) for s in self._inner.inputs]
 
     @property
-    def outputs(self) -> List[TensorSpec]:
+    def outputs(self) -> list[TensorSpec]:
         return [_as_spec(s) for s in self._inner.outputs]
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return dict(self._inner.run(dict(feeds)))
 
     def describe_runtime(self) -> str:
@@ -74,7 +75,7 @@ def _open_engine(path: Path) -> EngineRunner:
     return EngineRunner(TrtRunner(path), path.name)
 
 
-def open_runner(path: Union[str, Path], providers: Optional[Sequence[str]] = None,
+def open_runner(path: str | Path, providers: Sequence[str] | None = None,
                 semantics: str = DEFAULT_SEMANTICS) -> Runner:
     """A runner for ``path``: ``.onnx`` -> ONNX Runtime, ``.plan`` / ``.engine`` -> TensorRT.
 

@@ -16,7 +16,8 @@
 - :mod:`~trtq.quantize.fp16` (``options.fp16``): the float rest cast to float16.
 """
 from dataclasses import dataclass, field
-from typing import Collection, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Optional
+from collections.abc import Collection, Iterable, Mapping
 
 import onnx
 
@@ -35,12 +36,12 @@ from trtq.quantize.scales import check_amax
 @dataclass
 class QuantizeResult:
     model: onnx.ModelProto
-    quantized: List[str]  # node names that got Q/DQ on their inputs, in graph order
-    left_float: List[Tuple[str, str]]  # (node name, reason) for quantizable nodes kept float
-    missing_amax: List[str]  # activation tensors the rules needed but amax lacked
-    notes: List[str] = field(default_factory=list)  # what preparing the model changed
+    quantized: list[str]  # node names that got Q/DQ on their inputs, in graph order
+    left_float: list[tuple[str, str]]  # (node name, reason) for quantizable nodes kept float
+    missing_amax: list[str]  # activation tensors the rules needed but amax lacked
+    notes: list[str] = field(default_factory=list)  # what preparing the model changed
     qdq_pairs: int = 0  # QuantizeLinear/DequantizeLinear pairs inserted
-    centred: List[dict] = field(default_factory=list)  # center_activations: tensor, shift, amax
+    centred: list[dict] = field(default_factory=list)  # center_activations: tensor, shift, amax
 
     def to_dict(self) -> dict:
         return {
@@ -146,7 +147,7 @@ def _check_only_nodes(index: GraphIndex, only_nodes: Optional[Collection[str]]) 
 
 
 def _plan(index: GraphIndex, amax: Mapping[str, float], options: QuantizeOptions, only_nodes,
-          keep_float: Dict[str, str], float_grouped_consumers: bool, notes: List[str]):
+          keep_float: dict[str, str], float_grouped_consumers: bool, notes: list[str]):
     """The Q/DQ plan with ``keep_float`` left float and, for TensorRT 8, the consumers of float
     grouped convs too; (plan, the layers kept float)."""
     if keep_float:
@@ -189,7 +190,7 @@ def _centre(prepared: onnx.ModelProto, index: GraphIndex, plan, amax: Mapping[st
     return plan, centred
 
 
-def _data_steps(fp32: onnx.ModelProto, qdq: onnx.ModelProto, options: QuantizeOptions, data, centred=()) -> List[str]:
+def _data_steps(fp32: onnx.ModelProto, qdq: onnx.ModelProto, options: QuantizeOptions, data, centred=()) -> list[str]:
     """gptq rounding and bias correction on ``qdq`` (in place), from one pass of the FP32 model over
     ``data``; returns their notes. Bias correction measures its shift against the chosen levels.
     ``centred``: the centrings ``fp32`` (then the centred float model) carries; readers gptq keeps
@@ -228,4 +229,4 @@ def _data_steps(fp32: onnx.ModelProto, qdq: onnx.ModelProto, options: QuantizeOp
     return notes
 
 
-__all__ = ["QuantizeResult", "quantize_model", "is_quantized", "QUANTIZED_OPS"]
+__all__ = ["QUANTIZED_OPS", "QuantizeResult", "is_quantized", "quantize_model"]

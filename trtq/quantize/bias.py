@@ -9,7 +9,8 @@ pixels see zeros), so the correction is exact for 1x1 convolutions and close for
 Measured on EfficientNet-Lite0 (depthwise convolutions are the usual victims): top-1 agreement with
 FP32 0.874 -> 0.922 and logit SQNR 17.6 -> 22.0 dB on 500 photo crops, means from 128 photos.
 """
-from typing import Collection, Dict, List, Mapping, Optional, Tuple
+from typing import Optional
+from collections.abc import Collection, Mapping
 
 import numpy as np
 import onnx
@@ -18,7 +19,7 @@ from trtq.quantize.graph import GraphIndex, attr
 
 
 def rounded_weight(index: GraphIndex, tensor: str,
-                    rounded: Mapping[str, np.ndarray]) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+                    rounded: Mapping[str, np.ndarray]) -> Optional[tuple[np.ndarray, np.ndarray]]:
     """(W, Wq) when ``tensor`` is DQ(Q(W)) of an int8 float initializer, else None. ``Wq`` is
     ``rounded[W's name]`` when given (levels chosen by :mod:`~trtq.quantize.rounding`)."""
     q = index.quantized_constant(tensor)
@@ -36,10 +37,10 @@ def rounded_weight(index: GraphIndex, tensor: str,
     return w, np.clip(np.round(w / s), -127, 127) * s
 
 
-Target = Tuple[onnx.NodeProto, str, np.ndarray]  # (node, float input activation, weight error Wq - W)
+Target = tuple[onnx.NodeProto, str, np.ndarray]  # (node, float input activation, weight error Wq - W)
 
 
-def _targets(index: GraphIndex, rounded: Mapping[str, np.ndarray]) -> List[Target]:
+def _targets(index: GraphIndex, rounded: Mapping[str, np.ndarray]) -> list[Target]:
     """Every correctable Conv/Gemm of the Q/DQ model ``index`` describes."""
     out = []
     for node in index.nodes:
@@ -73,8 +74,8 @@ def _shift(node, error: np.ndarray, mean: np.ndarray) -> Optional[np.ndarray]:
     return (d * mu).sum(axis=1)
 
 
-def correct_biases(qdq: onnx.ModelProto, means: Dict[str, np.ndarray],
-                   rounded: Optional[Mapping[str, np.ndarray]] = None) -> List[str]:
+def correct_biases(qdq: onnx.ModelProto, means: dict[str, np.ndarray],
+                   rounded: Optional[Mapping[str, np.ndarray]] = None) -> list[str]:
     """Subtract each layer's mean shift from its bias (in place); returns the corrected node names.
 
     ``means``: per-channel mean of each layer's float input (axis 1 for Conv, last for Gemm).
@@ -82,7 +83,7 @@ def correct_biases(qdq: onnx.ModelProto, means: Dict[str, np.ndarray],
     return _apply(qdq, _targets(GraphIndex(qdq), rounded or {}), means)
 
 
-def _apply(qdq: onnx.ModelProto, targets: List[Target], means: Dict[str, np.ndarray]) -> List[str]:
+def _apply(qdq: onnx.ModelProto, targets: list[Target], means: dict[str, np.ndarray]) -> list[str]:
     ed = InitializerEditor(qdq)
     done = []
     for node, source, error in targets:
@@ -103,10 +104,10 @@ class ChannelMeans:
     """Running per-channel means (float64) of ``tensors``: axis 1 of tensors with 3+ dims (NCHW),
     the last axis of 2-D ones. An observer for :func:`trtq.calib.collect.observe`."""
 
-    def __init__(self, tensors: List[str]):
+    def __init__(self, tensors: list[str]):
         self.tensors = list(tensors)
-        self._sums: Dict[str, np.ndarray] = {}
-        self._counts: Dict[str, int] = {}
+        self._sums: dict[str, np.ndarray] = {}
+        self._counts: dict[str, int] = {}
 
     def add(self, values: Mapping[str, np.ndarray]) -> None:
         for name in self.tensors:
@@ -120,11 +121,11 @@ class ChannelMeans:
             self._sums[name] = self._sums[name] + s if name in self._sums else s
             self._counts[name] = self._counts.get(name, 0) + v.size // s.size
 
-    def result(self) -> Dict[str, np.ndarray]:
+    def result(self) -> dict[str, np.ndarray]:
         return {name: self._sums[name] / self._counts[name] for name in self._sums}
 
 
-def correction_sources(qdq: onnx.ModelProto, available: Collection[str]) -> List[str]:
+def correction_sources(qdq: onnx.ModelProto, available: Collection[str]) -> list[str]:
     """The float input activations (among ``available``, the FP32 model's tensors) whose means the
     correctable layers of ``qdq`` need."""
     return sorted({src for _, src, _ in _targets(GraphIndex(qdq), {}) if src in available})

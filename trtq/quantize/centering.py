@@ -27,14 +27,15 @@ Measured on EfficientNet-Lite0 (mse cache, gptq + bias correction, 320 photo cro
 (Q/DQ semantics) and on the TensorRT 8.6 engine alike (engine top-1 agreement 0.916 -> 0.938). But
 that engine is 3x slower (5.75 vs 1.90 ms per batch of 64, builder optimization level 0; at
 level 3 the build of the 33-tensor centred model did not finish in 10 minutes): the Add nodes keep
-TensorRT from fusing the activation into the convolution. So ``trtq build`` does not centre (see :func:`trtq.trt.compat.centring_in_engines`).
+TensorRT from fusing the activation into the convolution. So ``trtq build`` does not centre
+(see :func:`trtq.trt.compat.centring_in_engines`).
 
 Nothing here depends on data; :func:`find_centrings` only reads the graph and the plan's amax, and
 :func:`apply_centrings` edits the float model before the Q/DQ rewrite.
 """
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Optional
 
 import numpy as np
 import onnx
@@ -155,8 +156,8 @@ def _through_commuting(index: GraphIndex, tensor: str):
     return None, ()
 
 
-def find_centrings(index: GraphIndex, tensors: Dict[str, float],
-                   quantized_input: Callable[[int, int], bool]) -> List[Centring]:
+def find_centrings(index: GraphIndex, tensors: dict[str, float],
+                   quantized_input: Callable[[int, int], bool]) -> list[Centring]:
     """The centrings possible for the quantized activation ``tensors`` (name -> amax) of the float
     graph ``index``; ``quantized_input(node index, slot)`` says whether that input gets Q/DQ."""
     out = []
@@ -203,7 +204,7 @@ def _bias_per_shift(node: onnx.NodeProto, w: np.ndarray) -> np.ndarray:
     return float(attr(node, "alpha", 1.0)) / float(attr(node, "beta", 1.0)) * b.sum(axis=0)
 
 
-def settle_on_levels(qdq: onnx.ModelProto, centrings: List[Centring], readers: Optional[set] = None) -> None:
+def settle_on_levels(qdq: onnx.ModelProto, centrings: list[Centring], readers: Optional[set] = None) -> None:
     """Move each reader's ``+ c * sum(W)`` to ``+ c * sum(Wq)`` (nearest INT8 levels) in the Q/DQ
     model, in place (only for the reader node names in ``readers`` when given). The reader then
     errs by ``(Wq - W) x`` exactly as without centring, instead of ``(Wq - W)(x - c)``: for ReLU
@@ -238,7 +239,7 @@ def _subtraction(ed: InitializerEditor, act: onnx.NodeProto, shift: float) -> on
     return onnx.helper.make_node("Add", [act.output[0], shift_name], [out], name=ed.new_name(f"{act.name}/centring"))
 
 
-def _insert_after(model: onnx.ModelProto, after: Dict[str, onnx.NodeProto]) -> None:
+def _insert_after(model: onnx.ModelProto, after: dict[str, onnx.NodeProto]) -> None:
     """Put each node of ``after`` (keyed by a node name) right behind that node."""
     nodes = []
     for node in model.graph.node:
@@ -248,7 +249,7 @@ def _insert_after(model: onnx.ModelProto, after: Dict[str, onnx.NodeProto]) -> N
     set_nodes(model.graph, nodes)
 
 
-def apply_centrings(model: onnx.ModelProto, centrings: List[Centring]) -> None:
+def apply_centrings(model: onnx.ModelProto, centrings: list[Centring]) -> None:
     """Rewrite the float ``model`` in place so each centring's tensor carries ``x - shift``; the
     model computes the same function (up to float rounding).
 
@@ -260,7 +261,7 @@ def apply_centrings(model: onnx.ModelProto, centrings: List[Centring]) -> None:
     """
     ed = InitializerEditor(model)
     replaced = set()
-    subtractions: Dict[str, onnx.NodeProto] = {}
+    subtractions: dict[str, onnx.NodeProto] = {}
     for c in centrings:
         act = ed.nodes[c.activation]
         shift = np.float64(c.shift)
@@ -280,4 +281,4 @@ def apply_centrings(model: onnx.ModelProto, centrings: List[Centring]) -> None:
     _insert_after(model, subtractions)
 
 
-__all__ = ["Centring", "MIN_GAIN", "find_centrings", "apply_centrings", "settle_on_levels"]
+__all__ = ["MIN_GAIN", "Centring", "apply_centrings", "find_centrings", "settle_on_levels"]

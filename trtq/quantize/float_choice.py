@@ -4,7 +4,7 @@ trtq.trt.compat.float_grouped_conv_is_unsafe). ``build`` on TensorRT 8 leaves th
 too (``quantize_model(float_grouped_consumers=True)``), and so does ``quantize`` with a cache
 written for TensorRT 8; with another cache it names them in a warning. A Q/DQ model made elsewhere
 is checked with :func:`float_grouped_convs_in_qdq_model` before TensorRT 8 builds it."""
-from typing import Collection, List, Sequence, Tuple
+from collections.abc import Collection, Sequence
 
 from trtq.quantize.graph import GraphIndex, attr
 
@@ -18,18 +18,18 @@ _PASS_THROUGH = frozenset({"Relu", "Clip", "LeakyRelu", "PRelu", "HardSwish", "H
 GROUPED_CONSUMER_REASON = "fed by a float grouped conv (TensorRT 8 builds that pair wrongly)"
 
 
-def float_grouped_convs(index: GraphIndex, left_float: Sequence[Tuple[str, str]]) -> List[str]:
+def float_grouped_convs(index: GraphIndex, left_float: Sequence[tuple[str, str]]) -> list[str]:
     """Grouped/depthwise Convs among ``left_float`` (node, reason) that the user chose to leave float."""
     chosen = {name for name, why in left_float if why.startswith(FLOAT_CHOICES)}
     return [n.name for n in index.nodes
             if n.name in chosen and n.op_type == "Conv" and int(attr(n, "group", 1)) > 1]
 
 
-def quantized_consumers(index: GraphIndex, names: Sequence[str], quantized: Collection[str]) -> List[str]:
+def quantized_consumers(index: GraphIndex, names: Sequence[str], quantized: Collection[str]) -> list[str]:
     """Nodes in ``quantized`` fed by the outputs of ``names`` through activations, Pad and Q/DQ."""
     quantized = set(quantized)
     wanted = set(names)
-    found: List[str] = []
+    found: list[str] = []
     stack = [o for n in index.nodes if n.name in wanted for o in n.output]
     seen = set()
     while stack:
@@ -46,8 +46,8 @@ def quantized_consumers(index: GraphIndex, names: Sequence[str], quantized: Coll
     return found
 
 
-def grouped_conv_consumers(index: GraphIndex, left_float: Sequence[Tuple[str, str]],
-                           quantized: Collection[str]) -> Tuple[List[str], List[str]]:
+def grouped_conv_consumers(index: GraphIndex, left_float: Sequence[tuple[str, str]],
+                           quantized: Collection[str]) -> tuple[list[str], list[str]]:
     """(float grouped Convs the user chose, the quantized nodes they feed)."""
     risky = float_grouped_convs(index, left_float)
     return risky, (quantized_consumers(index, risky, quantized) if risky else [])
@@ -56,7 +56,7 @@ def grouped_conv_consumers(index: GraphIndex, left_float: Sequence[Tuple[str, st
 WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # the ops whose constant weights INT8 builds quantize
 
 
-def float_grouped_convs_in_qdq_model(model) -> Tuple[List[str], List[str]]:
+def float_grouped_convs_in_qdq_model(model) -> tuple[list[str], list[str]]:
     """In a model that already has Q/DQ nodes: (grouped Convs whose weights are float, the INT8
     layers (weights behind a DequantizeLinear) their outputs feed)."""
     index = GraphIndex(model)

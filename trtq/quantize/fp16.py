@@ -23,7 +23,8 @@ names: inputs get ``Cast`` nodes to float16, an output computed in float16 is re
 ``<name>_fp16`` inside and cast back to float32 under its own name. Cast nodes are named
 ``<tensor>_cast_fp16`` / ``<tensor>_cast_fp32`` with outputs ``<tensor>_fp16`` / ``<tensor>_fp32``.
 """
-from typing import Dict, List, Mapping, Optional, Set, Tuple
+from typing import Optional
+from collections.abc import Mapping
 
 import numpy as np
 import onnx
@@ -55,16 +56,16 @@ def _formal(params, slot: int):
 
 
 def _converted_slots(
-    node: onnx.NodeProto, opset: int, types: Dict[str, int]
-) -> Tuple[Set[int], Set[int]]:
+    node: onnx.NodeProto, opset: int, types: dict[str, int]
+) -> tuple[set[int], set[int]]:
     """Input and output slots of ``node`` that move from float32 to float16."""
     try:
         schema = onnx.defs.get_schema(node.op_type, opset, "")
     except Exception:  # unknown op: leave it in float32
         return set(), set()
     allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
-    bound_in: Dict[str, List[int]] = {}
-    bound_out: Dict[str, List[int]] = {}
+    bound_in: dict[str, list[int]] = {}
+    bound_out: dict[str, list[int]] = {}
     for slot, name in enumerate(node.input):
         f = _formal(schema.inputs, slot)
         if name and f is not None and f.type_str in allowed:
@@ -73,8 +74,8 @@ def _converted_slots(
         f = _formal(schema.outputs, slot)
         if name and f is not None and f.type_str in allowed:
             bound_out.setdefault(f.type_str, []).append(slot)
-    ins: Set[int] = set()
-    outs: Set[int] = set()
+    ins: set[int] = set()
+    outs: set[int] = set()
     for param, slots in bound_in.items():
         if "tensor(float16)" not in allowed[param]:
             continue
@@ -117,13 +118,13 @@ def cast_float_rest(model: onnx.ModelProto, amax: Optional[Mapping[str, float]] 
     return model
 
 
-def _fp16_slots(index: GraphIndex, opset: int, orig_type: Dict[str, int],
-                amax: Mapping[str, float]) -> Tuple[Dict[int, Set[int]], Dict[str, int]]:
+def _fp16_slots(index: GraphIndex, opset: int, orig_type: dict[str, int],
+                amax: Mapping[str, float]) -> tuple[dict[int, set[int]], dict[str, int]]:
     """Step 1, which slots move to float16: {node index: its float16 input slots}, and the tensor
     types after the move."""
     types = dict(index.types)
     pinned = {index.producer[t] for t in index.subgraph_refs if t in index.producer}
-    conv_in: Dict[int, Set[int]] = {}
+    conv_in: dict[int, set[int]] = {}
     for idx, node in enumerate(index.nodes):
         if (
             node.op_type in _KEEP_FP32_OPS
@@ -141,12 +142,12 @@ def _fp16_slots(index: GraphIndex, opset: int, orig_type: Dict[str, int],
     return conv_in, types
 
 
-def _cast_outputs_back(index: GraphIndex, graph: onnx.GraphProto, new_type: Dict[str, int], orig_type: Dict[str, int],
-                       namer: Namer) -> Tuple[Dict[Tuple[str, int], str], Dict[int, List[onnx.NodeProto]]]:
+def _cast_outputs_back(index: GraphIndex, graph: onnx.GraphProto, new_type: dict[str, int], orig_type: dict[str, int],
+                       namer: Namer) -> tuple[dict[tuple[str, int], str], dict[int, list[onnx.NodeProto]]]:
     """Step 2, graph outputs computed in float16: renamed inside, cast back under the original name."""
     nodes = index.nodes
-    cast_of: Dict[Tuple[str, int], str] = {}
-    tail_casts: Dict[int, List[onnx.NodeProto]] = {}
+    cast_of: dict[tuple[str, int], str] = {}
+    tail_casts: dict[int, list[onnx.NodeProto]] = {}
     for out in [o.name for o in graph.output]:
         if new_type.get(out) != FLOAT16 or out not in index.producer:
             continue
@@ -164,17 +165,17 @@ def _cast_outputs_back(index: GraphIndex, graph: onnx.GraphProto, new_type: Dict
     return cast_of, tail_casts
 
 
-def _fp16_weights(index: GraphIndex, graph: onnx.GraphProto, conv_in: Dict[int, Set[int]],
-                  namer: Namer) -> Dict[str, str]:
+def _fp16_weights(index: GraphIndex, graph: onnx.GraphProto, conv_in: dict[int, set[int]],
+                  namer: Namer) -> dict[str, str]:
     """Step 3, weights read as float16: {initializer: its float16 version} (in place when every
     reader wants float16, else a copy)."""
-    fp16_readers: Dict[str, int] = {}
+    fp16_readers: dict[str, int] = {}
     for idx, ins in conv_in.items():
         for s in ins:
             name = index.nodes[idx].input[s]
             if name in index.initializers:
                 fp16_readers[name] = fp16_readers.get(name, 0) + 1
-    init_fp16: Dict[str, str] = {}
+    init_fp16: dict[str, str] = {}
     for name, count in fp16_readers.items():
         tensor = index.initializers[name]
         if tensor.data_type != FLOAT:
@@ -189,11 +190,11 @@ def _fp16_weights(index: GraphIndex, graph: onnx.GraphProto, conv_in: Dict[int, 
     return init_fp16
 
 
-def _nodes_with_casts(index: GraphIndex, conv_in: Dict[int, Set[int]], init_fp16: Dict[str, str],
-                      new_type: Dict[str, int], orig_type: Dict[str, int], cast_of: Dict[Tuple[str, int], str],
-                      tail_casts: Dict[int, List[onnx.NodeProto]], namer: Namer) -> List[onnx.NodeProto]:
+def _nodes_with_casts(index: GraphIndex, conv_in: dict[int, set[int]], init_fp16: dict[str, str],
+                      new_type: dict[str, int], orig_type: dict[str, int], cast_of: dict[tuple[str, int], str],
+                      tail_casts: dict[int, list[onnx.NodeProto]], namer: Namer) -> list[onnx.NodeProto]:
     """Step 4, the nodes with a Cast wherever a reader wants another type than the tensor has."""
-    ordered: List[onnx.NodeProto] = []
+    ordered: list[onnx.NodeProto] = []
     for idx, node in enumerate(index.nodes):
         ins = conv_in.get(idx, set())
         for slot, name in enumerate(node.input):

@@ -3,7 +3,7 @@
 The quantizer makes its decisions on this index and only then rewrites the graph, so every
 lookup here reflects the graph as it was handed in.
 """
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Optional
 
 import numpy as np
 import onnx
@@ -24,9 +24,9 @@ def default_opset(model: onnx.ModelProto) -> int:
     return 1
 
 
-def subgraph_names(graph: onnx.GraphProto) -> Set[str]:
+def subgraph_names(graph: onnx.GraphProto) -> set[str]:
     """Every name used as a node input inside the subgraphs (If/Loop/Scan bodies) of ``graph``."""
-    used: Set[str] = set()
+    used: set[str] = set()
     for node in graph.node:
         for attr in node.attribute:
             subs = list(attr.graphs)
@@ -43,14 +43,14 @@ def has_subgraph(node: onnx.NodeProto) -> bool:
     return any(a.HasField("g") or len(a.graphs) for a in node.attribute)
 
 
-def tensor_types(model: onnx.ModelProto) -> Dict[str, int]:
+def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
     """ONNX element type of every tensor that shape inference can type (best effort)."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:  # inference is a help: unknown types are handled by the callers
         inferred = model
     g = inferred.graph
-    types: Dict[str, int] = {}
+    types: dict[str, int] = {}
     for vi in list(g.value_info) + list(g.input) + list(g.output):
         t = vi.type.tensor_type.elem_type
         if t:
@@ -66,12 +66,12 @@ class GraphIndex:
     def __init__(self, model: onnx.ModelProto):
         graph = model.graph
         self.graph = graph
-        self.nodes: List[onnx.NodeProto] = list(graph.node)
-        self.initializers: Dict[str, onnx.TensorProto] = {i.name: i for i in graph.initializer}
-        self.graph_inputs: List[str] = [i.name for i in graph.input if i.name not in self.initializers]
-        self.graph_outputs: Set[str] = {o.name for o in graph.output}
-        self.producer: Dict[str, int] = {}
-        self.consumers: Dict[str, List[Tuple[int, int]]] = {}
+        self.nodes: list[onnx.NodeProto] = list(graph.node)
+        self.initializers: dict[str, onnx.TensorProto] = {i.name: i for i in graph.initializer}
+        self.graph_inputs: list[str] = [i.name for i in graph.input if i.name not in self.initializers]
+        self.graph_outputs: set[str] = {o.name for o in graph.output}
+        self.producer: dict[str, int] = {}
+        self.consumers: dict[str, list[tuple[int, int]]] = {}
         for idx, node in enumerate(self.nodes):
             for out in node.output:
                 if out:
@@ -81,13 +81,13 @@ class GraphIndex:
                     self.consumers.setdefault(name, []).append((idx, slot))
         self.subgraph_refs = subgraph_names(graph)
         # initializers and everything computed only from them (constant subgraphs left unfolded)
-        self.static: Set[str] = set(self.initializers)
+        self.static: set[str] = set(self.initializers)
         for node in self.nodes:
             inputs = [i for i in node.input if i]
             if (inputs and all(i in self.static for i in inputs)) or node.op_type == "Constant":
                 self.static.update(o for o in node.output if o)
         self.types = tensor_types(model)
-        self._arrays: Dict[str, np.ndarray] = {}
+        self._arrays: dict[str, np.ndarray] = {}
 
     # -- tensors ---------------------------------------------------------------------------
     def is_constant(self, name: str) -> bool:
@@ -103,13 +103,13 @@ class GraphIndex:
             self._arrays[name] = numpy_helper.to_array(self.initializers[name])
         return self._arrays[name]
 
-    def dims(self, name: str) -> Tuple[int, ...]:
+    def dims(self, name: str) -> tuple[int, ...]:
         return tuple(int(d) for d in self.initializers[name].dims)
 
     def elem_type(self, name: str) -> Optional[int]:
         return self.types.get(name)
 
-    def consumer_nodes(self, name: str) -> List[onnx.NodeProto]:
+    def consumer_nodes(self, name: str) -> list[onnx.NodeProto]:
         return [self.nodes[i] for i, _ in self.consumers.get(name, [])]
 
     def fan_out(self, name: str) -> int:
@@ -121,7 +121,7 @@ class GraphIndex:
         idx = self.producer.get(name)
         return None if idx is None else self.nodes[idx]
 
-    def qdq_pair(self, name: str) -> Optional[Tuple[onnx.NodeProto, onnx.NodeProto]]:
+    def qdq_pair(self, name: str) -> Optional[tuple[onnx.NodeProto, onnx.NodeProto]]:
         """(QuantizeLinear, DequantizeLinear) when ``name`` is DQ(Q(x)), else None."""
         dq = self.producer_node(name)
         if dq is None or dq.op_type != "DequantizeLinear":
@@ -141,7 +141,7 @@ class GraphIndex:
             return None
         return pair[0]
 
-    def source_through(self, name: str, ops: frozenset) -> List[str]:
+    def source_through(self, name: str, ops: frozenset) -> list[str]:
         """``name`` followed by the tensors it was computed from through a chain of ``ops``."""
         chain = [name]
         seen = {name}
@@ -156,15 +156,15 @@ class GraphIndex:
         return chain
 
     # -- nodes -----------------------------------------------------------------------------
-    def ancestors(self, name: str, limit: int = 10000) -> Dict[int, int]:
+    def ancestors(self, name: str, limit: int = 10000) -> dict[int, int]:
         """Producer nodes upstream of tensor ``name``: node index -> shortest distance (1 = producer)."""
-        out: Dict[int, int] = {}
+        out: dict[int, int] = {}
         frontier = [name]
         depth = 0
         seen_tensors = {name}
         while frontier and len(out) < limit:
             depth += 1
-            nxt: List[str] = []
+            nxt: list[str] = []
             for t in frontier:
                 idx = self.producer.get(t)
                 if idx is None or idx in out:

@@ -2,7 +2,8 @@
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Collection, Dict, List, Mapping, Optional, Tuple
+from typing import Optional
+from collections.abc import Collection, Mapping
 
 import numpy as np
 import onnx
@@ -12,7 +13,7 @@ from trtq.quantize import rules
 from trtq.quantize.graph import DATA_MOVEMENT_OPS, FLOAT, GraphIndex
 from trtq.quantize.scales import activation_scale, weight_scale
 
-PairKey = Tuple[str, Optional[int]]  # (tensor, per-channel axis or None for per tensor)
+PairKey = tuple[str, Optional[int]]  # (tensor, per-channel axis or None for per tensor)
 
 
 @dataclass
@@ -25,11 +26,11 @@ class QdqPair:
 
 @dataclass
 class Plan:
-    pairs: Dict[PairKey, QdqPair] = field(default_factory=dict)  # in order of first use
-    uses: List[Tuple[int, int, PairKey]] = field(default_factory=list)  # (node index, slot, pair)
-    quantized: List[str] = field(default_factory=list)
-    left_float: List[Tuple[str, str]] = field(default_factory=list)
-    missing_amax: List[str] = field(default_factory=list)
+    pairs: dict[PairKey, QdqPair] = field(default_factory=dict)  # in order of first use
+    uses: list[tuple[int, int, PairKey]] = field(default_factory=list)  # (node index, slot, pair)
+    quantized: list[str] = field(default_factory=list)
+    left_float: list[tuple[str, str]] = field(default_factory=list)
+    missing_amax: list[str] = field(default_factory=list)
 
 
 class Exclusions:
@@ -90,8 +91,8 @@ def make_plan(
     keep_float = keep_float or {}
     exclusions = Exclusions(exclude, [n.name for n in index.graph.node])
     only = set(only_nodes) if only_nodes is not None else None
-    act_amax: Dict[str, float] = {}
-    decisions: Dict[int, List[Tuple[int, PairKey]]] = {}
+    act_amax: dict[str, float] = {}
+    decisions: dict[int, list[tuple[int, PairKey]]] = {}
 
     def gate(node: onnx.NodeProto) -> Optional[str]:
         reason = keep_float.get(node.name) or exclusions.reason(node)
@@ -99,7 +100,7 @@ def make_plan(
             reason = "not selected (only_nodes)"
         return reason
 
-    def activation(tensor: str, missing: List[str]) -> Optional[PairKey]:
+    def activation(tensor: str, missing: list[str]) -> Optional[PairKey]:
         value = find_amax(index, amax, tensor)
         if value is None:
             missing.append(tensor)
@@ -113,8 +114,8 @@ def make_plan(
         if rule is None or node.domain not in ("", "ai.onnx"):
             continue
         reason = gate(node) or rules.attention_reason(index, node) or rules.size_reason(index, node)
-        missing: List[str] = []
-        slots: List[Tuple[int, PairKey]] = []
+        missing: list[str] = []
+        slots: list[tuple[int, PairKey]] = []
         if not reason:
             record = functools.partial(activation, missing=missing)
             reason, slots = _table_inputs(index, node, rule, per_channel, record)
@@ -139,7 +140,7 @@ def make_plan(
     return plan
 
 
-def _residual_decisions(index: GraphIndex, plan: Plan, decisions: Dict[int, List[Tuple[int, PairKey]]],
+def _residual_decisions(index: GraphIndex, plan: Plan, decisions: dict[int, list[tuple[int, PairKey]]],
                         gate, activation) -> None:
     """Add to ``decisions`` the skip input of every residual Add fused into a quantized Conv."""
     quantized_nodes = {i: True for i in decisions}
@@ -150,7 +151,7 @@ def _residual_decisions(index: GraphIndex, plan: Plan, decisions: Dict[int, List
         if skip is None:
             continue
         tensor = node.input[skip]
-        missing: List[str] = []
+        missing: list[str] = []
         reason = gate(node) or _type_reason(index, tensor)
         key = None if reason else activation(tensor, missing)
         if not reason and key is None:
@@ -162,7 +163,7 @@ def _residual_decisions(index: GraphIndex, plan: Plan, decisions: Dict[int, List
         decisions[idx] = [(skip, key)]
 
 
-def _add_pairs(index: GraphIndex, plan: Plan, decisions: Dict[int, List[Tuple[int, PairKey]]],
+def _add_pairs(index: GraphIndex, plan: Plan, decisions: dict[int, list[tuple[int, PairKey]]],
                act_amax: Mapping[str, float]) -> None:
     """The plan's quantized nodes, Q/DQ pairs (with their scales) and uses, in node order."""
     for idx in sorted(decisions):
@@ -183,7 +184,7 @@ def _table_inputs(index: GraphIndex, node: onnx.NodeProto, rule: rules.OpRule, p
     ``activation(tensor)`` returns the pair of a computed tensor, or None when amax is missing
     (it records the tensor); the caller turns missing amax into the reason.
     """
-    slots: List[Tuple[int, PairKey]] = []
+    slots: list[tuple[int, PairKey]] = []
     for slot in rule.inputs:
         tensor = node.input[slot] if slot < len(node.input) else ""
         if not tensor:
@@ -212,8 +213,8 @@ def _table_inputs(index: GraphIndex, node: onnx.NodeProto, rule: rules.OpRule, p
     return None, slots
 
 
-def _share_concat_scales(index: GraphIndex, act_amax: Dict[str, float]) -> None:
-    parent: Dict[str, str] = {}
+def _share_concat_scales(index: GraphIndex, act_amax: dict[str, float]) -> None:
+    parent: dict[str, str] = {}
 
     def find(t: str) -> str:
         while parent[t] != t:
@@ -230,7 +231,7 @@ def _share_concat_scales(index: GraphIndex, act_amax: Dict[str, float]) -> None:
             ra, rb = find(members[0]), find(t)
             if ra != rb:
                 parent[rb] = ra
-    groups: Dict[str, List[str]] = {}
+    groups: dict[str, list[str]] = {}
     for t in parent:
         groups.setdefault(find(t), []).append(t)
     for members in groups.values():

@@ -20,7 +20,7 @@ normalised copy (the caller's model is never touched):
 Tensor names are never changed, so a calibration cache made on the original model still applies.
 """
 import heapq
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Optional
 
 import numpy as np
 import onnx
@@ -33,9 +33,9 @@ from trtq.quantize.graph import attr, default_opset, subgraph_names
 MIN_QDQ_OPSET = 13  # QuantizeLinear/DequantizeLinear with per-axis scales
 
 
-def prepare_model(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, List[str]]:
+def prepare_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     """Normalised copy of ``model`` and notes (one line each) about what was changed."""
-    notes: List[str] = []
+    notes: list[str] = []
     out = onnx.ModelProto()
     out.CopyFrom(model)
     out = _upgrade_opset(out, notes)
@@ -47,7 +47,7 @@ def prepare_model(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, List[str]]:
     return out, notes
 
 
-def _upgrade_opset(model: onnx.ModelProto, notes: List[str]) -> onnx.ModelProto:
+def _upgrade_opset(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
     opset = default_opset(model)
     if opset >= MIN_QDQ_OPSET:
         return model
@@ -67,11 +67,11 @@ def _upgrade_opset(model: onnx.ModelProto, notes: List[str]) -> onnx.ModelProto:
     return converted
 
 
-def _toposort(graph: onnx.GraphProto, notes: List[str]) -> None:
+def _toposort(graph: onnx.GraphProto, notes: list[str]) -> None:
     nodes = list(graph.node)
-    available: Set[str] = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    available: set[str] = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
     produced = {o for n in nodes for o in n.output if o}
-    waiting: Dict[str, List[int]] = {}
+    waiting: dict[str, list[int]] = {}
     missing = []
     for idx, node in enumerate(nodes):
         deps = {i for i in node.input if i in produced and i not in available}
@@ -80,7 +80,7 @@ def _toposort(graph: onnx.GraphProto, notes: List[str]) -> None:
             waiting.setdefault(d, []).append(idx)
     ready = [i for i, m in enumerate(missing) if m == 0]
     heapq.heapify(ready)
-    order: List[int] = []
+    order: list[int] = []
     while ready:
         idx = heapq.heappop(ready)
         order.append(idx)
@@ -115,7 +115,7 @@ def _constant_value(node: onnx.NodeProto):
     return None  # sparse_value, value_string(s): rare, and never a weight
 
 
-def _constants_to_initializers(graph: onnx.GraphProto, notes: List[str]) -> None:
+def _constants_to_initializers(graph: onnx.GraphProto, notes: list[str]) -> None:
     keep = []
     converted = 0
     existing = {i.name for i in graph.initializer}
@@ -199,7 +199,7 @@ def _has_subgraph(node: onnx.NodeProto) -> bool:
     return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
 
 
-def _evaluate(node: onnx.NodeProto, arrays: List[np.ndarray], opset: int) -> Optional[List[np.ndarray]]:
+def _evaluate(node: onnx.NodeProto, arrays: list[np.ndarray], opset: int) -> Optional[list[np.ndarray]]:
     """The outputs of one node on constant inputs, or None when it is not ours to evaluate.
 
     Data-movement ops use the small numpy forms above; every other deterministic default-domain op
@@ -222,7 +222,7 @@ def _evaluate(node: onnx.NodeProto, arrays: List[np.ndarray], opset: int) -> Opt
     return [np.asarray(r) for r in results]
 
 
-def _fold_constants(graph: onnx.GraphProto, notes: List[str], opset: int) -> None:
+def _fold_constants(graph: onnx.GraphProto, notes: list[str], opset: int) -> None:
     """Evaluate nodes whose inputs are all initializers (in one ordered pass, so chains fold).
 
     Weights that an exporter computes in the graph (Paddle's ``Constant -> Reshape`` biases, model
@@ -230,7 +230,7 @@ def _fold_constants(graph: onnx.GraphProto, notes: List[str], opset: int) -> Non
     which the placement rules can quantize."""
     inits = {i.name: i for i in graph.initializer}
     protected = {o.name for o in graph.output} | subgraph_names(graph)
-    uses: Dict[str, int] = {}
+    uses: dict[str, int] = {}
     for node in graph.node:
         for i in node.input:
             uses[i] = uses.get(i, 0) + 1
@@ -280,7 +280,7 @@ def _fold_constants(graph: onnx.GraphProto, notes: List[str], opset: int) -> Non
         notes.append(f"computed {computed} nodes on constants ahead of time (ConstantOfShape, arithmetic on weights)")
 
 
-def _drop_weight_inputs(graph: onnx.GraphProto, notes: List[str]) -> None:
+def _drop_weight_inputs(graph: onnx.GraphProto, notes: list[str]) -> None:
     inits = {i.name for i in graph.initializer}
     weights = [vi for vi in graph.input if vi.name in inits]
     if not weights:
@@ -291,9 +291,9 @@ def _drop_weight_inputs(graph: onnx.GraphProto, notes: List[str]) -> None:
     notes.append(f"removed {len(weights)} initializers from the graph inputs (treated as weights)")
 
 
-def _name_nodes(graph: onnx.GraphProto, notes: List[str]) -> None:
+def _name_nodes(graph: onnx.GraphProto, notes: list[str]) -> None:
     taken = {n.name for n in graph.node if n.name}
-    seen: Set[str] = set()
+    seen: set[str] = set()
     renamed = 0
     for idx, node in enumerate(graph.node):
         name = node.name

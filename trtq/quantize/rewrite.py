@@ -13,7 +13,6 @@ gets ``<t>_axis<k>`` / ``<t>_per_tensor`` as its base. A name already used in th
 input or a weight sits right before its first quantized consumer. A Conv/ConvTranspose whose weight
 now comes from DequantizeLinear gets an explicit ``kernel_shape`` (TensorRT 8.6 needs it).
 """
-from typing import Dict, List, Set
 
 import numpy as np
 import onnx
@@ -23,8 +22,8 @@ from trtq.model import set_nodes
 from trtq.quantize.plan import PairKey, Plan
 
 
-def taken_names(graph: onnx.GraphProto) -> Set[str]:
-    names: Set[str] = set()
+def taken_names(graph: onnx.GraphProto) -> set[str]:
+    names: set[str] = set()
     for node in graph.node:
         names.add(node.name)
         names.update(node.input)
@@ -39,7 +38,7 @@ def taken_names(graph: onnx.GraphProto) -> Set[str]:
 class Namer:
     """Hands out names not yet used in the graph: ``want``, else ``want_1``, ``want_2``..."""
 
-    def __init__(self, taken: Set[str]):
+    def __init__(self, taken: set[str]):
         self.taken = taken
 
     def __call__(self, want: str) -> str:
@@ -55,10 +54,10 @@ def insert_qdq(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
     """Rewrite ``model`` (already a private copy) in place with the pairs of ``plan``."""
     graph = model.graph
     namer = Namer(taken_names(graph))
-    nodes: List[onnx.NodeProto] = list(graph.node)
+    nodes: list[onnx.NodeProto] = list(graph.node)
 
-    bases: Dict[PairKey, str] = {}
-    variants_seen: Set[str] = set()
+    bases: dict[PairKey, str] = {}
+    variants_seen: set[str] = set()
     for key in plan.pairs:
         tensor, axis = key
         if tensor not in variants_seen:
@@ -67,8 +66,8 @@ def insert_qdq(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
         else:
             bases[key] = f"{tensor}_axis{axis}" if axis is not None else f"{tensor}_per_tensor"
 
-    dq_output: Dict[PairKey, str] = {}
-    pair_nodes: Dict[PairKey, List[onnx.NodeProto]] = {}
+    dq_output: dict[PairKey, str] = {}
+    pair_nodes: dict[PairKey, list[onnx.NodeProto]] = {}
     for key, pair in plan.pairs.items():
         base = bases[key]
         scale_name = namer(f"{base}_scale")
@@ -88,9 +87,9 @@ def insert_qdq(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
         dq_output[key] = dq_out
 
     producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
-    after: Dict[int, List[PairKey]] = {}
-    before: Dict[int, List[PairKey]] = {}
-    first_use: Dict[PairKey, int] = {}
+    after: dict[int, list[PairKey]] = {}
+    before: dict[int, list[PairKey]] = {}
+    first_use: dict[PairKey, int] = {}
     for idx, _slot, key in plan.uses:
         first_use[key] = min(idx, first_use.get(key, idx))
     for key in plan.pairs:
@@ -105,7 +104,7 @@ def insert_qdq(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
         nodes[idx].input[slot] = dq_output[key]
         _add_kernel_shape(nodes[idx], slot, dims.get(key[0]))
 
-    ordered: List[onnx.NodeProto] = []
+    ordered: list[onnx.NodeProto] = []
     for idx, node in enumerate(nodes):
         for key in before.get(idx, []):
             ordered.extend(pair_nodes[key])

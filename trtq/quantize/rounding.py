@@ -24,7 +24,8 @@ channel keep nearest rounding (``H`` would be singular and the choice would fit 
 """
 import math
 from dataclasses import dataclass
-from typing import Collection, Dict, List, Optional, Tuple
+from typing import Optional
+from collections.abc import Collection
 
 import numpy as np
 import onnx
@@ -48,7 +49,7 @@ class Target:
     groups: int
     canon: np.ndarray  # W as [groups, rows, D] float64
     scale: np.ndarray  # [groups, rows] float64
-    layout: Tuple  # how to go back to W's own layout
+    layout: tuple  # how to go back to W's own layout
 
     @property
     def depth(self) -> int:
@@ -112,7 +113,7 @@ def _target(index: GraphIndex, node: onnx.NodeProto) -> Optional[Target]:
     return None
 
 
-def find_targets(index: GraphIndex) -> List[Target]:
+def find_targets(index: GraphIndex) -> list[Target]:
     """Conv/Gemm/MatMul nodes of a Q/DQ model whose weights the solver can round."""
     out = []
     seen = set()
@@ -139,8 +140,8 @@ def to_layout(target: Target, canon: np.ndarray) -> np.ndarray:
 # input second moments
 # ------------------------------------------------------------------------------------------------
 
-def _conv_pads(node: onnx.NodeProto, spatial: Tuple[int, int], kernel: Tuple[int, int],
-               strides: Tuple[int, int], dilations: Tuple[int, int]) -> List[int]:
+def _conv_pads(node: onnx.NodeProto, spatial: tuple[int, int], kernel: tuple[int, int],
+               strides: tuple[int, int], dilations: tuple[int, int]) -> list[int]:
     auto = attr(node, "auto_pad", "NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else auto
     if auto in ("SAME_UPPER", "SAME_LOWER"):
@@ -156,8 +157,8 @@ def _conv_pads(node: onnx.NodeProto, spatial: Tuple[int, int], kernel: Tuple[int
     return list(attr(node, "pads", [0, 0, 0, 0]))
 
 
-def conv_gram(x: np.ndarray, node: onnx.NodeProto, group: int, kernel: Tuple[int, int],
-              max_rows: int = ROWS_PER_BATCH) -> Tuple[np.ndarray, int]:
+def conv_gram(x: np.ndarray, node: onnx.NodeProto, group: int, kernel: tuple[int, int],
+              max_rows: int = ROWS_PER_BATCH) -> tuple[np.ndarray, int]:
     """``sum p p^T`` over the input patches ``p`` a 2-D Conv multiplies with its weight, per group
     ([group, D, D] float64, D = C/group*kh*kw, ordered like the weight), and the number of patches.
     Above ``max_rows`` output positions per batch, strided positions (both spatial axes) are used."""
@@ -189,7 +190,7 @@ def conv_gram(x: np.ndarray, node: onnx.NodeProto, group: int, kernel: Tuple[int
     return gram[:, order][:, :, order], rows
 
 
-def _gram(target: Target, x: np.ndarray) -> Tuple[np.ndarray, int]:
+def _gram(target: Target, x: np.ndarray) -> tuple[np.ndarray, int]:
     """``sum x x^T`` over the input rows the target multiplies ([groups, D, D]) and the row count."""
     if target.kind == "conv":
         return conv_gram(x, target.node, target.groups, tuple(target.layout[1][2:]))
@@ -202,13 +203,13 @@ def _gram(target: Target, x: np.ndarray) -> Tuple[np.ndarray, int]:
 class SecondMoments:
     """Running ``sum x x^T`` and row count per target (float64)."""
 
-    def __init__(self, targets: List[Target]):
+    def __init__(self, targets: list[Target]):
         self.targets = targets
         self.tensors = sorted({t.source for t in targets})  # what :func:`trtq.calib.collect.observe` exposes
-        self.sums: Dict[str, np.ndarray] = {}
-        self.counts: Dict[str, int] = {}
+        self.sums: dict[str, np.ndarray] = {}
+        self.counts: dict[str, int] = {}
 
-    def add(self, values: Dict[str, np.ndarray]) -> None:
+    def add(self, values: dict[str, np.ndarray]) -> None:
         for t in self.targets:
             x = values.get(t.source)
             if x is None:
@@ -283,7 +284,7 @@ def _descend(levels: np.ndarray, w: np.ndarray, s: np.ndarray, h: np.ndarray, sw
 
 
 def solve(w: np.ndarray, s: np.ndarray, h: np.ndarray,
-          sweeps: int = SWEEPS) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+          sweeps: int = SWEEPS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Integer levels for W [G, R, D] with row scales s [G, R] under H [G, D, D].
 
     Returns (levels, error of nearest rounding, error of the result), errors per row as ``d H d^T``.
@@ -301,23 +302,23 @@ def solve(w: np.ndarray, s: np.ndarray, h: np.ndarray,
 @dataclass
 class RoundingReport:
     layers: int  # layers whose levels were optimised
-    skipped: List[Tuple[str, str]]  # (node, reason)
+    skipped: list[tuple[str, str]]  # (node, reason)
     error_ratio: float  # sum of output errors after / with nearest rounding, all layers
 
 
-def rounding_targets(qdq: onnx.ModelProto, available: Collection[str]) -> List[Target]:
+def rounding_targets(qdq: onnx.ModelProto, available: Collection[str]) -> list[Target]:
     """The targets of ``qdq`` whose float input is among ``available`` (the FP32 model's tensors)."""
     return [t for t in find_targets(GraphIndex(qdq)) if t.source in available]
 
 
-def round_weights(moments: SecondMoments) -> Tuple[Dict[str, np.ndarray], RoundingReport]:
+def round_weights(moments: SecondMoments) -> tuple[dict[str, np.ndarray], RoundingReport]:
     """Rounded weights (W's initializer name -> float array of exact levels x scale) for every
     target of ``moments``, once it has seen the data (see :func:`trtq.calib.collect.observe`).
 
     Nothing is written: :func:`apply_rounding` puts the arrays into the model.
     """
-    out: Dict[str, np.ndarray] = {}
-    skipped: List[Tuple[str, str]] = []
+    out: dict[str, np.ndarray] = {}
+    skipped: list[tuple[str, str]] = []
     before = after = 0.0
     for t in moments.targets:
         h = moments.moment(t)
@@ -335,7 +336,7 @@ def round_weights(moments: SecondMoments) -> Tuple[Dict[str, np.ndarray], Roundi
     return out, RoundingReport(len(out), skipped, after / before if before > 0 else 1.0)
 
 
-def apply_rounding(qdq: onnx.ModelProto, rounded: Dict[str, np.ndarray]) -> None:
+def apply_rounding(qdq: onnx.ModelProto, rounded: dict[str, np.ndarray]) -> None:
     """Replace the weight initializers named in ``rounded`` (in place)."""
     from onnx import numpy_helper
 

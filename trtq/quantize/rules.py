@@ -57,7 +57,7 @@ Kept float (reported in ``left_float`` with the reason):
   inputs the calibration cache does not cover.
 """
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Optional
 
 import onnx
 
@@ -90,13 +90,13 @@ def _matmul_axis(node: onnx.NodeProto, rank: int) -> Optional[int]:
 class OpRule:
     """Inputs of one op type that get Q/DQ, and how a constant weight among them is scaled."""
 
-    inputs: Tuple[int, ...]  # input slots that get Q/DQ
+    inputs: tuple[int, ...]  # input slots that get Q/DQ
     weight_slot: Optional[int]  # the slot that is per-channel when it is a constant
     channel_axis: Callable[[onnx.NodeProto, int], Optional[int]]  # (node, weight rank) -> axis
     constant_weight_required: bool  # a computed weight keeps the node float
 
 
-PLACEMENT: Dict[str, OpRule] = {
+PLACEMENT: dict[str, OpRule] = {
     "Conv": OpRule((0, 1), 1, _conv_axis, True),
     "ConvTranspose": OpRule((0, 1), 1, _conv_transpose_axis, True),
     "Gemm": OpRule((0, 1), 1, _gemm_axis, False),
@@ -147,7 +147,7 @@ def attention_reason(index: GraphIndex, node: onnx.NodeProto) -> Optional[str]:
     return None
 
 
-def _kernel(node: onnx.NodeProto, wdims: Tuple[int, ...]) -> Tuple[int, ...]:
+def _kernel(node: onnx.NodeProto, wdims: tuple[int, ...]) -> tuple[int, ...]:
     k = attr(node, "kernel_shape")
     return tuple(int(x) for x in k) if k else tuple(wdims[2:])
 
@@ -226,7 +226,7 @@ def fused_backbone(index: GraphIndex, tensor: str) -> Optional[int]:
     return None
 
 
-def residual_skip_input(index: GraphIndex, node: onnx.NodeProto, quantized: Dict[int, bool]) -> Optional[int]:
+def residual_skip_input(index: GraphIndex, node: onnx.NodeProto, quantized: dict[int, bool]) -> Optional[int]:
     """The input slot of a residual Add that should get Q/DQ, or None if it is not one.
 
     ``quantized`` maps node index -> whether that node gets Q/DQ (the fused Conv must).
@@ -252,7 +252,7 @@ def residual_skip_input(index: GraphIndex, node: onnx.NodeProto, quantized: Dict
     return None
 
 
-def _distances_to_common_ancestor(index: GraphIndex, a: str, b: str) -> Tuple[int, int]:
+def _distances_to_common_ancestor(index: GraphIndex, a: str, b: str) -> tuple[int, int]:
     """Path lengths from the producers of ``a`` and ``b`` to their nearest common ancestor."""
     up_a = index.ancestors(a)
     up_b = index.ancestors(b)

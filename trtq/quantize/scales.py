@@ -1,6 +1,7 @@
 """Symmetric INT8 scales: activations from calibrated amax, weights from their own values."""
 import math
-from typing import Mapping, Optional
+from typing import Optional
+from collections.abc import Mapping
 
 import numpy as np
 

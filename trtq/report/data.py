@@ -9,7 +9,7 @@ statistics (histograms: the ranges every method would choose, clipped fractions)
 import json
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 from trtq import __version__
 from trtq.errors import CacheError, InputError
@@ -48,7 +48,7 @@ def clipped_fraction(counts, max_value: float, amax: float) -> float:
     return above / total
 
 
-def tensor_rows(table, stats, percentile: float) -> List[dict]:
+def tensor_rows(table, stats, percentile: float) -> list[dict]:
     """One row per tensor of the cache (file order); histogram fields when ``stats`` has the tensor."""
     import numpy as np
 
@@ -56,7 +56,7 @@ def tensor_rows(table, stats, percentile: float) -> List[dict]:
 
     rows = []
     for name, amax in table.amax.items():
-        row: Dict[str, Any] = {"name": name, "amax": _num(amax), "step": _num(amax / 127.0)}
+        row: dict[str, Any] = {"name": name, "amax": _num(amax), "step": _num(amax / 127.0)}
         if stats is not None and name in stats.maxima:
             counts = stats.counts[name]
             m = stats.maxima[name]
@@ -120,7 +120,7 @@ def layer_section(compare: Any) -> Optional[dict]:
     return {"mode": mode, "rows": keep}
 
 
-def float_section(quantize: Any, path: Path) -> List[dict]:
+def float_section(quantize: Any, path: Path) -> list[dict]:
     if not isinstance(quantize, dict) or not isinstance(quantize.get("left_float"), list):
         raise InputError(f"{path} is not the JSON of trtq quantize", "write it with trtq quantize ... --json")
     return [{"node": str(r.get("node")), "reason": str(r.get("reason"))}

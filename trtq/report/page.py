@@ -8,7 +8,8 @@ red banner at the top (``#trtq-errors``); a finished render sets ``<body data-re
 """
 import html
 import json
-from typing import Any, Iterable, List, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 from trtq.report.data import summary
 
@@ -323,7 +324,7 @@ def render_html(report: dict) -> str:
     s = summary(report)
     p = report["provenance"]
     title = f"trtq calibration report: {p.get('model') or p.get('cache')}"
-    parts: List[str] = []
+    parts: list[str] = []
     clip_line = (f"<b class=warn>{s['clipping']}</b> of {s['tensors']} tensors clip more than 0.01 % of their values"
                  if s["with_histogram"] else f"{s['tensors']} tensors (no statistics given: ranges only)")
     parts.append(f"<section id=summary><h2>Summary</h2><p>{clip_line}"

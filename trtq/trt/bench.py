@@ -11,7 +11,8 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Optional
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -26,7 +27,7 @@ class BenchResult:
     plan: str
     precision: Optional[str]
     batch: int
-    input_shapes: Dict[str, List[int]]
+    input_shapes: dict[str, list[int]]
     iterations: int
     median_ms: float
     mean_ms: float
@@ -42,13 +43,13 @@ class BenchResult:
     tensorrt_version: str = ""
     gpu_name: str = ""
     speedup_vs_first: float = 1.0  # first plan's median / this median
-    notes: List[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def summarize(times_ms: Sequence[float], batch: int) -> Dict[str, float]:
+def summarize(times_ms: Sequence[float], batch: int) -> dict[str, float]:
     """Latency statistics over per-iteration times (ms) and the throughput they imply."""
     t = np.asarray(times_ms, dtype=np.float64)
     if t.size == 0:
@@ -85,7 +86,7 @@ def _fill(shape: Sequence[int], dtype: str, rng: np.random.Generator) -> np.ndar
     return np.zeros(tuple(shape), dtype=dt)  # integer inputs are often indices: 0 is always valid
 
 
-def _time_loop(step: Callable[[], None], stream: Any, options: BenchOptions) -> List[float]:
+def _time_loop(step: Callable[[], None], stream: Any, options: BenchOptions) -> list[float]:
     from trtq.trt import cuda
 
     deadline = time.perf_counter() + options.warmup
@@ -95,7 +96,7 @@ def _time_loop(step: Callable[[], None], stream: Any, options: BenchOptions) -> 
         step()
         stream.synchronize()
     start, end = cuda.Event(), cuda.Event()
-    times: List[float] = []
+    times: list[float] = []
     try:
         t_end = time.perf_counter() + options.duration
         while True:
@@ -121,9 +122,9 @@ def bench_plan(path: Path, options: BenchOptions) -> BenchResult:
 
     _check_options(options)
     s = EngineSession(Path(path))
-    pinned: Dict[str, Any] = {}
+    pinned: dict[str, Any] = {}
     graph = None
-    notes: List[str] = []
+    notes: list[str] = []
     try:
         rng = np.random.default_rng(0)
         shapes = {t.name: s.default_shape(t) for t in s.input_tensors}
@@ -186,7 +187,7 @@ def bench_plan(path: Path, options: BenchOptions) -> BenchResult:
         s.close()
 
 
-def bench_plans(paths: Sequence[Path], options: BenchOptions) -> List[BenchResult]:
+def bench_plans(paths: Sequence[Path], options: BenchOptions) -> list[BenchResult]:
     """Time each plan in turn; ``speedup_vs_first`` compares medians with the first plan."""
     if not paths:
         raise ConfigError("no engine plans given", "pass one or more .plan files")

@@ -10,7 +10,8 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Optional
+from collections.abc import Mapping, Sequence
 
 from trtq import __version__
 from trtq.config import BuildOptions, ProfileShapes
@@ -23,14 +24,14 @@ from trtq.trt.metadata import FORMAT, metadata_path, render_metadata
 
 log = logging.getLogger(__name__)
 
-Shape = Tuple[int, ...]
+Shape = tuple[int, ...]
 DEFAULT_BATCH = 8  # same default as the Batcher when nothing says otherwise
 
 
 @dataclass
 class BuildResult:
     plan_path: Path
-    metadata: Dict[str, Any]
+    metadata: dict[str, Any]
     seconds: float
 
 
@@ -39,7 +40,7 @@ class BuildResult:
 # ------------------------------------------------------------------------------------------------
 
 
-def profile_from_options(spec: TensorSpec, p: ProfileShapes) -> Tuple[Shape, Shape, Shape]:
+def profile_from_options(spec: TensorSpec, p: ProfileShapes) -> tuple[Shape, Shape, Shape]:
     """(min, opt, max) from ``build.profiles.<name>``; a missing one is taken from the others."""
     opt = p.opt or p.max or p.min
     lo = p.min or opt
@@ -63,7 +64,7 @@ def resolve_profiles(
     shapes: Mapping[str, Sequence[int]],
     batch_size: Optional[int],
     fallback_shapes: Optional[Mapping[str, Sequence[int]]] = None,
-) -> Dict[str, Tuple[Shape, Shape, Shape]]:
+) -> dict[str, tuple[Shape, Shape, Shape]]:
     """Optimization profile (min, opt, max) for every dynamic input.
 
     Order: ``build.profiles`` > ``data.shapes`` > ``data.batch_size`` for a dynamic batch dim >
@@ -104,9 +105,9 @@ def _read_timing_cache(path: Optional[Path]) -> Optional[bytes]:
 
 
 def build_plan(trt: Any, recipe: Any, model: Optional[Any], model_path: Path, output: Path,
-               options: BuildOptions, profiles: Mapping[str, Tuple[Shape, Shape, Shape]], *,
+               options: BuildOptions, profiles: Mapping[str, tuple[Shape, Shape, Shape]], *,
                table: Optional[Any] = None, cache_path: Optional[Path] = None,
-               quant_info: Optional[Dict[str, Any]] = None, started: Optional[float] = None) -> BuildResult:
+               quant_info: Optional[dict[str, Any]] = None, started: Optional[float] = None) -> BuildResult:
     """Build ``output`` (a plan) and ``output.json`` from ``model`` (a ModelProto ready for the
     network: Q/DQ, folded, cast) or, when it is None, from the file ``model_path``; ``recipe`` is
     :func:`trtq.trt.compat.plan_build`'s, ``table`` the cache an implicit build's calibrator hands
@@ -161,12 +162,12 @@ _META_ORDER = ("format", "trtq_version", "tensorrt_version", "gpu_name", "comput
                "inputs", "outputs")
 
 
-def _in_order(meta: Dict[str, Any]) -> Dict[str, Any]:
+def _in_order(meta: dict[str, Any]) -> dict[str, Any]:
     """The metadata keys in the order ``<plan>.json`` has always had them."""
     return {k: meta[k] for k in _META_ORDER}
 
 
-def _cache_calibrator(trt: Any, table: Any, batch: int) -> Tuple[Any, Any]:
+def _cache_calibrator(trt: Any, table: Any, batch: int) -> tuple[Any, Any]:
     """The calibrator that hands TensorRT ``table`` (re-rendered for the installed TensorRT)."""
     from trtq.calib.cache import render_cache
     from trtq.trt.calibrator import CALIBRATOR_CLASSES, make_cache_calibrator
@@ -179,7 +180,7 @@ def _cache_calibrator(trt: Any, table: Any, batch: int) -> Tuple[Any, Any]:
     return table, make_cache_calibrator(trt, table.algorithm, render_cache(table, trt.__version__), batch)
 
 
-def _load_timing_cache(config: Any, timing_path: Optional[Path], logger: Any) -> Tuple[bool, Optional[str]]:
+def _load_timing_cache(config: Any, timing_path: Optional[Path], logger: Any) -> tuple[bool, Optional[str]]:
     timing_data = _read_timing_cache(timing_path)
     _, loaded, problem = compat.load_timing_cache(config, timing_data, logger)
     if timing_data and not loaded:
@@ -198,7 +199,7 @@ def _serialize(trt: Any, builder: Any, network: Any, config: Any, logger: Any, m
     return compat.host_memory_bytes(blob)
 
 
-def _engine_metadata(trt: Any, logger: Any, plan: bytes, options: BuildOptions, recipe: Any) -> Dict[str, Any]:
+def _engine_metadata(trt: Any, logger: Any, plan: bytes, options: BuildOptions, recipe: Any) -> dict[str, Any]:
     """What the built engine says about itself (loaded back once) and the settings it was built with."""
     from trtq.trt import cuda
 
@@ -220,7 +221,7 @@ def _engine_metadata(trt: Any, logger: Any, plan: bytes, options: BuildOptions, 
     }
 
 
-def _write_plan(output: Path, plan: bytes, meta: Dict[str, Any]) -> None:
+def _write_plan(output: Path, plan: bytes, meta: dict[str, Any]) -> None:
     from trtq.interrupt import held_for_outputs
 
     # the plan and its metadata as one step for Ctrl-C / SIGTERM (a signal between the two replaces
@@ -230,7 +231,7 @@ def _write_plan(output: Path, plan: bytes, meta: Dict[str, Any]) -> None:
         tmp_meta.write_text(render_metadata(_in_order(meta)), encoding="utf-8")
 
 
-def _opt_batch(profiles: Mapping[str, Tuple[Shape, Shape, Shape]], inputs: Sequence[Tuple[str, Shape]]) -> int:
+def _opt_batch(profiles: Mapping[str, tuple[Shape, Shape, Shape]], inputs: Sequence[tuple[str, Shape]]) -> int:
     for name, shape in inputs:
         if name in profiles and profiles[name][1]:
             return int(profiles[name][1][0])
@@ -239,8 +240,8 @@ def _opt_batch(profiles: Mapping[str, Tuple[Shape, Shape, Shape]], inputs: Seque
     return 1
 
 
-def _io_entry(engine: Any, t: Any, input_: bool) -> Dict[str, Any]:
-    entry: Dict[str, Any] = {"name": t.name, "shape": list(t.shape), "dtype": t.dtype}
+def _io_entry(engine: Any, t: Any, input_: bool) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": t.name, "shape": list(t.shape), "dtype": t.dtype}
     if input_ and any(d < 0 for d in t.shape):
         lo, opt, hi = compat.profile_shapes(engine, t.name, 0)
         entry["profile"] = {"min": list(lo), "opt": list(opt), "max": list(hi)}

@@ -15,7 +15,8 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Optional
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -78,7 +79,7 @@ def make_cache_calibrator(trt: Any, algorithm: str, cache: bytes, batch_size: in
         def get_batch_size(self) -> int:
             return int(batch_size)
 
-        def get_batch(self, names: Sequence[str], *args: Any) -> Optional[List[int]]:
+        def get_batch(self, names: Sequence[str], *args: Any) -> Optional[list[int]]:
             self.batch_requests += 1
             return None  # no data: TensorRT must use the cache
 
@@ -114,7 +115,7 @@ def fill_padding(array: np.ndarray, valid: int) -> np.ndarray:
 class BatchFeeder:
     """Copies the Batcher's batches into device buffers for ``IInt8Calibrator.get_batch``."""
 
-    def __init__(self, batcher: Any, buffers: Dict[str, Any], dtypes: Dict[str, str]):
+    def __init__(self, batcher: Any, buffers: dict[str, Any], dtypes: dict[str, str]):
         self._it = iter(batcher)
         self.buffers = buffers
         self.dtypes = dtypes
@@ -123,7 +124,7 @@ class BatchFeeder:
         self.samples = 0
         self.error: Optional[BaseException] = None
 
-    def next(self, names: Sequence[str]) -> Optional[List[int]]:
+    def next(self, names: Sequence[str]) -> Optional[list[int]]:
         # exceptions must not cross into TensorRT's C++: keep them and stop the calibration
         if self.error is not None:
             return None
@@ -171,7 +172,7 @@ def make_feeding_calibrator(trt: Any, algorithm: str, feeder: BatchFeeder, batch
         def get_batch_size(self) -> int:
             return int(batch_size)
 
-        def get_batch(self, names: Sequence[str], *args: Any) -> Optional[List[int]]:
+        def get_batch(self, names: Sequence[str], *args: Any) -> Optional[list[int]]:
             return feeder.next(list(names))
 
         def read_calibration_cache(self, *args: Any) -> None:
@@ -239,10 +240,10 @@ def run_tensorrt_calibration(model_path: Path, batcher: Any, algorithm: str,
                                time.perf_counter() - t0)
 
 
-def _calibration_inputs(builder: Any, network: Any, config: Any, shapes: Dict[str, Tuple[int, ...]]) -> Dict[str, str]:
+def _calibration_inputs(builder: Any, network: Any, config: Any, shapes: dict[str, tuple[int, ...]]) -> dict[str, str]:
     """The dtype of every network input (each must have data); dynamic inputs get a profile fixed
     at the batch shape."""
-    dtypes: Dict[str, str] = {}
+    dtypes: dict[str, str] = {}
     dynamic = []
     for i in range(network.num_inputs):
         t = network.get_input(i)
@@ -264,11 +265,11 @@ def _calibration_inputs(builder: Any, network: Any, config: Any, shapes: Dict[st
 
 
 def _calibrate(trt: Any, builder: Any, network: Any, config: Any, batcher: Any, algorithm: str,
-               shapes: Dict[str, Tuple[int, ...]], dtypes: Dict[str, str]) -> Tuple[BatchFeeder, Any]:
+               shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str]) -> tuple[BatchFeeder, Any]:
     """The throw-away build in which TensorRT calibrates, fed through device buffers."""
     from trtq.trt import cuda
 
-    buffers: Dict[str, Any] = {}
+    buffers: dict[str, Any] = {}
     try:
         for name, dt in dtypes.items():
             buffers[name] = cuda.DeviceBuffer(int(np.prod(shapes[name])) * np.dtype(dt).itemsize)

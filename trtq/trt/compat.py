@@ -26,7 +26,8 @@ import importlib
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional
+from collections.abc import Iterable, Sequence
 
 from trtq.errors import ConfigError, EnvironmentMissing, UsageError
 
@@ -108,7 +109,7 @@ def import_tensorrt(importer: Callable[[str], Any] = importlib.import_module) ->
 
 def import_cudart(importer: Callable[[str], Any] = importlib.import_module) -> Any:
     """The cuda-python runtime module: ``cuda.bindings.runtime`` (12.6+, 13.x) else ``cuda.cudart``."""
-    errors: List[str] = []
+    errors: list[str] = []
     for name in ("cuda.bindings.runtime", "cuda.cudart"):
         try:
             return importer(name)
@@ -128,7 +129,7 @@ def _enum_has(enum: Any, name: str) -> bool:
     return enum is not None and hasattr(enum, name)
 
 
-def enum_names(enum: Any) -> List[str]:
+def enum_names(enum: Any) -> list[str]:
     """Member names of a TensorRT (pybind11) enum, or of a stand-in class with upper-case attributes."""
     members = getattr(enum, "__members__", None)
     if isinstance(members, dict) and members:
@@ -173,8 +174,8 @@ def needs_explicit_batch_flag(trt: Any) -> bool:
 class BuildRecipe:
     """How a build is set up on the installed TensorRT (names, never enum values)."""
 
-    creation_flags: Tuple[str, ...]  # NetworkDefinitionCreationFlag member names
-    builder_flags: Tuple[str, ...]  # BuilderFlag member names
+    creation_flags: tuple[str, ...]  # NetworkDefinitionCreationFlag member names
+    builder_flags: tuple[str, ...]  # BuilderFlag member names
     strongly_typed: bool  # tensor types come from the ONNX (explicitly requested, or TRT 11)
     quantize: bool  # explicit mode: insert Q/DQ from the cache before parsing
     quantizer_fp16: bool  # ask the quantizer to cast the non-quantized rest to FP16
@@ -189,7 +190,7 @@ def plan_build(trt: Any, precision: str, mode: str = "explicit", fp16: bool = Fa
     """
     v = version_of(trt)
     weak = has_weak_typing(trt)
-    creation: List[str] = ["EXPLICIT_BATCH"] if needs_explicit_batch_flag(trt) else []
+    creation: list[str] = ["EXPLICIT_BATCH"] if needs_explicit_batch_flag(trt) else []
     if precision == "fp32":
         return BuildRecipe(tuple(creation), (), not weak, False, False, False)
     if precision == "fp16":
@@ -283,7 +284,7 @@ def set_calibration_profile(config: Any, profile: Any) -> bool:
     return True
 
 
-def load_timing_cache(config: Any, data: Optional[bytes], logger: Any = None) -> Tuple[Any, bool, str]:
+def load_timing_cache(config: Any, data: Optional[bytes], logger: Any = None) -> tuple[Any, bool, str]:
     """Attach a timing cache made from ``data``: (cache, usable, why not).
 
     A corrupt or foreign cache (another TensorRT / GPU) gives a fresh empty cache, False and the
@@ -358,12 +359,12 @@ def dtype_name(trt_dtype: Any) -> str:
 class IOTensor:
     name: str
     is_input: bool
-    shape: Tuple[int, ...]  # -1 for dynamic dims
+    shape: tuple[int, ...]  # -1 for dynamic dims
     dtype: str  # numpy dtype name
 
 
-def io_tensors(trt: Any, engine: Any) -> List[IOTensor]:
-    out: List[IOTensor] = []
+def io_tensors(trt: Any, engine: Any) -> list[IOTensor]:
+    out: list[IOTensor] = []
     for i in range(engine.num_io_tensors):
         name = engine.get_tensor_name(i)
         mode = engine.get_tensor_mode(name)
@@ -378,7 +379,7 @@ def io_tensors(trt: Any, engine: Any) -> List[IOTensor]:
     return out
 
 
-def profile_shapes(engine: Any, name: str, profile: int = 0) -> Tuple[Tuple[int, ...], ...]:
+def profile_shapes(engine: Any, name: str, profile: int = 0) -> tuple[tuple[int, ...], ...]:
     """(min, opt, max) of an input in an optimization profile."""
     shapes = engine.get_tensor_profile_shape(name, profile)
     return tuple(tuple(int(d) for d in s) for s in shapes)
@@ -411,8 +412,8 @@ def make_logger(trt: Any) -> Any:
     class TrtqLogger(base):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
             base.__init__(self)
-            self.errors: List[str] = []
-            self.warnings: List[str] = []
+            self.errors: list[str] = []
+            self.warnings: list[str] = []
 
         def log(self, severity: Any, msg: str) -> None:
             name = severity_name(severity)
@@ -427,7 +428,7 @@ def make_logger(trt: Any) -> Any:
             elif name == "INFO":
                 log.debug("TensorRT: %s", msg)
 
-        def take_errors(self) -> List[str]:
+        def take_errors(self) -> list[str]:
             errs, self.errors = self.errors, []
             return errs
 

@@ -5,12 +5,13 @@ non-success code into a TrtqError naming the call. The module is imported lazily
 :func:`trtq.trt.compat.import_cudart`.
 """
 import ctypes
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
 import numpy as np
 
 from trtq.errors import EnvironmentMissing, TrtqError
 from trtq.trt import compat
+import contextlib
 
 _RT: Any = None
 
@@ -58,7 +59,7 @@ def require_gpu() -> None:
         raise EnvironmentMissing("no CUDA GPU visible", compat.NO_GPU_HINT)
 
 
-def device_info() -> Tuple[str, str]:
+def device_info() -> tuple[str, str]:
     """(name, "major.minor" compute capability) of the current device."""
     require_gpu()
     r = rt()
@@ -83,16 +84,14 @@ class DeviceBuffer:
             check(rt().cudaFree(ptr), "cudaFree")
 
     def __del__(self) -> None:  # pragma: no cover - safety net only
-        try:
+        with contextlib.suppress(Exception):
             self.free()
-        except Exception:
-            pass
 
 
 class PinnedArray:
     """Page-locked host memory viewed as a numpy array (for asynchronous copies)."""
 
-    def __init__(self, shape: Tuple[int, ...], dtype: Any):
+    def __init__(self, shape: tuple[int, ...], dtype: Any):
         dtype = np.dtype(dtype)
         nbytes = max(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, 1)
         self.ptr = int(check(rt().cudaMallocHost(nbytes), "cudaMallocHost"))

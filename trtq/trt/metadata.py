@@ -7,7 +7,7 @@ Pure Python: no TensorRT needed, so the checks are unit-tested on CPU.
 """
 import json
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 from trtq.errors import ModelError
 
@@ -19,11 +19,11 @@ def metadata_path(plan_path: Path) -> Path:
     return plan_path.with_name(plan_path.name + ".json")
 
 
-def render_metadata(meta: Dict[str, Any]) -> str:
+def render_metadata(meta: dict[str, Any]) -> str:
     return json.dumps(meta, indent=2, sort_keys=True) + "\n"
 
 
-def read_metadata(plan_path: Path) -> Optional[Dict[str, Any]]:
+def read_metadata(plan_path: Path) -> Optional[dict[str, Any]]:
     """The JSON beside the plan, or None when there is none. A broken JSON is a ModelError."""
     path = metadata_path(plan_path)
     if not path.exists():
@@ -49,7 +49,7 @@ def _same_release(a: str, b: str) -> bool:
 
 
 def check_metadata(
-    meta: Dict[str, Any], plan_path: Path, trt_version: str, gpu_name: str, compute_capability: str
+    meta: dict[str, Any], plan_path: Path, trt_version: str, gpu_name: str, compute_capability: str
 ) -> None:
     """Raise ModelError when the plan was built by another TensorRT or for another GPU."""
     name = Path(plan_path).name

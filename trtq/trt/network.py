@@ -3,7 +3,8 @@ ONNX model (from memory or a file) with messages that name the node, optimizatio
 builder configuration."""
 import logging
 from pathlib import Path
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import Any, Optional
+from collections.abc import Mapping
 
 from trtq.config import BuildOptions
 from trtq.errors import ConfigError, ModelError
@@ -11,7 +12,7 @@ from trtq.trt import compat
 
 log = logging.getLogger("trtq.trt.build")  # its messages are part of a build (or a TensorRT calibration build)
 
-Shape = Tuple[int, ...]
+Shape = tuple[int, ...]
 
 
 
@@ -120,7 +121,7 @@ def parse_file(trt: Any, parser: Any, logger: Any, model_path: Path) -> None:
         raise parser_error(trt, parser, logger, model_path, load_model(model_path, load_external_data=False))
 
 
-def network_inputs(network: Any) -> List[Tuple[str, Shape]]:
+def network_inputs(network: Any) -> list[tuple[str, Shape]]:
     out = []
     for i in range(network.num_inputs):
         t = network.get_input(i)
@@ -129,7 +130,7 @@ def network_inputs(network: Any) -> List[Tuple[str, Shape]]:
 
 
 def add_profiles(
-    builder: Any, config: Any, network: Any, profiles: Mapping[str, Tuple[Shape, Shape, Shape]], calibration: bool
+    builder: Any, config: Any, network: Any, profiles: Mapping[str, tuple[Shape, Shape, Shape]], calibration: bool
 ) -> None:
     dynamic = [(n, s) for n, s in network_inputs(network) if any(d < 0 for d in s)]
     if not dynamic:

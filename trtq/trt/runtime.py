@@ -5,7 +5,8 @@ TensorRT itself says: a foreign or non-plan file is a one-line ModelError, never
 """
 import logging
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Optional
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -60,23 +61,23 @@ class EngineSession:
                              "check free GPU memory")
         self.io = compat.io_tensors(trt, engine)
         self.stream = cuda.Stream()
-        self.buffers: Dict[str, Any] = {}
-        self.shapes: Dict[str, Tuple[int, ...]] = {}
+        self.buffers: dict[str, Any] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
 
     # -- shapes and buffers ------------------------------------------------------------------
 
     @property
-    def input_tensors(self) -> List[compat.IOTensor]:
+    def input_tensors(self) -> list[compat.IOTensor]:
         return [t for t in self.io if t.is_input]
 
     @property
-    def output_tensors(self) -> List[compat.IOTensor]:
+    def output_tensors(self) -> list[compat.IOTensor]:
         return [t for t in self.io if not t.is_input]
 
-    def profile(self, name: str) -> Tuple[Tuple[int, ...], ...]:
+    def profile(self, name: str) -> tuple[tuple[int, ...], ...]:
         return compat.profile_shapes(self.engine, name, 0)
 
-    def default_shape(self, t: compat.IOTensor) -> Tuple[int, ...]:
+    def default_shape(self, t: compat.IOTensor) -> tuple[int, ...]:
         """The static shape, or the profile's opt shape for a dynamic input."""
         if all(d >= 0 for d in t.shape):
             return t.shape
@@ -91,14 +92,13 @@ class EngineSession:
                     f"{format_shape(t.shape)} (? = any)",
                     "feed data of the shape the engine was built for",
                 )
-            if any(d < 0 for d in t.shape):
-                if not self.context.set_input_shape(t.name, shape):
-                    lo, _, hi = self.profile(t.name)
-                    raise DataError(
-                        f"input {t.name} shape {format_shape(shape)} is outside the engine's profile "
-                        f"{format_shape(lo)}..{format_shape(hi)}",
-                        "rebuild with build.profiles covering this shape",
-                    )
+            if any(d < 0 for d in t.shape) and not self.context.set_input_shape(t.name, shape):
+                lo, _, hi = self.profile(t.name)
+                raise DataError(
+                    f"input {t.name} shape {format_shape(shape)} is outside the engine's profile "
+                    f"{format_shape(lo)}..{format_shape(hi)}",
+                    "rebuild with build.profiles covering this shape",
+                )
             self.shapes[t.name] = shape
         for t in self.output_tensors:
             shape = tuple(int(d) for d in self.context.get_tensor_shape(t.name))
@@ -156,10 +156,10 @@ class TrtRunner(ClosesOnExit):
         self._s: Optional[EngineSession] = EngineSession(Path(plan_path), check=check_metadata)
         self.path = Path(plan_path)
         self.metadata = self._s.metadata
-        self.inputs: List[TensorSpec] = [_spec(t) for t in self._s.input_tensors]
-        self.outputs: List[TensorSpec] = [_spec(t) for t in self._s.output_tensors]
+        self.inputs: list[TensorSpec] = [_spec(t) for t in self._s.input_tensors]
+        self.outputs: list[TensorSpec] = [_spec(t) for t in self._s.output_tensors]
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         from trtq.trt import cuda
 
         s = self._s
@@ -173,7 +173,7 @@ class TrtRunner(ClosesOnExit):
                 f"engine inputs are {sorted(names)}; missing {missing}, unexpected {extra}",
                 "feed exactly the engine's inputs",
             )
-        arrays: Dict[str, np.ndarray] = {}
+        arrays: dict[str, np.ndarray] = {}
         for t in s.input_tensors:
             arr = np.asarray(feeds[t.name])
             want = np.dtype(t.dtype)
@@ -188,7 +188,7 @@ class TrtRunner(ClosesOnExit):
         for name, arr in arrays.items():
             cuda.copy_to_device(s.buffers[name].ptr, arr, s.stream)
         s.enqueue()
-        out: Dict[str, np.ndarray] = {}
+        out: dict[str, np.ndarray] = {}
         for t in s.output_tensors:
             host = np.empty(s.shapes[t.name], dtype=np.dtype(t.dtype))
             cuda.copy_to_host(host, s.buffers[t.name].ptr, s.stream)
