@@ -186,3 +186,29 @@ def test_the_graph_sees_imports_inside_functions():
 
 def test_trtq_has_no_import_cycle():
     assert cycles(import_graph()) == []
+
+
+MAX_FUNCTION_LINES = 80  # docs/internals.md: split a longer function into named steps
+
+
+def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """Functions (methods and nested ones included) longer than ``limit`` lines, as 'name (N lines)'."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            if length > limit:
+                found.append(f"{node.name} ({length} lines)")
+    return found
+
+
+def test_the_length_check_finds_a_long_function():
+    body = "".join(f"    x{i} = {i}\n" for i in range(80))
+    assert long_functions("def f():\n" + body) == ["f (81 lines)"]
+    assert long_functions("def f():\n" + body[: -len("    x79 = 79\n")]) == []
+
+
+def test_no_function_in_trtq_is_over_80_lines():
+    problems = [f"{path.relative_to(TRTQ.parent)}: {name}" for path in sorted(TRTQ.rglob("*.py"))
+                for name in long_functions(path.read_text(encoding="utf-8"))]
+    assert problems == []

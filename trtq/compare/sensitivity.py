@@ -183,12 +183,7 @@ def per_layer_sensitivity(
     With ``task_options`` (a ``CompareOptions``) each row also carries the task metric of its
     worst output, and rows are ranked by it first (SQNR breaks ties); without, by SQNR.
     """
-    if mode not in MODES:
-        raise ConfigError(f"unknown per-layer mode '{mode}'", "use one of: " + ", ".join(MODES))
-    if top is not None and int(top) <= 0:
-        raise ConfigError(f"--top must be a positive number of rows, got {top}")
-    if limit is not None and int(limit) <= 0:
-        raise DataError(f"per-layer limit must be a positive number of samples, got {limit}")
+    _check_arguments(mode, top, limit)
     from trtq.config import QuantizeOptions
     from trtq.quantize import quantize_model
 
@@ -230,26 +225,43 @@ def per_layer_sensitivity(
         return [with_task(accs[n].result(), tasks[n]) if n in tasks else accs[n].result()
                 for n in names]
 
+    def variant(only: set[str]) -> Any:  # the model with just these layers quantized
+        return quantize_model(model, amax, options, only_nodes=only).model if only else model
+
+    rows = _rank(mode, layers, op_types, variant, measure, full.model, progress)
+    return rows[: int(top)] if top is not None else rows
+
+
+def _check_arguments(mode: str, top: int | None, limit: int | None) -> None:
+    if mode not in MODES:
+        raise ConfigError(f"unknown per-layer mode '{mode}'", "use one of: " + ", ".join(MODES))
+    if top is not None and int(top) <= 0:
+        raise ConfigError(f"--top must be a positive number of rows, got {top}")
+    if limit is not None and int(limit) <= 0:
+        raise DataError(f"per-layer limit must be a positive number of samples, got {limit}")
+
+
+def _rank(mode: str, layers: list[str], op_types: Mapping[str, str], variant: Callable[[set[str]], Any],
+          measure: Callable[[Any, str], list[OutputMetrics]], full_model: Any,
+          progress: LayerProgress | None) -> list[LayerRow]:
+    """One row per layer: each quantized alone (``only``) or each left float (``all-but``), sorted."""
     rows: list[LayerRow] = []
     if mode == "only":
         for i, node in enumerate(layers):
-            result = quantize_model(model, amax, options, only_nodes={node})
-            rows.append(_worst(node, op_types.get(node, "?"), measure(result.model, node)))
+            rows.append(_worst(node, op_types.get(node, "?"), measure(variant({node}), node)))
             if progress is not None:
                 progress(i + 1, len(layers), node)
         rows.sort(key=_sort_key_only)
-    else:
-        baseline = _worst("", "", measure(full.model, "all layers quantized")).sqnr_db
-        everything = set(layers)
-        for i, node in enumerate(layers):
-            rest = everything - {node}
-            candidate = quantize_model(model, amax, options, only_nodes=rest).model if rest else model
-            row = _worst(node, op_types.get(node, "?"), measure(candidate, f"all but {node}"))
-            rows.append(dataclasses.replace(row, gain_db=_gain(row.sqnr_db, baseline)))
-            if progress is not None:
-                progress(i + 1, len(layers), node)
-        rows.sort(key=_sort_key_gain)
-    return rows[: int(top)] if top is not None else rows
+        return rows
+    baseline = _worst("", "", measure(full_model, "all layers quantized")).sqnr_db
+    everything = set(layers)
+    for i, node in enumerate(layers):
+        row = _worst(node, op_types.get(node, "?"), measure(variant(everything - {node}), f"all but {node}"))
+        rows.append(dataclasses.replace(row, gain_db=_gain(row.sqnr_db, baseline)))
+        if progress is not None:
+            progress(i + 1, len(layers), node)
+    rows.sort(key=_sort_key_gain)
+    return rows
 
 
 def _gain(sqnr: float, baseline: float) -> float:
