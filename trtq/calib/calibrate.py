@@ -177,10 +177,11 @@ def run_calibration(
     # the max pass (trtq.calib.derive)
     links = monotone_links(run.model, tensors)
     measured = [t for t in tensors if t not in links]
-    collector = _collector(run, measured if run.given is None else tensors)
     if run.need_hist:  # load numba and the kernel while pass 1 runs (its first use is in pass 2)
         threading.Thread(target=numba_enabled, name="trtq-numba-warmup", daemon=True).start()
-    stream = _Stream(collector, run.batcher, progress, 2 if run.need_hist and run.given is None else 1)
+    # no local reference to the pass-1 collector: pass 2 frees it before it builds its own
+    stream = _Stream(_collector(run, measured if run.given is None else tensors), run.batcher, progress,
+                     2 if run.need_hist and run.given is None else 1)
     started = time.perf_counter()
     maxima, counts, zeros = _passes(run, stream, links, keep_batches if write else None, keep_batches)
     if run.shard_pass == "ranges":  # a pass-1 shard: maxima only, histograms come in pass 2
