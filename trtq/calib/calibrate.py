@@ -179,9 +179,11 @@ def run_calibration(
     measured = [t for t in tensors if t not in links]
     if run.need_hist:  # load numba and the kernel while pass 1 runs (its first use is in pass 2)
         threading.Thread(target=numba_enabled, name="trtq-numba-warmup", daemon=True).start()
-    # no local reference to the pass-1 collector: pass 2 frees it before it builds its own
-    stream = _Stream(_collector(run, measured if run.given is None else tensors), run.batcher, progress,
-                     2 if run.need_hist and run.given is None else 1)
+    # one session for both passes when there are two (every tensor exposed: pass 1 reads the
+    # measured ones); the max-only pass exposes only the measured ones. No local reference to it:
+    # a pass 2 that needs another frees it first.
+    stream = _Stream(_collector(run, measured if run.given is None and not run.need_hist else tensors),
+                     run.batcher, progress, 2 if run.need_hist and run.given is None else 1)
     started = time.perf_counter()
     maxima, counts, zeros = _passes(run, stream, links, keep_batches if write else None, keep_batches)
     if run.shard_pass == "ranges":  # a pass-1 shard: maxima only, histograms come in pass 2
@@ -277,7 +279,12 @@ def _passes(run: _Setup, stream: _Stream, links: Any, write_batches: Optional[Pa
                 from trtq.calib.batchfile import write_through
 
                 source = write_through(source, Path(write_batches), run.batcher)
-            stream.run("max", 1, maxima_acc.update_batch, source)
+            skip = set(links)  # derived below, exactly; the session may expose them too
+
+            def update(arrays: dict) -> None:
+                maxima_acc.update_batch({n: a for n, a in arrays.items() if n not in skip})
+
+            stream.run("max", 1, update, source)
             derived = derive_extremes(maxima_acc.extremes, links)
             maxima_acc.add_derived({name: abs_max(derived[name]) for name in links})
             maxima = maxima_acc.maxima
@@ -297,11 +304,12 @@ def _histogram_pass(run: _Setup, stream: _Stream, maxima: dict[str, float], repl
     if not numba_enabled():
         log.info("histograms on the numpy fallback; pip install numba makes this pass ~2x faster")
     hist = HistogramAccumulator(maxima, num_bins=run.opts.num_bins)
-    # pass 2 needs every tensor: a session that exposes them all (the first one is freed
-    # first, so the peak holds one set of activations)
+    # pass 2 needs every tensor: pass 1's session when it exposes them all, else a new one (the
+    # first one freed first, so the peak holds one set of activations)
     if run.given is None:
-        stream.collector = None
-        stream.collector = _collector(run, run.tensors)
+        if list(stream.collector.tensors) != list(run.tensors):
+            stream.collector = None
+            stream.collector = _collector(run, run.tensors)
         source = replay.second()
     else:
         source = None
