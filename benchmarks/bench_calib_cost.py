@@ -158,6 +158,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--search", action="store_true", help="time the range search alone, old vs new")
     ap.add_argument("--main-python", help="also run mse with this Python's trtq (e.g. main's venv), side by side")
     a = ap.parse_args(argv)
+    a.work = a.work.resolve()  # main-mse runs in main's checkout
     a.work.mkdir(parents=True, exist_ok=True)
     cases = _cases(a)
     if not cases:
