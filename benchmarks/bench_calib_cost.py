@@ -13,6 +13,13 @@ resized to the model's input) are run, each case alone in a fresh subprocess:
 and the table prints wall time and peak RSS next to the goals of issue 13: calibrate's mse wall time
 <= 3x inference, its peak RSS <= 1.5x inference's plus the histogram state (tensors x 2048 bins x 8
 bytes, printed). Start-up and imports are inside every case alike.
+
+``--max-memory SIZE`` adds a ``trtq-mse-SIZE`` case (tensor groups); ``--batch1`` adds PP-OCR cls
+re-declared with a fixed batch of 1 (``pp-ocr-cls-b1``: inference one image per call, trtq fed in
+batches after its probe, and ``trtq-mse-b1`` forced to one sample per call with --batch-size 1);
+``--search`` prints the range search alone, ms per tensor, the per-tensor reference
+(trtq.calib.stats.mse_amax / entropy_amax) next to the all-tensor search (compute_all), on the
+histograms the mse case saved.
 """
 import argparse
 import sys
@@ -68,12 +75,74 @@ for i in range(0, len(x), b):
 """
 
 
+def batch1_model(model: Path, shape: tuple[int, int, int], out: Path) -> Path:
+    import onnx
+
+    from trtq.input_override import override_input_shapes
+
+    m = onnx.load(str(model))
+    onnx.save(override_input_shapes(m, {m.graph.input[0].name: (1, *shape)}, model.name), str(out))
+    return out
+
+
+_SEARCH = r"""
+import sys, time, numpy as np
+from trtq.calib import stats as S
+st = S.load_stats(sys.argv[1])
+names = [n for n in st.maxima if st.maxima[n] > 0 and st.counts[n].sum() > 0]
+mx = {n: st.maxima[n] for n in names}
+S.compute_all("mse", dict(list(mx.items())[:2]), st.counts)  # numba compile / cache load
+for rep in range(3):
+    row = []
+    for method in ("mse", "entropy"):
+        t0 = time.perf_counter()
+        ref = {n: S.compute_amax(method, st.counts[n], mx[n], zeros=st.zeros.get(n, 0)) for n in names}
+        t1 = time.perf_counter()
+        new = S.compute_all(method, mx, st.counts, zeros=st.zeros)
+        t2 = time.perf_counter()
+        row.append(f"{method} {(t1 - t0) / len(names) * 1e3:.2f} -> {(t2 - t1) / len(names) * 1e3:.3f} ms/tensor"
+                   f" (same amax: {ref == new})")
+    print(f"  search, {len(names)} tensors, run {rep + 1}: " + "; ".join(row))
+"""
+
+
 def tensor_count(model: Path) -> int:
     import onnx
 
     from trtq.model import calibratable_tensors
 
     return len(calibratable_tensors(onnx.load(str(model))))
+
+
+def _row(name, n_tensors, case, m, base, timeout, rss_goal=None, judge=False):
+    ratio = m.seconds / base.seconds if base.seconds else float("nan")
+    verdict = m.label(None, timeout)
+    failed = False
+    if m.status == "ok" and judge:
+        failed = not (ratio <= 3.0 and m.peak_rss / 2**20 <= rss_goal)
+        verdict = f"{'FAIL' if failed else 'PASS'} (<= 3x wall, <= {rss_goal:.0f} MB)"
+    goal = f"{rss_goal:11.0f}" if rss_goal else f"{'':>11s}"
+    print(f"{name:20s} {n_tensors:7s} {case:16s} {m.seconds:7.1f} {ratio:8.2f} {m.peak_rss / 2**20:8.0f} "
+          f"{goal}  {verdict}", flush=True)
+    return failed
+
+
+def _cases(a: argparse.Namespace) -> list[tuple[str, Path, tuple[int, int, int], int]]:
+    cases = [(n, p, s, a.batch) for n, p, s in rapidocr_models()]
+    eff = a.work.parent / "efficientnet_lite0.onnx"
+    if eff.exists():
+        cases.append(("efficientnet-lite0", eff, (3, 224, 224), a.batch))
+    if a.batch1:
+        cls = [c for c in cases if c[0] == "pp-ocr-cls"]
+        if cls:
+            cases.append(("pp-ocr-cls-b1", batch1_model(cls[0][1], cls[0][2], a.work / "cls_b1.onnx"), cls[0][2], 1))
+    return [c for c in cases if not a.only or a.only in c[0]]
+
+
+def _trtq(model, data, method, batch, out, extra=(), python=sys.executable):
+    cmd = [python, "-m", "trtq", "calibrate", "--model", str(model), "--data", str(data),
+           "--method", method, "-o", str(out), "-q", *extra]
+    return cmd + (["--batch-size", str(batch)] if batch != 1 else [])
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -84,40 +153,45 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--methods", default="mse,entropy,max")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--only", help="run the models whose name contains this")
+    ap.add_argument("--max-memory", help="also run mse with this --max-memory (e.g. 128M)")
+    ap.add_argument("--batch1", action="store_true", help="also PP-OCR cls with a fixed batch of 1")
+    ap.add_argument("--search", action="store_true", help="time the range search alone, old vs new")
+    ap.add_argument("--main-python", help="also run mse with this Python's trtq (e.g. main's venv), side by side")
     a = ap.parse_args(argv)
+    a.work = a.work.resolve()  # main-mse runs in main's checkout
     a.work.mkdir(parents=True, exist_ok=True)
-    cases = rapidocr_models()
-    eff = a.work.parent / "efficientnet_lite0.onnx"
-    if eff.exists():
-        cases.append(("efficientnet-lite0", eff, (3, 224, 224)))
-    cases = [c for c in cases if not a.only or a.only in c[0]]
+    cases = _cases(a)
     if not cases:
         print("no model installed: pip install --no-deps rapidocr-onnxruntime")
         return 1
     print(f"{'model':20s} {'tensors':>7s} {'case':16s} {'wall s':>7s} {'x infer':>8s} {'peak MB':>8s} "
           f"{'RSS goal MB':>11s}  goal")
     worst = 0
-    for name, model, shape in cases:
+    for name, model, shape, batch in cases:
         data = photos_as_npy(a.work / f"{name}.npy", shape, a.samples)
         n_tensors = tensor_count(model)
-        hist_mb = n_tensors * BINS * 8 / 2**20
-        base = common.run_measured([sys.executable, "-c", _INFER, str(model), str(data), str(a.batch)], a.timeout)
-        print(f"{name:20s} {n_tensors:7d} {'inference':16s} {base.seconds:7.1f} {1.0:8.2f} "
-              f"{base.peak_rss / 2**20:8.0f} {'':>11s}  {base.label(None, a.timeout)}", flush=True)
-        rss_goal = 1.5 * base.peak_rss / 2**20 + hist_mb
-        for method in a.methods.split(","):
-            out = a.work / f"{name}.{method}.cache"
-            m = common.run_measured([sys.executable, "-m", "trtq", "calibrate", "--model", str(model),
-                                     "--data", str(data), "--method", method, "--batch-size", str(a.batch),
-                                     "-o", str(out), "-q"], a.timeout)
-            ratio = m.seconds / base.seconds if base.seconds else float("nan")
-            verdict = m.label(None, a.timeout)
-            if m.status == "ok" and method == "mse":
-                ok = ratio <= 3.0 and m.peak_rss / 2**20 <= rss_goal
-                verdict = f"{'PASS' if ok else 'FAIL'} (<= 3x wall, <= {rss_goal:.0f} MB)"
-                worst = max(worst, 0 if ok else 1)
-            print(f"{'':20s} {'':7s} {'trtq-' + method:16s} {m.seconds:7.1f} {ratio:8.2f} {m.peak_rss / 2**20:8.0f} "
-                  f"{rss_goal:11.0f}  {verdict}", flush=True)
+        rss_goal = None
+        base = common.run_measured([sys.executable, "-c", _INFER, str(model), str(data), str(batch)], a.timeout)
+        _row(name, str(n_tensors), "inference", base, base, a.timeout)
+        rss_goal = 1.5 * base.peak_rss / 2**20 + n_tensors * BINS * 8 / 2**20
+        runs = [("trtq-" + m, m, batch, ()) for m in a.methods.split(",")]
+        if a.main_python:
+            runs.insert(0, ("main-mse", "mse", batch, ()))
+        if a.max_memory:
+            runs.append((f"trtq-mse-{a.max_memory}", "mse", batch, ("--max-memory", a.max_memory)))
+        if batch == 1:
+            runs.append(("trtq-mse-b1", "mse", 1, ("--batch-size", "1")))
+        for case, method, b, extra in runs:
+            out = a.work / f"{name}.{case}.cache"
+            if case == "trtq-mse":
+                extra = ("--save-stats", str(a.work / f"{name}.npz"))
+            python = a.main_python if case == "main-mse" else sys.executable
+            m = common.run_measured(_trtq(model, data, method, b, out, extra, python), a.timeout,
+                                    cwd=Path(a.main_python).parents[2] if case == "main-mse" else None)
+            worst = max(worst, int(_row("", "", case, m, base, a.timeout, rss_goal, judge=method == "mse")))
+        if a.search and (a.work / f"{name}.npz").exists():
+            r = common.run_measured([sys.executable, "-c", _SEARCH, str(a.work / f"{name}.npz")], a.timeout)
+            print(r.stdout.rstrip() or r.label(None, a.timeout), flush=True)
     setup = f"{a.samples} samples of the bundled photos per model, batch {a.batch}"
     print(f"({setup}, {common.machine_line()})" if hasattr(common, "machine_line") else f"({setup})")
     return worst

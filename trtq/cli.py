@@ -466,6 +466,9 @@ _calibration = _option_group(
     click.option("--providers", multiple=True, help="ONNX Runtime providers, e.g. CPUExecutionProvider."),
     click.option("--save-stats", type=click.Path(dir_okay=False),
                  help="Also save max + histograms (.npz) for --from-stats."),
+    click.option("--max-memory", metavar="SIZE",
+                 help="Memory one batch of collected activations may take, e.g. 2G or 512M; more runs "
+                      "ONNX Runtime once per group of tensors (default: 1/4 of available memory)."),
 )
 
 _sharding = _option_group(
@@ -481,7 +484,8 @@ _sharding = _option_group(
 
 def _calibrate_overrides(model: Optional[str], calib: _Flags) -> dict[str, Any]:
     overrides = {f"calibrate.{key}": getattr(calib, key)
-                 for key in ("method", "percentile", "num_bins", "output", "trt_version", "backend", "save_stats")}
+                 for key in ("method", "percentile", "num_bins", "output", "trt_version", "backend", "save_stats",
+                             "max_memory")}
     overrides.update({"model": model, "calibrate.tensors": _split_csv(calib.tensors) or None,
                       "calibrate.providers": list(calib.providers) or None})
     return overrides

@@ -118,6 +118,8 @@ class CalibrateOptions:
     backend: Literal["onnxruntime", "tensorrt"] = "onnxruntime"
     providers: tuple[str, ...] = ()  # ONNX Runtime providers; default CUDA if present, else CPU
     save_stats: Optional[str] = _path_field()
+    # bytes one batch of collected activations may take, e.g. "2G"; default 1/4 of available memory
+    max_memory: Optional[str] = None
 
     def resolved(self) -> "CalibrateOptions":
         """These options with ``method`` set: the backend's default when not given."""

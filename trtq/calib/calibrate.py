@@ -127,6 +127,8 @@ class _Setup:
     need_hist: bool
     shard_pass: Optional[str] = None  # a shard's "ranges" (pass 1) or "histogram" (pass 2)
     given: Optional[dict[str, float]] = None  # pass 2 of a shard: the merged ranges of pass 1
+    tensor_groups: int = 1  # ONNX Runtime calls per batch (--max-memory)
+    feed_mode: Optional[str] = None  # a fixed-batch-1 model: "batched" or "per-sample" (trtq.calib.widen)
 
 
 class _Stream:
@@ -141,7 +143,9 @@ class _Stream:
         done_batches = done_samples = 0
         for batch in source:
             interrupt.check()
-            update(self.collector.run(batch.arrays, batch.valid))
+            for part in self.collector.run_groups(batch.arrays, batch.valid):
+                update(part)
+                del part  # before the next group runs
             done_batches += 1
             done_samples += batch.valid
             if self.progress is not None:
@@ -163,7 +167,6 @@ def run_calibration(
     merged pass-1 file) pass 2 alone, histograms over those ranges. ``keep_batches``: pass 1 writes
     the shard's decoded batches there and pass 2 reads them back (trtq.calib.batchfile).
     """
-    from trtq.calib.collect import OrtCollector
     from trtq.calib.derive import monotone_links
     from trtq.calib.kernels import numba_enabled
     from trtq.calib.stats import compute_all
@@ -174,10 +177,13 @@ def run_calibration(
     # the max pass (trtq.calib.derive)
     links = monotone_links(run.model, tensors)
     measured = [t for t in tensors if t not in links]
-    collector = OrtCollector(run.model, measured if run.given is None else tensors, opts.providers)
     if run.need_hist:  # load numba and the kernel while pass 1 runs (its first use is in pass 2)
         threading.Thread(target=numba_enabled, name="trtq-numba-warmup", daemon=True).start()
-    stream = _Stream(collector, run.batcher, progress, 2 if run.need_hist and run.given is None else 1)
+    # one session for both passes when there are two (every tensor exposed: pass 1 reads the
+    # measured ones); the max-only pass exposes only the measured ones. No local reference to it:
+    # a pass 2 that needs another frees it first.
+    stream = _Stream(_collector(run, measured if run.given is None and not run.need_hist else tensors),
+                     run.batcher, progress, 2 if run.need_hist and run.given is None else 1)
     started = time.perf_counter()
     maxima, counts, zeros = _passes(run, stream, links, keep_batches if write else None, keep_batches)
     if run.shard_pass == "ranges":  # a pass-1 shard: maxima only, histograms come in pass 2
@@ -191,6 +197,7 @@ def run_calibration(
 
     provenance = build_provenance(cfg, run.model_path, run.specs, run.batcher, stream.samples, run.trt_version,
                                   run.algorithm, amax)
+    provenance["collection"] = {"tensor_groups": run.tensor_groups, "fixed_batch_1": run.feed_mode}
     out = Path(opts.output)
     stats_path = Path(opts.save_stats) if opts.save_stats else None
     if write:
@@ -203,6 +210,17 @@ def run_calibration(
     )
 
 
+def _collector(run: _Setup, tensors: list[str]) -> Any:
+    """ONNX Runtime over ``tensors``, in groups when one batch of them exceeds --max-memory."""
+    from trtq.calib.budget import resolve_budget
+    from trtq.calib.groups import GroupedCollector
+
+    collector = GroupedCollector(run.model, tensors, run.opts.providers, resolve_budget(run.opts.max_memory),
+                                 dict(run.batcher.shapes))
+    run.tensor_groups = max(run.tensor_groups, len(collector.groups))
+    return collector
+
+
 def _prepare(cfg: TrtqConfig, shard: Optional[tuple[int, int]], ranges: Optional[Path],
              keep_batches: Optional[Path]) -> _Setup:
     """Model, data and options checked, before any batch is read."""
@@ -211,9 +229,12 @@ def _prepare(cfg: TrtqConfig, shard: Optional[tuple[int, int]], ranges: Optional
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs, load_model
 
+    from trtq.calib.budget import resolve_budget
+
     opts = cfg.calibrate.resolved()
     if not cfg.model:
         raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
+    resolve_budget(opts.max_memory)  # a bad --max-memory fails before any work
     model_path = Path(cfg.model)
     check_providers(opts.providers)  # before any work: a typo must not fall back to CPU silently
     model = load_model(model_path)
@@ -221,9 +242,16 @@ def _prepare(cfg: TrtqConfig, shard: Optional[tuple[int, int]], ranges: Optional
     if not any(s.is_float for s in specs):
         raise DataError(f"model {model_path} has no float input to calibrate", "pass an FP32 model")
     refuse_quantized(model, model_path)
-    run = _Setup(opts, model_path, model, specs, resolve_trt_version(opts.trt_version),
-                 ALGORITHM_FOR_METHOD[opts.method], Batcher(cfg.data, specs), select_tensors(model, opts.tensors),
-                 need_hist=opts.method != "max" or opts.save_stats is not None)
+    tensors = select_tensors(model, opts.tensors)
+    feed_model, feed_specs, data, feed_mode = model, specs, cfg.data, None
+    if shard is None and ranges is None:  # a fixed batch of 1: fed in batches where that is identical
+        from trtq.calib.widen import widen_if_identical
+
+        feed_model, feed_specs, data, feed_mode = widen_if_identical(
+            model, specs, cfg.data, tensors, opts.providers, resolve_budget(opts.max_memory))
+    run = _Setup(opts, model_path, feed_model, specs, resolve_trt_version(opts.trt_version),
+                 ALGORITHM_FOR_METHOD[opts.method], Batcher(data, feed_specs), tensors,
+                 need_hist=opts.method != "max" or opts.save_stats is not None, feed_mode=feed_mode)
     if shard is not None or ranges is not None:
         from trtq.calib.shard import prepare_shard
 
@@ -251,7 +279,12 @@ def _passes(run: _Setup, stream: _Stream, links: Any, write_batches: Optional[Pa
                 from trtq.calib.batchfile import write_through
 
                 source = write_through(source, Path(write_batches), run.batcher)
-            stream.run("max", 1, maxima_acc.update_batch, source)
+            skip = set(links)  # derived below, exactly; the session may expose them too
+
+            def update(arrays: dict) -> None:
+                maxima_acc.update_batch({n: a for n, a in arrays.items() if n not in skip})
+
+            stream.run("max", 1, update, source)
             derived = derive_extremes(maxima_acc.extremes, links)
             maxima_acc.add_derived({name: abs_max(derived[name]) for name in links})
             maxima = maxima_acc.maxima
@@ -265,18 +298,18 @@ def _passes(run: _Setup, stream: _Stream, links: Any, write_batches: Optional[Pa
 def _histogram_pass(run: _Setup, stream: _Stream, maxima: dict[str, float], replay: Any,
                     read_batches: Optional[Path]) -> tuple[Any, Any]:
     """Pass 2: histograms over the fixed edges of ``maxima``; (counts, zeros)."""
-    from trtq.calib.collect import OrtCollector
     from trtq.calib.kernels import numba_enabled
     from trtq.calib.stats import HistogramAccumulator
 
     if not numba_enabled():
         log.info("histograms on the numpy fallback; pip install numba makes this pass ~2x faster")
     hist = HistogramAccumulator(maxima, num_bins=run.opts.num_bins)
-    # pass 2 needs every tensor: a session that exposes them all (the first one is freed
-    # first, so the peak holds one set of activations)
+    # pass 2 needs every tensor: pass 1's session when it exposes them all, else a new one (the
+    # first one freed first, so the peak holds one set of activations)
     if run.given is None:
-        stream.collector = None
-        stream.collector = OrtCollector(run.model, run.tensors, run.opts.providers)
+        if list(stream.collector.tensors) != list(run.tensors):
+            stream.collector = None
+            stream.collector = _collector(run, run.tensors)
         source = replay.second()
     else:
         source = None

@@ -90,23 +90,31 @@ class OrtCollector:
     feed itself.
     """
 
-    def __init__(self, model: onnx.ModelProto, tensors: Sequence[str], providers: Sequence[str] = ()):
+    def __init__(self, model: onnx.ModelProto, tensors: Sequence[str], providers: Sequence[str] = (),
+                 optimized: Optional[bytes] = None):
         import onnxruntime as ort
 
         self.tensors = list(tensors)
         graph_inputs = {i.name for i in model.graph.input}
         self._from_session = [t for t in self.tensors if t not in graph_inputs]
-        exposed = _with_outputs(model, self._from_session)
+        # optimized: a group of trtq.calib.groups, already ONNX Runtime's optimized graph; run as it
+        # is, and keep no buffers or arena between calls (the groups of a batch must not add up)
+        self._reuse = optimized is None
+        exposed = _with_outputs(model, self._from_session) if optimized is None else None
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         # Exposed intermediate tensors stop ORT from fusing them away; ENABLE_ALL is still safe.
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if optimized is not None:
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            opts.enable_cpu_mem_arena = False
         # ORT's worker threads spin for a while after each run by default; here the statistics
         # threads run right after it on the same cores, so let them sleep instead.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         use = list(providers) or default_providers()
         try:
-            self.session = ort.InferenceSession(exposed.SerializeToString(), opts, providers=use)
+            blob = optimized if optimized is not None else exposed.SerializeToString()
+            self.session = ort.InferenceSession(blob, opts, providers=use)
         except Exception as e:
             raise ModelError(
                 f"ONNX Runtime cannot load the model: {_first_line(e)}",
@@ -136,6 +144,8 @@ class OrtCollector:
         except Exception as e:
             raise ModelError(f"ONNX Runtime failed to run the model: {_first_line(e)}",
                              "check the input shapes") from None
+        if not self._reuse:
+            return values
         # ONNX Runtime's own arrays become the bound buffers: no copy, no second set in memory
         # (copying them into numpy-allocated buffers was measured slower and +460 MiB peak RSS)
         self._buffers = [np.ascontiguousarray(v) for v in values]

@@ -190,3 +190,61 @@ def _histogram_numpy(flat: np.ndarray, scale: np.float32, counts: np.ndarray, ex
         counts += np.bincount(km, minlength=num_bins)
         zeros += m - int(np.count_nonzero(fm))
     return zeros, flags
+
+
+# --------------------------------------------------------------------------------------------
+# range search (trtq.calib.search)
+# --------------------------------------------------------------------------------------------
+
+_level_kernel = None
+_level_state = "untried"
+
+
+def _compile_level_sums():
+    import numba
+
+    @numba.njit(nogil=True, cache=True)
+    def level_sums(starts, weights, p1, p0, a_out, b_out):  # pragma: no cover - compiled
+        # a_out[j, t] = sum_k p1[starts[j, k], t]; b_out[j, t] = sum_k weights[k] * p0[starts[j, k], t]
+        # (tensors innermost: contiguous, vectorised)
+        a_out[:] = 0
+        b_out[:] = 0
+        for j in range(starts.shape[0]):
+            for k in range(starts.shape[1]):
+                s = starts[j, k]
+                wk = weights[k]
+                for t in range(p1.shape[1]):
+                    a_out[j, t] += p1[s, t]
+                    b_out[j, t] += wk * p0[s, t]
+
+    return level_sums
+
+
+def level_sums(starts: np.ndarray, weights: np.ndarray, p1: np.ndarray,
+               p0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``A[j, t] = sum_k p1[starts[j, k], t]`` and ``B[j, t] = sum_k weights[k] * p0[starts[j, k], t]``
+    (prefix sums ``p1``, ``p0``: [bins + 1, tensors]) as exact int64, identical on both paths.
+
+    numba when it imports (``TRTQ_NO_NUMBA`` unset); else a numpy gather."""
+    global _level_kernel, _level_state
+    use_numba = os.environ.get("TRTQ_NO_NUMBA", "").strip() in ("", "0")
+    if use_numba and _level_state == "untried":
+        with _kernel_lock:
+            if _level_state == "untried":
+                try:
+                    _level_kernel, _level_state = _compile_level_sums(), "ok"
+                except ImportError:
+                    _level_state = "missing"
+    starts = np.ascontiguousarray(starts, dtype=np.int64)
+    weights = np.ascontiguousarray(weights, dtype=np.int64)
+    p1 = np.ascontiguousarray(p1, dtype=np.int64)
+    p0 = np.ascontiguousarray(p0, dtype=np.int64)
+    a = np.empty((starts.shape[0], p1.shape[1]), dtype=np.int64)
+    b = np.empty_like(a)
+    if use_numba and _level_kernel is not None:
+        _level_kernel(starts, weights, p1, p0, a, b)
+        return a, b
+    for t in range(p1.shape[1]):  # per tensor: [C, K] temporaries
+        a[:, t] = p1[:, t][starts].sum(axis=1)
+        b[:, t] = p0[:, t][starts] @ weights
+    return a, b

@@ -481,11 +481,49 @@ def compute_all(
         missing = [n for n in maxima if n not in counts]
         if missing:
             raise ValueError(f"no histogram for {len(missing)} tensor(s), e.g. '{missing[0]}'")
+    if method in ("mse", "entropy"):
+        return _search_all(method, maxima, counts, zeros or {})
     return {
         name: compute_amax(method, None if counts is None else counts.get(name), m, percentile,
                            int((zeros or {}).get(name, 0)))
         for name, m in maxima.items()
     }
+
+
+def _search_all(method: str, maxima: Mapping[str, float], counts: Mapping[str, np.ndarray],
+                zeros: Mapping[str, int]) -> dict[str, float]:
+    """mse / entropy for all tensors at once (trtq.calib.search): the same amax as
+    :func:`compute_amax` tensor by tensor. Tensors with max 0, an empty histogram, a bin count
+    other than the first's or counts too large for the exact sums take the per-tensor path."""
+    from trtq.calib import search
+
+    out: dict[str, float] = {}
+    batch: dict[str, tuple[np.ndarray, float]] = {}
+    for name, mx in maxima.items():
+        c, m = _check_hist(counts[name], mx)
+        if method == "entropy" and zeros.get(name):
+            z = int(zeros[name])
+            if not 0 <= z <= c[0]:
+                raise ValueError(f"zeros ({z}) must be between 0 and the count of bin 0 ({c[0]})")
+            c = c.copy()
+            c[0] -= z
+        first = next(iter(batch.values()), (c, m))[0]
+        if m > 0 and c.size == first.size and c.size >= NUM_QUANTIZED_BINS and int(c.sum()) > 0:
+            batch[name] = (c, m)
+        out[name] = 0.0  # placeholder, keeps the order of maxima
+    names = list(batch)
+    arrays = [batch[n][0] for n in names]
+    if method == "mse":
+        found = search.mse_amax_many(arrays, [batch[n][1] for n in names])
+    else:
+        found = [None if i is None else (i + 0.5) * (batch[n][1] / batch[n][0].size)
+                 for n, i in zip(names, search.entropy_choices(arrays, NUM_QUANTIZED_BINS, _TIE_ABS))]
+    solved = dict(zip(names, found))
+    for name, mx in maxima.items():
+        a = solved.get(name)
+        out[name] = a if a is not None else compute_amax(method, counts[name], mx, 99.99,
+                                                         int(zeros.get(name, 0)))
+    return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,131 @@
+"""--max-memory (tensor groups, trtq.calib.budget / groups) and fixed-batch-1 models fed in batches
+(trtq.calib.widen): the caches are byte-identical to the plain path, bad sizes are one-line errors."""
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from trtq.calib import budget
+from trtq.errors import ConfigError, UsageError
+from trtq.input_override import override_input_shapes
+
+
+@pytest.mark.parametrize("text,size", [("2G", 2 << 30), ("512M", 512 << 20), ("1.5GiB", 3 << 29), ("64k", 64 << 10),
+                                       ("1048576", 1 << 20), (" 3 MB ", 3 << 20), (4096, 4096)])
+def test_parse_size(text, size):
+    assert budget.parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "2X", "-1G", "0", "G", "1.2.3M", "inf"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ConfigError):
+        budget.parse_size(text)
+
+
+def test_default_budget_is_a_quarter_of_available(monkeypatch):
+    monkeypatch.setattr(budget, "available_memory", lambda: 8 << 30)
+    assert budget.resolve_budget(None) == 2 << 30
+    monkeypatch.setattr(budget, "available_memory", lambda: None)
+    assert budget.resolve_budget(None) == 4 << 30
+    assert budget.resolve_budget("1G") == 1 << 30
+
+
+def test_plan_groups_contiguous_and_bounded():
+    sizes = {f"t{i}": s for i, s in enumerate([5, 5, 3, 8, 1, 1, 9])}
+    assert budget.plan_groups(sizes, 100, 8) == [list(sizes)]
+    groups = budget.plan_groups(sizes, 10, 8)
+    assert [n for g in groups for n in g] == list(sizes)
+    assert all(sum(sizes[n] for n in g) <= 10 for g in groups)
+    with pytest.raises(UsageError, match="raise --max-memory to at least"):
+        budget.plan_groups(sizes, 8, 8)
+
+
+def _sample_args(sample_model, sample_images, out, *extra):
+    return ["calibrate", "--model", sample_model, "--data", sample_images, "--preprocess", "imagenet",
+            "--limit", "8", "--batch-size", "4", "-o", out, *extra]
+
+
+@pytest.mark.parametrize("method", ["mse", "max"])
+def test_budget_groups_give_the_same_cache(trtq, sample_model, sample_images, tmp_path, method):
+    ref, small = tmp_path / "ref.cache", tmp_path / "small.cache"
+    r = trtq(_sample_args(sample_model, sample_images, ref, "--method", method, "--save-stats", tmp_path / "a.npz"))
+    assert r.code == 0, r
+    r = trtq(_sample_args(sample_model, sample_images, small, "--method", method, "--max-memory", "12M",
+                          "--save-stats", tmp_path / "b.npz"))
+    assert r.code == 0, r
+    assert ref.read_bytes() == small.read_bytes()
+    a, b = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
+    assert np.array_equal(a["counts"], b["counts"]) and np.array_equal(a["maxima"], b["maxima"])
+    prov = json.loads((tmp_path / "small.cache.json").read_text())
+    assert prov["collection"]["tensor_groups"] > 3
+    assert json.loads((tmp_path / "ref.cache.json").read_text())["collection"]["tensor_groups"] == 1
+
+
+@pytest.mark.parametrize("size,needle", [("2X", "must be a size such as 2G"), ("0", "must be positive"),
+                                         ("1K", "raise --max-memory to at least")])
+def test_max_memory_errors_are_one_line_exit_2(trtq, sample_model, sample_images, tmp_path, size, needle):
+    r = trtq(_sample_args(sample_model, sample_images, tmp_path / "c.cache", "--max-memory", size))
+    assert r.code == 2, r
+    assert needle in r.err and len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err
+    assert not (tmp_path / "c.cache").exists()
+
+
+def test_max_memory_config_key(trtq, sample_model, sample_images, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("calibrate:\n  max_memory: 3Q\n")
+    args = _sample_args(sample_model, sample_images, tmp_path / "c.cache")
+    r = trtq([args[0], "--config", cfg, *args[1:]])
+    assert r.code == 2 and "3Q" in r.err, r
+
+
+def test_fixed_batch_1_model_fed_in_batches_gives_the_same_cache(trtq, sample_model, sample_images, tmp_path):
+    one = tmp_path / "b1.onnx"
+    onnx.save(override_input_shapes(onnx.load(str(sample_model)), {"x": [1, 3, 224, 224]}, "m"), str(one))
+    base = ["calibrate", "--model", one, "--data", sample_images, "--preprocess", "imagenet", "--limit", "12",
+            "--method", "mse"]
+    r = trtq([*base, "-o", tmp_path / "batched.cache"])
+    assert r.code == 0, r
+    r = trtq([*base, "-o", tmp_path / "single.cache", "--batch-size", "1"])
+    assert r.code == 0, r
+    assert (tmp_path / "batched.cache").read_bytes() == (tmp_path / "single.cache").read_bytes()
+    prov = json.loads((tmp_path / "batched.cache.json").read_text())
+    assert prov["collection"]["fixed_batch_1"] == "batched"
+    assert prov["data"]["batch_size"] == 8 and prov["model"]["inputs"][0]["shape"][0] == 1
+    assert json.loads((tmp_path / "single.cache.json").read_text())["collection"]["fixed_batch_1"] is None
+
+
+def _reshape_model(path):
+    """x[1,4] -> Reshape to the constant [1, 4] -> Relu: cannot take a batch of 8."""
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+                              initializer=[numpy_helper.from_array(np.array([1, 4], dtype=np.int64), "shape")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(path))
+
+
+def test_fixed_batch_1_model_that_cannot_batch_falls_back(trtq, tmp_path, caplog):
+    _reshape_model(tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(0, 1, (10, 1, 4)).astype(np.float32)[:, 0])
+    r = trtq(["calibrate", "--model", tmp_path / "m.onnx", "--data", tmp_path / "x.npy", "-o", tmp_path / "a.cache",
+              "--method", "entropy"])
+    assert r.code == 0, r
+    assert json.loads((tmp_path / "a.cache.json").read_text())["collection"]["fixed_batch_1"] == "per-sample"
+    r = trtq(["calibrate", "--model", tmp_path / "m.onnx", "--data", tmp_path / "x.npy", "-o", tmp_path / "b.cache",
+              "--method", "entropy", "--batch-size", "1"])
+    assert r.code == 0, r
+    assert (tmp_path / "a.cache").read_bytes() == (tmp_path / "b.cache").read_bytes()
+
+
+def test_probe_mismatch_keeps_one_sample_per_call(trtq, sample_model, sample_images, tmp_path, monkeypatch):
+    from trtq.calib import widen
+
+    monkeypatch.setattr(widen, "probe", lambda *a: (False, "'t' of sample 0 differs"))
+    one = tmp_path / "b1.onnx"
+    onnx.save(override_input_shapes(onnx.load(str(sample_model)), {"x": [1, 3, 224, 224]}, "m"), str(one))
+    r = trtq(["calibrate", "--model", one, "--data", sample_images, "--preprocess", "imagenet", "--limit", "3",
+              "-o", tmp_path / "c.cache"])
+    assert r.code == 0, r
+    prov = json.loads((tmp_path / "c.cache.json").read_text())
+    assert prov["collection"]["fixed_batch_1"] == "per-sample" and prov["data"]["batch_size"] == 1

@@ -1,0 +1,133 @@
+"""How much memory one batch of collected activations may take (``--max-memory``), and the tensor
+groups that keep each ONNX Runtime call under it.
+
+Every collected tensor is a graph output of the collector's session, so ONNX Runtime cannot reuse
+its buffer: one call holds one batch of *all* of them. When that exceeds the budget the tensors are
+split into contiguous groups (model order) whose batch bytes fit, and each batch is run once per
+group (trtq.calib.groups.GroupedCollector). Sizes come from ONNX shape inference at the batch's
+input shapes, float32 assumed where a type or shape is unknown (the largest known size then).
+"""
+import math
+import os
+import re
+from typing import Optional
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from trtq.errors import ConfigError, UsageError
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text) -> int:
+    """``2G``, ``512M``, ``1.5GiB``, ``1048576`` (bytes) -> bytes; ConfigError on anything else."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        m = _SIZE.match(str(text))
+        if not m:
+            raise ConfigError(f"--max-memory must be a size such as 2G or 512M, got {text!r}",
+                              "use a number with K, M, G or T (binary units), e.g. --max-memory 2G")
+        value, unit = float(m.group(1)), m.group(2).upper()
+    size = int(value * _UNITS[unit])
+    if not math.isfinite(value) or size < 1:
+        raise ConfigError(f"--max-memory must be positive, got {text!r}", "e.g. --max-memory 2G")
+    return size
+
+
+def available_memory() -> Optional[int]:
+    """MemAvailable of /proc/meminfo (Linux), else physical memory, else None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def resolve_budget(setting) -> int:
+    """The configured budget in bytes, or a quarter of the available memory (4 GiB when unknown)."""
+    if setting is not None:
+        return parse_size(setting)
+    avail = available_memory()
+    return max(avail // 4, 64 << 20) if avail else 4 << 30
+
+
+def tensor_bytes(model, tensors: Sequence[str], input_shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """Bytes of each tensor for inputs of ``input_shapes`` (shape inference; unknown -> the largest
+    known size, or the largest input's)."""
+    import onnx
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for vi in m.graph.input:
+        if vi.name in input_shapes:
+            shape = vi.type.tensor_type.shape
+            shape.ClearField("dim")
+            for d in input_shapes[vi.name]:
+                shape.dim.add().dim_value = int(d)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(m)
+    except Exception:
+        inferred = m
+    typed = {vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output)
+             + list(inferred.graph.input)}
+    sizes: dict[str, Optional[int]] = {}
+    for name in tensors:
+        sizes[name] = _size(typed.get(name))
+    known = [s for s in sizes.values() if s is not None]
+    fallback = max(known) if known else max(int(np.prod(s)) * 4 for s in input_shapes.values())
+    return {n: (s if s is not None else fallback) for n, s in sizes.items()}
+
+
+def _size(vi) -> Optional[int]:
+    if vi is None or not vi.type.tensor_type.HasField("shape"):
+        return None
+    dims = vi.type.tensor_type.shape.dim
+    if not all(d.HasField("dim_value") and d.dim_value >= 0 for d in dims):
+        return None
+    import onnx
+
+    try:
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)).itemsize
+    except Exception:
+        itemsize = 4
+    return int(np.prod([d.dim_value for d in dims], dtype=np.int64)) * itemsize
+
+
+def plan_groups(sizes: Mapping[str, int], budget: int, batch: int) -> list[list[str]]:
+    """Contiguous groups of ``sizes`` (tensor -> bytes of one batch) of at most ``budget`` bytes
+    each; one group when everything fits. UsageError (exit 2) naming the fix when one tensor alone
+    does not fit."""
+    if sum(sizes.values()) <= budget:
+        return [list(sizes)]
+    biggest = max(sizes, key=lambda n: sizes[n])
+    if sizes[biggest] > budget:
+        per_sample = -(-sizes[biggest] // max(batch, 1))
+        fix = (f"raise --max-memory to at least {_human(sizes[biggest])}"
+               + (f", or lower --batch-size (one sample needs {_human(per_sample)})" if batch > 1 else ""))
+        raise UsageError(f"--max-memory {_human(budget)} is too small: tensor '{biggest}' alone takes "
+                         f"{_human(sizes[biggest])} for a batch of {batch}", fix)
+    groups: list[list[str]] = [[]]
+    used = 0
+    for name, size in sizes.items():
+        if groups[-1] and used + size > budget:
+            groups.append([])
+            used = 0
+        groups[-1].append(name)
+        used += size
+    return groups
+
+
+def _human(n: int) -> str:
+    for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= div:
+            return f"{math.ceil(n / div * 10) / 10:g}{unit}"
+    return f"{n}B"

@@ -1,0 +1,109 @@
+"""Collect the activations in tensor groups when one batch of all of them exceeds ``--max-memory``.
+
+The single collector session (trtq.calib.collect.OrtCollector) exposes every calibrated tensor as
+a graph output, which keeps ONNX Runtime from fusing them away and from reusing their buffers: one
+call holds a batch of all of them. Here, when that is over the budget (trtq.calib.budget):
+
+1. ONNX Runtime optimises that same all-tensor graph once (same options, nothing run) and hands
+   the optimised graph back (``optimized_model_filepath``);
+2. per group, the optimised graph cut down to the nodes its tensors need, with only the group's
+   tensors as outputs, runs with optimisations off: the same nodes and kernels as the all-tensor
+   session, so bit for bit the same values, while everything else is freed as in inference.
+
+Each batch runs once per group (the early groups run a part of the model only). The histograms and
+maxima are per tensor, so the statistics, and the cache, are the same whatever the grouping.
+"""
+import logging
+import os
+import tempfile
+from typing import Any, Optional
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+
+from trtq.calib.collect import OrtCollector, _with_outputs, default_providers
+
+log = logging.getLogger(__name__)
+
+
+def _optimized(model: onnx.ModelProto, tensors: Sequence[str], providers: Sequence[str]) -> onnx.ModelProto:
+    """ONNX Runtime's optimised form of the all-tensor collector graph (the one OrtCollector runs)."""
+    import onnxruntime as ort
+
+    graph_inputs = {i.name for i in model.graph.input}
+    exposed = _with_outputs(model, [t for t in tensors if t not in graph_inputs])
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    fd, path = tempfile.mkstemp(suffix=".onnx", prefix="trtq-groups-")
+    os.close(fd)
+    try:
+        opts.optimized_model_filepath = path
+        ort.InferenceSession(exposed.SerializeToString(), opts, providers=list(providers) or default_providers())
+        return onnx.load(path)
+    finally:
+        os.unlink(path)
+
+
+def _pruned(model: onnx.ModelProto, outputs: Sequence[str]) -> bytes:
+    """``model`` with only ``outputs`` as graph outputs and only the nodes they need."""
+    need = set(outputs)
+    keep = []
+    for node in reversed(model.graph.node):
+        if any(o in need for o in node.output):
+            keep.append(node)
+            need.update(_reads(node))
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    del m.graph.node[:]
+    m.graph.node.extend(reversed(keep))
+    typed = {o.name: o for o in model.graph.output}
+    del m.graph.output[:]
+    m.graph.output.extend(typed[o] for o in outputs)
+    return m.SerializeToString()  # unused initializers: ONNX Runtime drops them at load
+
+
+def _reads(node) -> set[str]:
+    """Every value a node reads, the outer-scope ones of its subgraphs (If, Loop, Scan) included."""
+    names = {i for i in node.input if i}
+    for attr in node.attribute:
+        for g in list(attr.graphs) + ([attr.g] if attr.HasField("g") else []):
+            for inner in g.node:
+                names |= _reads(inner)
+    return names
+
+
+class GroupedCollector:
+    """:class:`OrtCollector` over ``tensors``, in groups of at most ``budget`` bytes per batch; one
+    group (everything fits): the plain OrtCollector. :meth:`run_groups` yields each group's
+    activations (valid until the next one)."""
+
+    def __init__(self, model: onnx.ModelProto, tensors: Sequence[str], providers: Sequence[str],
+                 budget: int, input_shapes: dict):
+        from trtq.calib.budget import plan_groups, tensor_bytes
+
+        batch = next((int(s[0]) for s in input_shapes.values() if len(s)), 1)
+        self.groups = plan_groups(tensor_bytes(model, tensors, input_shapes), budget, batch)
+        self.tensors = list(tensors)
+        if len(self.groups) == 1:
+            self._collectors = [OrtCollector(model, tensors, providers)]
+        else:
+            log.info("one batch of activations exceeds --max-memory: %d tensor groups, one ONNX Runtime "
+                     "call each per batch", len(self.groups))
+            opt = _optimized(model, tensors, providers)
+            inputs = {i.name for i in model.graph.input}
+            self._collectors = [
+                OrtCollector(model, g, providers, optimized=_pruned(opt, [t for t in g if t not in inputs]))
+                for g in self.groups]
+        self.providers = self._collectors[0].providers
+
+    def run_groups(self, arrays: dict[str, np.ndarray], valid: Optional[int] = None) -> Any:
+        for collector in self._collectors:
+            yield collector.run(arrays, valid)
+
+    def run(self, arrays: dict[str, np.ndarray], valid: Optional[int] = None) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for part in self.run_groups(arrays, valid):
+            out.update(part)
+        return out
