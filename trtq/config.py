@@ -36,7 +36,7 @@ def _paths_field():
 # data
 # --------------------------------------------------------------------------------------------
 
-Interpolation = Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"]
+Interpolation = Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming", "opencv_linear"]
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,11 @@ class ResizeOptions:
       longer    scale so the longer side equals ``size[0]``
       letterbox scale to fit inside ``size`` = (h, w) keeping the aspect ratio, then pad with
                 ``pad_value`` (pixel units, before scale/mean/std) at ``anchor``
+      height    PaddleOCR's text line: height ``h``, width from the aspect ratio capped at ``w``
+                (wider lines squashed), padded to ``w`` with ``pad_value`` at ``anchor``
     """
 
-    mode: Literal["none", "exact", "shorter", "longer", "letterbox"] = "none"
+    mode: Literal["none", "exact", "shorter", "longer", "letterbox", "height"] = "none"
     size: tuple[int, ...] = ()
     interpolation: Interpolation = "bilinear"
     pad_value: float = 0.0

@@ -21,8 +21,16 @@ Rules that are easy to get subtly wrong, written down once:
   goes to the bottom/right), with ``top_left`` at ``(0, 0)``.
 * Center crop. Offsets follow torchvision's ``CenterCrop``: ``top = round((H - h) / 2)`` and
   ``left = round((W - w) / 2)`` with Python's ``round`` (half to even). ``(s,)`` means ``(s, s)``.
-* ``exact`` and ``letterbox`` accept ``size: [s]`` for a square ``(s, s)``.
+* ``height (h, w)`` (PaddleOCR's text-line resize): the height becomes ``h`` and the width
+  ``ceil(h * W / H)`` computed in float as PaddleOCR does, capped at ``w`` (a wider line is squashed
+  to ``w``); the rest of the ``(h, w)`` canvas is ``pad_value``, at the right with anchor
+  ``top_left`` (PaddleOCR's), split left/right with ``center``.
+* ``exact``, ``letterbox`` and ``height`` accept ``size: [s]`` for a square ``(s, s)``.
+* Interpolation ``opencv_linear`` is OpenCV's ``INTER_LINEAR`` (:mod:`trtq.data.opencv_resize`: no
+  antialiasing when shrinking), for models whose deployment resizes with OpenCV (PaddleOCR,
+  Ultralytics); the others are PIL's filters.
 """
+import math
 from dataclasses import dataclass
 from typing import Callable
 from collections.abc import Sequence
@@ -31,10 +39,12 @@ import numpy as np
 from PIL import Image
 
 from trtq.config import PreprocessOptions
+from trtq.data.opencv_resize import resize_linear
 from trtq.errors import ConfigError, DataError
 
 __all__ = [
     "FILTERS",
+    "INTERPOLATIONS",
     "Preprocessor",
     "build_preprocess",
     "crop_offsets",
@@ -57,6 +67,8 @@ FILTERS = {
     "hamming": _filter("HAMMING"),
 }
 
+INTERPOLATIONS = (*FILTERS, "opencv_linear")
+
 # Modes PIL stores as one 16-bit unsigned channel.
 _MODES_16BIT = ("I;16", "I;16B", "I;16L", "I;16N")
 
@@ -75,6 +87,8 @@ def resized_size(mode: str, size: tuple[int, ...], width: int, height: int) -> t
         return w, h
     if mode == "letterbox":
         return letterbox_size(_pair(size), width, height)
+    if mode == "height":
+        return text_line_size(_pair(size), width, height)
     s = size[0]
     if (mode == "shorter") == (width <= height):
         return s, max(1, _round_half_up(s * height, width))
@@ -87,6 +101,13 @@ def letterbox_size(target_hw: tuple[int, int], width: int, height: int) -> tuple
     if th * width <= tw * height:  # height binds: r = th / height
         return min(tw, max(1, _round_half_up(width * th, height))), th
     return tw, min(th, max(1, _round_half_up(height * tw, width)))
+
+
+def text_line_size(target_hw: tuple[int, int], width: int, height: int) -> tuple[int, int]:
+    """(width, height) of a text line resized to the target height, as PaddleOCR's rec/cls do."""
+    th, tw = target_hw
+    wide = math.ceil(th * (width / float(height)))
+    return (tw if wide > tw else max(1, int(wide))), th
 
 
 def crop_offsets(height: int, width: int, crop_hw: tuple[int, int]) -> tuple[int, int]:
@@ -122,7 +143,7 @@ class Preprocessor:
         self.dtype = np.dtype(options.dtype)
         self._check_options()
         r = options.resize
-        self._filter = FILTERS[r.interpolation]
+        self._filter = FILTERS.get(r.interpolation)  # None: OpenCV's bilinear
         c = self.channels
         self._scale = np.float32(options.scale)
         self._mean = np.zeros(c, np.float32) if not options.mean else self._per_channel("mean", options.mean)
@@ -156,16 +177,17 @@ class Preprocessor:
             raise ConfigError(f"{key}.layout must be nchw or nhwc, got {o.layout!r}")
         if o.dtype not in ("float32", "float16"):
             raise ConfigError(f"{key}.dtype must be float32 or float16, got {o.dtype!r}")
-        if r.interpolation not in FILTERS:
+        if r.interpolation not in INTERPOLATIONS:
             raise ConfigError(
-                f"{key}.resize.interpolation must be one of {', '.join(FILTERS)}, got {r.interpolation!r}"
+                f"{key}.resize.interpolation must be one of {', '.join(INTERPOLATIONS)}, got {r.interpolation!r}"
             )
-        sizes = {"none": (0,), "exact": (1, 2), "letterbox": (1, 2), "shorter": (1,), "longer": (1,)}
+        sizes = {"none": (0,), "exact": (1, 2), "letterbox": (1, 2), "height": (1, 2), "shorter": (1,), "longer": (1,)}
         if r.mode not in sizes:
             raise ConfigError(f"{key}.resize.mode must be one of {', '.join(sizes)}, got {r.mode!r}")
         if len(r.size) not in sizes[r.mode]:
             want = {
                 "none": "no size", "exact": "[height, width]", "letterbox": "[height, width]",
+                "height": "[height, width]",
                 "shorter": "one size", "longer": "one size",
             }[r.mode]
             raise ConfigError(
@@ -202,7 +224,7 @@ class Preprocessor:
     def plan(self, width: int, height: int, where: str = "image") -> _Plan:
         r = self.options.resize
         rw, rh = resized_size(r.mode, tuple(r.size), width, height)
-        if r.mode == "letterbox":
+        if r.mode in ("letterbox", "height"):
             ch, cw = _pair(r.size)
             offset = (0, 0) if r.anchor == "top_left" else ((ch - rh) // 2, (cw - rw) // 2)
         else:
@@ -251,7 +273,10 @@ class Preprocessor:
         img, is_float = self._to_color(img, where)
         p = self.plan(img.width, img.height, where)
         if p.resize_to != img.size:
-            img = img.resize(p.resize_to, self._filter)
+            if self._filter is None:
+                img = Image.fromarray(resize_linear(np.asarray(img), *p.resize_to))
+            else:
+                img = img.resize(p.resize_to, self._filter)
         # the part of the resized image that lies inside the crop window, in canvas coordinates
         top, left, kh, kw = p.crop
         oy, ox = p.offset

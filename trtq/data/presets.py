@@ -16,8 +16,9 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 PRESETS: dict[str, str] = {
     "imagenet": "torchvision ImageNet eval: resize shorter side to size/0.875, center crop, mean/std",
     "inception": "resize shorter side to size/0.875, center crop, scale to [-1, 1] (TF / EfficientNet-Lite)",
-    "yolo": "letterbox to the input size (centre, pad 114), scale to [0, 1]",
-    "paddle": "PaddleOCR cls/rec: keep aspect ratio to the input height, pad right, scale to [-1, 1]",
+    "yolo": "Ultralytics LetterBox: OpenCV bilinear to fit the input size, centred, pad 114, RGB, [0, 1]",
+    "paddle": "PaddleOCR/RapidOCR cls/rec: OpenCV bilinear to the input height, wide lines squashed to "
+              "the input width, pad right, BGR, [-1, 1]",
     "unit": "resize to the input size (ignoring aspect ratio), scale to [0, 1]",
     "raw": "resize to the input size, pixel values 0..255 as float",
 }
@@ -60,11 +61,14 @@ def preset(name: str, shape: Sequence) -> PreprocessOptions:
     if name == "inception":
         return replace(base, resize=crop_resize, center_crop=(h, w), mean=(0.5,), std=(0.5,))
     if name == "yolo":
-        return replace(base, resize=ResizeOptions(mode="letterbox", size=(h, w), pad_value=114.0))
-    if name == "paddle":
+        return replace(base, resize=ResizeOptions(mode="letterbox", size=(h, w), pad_value=114.0,
+                                                  interpolation="opencv_linear"))
+    if name == "paddle":  # RapidOCR reads images with OpenCV (BGR) and feeds them as they are
         return replace(
             base,
-            resize=ResizeOptions(mode="letterbox", size=(h, w), pad_value=127.5, anchor="top_left"),
+            color="gray" if ch == 1 else "bgr",
+            resize=ResizeOptions(mode="height", size=(h, w), pad_value=127.5, anchor="top_left",
+                                 interpolation="opencv_linear"),
             mean=(0.5,), std=(0.5,),
         )
     if name == "unit":
