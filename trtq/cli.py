@@ -1005,6 +1005,71 @@ def _redeliver_after_import(signum: int) -> None:
     os.kill(os.getpid(), signum)
 
 
+SIGNAL_GRACE_S = 10.0  # a signalled process that has not stopped by itself this long after it is stopped
+
+
+def _signal_grace() -> float:
+    try:
+        return max(0.0, float(os.environ.get("TRTQ_SIGNAL_GRACE", SIGNAL_GRACE_S)))
+    except ValueError:
+        return SIGNAL_GRACE_S
+
+
+def _start_signal_watchdog() -> None:
+    """The real process always ends after SIGINT / SIGTERM, even when its main thread cannot.
+
+    The Python handler (:func:`_on_signal`) runs only on the main thread, between two bytecodes. A
+    main thread blocked in C (waiting for the import lock or a module lock that another thread
+    holds, in a library call) never runs it, and a signal that arrives inside an import is deferred
+    until the import is over, which is never when the import waits for a thread that is stuck. The
+    C-level handler writes every signal to the wakeup fd, whatever the main thread does; this thread
+    reads it and, if the command is still running ``TRTQ_SIGNAL_GRACE`` seconds (default 10) later
+    and is not putting its final outputs in place, stops the process as a second signal would:
+    temporary files removed, one line, exit 130 / 143 (every thread's stack first when faulthandler
+    is on, e.g. PYTHONFAULTHANDLER=1)."""
+    import threading
+
+    try:
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except (OSError, ValueError):  # not the main thread, or no pipe left: the handlers alone
+        return
+    threading.Thread(target=_watchdog, args=(r, _signal_grace()), name="trtq-signal-watchdog", daemon=True).start()
+
+
+def _watchdog(fd: int, grace: float) -> None:
+    import faulthandler  # imported now: when it fires, the import lock may be what is stuck
+
+    from trtq import interrupt
+
+    data = b""
+    while not data:
+        try:
+            data = os.read(fd, 64)
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline or _finishing or interrupt.holding() or interrupt.committed():
+        time.sleep(0.05)  # the command is over, or its outputs are being put in place: it ends by itself
+    signum = interrupt.requested() or data[0]
+    try:
+        what = b"terminated (SIGTERM)" if signum == signal.SIGTERM else b"interrupted"
+        os.write(2, b"trtq: " + what + b"; the command did not stop within %.0f s of the signal, stopped it; "
+                 b"nothing was written\n" % grace)
+        if faulthandler.is_enabled():
+            faulthandler.dump_traceback(all_threads=True)
+    except OSError:
+        pass
+    for module, clean_up in (("trtq.fileio", "remove_pending_temp_files"), ("trtq.input_override", "remove_temp_models")):
+        loaded = sys.modules.get(module)  # not imported here: the import lock may be what is stuck
+        if loaded is not None:
+            getattr(loaded, clean_up)()
+    os._exit(EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED)
+
+
 def _install_signal_handlers() -> dict[int, Any]:
     previous: dict[int, Any] = {}
     try:
@@ -1024,6 +1089,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     verbose += args.count("--verbose")
     interrupt.reset()
     previous = _install_signal_handlers()
+    if argv is None:  # the real process (in-process callers keep their own signal handling)
+        _start_signal_watchdog()
     code = 0
     try:
         code = _run(args, verbose)

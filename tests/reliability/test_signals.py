@@ -43,6 +43,7 @@ def _big_npy(kit, rows=40000):
 
 def _check_outcome(p, err, kit, sig, outputs, before, valid):
     assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert "did not stop within" not in err, err  # stopped by itself, not by the signal watchdog
     assert not temp_leftovers(kit.root), temp_leftovers(kit.root)
     if p.returncode == 0:  # finished before the signal came: the new outputs are complete
         for o in outputs:
@@ -55,13 +56,21 @@ def _check_outcome(p, err, kit, sig, outputs, before, valid):
     return "interrupted"
 
 
-def _interrupt(args, delay, sig):
-    # faulthandler: if the run does not stop, SIGABRT makes it print every thread's stack (a rare hang,
-    # 1 in about 80 of these runs inside full suites on the loaded 2-core machine, not yet explained)
+def _interrupt(args, delay, sig, ready=None):
+    """Run trtq with ``args``, send ``sig`` ``delay`` seconds after its early handlers are in place, or
+    after the first stderr line that contains ``ready`` (a phase of the run, not a time that a loaded
+    machine stretches), and wait for it to end. faulthandler on: a run that does not stop prints every
+    thread's stack (trtq's signal watchdog dumps them before it stops the process; SIGABRT here)."""
     env = child_env({"PYTHONFAULTHANDLER": "1"})
     p = subprocess.Popen(trtq_cmd(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        _handlers_installed(p.pid)
+        if ready is None:
+            _handlers_installed(p.pid)
+        else:
+            line = p.stderr.readline()
+            while line and ready not in line:
+                line = p.stderr.readline()
+            assert ready in line, f"trtq {args[0]} ended before {ready!r}"
         time.sleep(delay)
         p.send_signal(sig)
         try:
@@ -92,17 +101,21 @@ def _valid_model(path):
 
 
 CASES = [(sig, i) for sig in (signal.SIGINT, signal.SIGTERM) for i in range(2)]
+DELAYS = (0.0, 0.5)  # after the first progress line: the numba warm-up thread has just started / is loading
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,i", CASES, ids=[f"{signal.Signals(s).name}-{i}" for s, i in CASES])
-def test_calibrate_at_random_points(kit, sig, i):
+def test_calibrate_while_it_runs(kit, sig, i):
+    """Signalled in pass 1 (the first progress line is printed after its first batch, right after the
+    numba warm-up thread was started), not at a random time: a time that the start-up of a loaded
+    machine can stretch past any point. The start-up itself: test_signal_while_starting_up, the
+    import-time paths: test_signal_inside_an_import_is_raised_after_it."""
     big = _big_npy(kit)
     outputs = [kit.cache, kit.prov]
     before = {o: o.read_bytes() for o in outputs}
-    delay = random.Random(f"calibrate-{sig}-{i}").uniform(0.0, 1.5)
     p, err = _interrupt(["calibrate", "--model", kit.model, "--data", big, "-o", kit.cache, "--batch-size", "1",
-                         "--method", "percentile"], delay, sig)
+                         "--method", "percentile", "--progress"], DELAYS[i], sig, ready="pass 1/2")
     assert _check_outcome(p, err, kit, sig, outputs, before, _valid_cache) == "interrupted"
 
 
@@ -409,4 +422,74 @@ def test_a_signal_between_the_cache_and_its_provenance_lets_both_finish(kit):
     assert prov["method"]["name"] == "percentile"
     assert {k: round(v, 6) for k, v in read_cache(kit.cache).amax.items()} == \
         {k: round(v, 6) for k, v in prov["amax"].items()}
+    assert not temp_leftovers(kit.root)
+
+
+_MAIN_THREAD_STUCK = r"""
+import sys, threading, time
+sys.path.insert(0, sys.argv[1])
+import trtq.cli as cli
+
+how, cache = sys.argv[2], sys.argv[3]
+
+
+def hold_the_import_lock():
+    import _imp
+    _imp.acquire_lock()  # and never released
+    threading.Event().wait()
+
+
+def import_a_module_that_never_finishes():
+    import never_finishes  # its body waits forever, its module lock stays taken
+
+
+def emit_while_stuck(*args, **kwargs):
+    # the command's main thread waits for another thread that never lets go (the numba warm-up thread
+    # stuck in its import of numba, say): in a module lock (the handler defers a signal inside an import
+    # until the import is over) or in the import lock itself (a C wait: no Python handler runs at all)
+    threading.Thread(target=hold_the_import_lock if how == "import-lock" else import_a_module_that_never_finishes,
+                     daemon=True).start()
+    time.sleep(0.2)
+    sys.stderr.write("trtq-test: stuck\n")
+    sys.stderr.flush()
+    if how == "import-lock":
+        import json.tool  # not imported yet: needs the import lock
+    else:
+        import never_finishes
+
+
+cli._emit = emit_while_stuck
+sys.argv = ["trtq", "inspect-cache", cache]
+cli.main()  # the console-script path: argv from sys.argv, the process leaves through os._exit
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("how", ["module-lock", "import-lock"])
+def test_a_signal_stops_the_process_even_when_its_main_thread_is_stuck(kit, tmp_path, how, sig):
+    """The hang of the Ctrl-C test: trtq still running 60 s after SIGINT. A main thread that waits for
+    another thread forever never acts on the signal by itself (deferred inside an import, or no Python
+    handler at all in a C wait); the watchdog stops the process TRTQ_SIGNAL_GRACE seconds later."""
+    (tmp_path / "never_finishes.py").write_text("import threading\nthreading.Event().wait()\n")
+    env = child_env({"TRTQ_SIGNAL_GRACE": "1", "PYTHONFAULTHANDLER": "1"})
+    p = subprocess.Popen([sys.executable, "-c", _MAIN_THREAD_STUCK, str(tmp_path), how, str(kit.cache)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert p.stderr.readline().strip() == "trtq-test: stuck"
+        time.sleep(0.2)  # into the wait
+        sent = time.monotonic()
+        p.send_signal(sig)
+        try:
+            _, err = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 30 s after {signal.Signals(sig).name} with its main thread stuck ({how})")
+        took = time.monotonic() - sent
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == EXIT[sig], (p.returncode, err)
+    assert f"trtq: {WORD[sig]}" in err and "did not stop within 1 s of the signal" in err, err
+    assert "Current thread" in err or "Thread 0x" in err, err  # faulthandler on: every thread's stack
+    assert took < 20, took
     assert not temp_leftovers(kit.root)
