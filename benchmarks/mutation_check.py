@@ -88,6 +88,10 @@ MUTATIONS: list[Mutation] = [
       '    """Raise again when a signal arrived whose exception was swallowed somewhere."""'),
     M("final-outputs-written-as-one-step", "trtq/cli.py",
       "    if interrupt.holding():  # final outputs", "    if False:  # final outputs"),
+    M("signal-watchdog (main thread stuck)", "trtq/cli.py",
+      "    if argv is None:  # the real process (in-process callers keep their own signal handling)\n"
+      "        _start_signal_watchdog()",
+      "    if False:\n        _start_signal_watchdog()", ("tests/reliability/test_signals.py",)),
     M("temp-files-removed-when-a-command-ends", "trtq/cli.py",
       "            remove_pending_temp_files()\n            remove_temp_models()", "            remove_temp_models()"),
     # defect 8: messages
