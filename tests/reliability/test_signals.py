@@ -443,6 +443,14 @@ def import_a_module_that_never_finishes():
     import never_finishes  # its body waits forever, its module lock stays taken
 
 
+def report_when_waiting(main_id):
+    # the main thread is in the import machinery (from there on a signal cannot stop it by itself)
+    while not sys._current_frames()[main_id].f_code.co_filename.startswith("<frozen importlib"):
+        time.sleep(0.01)
+    sys.stderr.write("trtq-test: stuck\n")
+    sys.stderr.flush()
+
+
 def emit_while_stuck(*args, **kwargs):
     # the command's main thread waits for another thread that never lets go (the numba warm-up thread
     # stuck in its import of numba, say): in a module lock (the handler defers a signal inside an import
@@ -450,8 +458,7 @@ def emit_while_stuck(*args, **kwargs):
     threading.Thread(target=hold_the_import_lock if how == "import-lock" else import_a_module_that_never_finishes,
                      daemon=True).start()
     time.sleep(0.2)
-    sys.stderr.write("trtq-test: stuck\n")
-    sys.stderr.flush()
+    threading.Thread(target=report_when_waiting, args=(threading.get_ident(),), daemon=True).start()
     if how == "import-lock":
         import json.tool  # not imported yet: needs the import lock
     else:
@@ -476,7 +483,6 @@ def test_a_signal_stops_the_process_even_when_its_main_thread_is_stuck(kit, tmp_
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert p.stderr.readline().strip() == "trtq-test: stuck"
-        time.sleep(0.2)  # into the wait
         sent = time.monotonic()
         p.send_signal(sig)
         try:
