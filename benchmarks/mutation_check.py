@@ -89,9 +89,13 @@ MUTATIONS: list[Mutation] = [
     M("final-outputs-written-as-one-step", "trtq/cli.py",
       "    if interrupt.holding():  # final outputs", "    if False:  # final outputs"),
     M("signal-watchdog (main thread stuck)", "trtq/cli.py",
-      "    if argv is None:  # the real process (in-process callers keep their own signal handling)\n"
-      "        _start_signal_watchdog()",
-      "    if False:\n        _start_signal_watchdog()", ("tests/reliability/test_signals.py",)),
+      "            if argv is None:  # the real process (in-process callers keep their own signal handling)\n"
+      "                _start_signal_watchdog()",
+      "            if False:\n                _start_signal_watchdog()", ("tests/reliability/test_signals.py",)),
+    M("signal-before-the-command-runs", "trtq/cli.py",
+      "        except KeyboardInterrupt as e:  # a signal once the handlers were in place",
+      "        except ZeroDivisionError as e:  # a signal once the handlers were in place",
+      ("tests/reliability/test_signals.py",)),
     M("temp-files-removed-when-a-command-ends", "trtq/cli.py",
       "            remove_pending_temp_files()\n            remove_temp_models()", "            remove_temp_models()"),
     # defect 8: messages

@@ -1070,8 +1070,8 @@ def _watchdog(fd: int, grace: float) -> None:
     os._exit(EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED)
 
 
-def _install_signal_handlers() -> dict[int, Any]:
-    previous: dict[int, Any] = {}
+def _install_signal_handlers(previous: Optional[dict[int, Any]] = None) -> dict[int, Any]:
+    previous = {} if previous is None else previous  # filled as it goes: a signal may cut it short
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, _on_signal)
@@ -1088,12 +1088,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     verbose = sum(a.count("v") for a in args if a.startswith("-") and not a.startswith("--") and set(a[1:]) <= {"v", "q"})
     verbose += args.count("--verbose")
     interrupt.reset()
-    previous = _install_signal_handlers()
-    if argv is None:  # the real process (in-process callers keep their own signal handling)
-        _start_signal_watchdog()
+    previous: dict[int, Any] = {}
     code = 0
     try:
-        code = _run(args, verbose)
+        try:
+            _install_signal_handlers(previous)
+            if argv is None:  # the real process (in-process callers keep their own signal handling)
+                _start_signal_watchdog()
+            code = _run(args, verbose)
+        except KeyboardInterrupt as e:  # a signal once the handlers were in place, before _run's own handling
+            code = _interrupted(e)
     finally:
         _guard.restore()
         if argv is not None:  # called in-process (tests): give the caller its handlers back
@@ -1160,6 +1164,16 @@ def _run(args: list[str], verbose: int) -> int:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return _fail(e, f"internal error: {type(e).__name__}: {msg} (run with -vv for the traceback; please report it)", 1, verbose)
     return rv if isinstance(rv, int) else 0
+
+
+def _interrupted(e: KeyboardInterrupt) -> int:
+    from trtq.interrupt import Terminated
+
+    if isinstance(e, Terminated):
+        click.echo("trtq: terminated (SIGTERM); nothing was written", err=True)
+        return EXIT_TERMINATED
+    click.echo("trtq: interrupted; nothing was written", err=True)
+    return EXIT_INTERRUPTED
 
 
 def _fail(exc: Optional[BaseException], message: str, code: int, verbose: int) -> int:

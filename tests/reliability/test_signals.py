@@ -499,3 +499,34 @@ def test_a_signal_stops_the_process_even_when_its_main_thread_is_stuck(kit, tmp_
     assert "Current thread" in err or "Thread 0x" in err, err  # faulthandler on: every thread's stack
     assert took < 20, took
     assert not temp_leftovers(kit.root)
+
+
+_SIGNAL_BEFORE_THE_COMMAND = r"""
+import os, signal, sys
+import trtq.cli as cli
+
+SIG = signal.SIGINT if sys.argv[1] == "SIGINT" else signal.SIGTERM
+
+
+def watchdog_start_cut_by_a_signal():  # the signal lands right after trtq's handlers are in place
+    os.kill(os.getpid(), SIG)
+    for _ in range(1000000):
+        pass
+
+
+cli._start_signal_watchdog = watchdog_start_cut_by_a_signal
+sys.argv = ["trtq", "--version"]
+cli.main()
+print("not interrupted")
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_between_the_handlers_and_the_command(sig):
+    """Seen in a loaded run of this suite: SIGINT while the watchdog thread was being started (after
+    trtq's handlers, before _run's try) escaped main() as a traceback."""
+    p = subprocess.run([sys.executable, "-c", _SIGNAL_BEFORE_THE_COMMAND, signal.Signals(sig).name],
+                       capture_output=True, text=True, env=child_env(), timeout=60)
+    assert p.returncode == EXIT[sig], (p.returncode, p.stderr)
+    assert p.stderr.strip().splitlines()[-1].startswith(f"trtq: {WORD[sig]}") and "Traceback" not in p.stderr, p.stderr
+    assert "not interrupted" not in p.stdout and "version" not in p.stdout
