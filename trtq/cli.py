@@ -945,17 +945,20 @@ def _on_signal(signum, frame) -> None:
     """SIGINT / SIGTERM: unwind (temporary files removed by trtq.fileio); a second one exits at once.
 
     Inside an import the exception is not raised: an exception thrown into the initialisation of a
-    C extension (onnx's pybind11 module) crashed the interpreter (SIGSEGV). The signal is sent again
-    once the main thread has left the import machinery.
+    C extension (onnx's pybind11 module) crashed the interpreter (SIGSEGV). Inside a finalizer
+    (``__del__``) neither: Python would print it as "Exception ignored" and drop it (zipfile's
+    ``ZipFile.__del__`` while --from-stats reads its .npz: exit 0 and a traceback on stderr). The signal
+    is sent again once the main thread has left the import machinery or the finalizer.
     """
     from trtq import interrupt
 
-    global _redelivering
+    global _redelivering, _stopping
     again = _redelivering
     _redelivering = False
-    if _finishing or interrupt.committed():  # the command is over (or its outputs are in place): its result stands
-        return
+    if _finishing or interrupt.committed() or _stopping:  # the command is over (or its outputs are in place),
+        return  # or a second signal is stopping the process: that stands
     if interrupt.requested() is not None and not again:
+        _stopping = True  # a re-sent signal that lands in here must not raise into the clean-up below
         from trtq.fileio import remove_pending_temp_files
 
         remove_pending_temp_files()
@@ -970,7 +973,7 @@ def _on_signal(signum, frame) -> None:
     interrupt.request(signum)
     if interrupt.holding():  # final outputs being written together: let them finish (see held_for_outputs)
         return
-    if _in_import(frame):
+    if _in_import(frame) or _in_finalizer(frame):
         import threading
 
         threading.Thread(target=_redeliver_after_import, args=(signum,), name="trtq-signal", daemon=True).start()
@@ -980,11 +983,20 @@ def _on_signal(signum, frame) -> None:
 
 _redelivering = False
 _finishing = False
+_stopping = False
 
 
 def _in_import(frame) -> bool:
     while frame is not None:
         if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _in_finalizer(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
             return True
         frame = frame.f_back
     return False
@@ -997,7 +1009,7 @@ def _redeliver_after_import(signum: int) -> None:
     main_id = threading.main_thread().ident
     while True:
         frame = sys._current_frames().get(main_id)
-        if frame is None or not _in_import(frame):
+        if frame is None or not (_in_import(frame) or _in_finalizer(frame)):
             break
         time.sleep(0.005)
         del frame
