@@ -114,6 +114,11 @@ def test_environment_errors():
         load_config(None, environ={"TRTQ_CALIBRATE_METHOD": "nonsense"})
 
 
+def test_environment_variables_read_elsewhere_are_not_config_keys():
+    # TRTQ_SIGNAL_GRACE: the CLI's signal watchdog (trtq.cli), not an option
+    assert load_config(None, environ={"TRTQ_SIGNAL_GRACE": "3", "TRTQ_NO_NUMBA": "1"}) == load_config(None, environ={})
+
+
 def test_apply_overrides_and_to_dict():
     cfg = apply_overrides(TrtqConfig(), {"calibrate.tensors": ["a", "b"], "build.fp16": True})
     assert cfg.calibrate.tensors == ("a", "b") and cfg.build.fp16 is True

@@ -949,17 +949,20 @@ def _on_signal(signum, frame) -> None:
     """SIGINT / SIGTERM: unwind (temporary files removed by trtq.fileio); a second one exits at once.
 
     Inside an import the exception is not raised: an exception thrown into the initialisation of a
-    C extension (onnx's pybind11 module) crashed the interpreter (SIGSEGV). The signal is sent again
-    once the main thread has left the import machinery.
+    C extension (onnx's pybind11 module) crashed the interpreter (SIGSEGV). Inside a finalizer
+    (``__del__``) neither: Python would print it as "Exception ignored" and drop it (zipfile's
+    ``ZipFile.__del__`` while --from-stats reads its .npz: exit 0 and a traceback on stderr). The signal
+    is sent again once the main thread has left the import machinery or the finalizer.
     """
     from trtq import interrupt
 
-    global _redelivering
+    global _redelivering, _stopping
     again = _redelivering
     _redelivering = False
-    if _finishing or interrupt.committed():  # the command is over (or its outputs are in place): its result stands
-        return
+    if _finishing or interrupt.committed() or _stopping:  # the command is over (or its outputs are in place),
+        return  # or a second signal is stopping the process: that stands
     if interrupt.requested() is not None and not again:
+        _stopping = True  # a re-sent signal that lands in here must not raise into the clean-up below
         from trtq.fileio import remove_pending_temp_files
 
         remove_pending_temp_files()
@@ -974,7 +977,7 @@ def _on_signal(signum, frame) -> None:
     interrupt.request(signum)
     if interrupt.holding():  # final outputs being written together: let them finish (see held_for_outputs)
         return
-    if _in_import(frame):
+    if _in_import(frame) or _in_finalizer(frame):
         import threading
 
         threading.Thread(target=_redeliver_after_import, args=(signum,), name="trtq-signal", daemon=True).start()
@@ -984,11 +987,20 @@ def _on_signal(signum, frame) -> None:
 
 _redelivering = False
 _finishing = False
+_stopping = False
 
 
 def _in_import(frame) -> bool:
     while frame is not None:
         if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _in_finalizer(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
             return True
         frame = frame.f_back
     return False
@@ -1001,7 +1013,7 @@ def _redeliver_after_import(signum: int) -> None:
     main_id = threading.main_thread().ident
     while True:
         frame = sys._current_frames().get(main_id)
-        if frame is None or not _in_import(frame):
+        if frame is None or not (_in_import(frame) or _in_finalizer(frame)):
             break
         time.sleep(0.005)
         del frame
@@ -1009,8 +1021,73 @@ def _redeliver_after_import(signum: int) -> None:
     os.kill(os.getpid(), signum)
 
 
-def _install_signal_handlers() -> dict[int, Any]:
-    previous: dict[int, Any] = {}
+SIGNAL_GRACE_S = 10.0  # a signalled process that has not stopped by itself this long after it is stopped
+
+
+def _signal_grace() -> float:
+    try:
+        return max(0.0, float(os.environ.get("TRTQ_SIGNAL_GRACE", SIGNAL_GRACE_S)))
+    except ValueError:
+        return SIGNAL_GRACE_S
+
+
+def _start_signal_watchdog() -> None:
+    """The real process always ends after SIGINT / SIGTERM, even when its main thread cannot.
+
+    The Python handler (:func:`_on_signal`) runs only on the main thread, between two bytecodes. A
+    main thread blocked in C (waiting for the import lock or a module lock that another thread
+    holds, in a library call) never runs it, and a signal that arrives inside an import is deferred
+    until the import is over, which is never when the import waits for a thread that is stuck. The
+    C-level handler writes every signal to the wakeup fd, whatever the main thread does; this thread
+    reads it and, if the command is still running ``TRTQ_SIGNAL_GRACE`` seconds (default 10) later
+    and is not putting its final outputs in place, stops the process as a second signal would:
+    temporary files removed, one line, exit 130 / 143 (every thread's stack first when faulthandler
+    is on, e.g. PYTHONFAULTHANDLER=1)."""
+    import threading
+
+    try:
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except (OSError, ValueError):  # not the main thread, or no pipe left: the handlers alone
+        return
+    threading.Thread(target=_watchdog, args=(r, _signal_grace()), name="trtq-signal-watchdog", daemon=True).start()
+
+
+def _watchdog(fd: int, grace: float) -> None:
+    import faulthandler  # imported now: when it fires, the import lock may be what is stuck
+
+    from trtq import interrupt
+
+    data = b""
+    while not data:
+        try:
+            data = os.read(fd, 64)
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline or _finishing or interrupt.holding() or interrupt.committed():
+        time.sleep(0.05)  # the command is over, or its outputs are being put in place: it ends by itself
+    signum = interrupt.requested() or data[0]
+    try:
+        what = b"terminated (SIGTERM)" if signum == signal.SIGTERM else b"interrupted"
+        os.write(2, b"trtq: " + what + b"; the command did not stop within %.0f s of the signal, stopped it; "
+                 b"nothing was written\n" % grace)
+        if faulthandler.is_enabled():
+            faulthandler.dump_traceback(all_threads=True)
+    except OSError:
+        pass
+    for module, clean_up in (("trtq.fileio", "remove_pending_temp_files"), ("trtq.input_override", "remove_temp_models")):
+        loaded = sys.modules.get(module)  # not imported here: the import lock may be what is stuck
+        if loaded is not None:
+            getattr(loaded, clean_up)()
+    os._exit(EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED)
+
+
+def _install_signal_handlers(previous: Optional[dict[int, Any]] = None) -> dict[int, Any]:
+    previous = {} if previous is None else previous  # filled as it goes: a signal may cut it short
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, _on_signal)
@@ -1027,10 +1104,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     verbose = sum(a.count("v") for a in args if a.startswith("-") and not a.startswith("--") and set(a[1:]) <= {"v", "q"})
     verbose += args.count("--verbose")
     interrupt.reset()
-    previous = _install_signal_handlers()
+    previous: dict[int, Any] = {}
     code = 0
     try:
-        code = _run(args, verbose)
+        try:
+            _install_signal_handlers(previous)
+            if argv is None:  # the real process (in-process callers keep their own signal handling)
+                _start_signal_watchdog()
+            code = _run(args, verbose)
+        except KeyboardInterrupt as e:  # a signal once the handlers were in place, before _run's own handling
+            code = _interrupted(e)
     finally:
         _guard.restore()
         if argv is not None:  # called in-process (tests): give the caller its handlers back
@@ -1097,6 +1180,16 @@ def _run(args: list[str], verbose: int) -> int:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return _fail(e, f"internal error: {type(e).__name__}: {msg} (run with -vv for the traceback; please report it)", 1, verbose)
     return rv if isinstance(rv, int) else 0
+
+
+def _interrupted(e: KeyboardInterrupt) -> int:
+    from trtq.interrupt import Terminated
+
+    if isinstance(e, Terminated):
+        click.echo("trtq: terminated (SIGTERM); nothing was written", err=True)
+        return EXIT_TERMINATED
+    click.echo("trtq: interrupted; nothing was written", err=True)
+    return EXIT_INTERRUPTED
 
 
 def _fail(exc: Optional[BaseException], message: str, code: int, verbose: int) -> int:
