@@ -320,3 +320,30 @@ def test_centring_stays_off_in_engines_until_measured_free():
     for trt in (TRT10, TRT11):
         why = compat.centring_in_engines(trt)
         assert why.startswith(f"centred engines have not been measured on TensorRT {compat.version_of(trt)}")
+
+
+def test_a_signal_inside_the_logger_callback_does_not_raise_into_tensorrt(monkeypatch):
+    """Ctrl-C handled while TensorRT calls the logger from C++ (a build): on TensorRT 8.6.0 the
+    KeyboardInterrupt crossed into TensorRT, which printed pybind11's traceback and built on. The
+    logger keeps it out; the recorded signal is raised once the TensorRT call returns."""
+    import signal
+
+    from trtq import interrupt
+
+    class Interrupting:  # the signal handler runs in the middle of the callback's logging call
+        def info(self, *args):
+            interrupt.request(signal.SIGINT)
+            raise KeyboardInterrupt
+
+        debug = info
+
+    logger = compat.make_logger(TRT86)
+    monkeypatch.setattr(compat, "log", Interrupting())
+    interrupt.reset()
+    try:
+        logger.log(FakeILogger.WARNING, "some TensorRT warning")  # must not raise
+        assert logger.warnings == ["some TensorRT warning"]
+        with pytest.raises(KeyboardInterrupt):
+            interrupt.check()  # what trt.build does when build_serialized_network returns
+    finally:
+        interrupt.reset()

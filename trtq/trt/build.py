@@ -189,7 +189,10 @@ def _load_timing_cache(config: Any, timing_path: Optional[Path], logger: Any) ->
 
 
 def _serialize(trt: Any, builder: Any, network: Any, config: Any, logger: Any, model_path: Path) -> bytes:
+    from trtq import interrupt
+
     blob = builder.build_serialized_network(network, config)
+    interrupt.check()  # a signal the logger took during the build (it must not raise into TensorRT)
     if blob is None:
         errors = logger.take_errors()
         raise TrtqError(

@@ -417,16 +417,22 @@ def make_logger(trt: Any) -> Any:
 
         def log(self, severity: Any, msg: str) -> None:
             name = severity_name(severity)
-            # TensorRT is chatty; its errors also reach the user through our exceptions, so
-            # everything is logged below WARNING (visible with -v).
-            if name in _ERRORS:
-                self.errors.append(msg)
-                log.info("TensorRT error: %s", msg)
-            elif name == "WARNING":
-                self.warnings.append(msg)
-                log.info("TensorRT warning: %s", msg)
-            elif name == "INFO":
-                log.debug("TensorRT: %s", msg)
+            try:
+                # TensorRT is chatty; its errors also reach the user through our exceptions, so
+                # everything is logged below WARNING (visible with -v).
+                if name in _ERRORS:
+                    self.errors.append(msg)
+                    log.info("TensorRT error: %s", msg)
+                elif name == "WARNING":
+                    self.warnings.append(msg)
+                    log.info("TensorRT warning: %s", msg)
+                elif name == "INFO":
+                    log.debug("TensorRT: %s", msg)
+            except KeyboardInterrupt:
+                # Ctrl-C / SIGTERM handled while TensorRT called us from C++ (a build): raising into
+                # TensorRT printed pybind11's traceback and the build went on; the signal is recorded
+                # (trtq.interrupt) and raised when the TensorRT call returns (interrupt.check())
+                pass
 
         def take_errors(self) -> list[str]:
             errs, self.errors = self.errors, []
