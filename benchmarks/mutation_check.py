@@ -99,6 +99,12 @@ MUTATIONS: list[Mutation] = [
       "        except KeyboardInterrupt as e:  # a signal once the handlers were in place",
       "        except ZeroDivisionError as e:  # a signal once the handlers were in place",
       ("tests/reliability/test_signals.py",)),
+    M("signal-during-tensorrt-deferred", "trtq/cli.py",
+      "    if interrupt.deferring():  # inside TensorRT", "    if False:  # inside TensorRT",
+      ("tests/trt/test_build_signals.py",)),
+    M("tensorrt-build-runs-deferred", "trtq/trt/build.py",
+      "    with interrupt.deferred():  # signals are raised", "    if True:  # signals are raised",
+      ("tests/trt/test_build_signals.py",)),
     M("temp-files-removed-when-a-command-ends", "trtq/cli.py",
       "            remove_pending_temp_files()\n            remove_temp_models()", "            remove_temp_models()"),
     # defect 8: messages

@@ -977,6 +977,8 @@ def _on_signal(signum, frame) -> None:
     interrupt.request(signum)
     if interrupt.holding():  # final outputs being written together: let them finish (see held_for_outputs)
         return
+    if interrupt.deferring():  # inside TensorRT's C++: raised when it returns (see interrupt.deferred)
+        return
     if _in_import(frame) or _in_finalizer(frame):
         import threading
 

@@ -15,6 +15,7 @@ _requested: Optional[int] = None
 _raised = False  # an exception for the requested signal has been raised already
 _holding = 0  # depth of held_for_outputs: a command's final outputs are being put in place
 _committed = False  # they are: the command has done its work
+_deferring = 0  # depth of deferred(): the main thread is in a C++ library that calls back into Python
 
 
 class Terminated(KeyboardInterrupt):
@@ -35,11 +36,12 @@ def requested() -> Optional[int]:
 
 
 def reset() -> None:
-    global _requested, _raised, _holding, _committed
+    global _requested, _raised, _holding, _committed, _deferring
     _requested = None
     _raised = False
     _holding = 0
     _committed = False
+    _deferring = 0
 
 
 def holding() -> bool:
@@ -66,6 +68,27 @@ def held_for_outputs() -> Iterator[None]:
             _committed = True
     finally:
         _holding -= 1
+
+
+def deferring() -> bool:
+    return _deferring > 0
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Run calls into a C++ library that calls back into Python (TensorRT's builder, its logger):
+    a SIGINT/SIGTERM that arrives meanwhile is recorded, not raised, and raised when the block ends.
+
+    Python runs the handler at the next callback, and an exception raised there crosses into C++:
+    TensorRT 8.6.0 printed pybind11's traceback of it and went on building. The CLI's signal
+    watchdog still stops a block that does not end within its grace (one line, exit 130/143)."""
+    global _deferring
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+    check()
 
 
 def raised() -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 from collections.abc import Mapping, Sequence
 
-from trtq import __version__
+from trtq import __version__, interrupt
 from trtq.config import BuildOptions, ProfileShapes
 from trtq.errors import CacheError, ConfigError, TrtqError
 from trtq.fileio import atomic_path, atomic_write_bytes, sha256_file
@@ -112,27 +112,28 @@ def build_plan(trt: Any, recipe: Any, model: Optional[Any], model_path: Path, ou
     network: Q/DQ, folded, cast) or, when it is None, from the file ``model_path``; ``recipe`` is
     :func:`trtq.trt.compat.plan_build`'s, ``table`` the cache an implicit build's calibrator hands
     TensorRT. Nothing is written when the build fails."""
-    logger = compat.make_logger(trt)
     t0 = time.perf_counter() if started is None else started
-    builder = trt.Builder(logger)
-    network = builder.create_network(compat.creation_mask(trt, recipe.creation_flags))
-    parser = trt.OnnxParser(network, logger)
-    config = builder.create_builder_config()
-    if model is not None:
-        parse_model(trt, parser, logger, model, model_path, output.parent)
-    else:
-        parse_file(trt, parser, logger, model_path)
-    del model  # the network holds what it needs
-    compat.set_builder_flags(trt, config, recipe.builder_flags)
-    configure(trt, config, options)
-    add_profiles(builder, config, network, profiles, calibration=recipe.calibrator)
-    calibrator = None
-    if recipe.calibrator:
-        table, calibrator = _cache_calibrator(trt, table, _opt_batch(profiles, network_inputs(network)))
-        config.int8_calibrator = calibrator
-    timing_path = Path(options.timing_cache) if options.timing_cache else None
-    timing = _load_timing_cache(config, timing_path, logger)
-    plan = _serialize(trt, builder, network, config, logger, model_path)
+    with interrupt.deferred():  # signals are raised when TensorRT returns, never inside its callbacks
+        logger = compat.make_logger(trt)
+        builder = trt.Builder(logger)
+        network = builder.create_network(compat.creation_mask(trt, recipe.creation_flags))
+        parser = trt.OnnxParser(network, logger)
+        config = builder.create_builder_config()
+        if model is not None:
+            parse_model(trt, parser, logger, model, model_path, output.parent)
+        else:
+            parse_file(trt, parser, logger, model_path)
+        del model  # the network holds what it needs
+        compat.set_builder_flags(trt, config, recipe.builder_flags)
+        configure(trt, config, options)
+        add_profiles(builder, config, network, profiles, calibration=recipe.calibrator)
+        calibrator = None
+        if recipe.calibrator:
+            table, calibrator = _cache_calibrator(trt, table, _opt_batch(profiles, network_inputs(network)))
+            config.int8_calibrator = calibrator
+        timing_path = Path(options.timing_cache) if options.timing_cache else None
+        timing = _load_timing_cache(config, timing_path, logger)
+        plan = _serialize(trt, builder, network, config, logger, model_path)
     seconds = time.perf_counter() - t0
     if calibrator is not None and not calibrator.cache_reads:
         raise CacheError("TensorRT did not read the calibration cache through the calibrator",
@@ -189,10 +190,7 @@ def _load_timing_cache(config: Any, timing_path: Optional[Path], logger: Any) ->
 
 
 def _serialize(trt: Any, builder: Any, network: Any, config: Any, logger: Any, model_path: Path) -> bytes:
-    from trtq import interrupt
-
     blob = builder.build_serialized_network(network, config)
-    interrupt.check()  # a signal the logger took during the build (it must not raise into TensorRT)
     if blob is None:
         errors = logger.take_errors()
         raise TrtqError(

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from trtq import interrupt
 from trtq.calib.cache import ALGORITHM_FOR_METHOD, TENSORRT_METHODS
 from trtq.config import BuildOptions
 from trtq.errors import ConfigError, DataError, TrtqError, UsageError
@@ -218,17 +219,20 @@ def run_tensorrt_calibration(model_path: Path, batcher: Any, algorithm: str,
     cuda.require_gpu()
 
     t0 = time.perf_counter()
-    logger = compat.make_logger(trt)
-    builder = trt.Builder(logger)
-    network = builder.create_network(compat.creation_mask(trt, compat.plan_build(trt, "fp32").creation_flags))
-    parser = trt.OnnxParser(network, logger)
-    parse_file(trt, parser, logger, model_path)
-    config = builder.create_builder_config()
-    compat.set_builder_flags(trt, config, ("INT8",))
-    configure(trt, config, options)
-    shapes = {k: tuple(int(d) for d in v) for k, v in batcher.shapes.items()}
-    dtypes = _calibration_inputs(builder, network, config, shapes)
-    feeder, calibrator = _calibrate(trt, builder, network, config, batcher, algorithm, shapes, dtypes)
+    # a signal is raised when TensorRT returns (the feeder's interrupt.check() ends the calibration at
+    # the next batch), never inside TensorRT's logger callback
+    with interrupt.deferred():
+        logger = compat.make_logger(trt)
+        builder = trt.Builder(logger)
+        network = builder.create_network(compat.creation_mask(trt, compat.plan_build(trt, "fp32").creation_flags))
+        parser = trt.OnnxParser(network, logger)
+        parse_file(trt, parser, logger, model_path)
+        config = builder.create_builder_config()
+        compat.set_builder_flags(trt, config, ("INT8",))
+        configure(trt, config, options)
+        shapes = {k: tuple(int(d) for d in v) for k, v in batcher.shapes.items()}
+        dtypes = _calibration_inputs(builder, network, config, shapes)
+        feeder, calibrator = _calibrate(trt, builder, network, config, batcher, algorithm, shapes, dtypes)
     if calibrator.cache is None:
         errors = logger.take_errors()
         raise TrtqError(

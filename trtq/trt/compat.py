@@ -429,9 +429,9 @@ def make_logger(trt: Any) -> Any:
                 elif name == "INFO":
                     log.debug("TensorRT: %s", msg)
             except KeyboardInterrupt:
-                # Ctrl-C / SIGTERM handled while TensorRT called us from C++ (a build): raising into
-                # TensorRT printed pybind11's traceback and the build went on; the signal is recorded
-                # (trtq.interrupt) and raised when the TensorRT call returns (interrupt.check())
+                # a signal raised while TensorRT calls us from C++ crossed into it (pybind11 printed
+                # the traceback, the build went on): builds run in interrupt.deferred(), and a caller
+                # outside it still has the signal recorded for its next interrupt.check()
                 pass
 
         def take_errors(self) -> list[str]:
