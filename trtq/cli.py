@@ -749,13 +749,16 @@ def quantize(common, model, cache, output, quantizing, source):
 def report(common, cache, stats, compare_json, quantize_json, bench_json, output):
     """Write one self-contained HTML page: histograms and ranges per tensor, sensitivity, accuracy, latency."""
     st = _apply_common(common)
+    from trtq import interrupt
     from trtq.fileio import atomic_write_text
     from trtq.report.data import build_report, summary
     from trtq.report.page import render_html
 
     opt = lambda v: Path(v) if v else None  # noqa: E731
     data = build_report(Path(cache), opt(stats), opt(compare_json), opt(quantize_json), opt(bench_json))
-    atomic_write_text(Path(output), render_html(data))
+    page = render_html(data)
+    with interrupt.held_for_outputs():  # the one output: once in place, a signal no longer says "interrupted"
+        atomic_write_text(Path(output), page)
     s = summary(data)
     text = (f"report      {output}\ntensors     {s['tensors']} ({s['with_histogram']} with histograms, "
             f"{s['clipping']} clip > 0.01 %)")

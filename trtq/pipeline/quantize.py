@@ -128,7 +128,11 @@ def save_model(model, output: Path) -> None:
     except Exception as e:  # a bug in the rewrite, not a user error: say so plainly
         raise ModelError(f"the quantized model fails the ONNX checker: {str(e).splitlines()[0]}",
                          "report this with the model; try --exclude on the op involved") from None
-    with atomic_path(output) as tmp:
+    from trtq.interrupt import held_for_outputs
+
+    # the model is the command's one output: a signal once it is being put in place is dropped (it
+    # is complete, exit 0), never an exit 143 with the new model already written over the old one
+    with held_for_outputs(), atomic_path(output) as tmp:
         onnx.save(model, str(tmp))
 
 
