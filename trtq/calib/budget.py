@@ -8,7 +8,6 @@ group (trtq.calib.groups.GroupedCollector). Sizes come from ONNX shape inference
 input shapes, float32 assumed where a type or shape is unknown (the largest known size then).
 """
 import math
-import os
 import re
 from typing import Optional
 from collections.abc import Mapping, Sequence
@@ -46,10 +45,9 @@ def available_memory() -> Optional[int]:
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    try:
-        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, ValueError, OSError):
-        return None
+    from trtq.data.batcher import physical_memory
+
+    return physical_memory()
 
 
 def resolve_budget(setting) -> int:

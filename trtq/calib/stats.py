@@ -453,15 +453,19 @@ def compute_amax(method: str, counts, max_value: float, percentile: float = 99.9
     if counts is None:
         raise ValueError(f"method '{method}' needs a histogram")
     if method == "entropy":
-        if zeros:
-            counts = np.array(counts, dtype=np.int64)
-            if not 0 <= int(zeros) <= counts[0]:
-                raise ValueError(f"zeros ({zeros}) must be between 0 and the count of bin 0 ({counts[0]})")
-            counts[0] -= int(zeros)
-        return entropy_amax(counts, max_value)
+        return entropy_amax(_without_zeros(counts, zeros) if zeros else counts, max_value)
     if method == "percentile":
         return percentile_amax(counts, max_value, percentile)
     return mse_amax(counts, max_value)
+
+
+def _without_zeros(counts, zeros: int) -> np.ndarray:
+    """A copy of ``counts`` with the ``zeros`` exact zeros taken out of bin 0 (what entropy sees)."""
+    c = np.array(counts, dtype=np.int64)
+    if not 0 <= int(zeros) <= c[0]:
+        raise ValueError(f"zeros ({zeros}) must be between 0 and the count of bin 0 ({c[0]})")
+    c[0] -= int(zeros)
+    return c
 
 
 def compute_all(
@@ -497,20 +501,14 @@ def _search_all(method: str, maxima: Mapping[str, float], counts: Mapping[str, n
     other than the first's or counts too large for the exact sums take the per-tensor path."""
     from trtq.calib import search
 
-    out: dict[str, float] = {}
     batch: dict[str, tuple[np.ndarray, float]] = {}
     for name, mx in maxima.items():
         c, m = _check_hist(counts[name], mx)
         if method == "entropy" and zeros.get(name):
-            z = int(zeros[name])
-            if not 0 <= z <= c[0]:
-                raise ValueError(f"zeros ({z}) must be between 0 and the count of bin 0 ({c[0]})")
-            c = c.copy()
-            c[0] -= z
+            c = _without_zeros(c, zeros[name])
         first = next(iter(batch.values()), (c, m))[0]
         if m > 0 and c.size == first.size and c.size >= NUM_QUANTIZED_BINS and int(c.sum()) > 0:
             batch[name] = (c, m)
-        out[name] = 0.0  # placeholder, keeps the order of maxima
     names = list(batch)
     arrays = [batch[n][0] for n in names]
     if method == "mse":
@@ -519,7 +517,8 @@ def _search_all(method: str, maxima: Mapping[str, float], counts: Mapping[str, n
         found = [None if i is None else (i + 0.5) * (batch[n][1] / batch[n][0].size)
                  for n, i in zip(names, search.entropy_choices(arrays, NUM_QUANTIZED_BINS, _TIE_ABS))]
     solved = dict(zip(names, found))
-    for name, mx in maxima.items():
+    out: dict[str, float] = {}
+    for name, mx in maxima.items():  # the order of maxima
         a = solved.get(name)
         out[name] = a if a is not None else compute_amax(method, counts[name], mx, 99.99,
                                                          int(zeros.get(name, 0)))

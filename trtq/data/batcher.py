@@ -11,7 +11,7 @@ import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -166,7 +166,7 @@ class Batcher:
             except TypeError:
                 itemsize = 4
             total += int(np.prod([int(d) for d in self.shapes[s.name]], dtype=object)) * itemsize
-        limit = _memory_bytes() // 2
+        limit = (physical_memory() or 1 << 40) // 2  # 1 TiB when unknown
         if total > limit:
             raise ConfigError(
                 f"data.batch_size {self.batch_size} needs {total / 2**30:.1f} GiB for one batch of inputs "
@@ -345,12 +345,12 @@ class Batcher:
         }
 
 
-def _memory_bytes() -> int:
-    """Physical memory of this machine (1 TiB when unknown)."""
+def physical_memory() -> Optional[int]:
+    """Physical memory of this machine in bytes, None when the OS does not say."""
     try:
         return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
     except (AttributeError, ValueError, OSError):
-        return 1 << 40
+        return None
 
 
 def _call(fn: Callable[[int], Any], i: int) -> Any:
