@@ -125,6 +125,7 @@ class _Setup:
     batcher: Any
     tensors: list[str]
     need_hist: bool
+    budget: int  # bytes one batch of collected activations may take (--max-memory, resolved once)
     shard_pass: Optional[str] = None  # a shard's "ranges" (pass 1) or "histogram" (pass 2)
     given: Optional[dict[str, float]] = None  # pass 2 of a shard: the merged ranges of pass 1
     tensor_groups: int = 1  # ONNX Runtime calls per batch (--max-memory)
@@ -212,11 +213,9 @@ def run_calibration(
 
 def _collector(run: _Setup, tensors: list[str]) -> Any:
     """ONNX Runtime over ``tensors``, in groups when one batch of them exceeds --max-memory."""
-    from trtq.calib.budget import resolve_budget
     from trtq.calib.groups import GroupedCollector
 
-    collector = GroupedCollector(run.model, tensors, run.opts.providers, resolve_budget(run.opts.max_memory),
-                                 dict(run.batcher.shapes))
+    collector = GroupedCollector(run.model, tensors, run.opts.providers, run.budget, dict(run.batcher.shapes))
     run.tensor_groups = max(run.tensor_groups, len(collector.groups))
     return collector
 
@@ -224,17 +223,16 @@ def _collector(run: _Setup, tensors: list[str]) -> Any:
 def _prepare(cfg: TrtqConfig, shard: Optional[tuple[int, int]], ranges: Optional[Path],
              keep_batches: Optional[Path]) -> _Setup:
     """Model, data and options checked, before any batch is read."""
+    from trtq.calib.budget import resolve_budget
     from trtq.calib.cache import ALGORITHM_FOR_METHOD
     from trtq.calib.collect import check_providers, select_tensors
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs, load_model
 
-    from trtq.calib.budget import resolve_budget
-
     opts = cfg.calibrate.resolved()
     if not cfg.model:
         raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
-    resolve_budget(opts.max_memory)  # a bad --max-memory fails before any work
+    budget = resolve_budget(opts.max_memory)  # a bad --max-memory fails before any work
     model_path = Path(cfg.model)
     check_providers(opts.providers)  # before any work: a typo must not fall back to CPU silently
     model = load_model(model_path)
@@ -248,10 +246,10 @@ def _prepare(cfg: TrtqConfig, shard: Optional[tuple[int, int]], ranges: Optional
         from trtq.calib.widen import widen_if_identical
 
         feed_model, feed_specs, data, feed_mode = widen_if_identical(
-            model, specs, cfg.data, tensors, opts.providers, resolve_budget(opts.max_memory))
+            model, specs, cfg.data, tensors, opts.providers, budget)
     run = _Setup(opts, model_path, feed_model, specs, resolve_trt_version(opts.trt_version),
                  ALGORITHM_FOR_METHOD[opts.method], Batcher(data, feed_specs), tensors,
-                 need_hist=opts.method != "max" or opts.save_stats is not None, feed_mode=feed_mode)
+                 need_hist=opts.method != "max" or opts.save_stats is not None, budget=budget, feed_mode=feed_mode)
     if shard is not None or ranges is not None:
         from trtq.calib.shard import prepare_shard
 
