@@ -1137,8 +1137,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 def _run(args: list[str], verbose: int) -> int:
-    from trtq.interrupt import Terminated
-
     global _finishing
     _finishing = False
     try:
@@ -1155,20 +1153,12 @@ def _run(args: list[str], verbose: int) -> int:
     except TrtqError as e:
         return _fail(e, str(e), e.exit_code, verbose)
     except click.exceptions.Abort as e:  # click turns KeyboardInterrupt (Terminated too) into Abort
-        if isinstance(e.__cause__, Terminated):
-            click.echo("trtq: terminated (SIGTERM); nothing was written", err=True)
-            return EXIT_TERMINATED
-        click.echo("trtq: interrupted; nothing was written", err=True)
-        return EXIT_INTERRUPTED
+        return _interrupted(e.__cause__ if isinstance(e.__cause__, KeyboardInterrupt) else KeyboardInterrupt())
     except click.exceptions.ClickException as e:
         e.show()
         return 2 if isinstance(e, click.exceptions.UsageError) else e.exit_code
-    except Terminated:
-        click.echo("trtq: terminated (SIGTERM); nothing was written", err=True)
-        return EXIT_TERMINATED
-    except KeyboardInterrupt:
-        click.echo("trtq: interrupted; nothing was written", err=True)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:  # Terminated included
+        return _interrupted(e)
     except MemoryError:
         return _fail(None, "out of memory; lower --batch-size or --workers", 1, verbose)
     except BrokenPipeError:
