@@ -50,6 +50,7 @@ __all__ = [
     "crop_offsets",
     "letterbox_size",
     "resized_size",
+    "text_line_size",
 ]
 
 
