@@ -85,10 +85,11 @@ def test_rewrite_keeps_the_function(act, pad, producer):
     rng = np.random.default_rng(0)
     model = _chain(rng, act=act, pad=pad, producer=producer)
     prepared, found = _centrings(model)
-    # the Pad output (or the activation), the dw conv's Relu output, the pooled Relu output and the
-    # Gemm's Relu output
-    assert sorted(c.tensor for c in found) == sorted(["p0" if pad else "a0", "a1", "f", "ha"])
-    assert all(c.shift > 0 and c.amax == pytest.approx(c.shift) for c in found)
+    # the activation (not when a Pad reads it), the dw conv's Relu output, the pooled Relu output
+    # and the Gemm's Relu output
+    assert sorted(c.tensor for c in found) == sorted(([] if pad else ["a0"]) + ["a1", "f", "ha"])
+    # 0 lands on level -128: shift 128 steps, amax 127 steps of the new scale
+    assert all(c.shift > 0 and c.shift == pytest.approx(c.amax * 128 / 127) for c in found)
     feeds = _feeds(np.random.default_rng(5))
     before = [run(prepared, f)[0] for f in feeds]
     apply_centrings(prepared, found)
@@ -96,7 +97,7 @@ def test_rewrite_keeps_the_function(act, pad, producer):
     for b, f in zip(before, feeds):
         np.testing.assert_allclose(run(prepared, f)[0], b, rtol=1e-4, atol=1e-4)
     used = {i for n in prepared.graph.node for i in n.input}
-    assert [i.name for i in prepared.graph.initializer if i.name not in used] == []  # old pad values dropped
+    assert [i.name for i in prepared.graph.initializer if i.name not in used] == []
 
 
 def test_not_centred_where_the_rewrite_would_be_wrong_or_useless():
@@ -105,15 +106,17 @@ def test_not_centred_where_the_rewrite_would_be_wrong_or_useless():
     # the activation is also a graph output: its values must not change
     _, found = _centrings(_chain(np.random.default_rng(0), extra_output=True), amax)
     assert "p0" not in {c.tensor for c in found} and "a0" not in {c.tensor for c in found}
-    # the reader pads implicitly with zeros (a zero would stand for x = shift)
+    # the reader pads implicitly with zeros, or a Pad does (a zero would stand for x = shift; a
+    # Pad of -shift instead is its own layer in TensorRT 8.6, 4.3x slower on EfficientNet-Lite0)
     _, found = _centrings(_chain(rng, pad=False, reader_pads=[1, 1, 1, 1]), amax)
     assert "a0" not in {c.tensor for c in found} and "a1" in {c.tensor for c in found}
+    _, found = _centrings(_chain(np.random.default_rng(0), pad=True), amax)
+    assert not {"a0", "p0"} & {c.tensor for c in found}
     # a symmetric clip gains nothing; with a lower bound other than 0, zeros (the Pad's border)
     # would fall between INT8 levels
     for clip in ((-6.0, 6.0), (-1.0, 6.0), (0.5, 6.0)):
-        model = _chain(np.random.default_rng(0), clip=clip)
-        _, found = _centrings(model, dict(amax, a0=6.0, p0=6.0))
-        assert "p0" not in {c.tensor for c in found}, clip
+        _, found = _centrings(_chain(np.random.default_rng(0), clip=clip, pad=False), dict(amax, a0=6.0))
+        assert "a0" not in {c.tensor for c in found}, clip
 
 
 def test_not_centred_when_a_reader_is_not_linear_or_not_quantized():
@@ -164,16 +167,20 @@ def test_centring_halves_the_step_and_cuts_activation_noise():
         inits = {i.name: onnx.numpy_helper.to_array(i) for i in r.model.graph.initializer}
         q = next(n for n in r.model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "a0")
         scales[id(r)] = float(inits[q.input[1]])
-    assert scales[id(centred)] == pytest.approx(scales[id(plain)] / 2, rel=1e-6)
+    assert scales[id(centred)] == pytest.approx(scales[id(plain)] * 127 / 255, rel=1e-6)
     ref = np.concatenate([run(model, f)[0] for f in feeds])
     gain = _sqnr(ref, np.concatenate([run(centred.model, f)[0] for f in feeds])) - \
         _sqnr(ref, np.concatenate([run(plain.model, f)[0] for f in feeds]))
     assert 4.5 < gain < 7.5, gain
 
 
-def test_nearest_rounding_keeps_the_uncentred_weight_error():
+def test_nearest_rounding_keeps_the_uncentred_weight_error(monkeypatch):
     """Without gptq, readers add c * sum(Wq): with activation Q/DQ removed the centred Q/DQ model
-    computes exactly what the uncentred one does."""
+    computes exactly what the uncentred one does. (Checked on the Add form: in the engine form the
+    quantizer's clamp is the activation, so removing the Q/DQ pairs would remove the activation.)"""
+    import trtq.quantize.centering_fold as centering_fold
+
+    monkeypatch.setattr(centering_fold, "fold_centrings", lambda model, centrings: {})
     model = _chain(np.random.default_rng(0))
     feeds = _feeds(np.random.default_rng(1))
     amax = activation_amax(model, feeds)
@@ -189,7 +196,7 @@ def test_gptq_without_bias_correction_settles_the_readers_it_keeps_at_nearest():
     readers get the nearest path's compensation; the ones gptq rounded keep theirs."""
     from types import SimpleNamespace
 
-    model = _chain(np.random.default_rng(0))
+    model = _chain(np.random.default_rng(0), pad=False)
     x = np.random.default_rng(1).standard_normal((16, 4, 10, 10)).astype(np.float32) * 1.5
     amax = activation_amax(model, [{"x": x}])
     batches = [SimpleNamespace(arrays={"x": x[i:i + 8]}, valid=8) for i in (0, 8)]
@@ -244,15 +251,15 @@ def test_quantize_center_activations_cli(trtq, tmp_path, extra):
               "--json", *extra])
     assert r.code == 0, r
     report = json.loads(r.out)
-    assert sorted(c["tensor"] for c in report["centred"]) == ["a1", "f", "ha", "p0"], report["left_float"]
-    assert any(n.startswith("centred activations: 4 ") for n in report["notes"])
+    assert sorted(c["tensor"] for c in report["centred"]) == ["a1", "f", "ha"], report["left_float"]
+    assert any(n.startswith("centred activations: 3 ") for n in report["notes"])
     q = onnx.load(str(out))
     onnx.checker.check_model(q)
     ref = run(model, {"x": x})[0]
     got = run(q, {"x": x})[0]
     assert _sqnr(ref, got) > 20, _sqnr(ref, got)
     text = trtq(["quantize", "--config", tmp_path / "c.yaml", "--cache", cache, "-o", out, "--center-activations"])
-    assert text.code == 0 and "centred activations: 4 shifted" in text.out
+    assert text.code == 0 and "centred activations: 3 shifted" in text.out
 
 
 def test_nothing_to_centre_is_reported(trtq, sample_config, tmp_path):

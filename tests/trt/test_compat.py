@@ -314,9 +314,9 @@ def test_logger_keeps_errors_by_severity_name():
     assert logger.take_errors() == ["parse failed", "assertion"] and logger.errors == []
 
 
-def test_centring_stays_off_in_engines_until_measured_free():
-    """8.6: measured right but 3x slower; other versions: not measured. Every version says why."""
-    assert "3x slower" in compat.centring_in_engines(TRT86)
+def test_centring_is_on_in_engines_only_where_measured():
+    """8.6: measured exact and free in engine form; other versions: not measured, and say why."""
+    assert compat.centring_in_engines(TRT86) is None
     for trt in (TRT10, TRT11):
         why = compat.centring_in_engines(trt)
         assert why.startswith(f"centred engines have not been measured on TensorRT {compat.version_of(trt)}")

@@ -243,13 +243,11 @@ def test_bench_numbers_are_sane(built):
 
 
 def test_centred_activations_engine_matches_its_qdq_model(tmp_path):
-    """--center-activations writes an Add(-c) after each centred activation: the engine built from
-    that Q/DQ file computes what ONNX Runtime computes on it (the earlier form, shifted Clip bounds,
-    was 0.51 of the range off on TensorRT 8.6: Conv -> Clip(lo < 0) -> Q). build itself leaves
-    centring off (slower engines, see compat.centring_in_engines) and says so."""
+    """--center-activations in engine form (the activation folded into the quantizer's clamp, the
+    pooled shift moved behind the pooling): the engine built from that Q/DQ file computes what ONNX
+    Runtime computes on it, and ``build`` centres too on this TensorRT (its quantize report says so)."""
     import onnx
 
-    from tests.trt.test_build_cpu import build_warnings
     from trtq.config import QuantizeOptions
     from trtq.quantize import quantize_model
     from trtq.pipeline.build import build_engine
@@ -261,7 +259,8 @@ def test_centred_activations_engine_matches_its_qdq_model(tmp_path):
     cache = write_trt_cache(tmp_path / "r6.cache", amax, "MinMaxCalibration", "8600")
     qopts = QuantizeOptions(center_activations=True)
     result = quantize_model(onnx.load(str(model)), amax, qopts)
-    assert [c["tensor"] for c in result.centred] == ["p1", "a2", "f"]  # the pad, depthwise and pooled outputs
+    # the depthwise and pooled outputs (not the expand output: a Pad reads it)
+    assert {c["tensor"]: c["form"] for c in result.centred} == {"a2": "fold", "f": "move"}
     qdq = tmp_path / "r6.qdq.onnx"
     onnx.save(result.model, str(qdq))
     built = build_engine(qdq, tmp_path / "r6.plan", opts())
@@ -271,7 +270,58 @@ def test_centred_activations_engine_matches_its_qdq_model(tmp_path):
     ref = ort_run(model, {"x": x})["y"]
     assert rel_max_err(y, twin) <= 5e-2 and cosine(y, twin) >= 0.999, (rel_max_err(y, twin), cosine(y, twin))
     assert cosine(y, ref) >= 0.995
-    with build_warnings() as records:
-        plain = build_engine(model, tmp_path / "r6b.plan", opts(), cache_path=cache, quantize_options=qopts)
-    assert "centred" not in plain.metadata["quantize"]
-    assert any("center_activations is not used in TensorRT builds" in r.getMessage() for r in records)
+    plain = build_engine(model, tmp_path / "r6b.plan", opts(), cache_path=cache, quantize_options=qopts)
+    assert plain.metadata["quantize"]["centred"] == 2
+    y2 = run_plan(plain.plan_path, x)
+    assert rel_max_err(y2, twin) <= 5e-2 and cosine(y2, twin) >= 0.999
+
+
+def test_int8_quantizer_clamps_at_minus_128_inside_a_fused_conv(tmp_path):
+    """The engine form of centring relies on QuantizeLinear clamping to [-128, 127] (ONNX, and
+    TensorRT's documented IQuantizeLayer), also where TensorRT fuses it into the convolution that
+    writes INT8. Channel 0 of conv1 is far below -128 steps, channel 1 far above 127, channel 2 in
+    range; an identity 1x1 conv2 reads the levels back. A clamp at -127 would put channel 0 one
+    step off."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trtq.pipeline.build import build_engine
+
+    C = 16
+    s_x, s = 1 / 127, 0.05
+    w1 = np.zeros((C, C, 1, 1), np.float32)
+    for c in range(C):
+        w1[c, c] = 1.0  # levels 127 at scale 1/127
+    b1 = np.zeros(C, np.float32)
+    b1[0::3], b1[1::3], b1[2::3] = -50 * s * 128 / 127 * 3, 50 * s * 3, 0.0  # below, above, inside
+    w2 = w1.copy()
+    inits = [numpy_helper.from_array(a, n) for a, n in [
+        (np.float32(s_x), "sx"), (np.float32(s), "s"), (np.int8(0), "zp"),
+        (np.round(w1 * 127).astype(np.int8), "w1q"), (np.full(C, 1 / 127, np.float32), "sw"),
+        (np.zeros(C, np.int8), "zw"), (b1, "b1"), (np.round(w2 * 127).astype(np.int8), "w2q")]]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "sx", "zp"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "sx", "zp"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["w1q", "sw", "zw"], ["w1d"], axis=0),
+        helper.make_node("Conv", ["xd", "w1d", "b1"], ["c1"], name="conv1"),
+        helper.make_node("QuantizeLinear", ["c1", "s", "zp"], ["c1q"]),
+        helper.make_node("DequantizeLinear", ["c1q", "s", "zp"], ["c1d"]),
+        helper.make_node("DequantizeLinear", ["w2q", "sw", "zw"], ["w2d"], axis=0),
+        helper.make_node("Conv", ["c1d", "w2d"], ["y"], name="conv2"),
+    ]
+    graph = helper.make_graph(nodes, "clamp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, C, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, C, 8, 8])], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    path = tmp_path / "clamp.onnx"
+    onnx.save(m, str(path))
+    x = (np.random.default_rng(3).integers(-20, 21, (BATCH, C, 8, 8)) * s_x).astype(np.float32)
+    twin = ort_run(path, {"x": x})["y"]
+    levels_twin = np.rint(twin / s)
+    assert (levels_twin[:, 0::3] == -128).all() and (levels_twin[:, 1::3] == 127).all()
+    built = build_engine(path, tmp_path / "clamp.plan", opts())
+    y = run_plan(built.plan_path, x)
+    levels = np.rint(y / s)
+    assert (levels[:, 0::3] == -128).all(), np.unique(levels[:, 0::3])
+    assert (levels[:, 1::3] == 127).all(), np.unique(levels[:, 1::3])
+    assert np.abs(levels[:, 2::3] - levels_twin[:, 2::3]).max() <= 1

@@ -176,11 +176,6 @@ def quantize_file(model_path: Path, cache_path: Path, output: Path, options: Qua
         if note.startswith(DATA_STEP_NOTES):
             log.info("%s", note)
     _warn_tensorrt8_float_convs(result)
-    if result.centred:
-        log.warning("centred activations: TensorRT 8.6 computes this model right, but its engine ran 3x slower than "
-                    "the uncentred one on EfficientNet-Lite0 at builder optimization level 0, and at level 3 it did "
-                    "not build in 10 minutes (the Add after each centred activation is not fused); "
-                    "trtq build leaves center_activations off; measure with trtq bench before deploying it")
     for name in result.missing_amax[:10]:
         log.warning("no amax for tensor %s in %s: its consumers stay float", name, cache_path)
     return result

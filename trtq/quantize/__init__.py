@@ -106,6 +106,12 @@ def quantize_model(
         settle_on_levels(out, centred)  # before bias correction, which then reads the unshifted model
     if data is not None:
         notes += _data_steps(observed, out, options, data, centred)
+    forms = {}
+    if centred:
+        from trtq.quantize.centering_fold import fold_centrings
+
+        forms = fold_centrings(out, centred)  # the form engines run: the clamp of Q is the activation
+        notes.append(_fold_note(forms))
     if options.fp16:
         out = cast_float_rest(out, amax)
         notes.append("cast the float rest to float16 (Q/DQ and graph inputs/outputs stay float32)")
@@ -116,7 +122,8 @@ def quantize_model(
         missing_amax=plan.missing_amax,
         notes=notes,
         qdq_pairs=len(plan.pairs),
-        centred=[{"tensor": c.tensor, "shift": c.shift, "amax": c.amax} for c in centred],
+        centred=[{"tensor": c.tensor, "shift": c.shift, "amax": c.amax, "form": forms.get(c.tensor, "kept")}
+                 for c in centred],
     )
 
 
@@ -169,7 +176,13 @@ def _centring_note(centred) -> str:
         return (f"centred activations: {len(centred)} shifted to use both halves of INT8: "
                 + ", ".join(c.describe() for c in centred[:3]) + (" ..." if len(centred) > 3 else ""))
     return ("centred activations: none (no Relu/Clip output with a biased producer feeds only "
-            "quantized Conv/Gemm without implicit padding)")
+            "quantized Conv/Gemm)")
+
+
+def _fold_note(forms: dict[str, str]) -> str:
+    counts = {f: sum(1 for v in forms.values() if v == f) for f in ("fold", "move", "kept")}
+    return (f"centring in engine form: {counts['fold']} folded into their producer (the quantizer's clamp is "
+            f"the activation), {counts['move']} shifted after pooling, {counts['kept']} kept as an Add")
 
 
 def _centre(prepared: onnx.ModelProto, index: GraphIndex, plan, amax: Mapping[str, float], options: QuantizeOptions,

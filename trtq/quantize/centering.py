@@ -3,35 +3,34 @@
 TensorRT quantizes activations symmetrically (zero point 0), so a ReLU/ReLU6 output in ``[0, a]``
 only ever uses levels 0..127: half the INT8 range is wasted and the step is ``a / 127``. When the
 activation sits between a layer with a bias and quantized layers that read it linearly, the graph
-can be rewritten, exactly in float, to carry ``x - c`` with ``c = a / 2`` instead:
+can be rewritten, exactly in float, to carry ``x - c`` instead, with the step ``s = a / 255`` and
+``c = 128 s``: the range ``[0, a]`` becomes ``[-128 s, 127 s]``, every INT8 level of the quantizer
+(which clamps to [-128, 127], in ONNX and in TensorRT alike), and 0 lands on level -128 exactly.
 
-- an ``Add(-c)`` follows the activation, which keeps its bounds (the producer keeps its bias;
-  moving both instead, with no new node, is the same function but TensorRT 8.6 computes a
-  Conv -> Clip(lo < 0) -> QuantizeLinear chain wrongly: 0.51 of the output range off on a tiny
-  model, where the Add form is 0.007 off);
-- an explicit constant ``Pad`` in between pads with ``value - c`` (the consumers still see zeros
-  where the original model padded with zeros); pooling and reshaping ops in between commute with
-  the shift (``GlobalAveragePool(x - c) = GlobalAveragePool(x) - c``);
-- every reader (a Conv without implicit padding, or a Gemm on its first input) gets
-  ``+ c * sum(W)`` per output channel on its bias.
+Two forms of the same function:
 
-The shifted tensor spans ``[lo - c, top - c]`` = ``[-a/2, a/2]`` (``top = min(amax, hi)``), so its
-per-tensor scale halves and INT8 rounding noise drops by 6 dB where it enters those layers. Clipping
-is unchanged: values above the calibrated amax are clipped as before. Only activations whose lower
-bound is 0 are shifted: then 0 maps to level -127 exactly, as it mapped to level 0 before (with
-another bound, e.g. HardSwish's -0.375, every zero and every padded border value would share one
-rounding error; tried by hand on the sample, not kept).
+- the float form, for the data steps (gptq, bias correction) and the Q/DQ rewrite
+  (:func:`apply_centrings`): an ``Add(-c)`` follows the activation, which keeps its bounds; pooling
+  and reshaping ops in between commute with the shift (``GlobalAveragePool(x - c) =
+  GlobalAveragePool(x) - c``); every reader (a Conv without implicit padding, or a Gemm on its first
+  input) gets ``+ c * sum(W)`` per output channel on its bias;
+- the engine form, made from the Q/DQ model by :func:`trtq.quantize.centering_fold.fold_centrings`:
+  the quantizer's clamp is the activation, so the activation and the Add go and the producer's bias
+  takes ``-c``; TensorRT sees a plain Conv -> QuantizeLinear, which it fuses as it fuses any layer.
 
-Measured on EfficientNet-Lite0 (mse cache, gptq + bias correction, 320 photo crops): logit SQNR
-21.4 -> 22.7 dB with the 17 ReLU6 outputs that feed 1x1 convs directly centred, on ONNX Runtime
-(Q/DQ semantics) and on the TensorRT 8.6 engine alike (engine top-1 agreement 0.916 -> 0.938). But
-that engine is 3x slower (5.75 vs 1.90 ms per batch of 64, builder optimization level 0; at
-level 3 the build of the 33-tensor centred model did not finish in 10 minutes): the Add nodes keep
-TensorRT from fusing the activation into the convolution. So ``trtq build`` does not centre
-(see :func:`trtq.trt.compat.centring_in_engines`).
+Readers that pad (a Pad node or a Conv's ``pads``) are not centred: their zeros would have to become
+``-c``, and TensorRT 8.6 runs a Pad with a non-zero value as a layer of its own. Centring them too
+(explicit ``Pad(-c)``) was exact on TensorRT 8.6.0 (H100) but 4.3x slower on EfficientNet-Lite0
+(3.61 vs 0.83 ms per batch of 64), for engine top-1 agreement 0.950 / 24.2 dB against 0.920 /
+21.0 dB without them (2000 photo crops, gptq + bias correction). The other forms tried there: the
+producer's bias and the clip bounds moved by ``-c`` (a Clip with a negative lower bound before
+QuantizeLinear: computed 0.51 of the output range off), the Add left in the engine (exact, 3x
+slower: not fused into the convolution).
 
-Nothing here depends on data; :func:`find_centrings` only reads the graph and the plan's amax, and
-:func:`apply_centrings` edits the float model before the Q/DQ rewrite.
+Only activations whose lower bound is 0 are shifted (then 0 lands on a level; with another bound,
+e.g. HardSwish's -0.375, every zero would share one rounding error, a bias nothing corrects).
+
+Nothing here depends on data; :func:`find_centrings` only reads the graph and the plan's amax.
 """
 import math
 from dataclasses import dataclass
@@ -43,19 +42,22 @@ import onnx
 from trtq.model import set_nodes
 from trtq.quantize.edit import InitializerEditor
 from trtq.quantize.graph import GraphIndex, attr
+from trtq.quantize.rules import QMAX
+from trtq.quantize.scales import activation_scale
 
 MIN_GAIN = 1.25  # centre only where the INT8 step shrinks at least this much
+LEVELS = 255.0  # steps between INT8's lowest and highest level (-128 .. 127)
+LOWEST = -128  # the level 0 (the activation's lower bound) lands on
 BIAS_OPS = ("Conv", "Gemm", "BatchNormalization")  # producers whose additive bias absorbs -c
 
 
 @dataclass(frozen=True)
 class Centring:
-    tensor: str  # the quantized tensor (the activation's output, or the Pad's after it)
-    shift: float  # c: the tensor now carries x - c
-    amax: float  # its new amax: half the range [lo, min(amax, hi)]
+    tensor: str  # the quantized tensor (the activation's output, or a pooled / reshaped form of it)
+    shift: float  # c = 128 s: the tensor now carries x - c
+    amax: float  # its new amax, 127 s: [lo, min(amax, hi)] spread over all 255 INT8 steps
     activation: str  # node names, for the report and the rewrite
     producer: str
-    pads: tuple  # constant Pads between the activation and the tensor
     readers: tuple
 
     def describe(self) -> str:
@@ -121,39 +123,33 @@ def _reader_ok(index: GraphIndex, node: onnx.NodeProto, slot: int) -> bool:
 
 
 # ops with f(x - c) = f(x) - c for a scalar c, the activation's output may reach the quantized
-# tensor through (each read by nothing else); a constant Pad also does once its value moves by -c
+# tensor through (each read by nothing else); not Pad (see the module docstring)
 COMMUTING_OPS = frozenset({"Identity", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze",
-                           "GlobalAveragePool", "GlobalMaxPool", "MaxPool", "AveragePool", "Pad"})
+                           "GlobalAveragePool", "GlobalMaxPool", "MaxPool", "AveragePool",
+                           "ReduceMean", "ReduceMax", "ReduceMin"})
 
 
-def _commutes(index: GraphIndex, node: onnx.NodeProto) -> bool:
+def _commutes(node: onnx.NodeProto) -> bool:
     if node.op_type not in COMMUTING_OPS or node.domain not in ("", "ai.onnx"):
         return False
-    if node.op_type == "Pad":
-        value = node.input[2] if len(node.input) > 2 else ""
-        constant_mode = attr(node, "mode", b"constant") in (b"constant", "constant")
-        return constant_mode and (not value or _constant(index, value) is not None)
     if node.op_type == "AveragePool":  # padded zeros that count in the average do not move with x
         return not attr(node, "count_include_pad", 0) or not any(attr(node, "pads", None) or [])
     return True
 
 
-def _through_commuting(index: GraphIndex, tensor: str):
-    """(the Relu/Clip behind ``tensor`` through commuting ops, the Pad names on the way), or
-    (None, ()) when there is none or something else reads an intermediate tensor."""
-    pads = []
+def _through_commuting(index: GraphIndex, tensor: str) -> Optional[onnx.NodeProto]:
+    """The Relu/Clip behind ``tensor`` through commuting ops, or None when there is none or
+    something else reads an intermediate tensor."""
     node = index.producer_node(tensor)
     for _ in range(16):
         if node is None:
-            return None, ()
+            return None
         if node.op_type in ("Relu", "Clip"):
-            return node, tuple(pads)
-        if not _commutes(index, node) or _only_use(index, node.input[0]) is None:
-            return None, ()
-        if node.op_type == "Pad":
-            pads.append(node.name)
+            return node
+        if not _commutes(node) or _only_use(index, node.input[0]) is None:
+            return None
         node = index.producer_node(node.input[0])
-    return None, ()
+    return None
 
 
 def find_centrings(index: GraphIndex, tensors: dict[str, float],
@@ -165,7 +161,7 @@ def find_centrings(index: GraphIndex, tensors: dict[str, float],
         read_elsewhere = index.fan_out(tensor) != len(index.consumers.get(tensor, []))
         if not amax > 0 or read_elsewhere or tensor in index.graph_outputs:
             continue
-        node, pads = _through_commuting(index, tensor)
+        node = _through_commuting(index, tensor)
         if node is None:
             continue
         bounds = _activation_bounds(index, node)
@@ -179,14 +175,15 @@ def find_centrings(index: GraphIndex, tensors: dict[str, float],
             continue
         lo, hi = bounds
         if lo != 0.0:
-            # only then does 0 (ReLU's zeros, the Pad's border) land on the shifted grid, at -127;
-            # elsewhere every zero would carry the same rounding error, a bias nothing corrects
+            # only then does 0 (ReLU's zeros) land on the shifted grid, at -128; elsewhere every
+            # zero would carry the same rounding error, a bias nothing corrects
             continue
         top = min(float(amax), hi)
-        half = (top - lo) / 2
-        if not half > 0 or float(amax) / half < MIN_GAIN:
+        new_amax = top * QMAX / LEVELS
+        if not new_amax > 0 or float(amax) / new_amax < MIN_GAIN:
             continue
-        out.append(Centring(tensor, (lo + top) / 2, half, node.name, producer.name, pads,
+        shift = -LOWEST * float(activation_scale(new_amax))  # exactly 128 steps of the float32 scale
+        out.append(Centring(tensor, shift, new_amax, node.name, producer.name,
                             tuple(index.nodes[i].name for i, _ in readers)))
     return out
 
@@ -254,30 +251,20 @@ def apply_centrings(model: onnx.ModelProto, centrings: list[Centring]) -> None:
     model computes the same function (up to float rounding).
 
     The shift is an explicit ``Add(-shift)`` right after the activation (producer and clip bounds
-    stay), constant Pads on the way pad with ``value - shift``, and every reader's bias gains
-    ``shift * sum(W)``. Moving the producer's bias and the clip bounds instead (no new node) is
-    the same function, but TensorRT 8.6 computes a Conv -> Clip(lo < 0) -> QuantizeLinear chain
-    wrongly (tiny model: 0.51 of the output range off its Q/DQ model; the Add form: 0.007).
+    stay) and every reader's bias gains ``shift * sum(W)``. This is the float form the data steps
+    observe; :func:`trtq.quantize.centering_fold.fold_centrings` turns the Q/DQ model into the form
+    engines run.
     """
     ed = InitializerEditor(model)
-    replaced = set()
     subtractions: dict[str, onnx.NodeProto] = {}
     for c in centrings:
         act = ed.nodes[c.activation]
         shift = np.float64(c.shift)
         subtractions[act.name] = _subtraction(ed, act, float(shift))
-        for pad_name in c.pads:
-            pad = ed.nodes[pad_name]
-            replaced.update(pad.input[2:3])
-            value = float(ed.array(pad.input[2]).reshape(-1)[0]) if len(pad.input) > 2 and pad.input[2] else 0.0
-            while len(pad.input) < 3:
-                pad.input.append("")
-            pad.input[2] = ed.new(f"{pad.name}/centred_value", np.array(value - shift, np.float32))
         for name in c.readers:
             reader = ed.nodes[name]
             w = ed.array(reader.input[1])
             ed.add_to_bias(reader, 2, shift * _bias_per_shift(reader, w), w.dtype, "centring_bias")
-    ed.drop_unused(replaced)
     _insert_after(model, subtractions)
 
 
