@@ -76,7 +76,8 @@ def test_fold_needs_the_clamp_to_be_the_activation(monkeypatch):
     scale = next(i for i in qdq.graph.initializer if i.name == q.input[1])
     dq = next(n for n in qdq.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == q.output[0])
     assert dq.input[1] == q.input[1]  # one scale for the pair: doubling it keeps the pair consistent
-    scale.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(scale) * 2, scale.name))
+    doubled = numpy_helper.to_array(scale) * np.float32(2)
+    scale.CopyFrom(numpy_helper.from_array(np.asarray(doubled, np.float32), scale.name))
     feeds = _feeds(np.random.default_rng(7))
     before = [run(qdq, f)[0] for f in feeds]
     from trtq.quantize.centering import find_centrings  # the centrings, as quantize_model found them
