@@ -260,6 +260,7 @@ def test_quantize_center_activations_cli(trtq, tmp_path, extra):
     assert _sqnr(ref, got) > 20, _sqnr(ref, got)
     text = trtq(["quantize", "--config", tmp_path / "c.yaml", "--cache", cache, "-o", out, "--center-activations"])
     assert text.code == 0 and "centred activations: 3 shifted" in text.out
+    assert "centring in engine form: 2 folded into their producer" in text.out and "1 shifted after pooling" in text.out
 
 
 def test_nothing_to_centre_is_reported(trtq, sample_config, tmp_path):

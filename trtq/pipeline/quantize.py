@@ -12,7 +12,8 @@ from trtq.fileio import atomic_path
 log = logging.getLogger(__name__)
 
 # the notes the text output shows
-DATA_STEP_NOTES = ("float layers", "centred activations", "weight rounding", "bias correction")
+DATA_STEP_NOTES = ("float layers", "centred activations", "centring in engine form", "weight rounding",
+                   "bias correction")
 
 
 def quantized_model(model_path: Path, cache_path: Path, options: QuantizeOptions, data=None):
