@@ -120,6 +120,8 @@ MUTATIONS: list[Mutation] = [
       "        if False:\n            raise ModelError(f\"engine not found"),
     M("pickled-npy-refused", "trtq/data/sources.py", '            if magic[:1] == b"\\x80":', "            if False:",
       (REL, "tests/data/test_data_sources.py")),
+    M("npy-file-opened-once", "trtq/data/sources.py", "        with self._open_lock:\n            arr = self._cached(f)",
+      "        if True:\n            arr = self._cached(f)", ("tests/data/test_data_sources.py",)),
 ]
 
 

@@ -218,6 +218,38 @@ def test_npy_is_memory_mapped(tmp_path):
     assert isinstance(src._map(0), np.memmap)
 
 
+def test_workers_asking_for_a_new_file_at_once_map_it_once(tmp_path, monkeypatch):
+    """Decode workers reach a file's first sample together: one of them opens it, the others wait
+    for that map (three threads opening one file at once once made np.load raise SystemError)."""
+    import threading
+    import time
+
+    np.save(tmp_path / "m.npy", np.zeros((8, 2), np.float32))
+    src = NpySource("x", [tmp_path / "m.npy"], (2,), "float32", "k")
+    opened, real_open = [], NpySource._open
+
+    def slow_open(self, path):
+        opened.append(path)
+        time.sleep(0.05)
+        return real_open(self, path)
+
+    monkeypatch.setattr(NpySource, "_open", slow_open)
+    start = threading.Barrier(4)
+    maps = []
+
+    def worker(row):
+        start.wait()
+        maps.append(src._map(0))
+        src.load(row)
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(opened) == 1 and len(maps) == 4 and all(m is maps[0] for m in maps)
+
+
 def test_npy_glob_matching_nothing_and_missing_file(tmp_path):
     with pytest.raises(DataError, match=r"the pattern .*\*\.npy matches no files"):
         expand_npy([str(tmp_path / "*.npy")], "data.inputs.x.npy")

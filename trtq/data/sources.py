@@ -339,6 +339,7 @@ class NpySource:
             raise DataError(f"{key}: the .npy files hold no samples", "save arrays with at least one row")
         self._maps: OrderedDict[int, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
+        self._open_lock = threading.Lock()
 
     def _open(self, path: Path) -> np.ndarray:
         from trtq.fileio import non_regular_kind
@@ -370,7 +371,8 @@ class NpySource:
         except (MemoryError, KeyboardInterrupt):
             raise
         except Exception as e:  # numpy parses the header with Python's tokenizer: TokenError, RecursionError, ...
-            raise DataError(f"corrupt .npy header in {path}: {type(e).__name__}", "re-save it with np.save") from None
+            raise DataError(f"corrupt .npy header in {path}: {type(e).__name__}: {_reason(e)}",
+                            "re-save it with np.save") from None
 
     def _check(self, path: Path) -> tuple[tuple[int, ...], np.dtype]:
         arr = self._open(path)
@@ -414,17 +416,27 @@ class NpySource:
         f, row = self._locate(index)
         return f"{self.files[f]}[{row}]"
 
-    def _map(self, f: int) -> np.ndarray:
+    def _cached(self, f: int) -> Optional[np.ndarray]:
         with self._lock:
             arr = self._maps.get(f)
             if arr is not None:
                 self._maps.move_to_end(f)
-                return arr
-        arr = self._open(self.files[f])
-        with self._lock:
-            self._maps[f] = arr
-            while len(self._maps) > self._OPEN_FILES:
-                self._maps.popitem(last=False)
+            return arr
+
+    def _map(self, f: int) -> np.ndarray:
+        arr = self._cached(f)
+        if arr is not None:
+            return arr
+        # one opener at a time: decode workers that all ask for a new file at once map it once (a CI
+        # run once saw np.load raise SystemError in one of three threads opening the same file)
+        with self._open_lock:
+            arr = self._cached(f)
+            if arr is None:
+                arr = self._open(self.files[f])
+                with self._lock:
+                    self._maps[f] = arr
+                    while len(self._maps) > self._OPEN_FILES:
+                        self._maps.popitem(last=False)
         return arr
 
     def load(self, index: int) -> np.ndarray:
