@@ -94,8 +94,7 @@ def centring_in_engines(trt: Any) -> Optional[str]:
     v = version_of(trt)
     if (v.major, v.minor) == (8, 6):
         return None
-    return (f"centred engines have not been measured on TensorRT {v} (only on 8.6: {CENTRING_MEASURED}); "
-            "build the Q/DQ model of trtq quantize --center-activations and check it with trtq compare and bench")
+    return f"centred engines have not been measured on TensorRT {v} (only on 8.6: {CENTRING_MEASURED})"
 
 
 def import_tensorrt(importer: Callable[[str], Any] = importlib.import_module) -> Any:
