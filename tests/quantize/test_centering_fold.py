@@ -11,7 +11,7 @@ from onnx import numpy_helper
 
 import trtq.quantize.centering_fold as centering_fold
 from tests.quantize.conftest import activation_amax, run
-from tests.quantize.test_centering import _chain, _feeds
+from tests.quantize.test_centering import _centrings, _chain, _feeds
 from trtq.config import QuantizeOptions
 from trtq.quantize import quantize_model
 
@@ -30,9 +30,12 @@ def _ops(model):
     return [n.op_type for n in model.graph.node]
 
 
-@pytest.mark.parametrize("act,pad,producer", [("clip", False, "conv"), ("relu", False, "bn"), ("clip", True, "conv")])
+@pytest.mark.parametrize("act,pad,producer", [("clip", False, "conv"), ("relu", False, "bn"), ("clip", True, "conv"),
+                                              ("clip", False, "conv without bias")])
 def test_engine_form_computes_the_add_form(act, pad, producer, monkeypatch):
-    model = _chain(np.random.default_rng(0), act=act, pad=pad, producer=producer)
+    model = _chain(np.random.default_rng(0), act=act, pad=pad, producer=producer.split()[0])
+    if producer == "conv without bias":  # folding gives conv0 a bias of -c per output channel
+        del model.graph.node[0].input[2]
     amax = activation_amax(model, _feeds(np.random.default_rng(1)))
     folded, added = _both_forms(model, amax, monkeypatch)
     forms = {c["tensor"]: c["form"] for c in folded.centred}
@@ -56,7 +59,10 @@ def test_engine_form_computes_the_add_form(act, pad, producer, monkeypatch):
         assert levels_a.keys() == levels_b.keys()
         d = np.concatenate([np.abs(la.astype(np.int32) - levels_b[k].astype(np.int32)).ravel()
                             for k, la in levels_a.items()])
-        assert d.max() <= 1 and (d > 0).mean() <= 5e-3, (int(d.max()), float((d > 0).mean()))
+        # without a bias of its own, conv0 writes y - c in one rounding where the Add form rounds twice:
+        # 0.2-0.3% of a0's levels sit on the other side of a tie, and their flips cascade downstream
+        bound = 1e-2 if producer == "conv without bias" else 5e-3
+        assert d.max() <= 1 and (d > 0).mean() <= bound, (int(d.max()), float((d > 0).mean()))
     ref = np.concatenate([run(model, f)[0] for f in feeds])
     a = np.concatenate([run(added.model, f)[0] for f in feeds])
     span = float(ref.max() - ref.min())
@@ -80,9 +86,7 @@ def test_fold_needs_the_clamp_to_be_the_activation(monkeypatch):
     scale.CopyFrom(numpy_helper.from_array(np.asarray(doubled, np.float32), scale.name))
     feeds = _feeds(np.random.default_rng(7))
     before = [run(qdq, f)[0] for f in feeds]
-    from trtq.quantize.centering import find_centrings  # the centrings, as quantize_model found them
-
-    centrings = _centrings_of(model, amax, find_centrings)
+    _, centrings = _centrings(model, amax)  # the centrings, as quantize_model finds them
     forms = centering_fold.fold_centrings(qdq, centrings)
     assert forms["a0"] == "kept" and forms["a1"] == "fold"
     assert "act0" in {n.name for n in qdq.graph.node}
@@ -100,14 +104,3 @@ def _levels(model, feeds) -> dict:
         m.graph.output.append(onnx.helper.make_empty_tensor_value_info(q.output[0]))
     outs = run(m, feeds)[-len(qs):]
     return {q.input[0]: o for q, o in zip(qs, outs)}
-
-
-def _centrings_of(model, amax, find_centrings):
-    from trtq.quantize.graph import GraphIndex
-    from trtq.quantize.plan import find_amax
-    from trtq.quantize.prepare import prepare_model
-
-    prepared, _ = prepare_model(model)
-    index = GraphIndex(prepared)
-    acts = {t: find_amax(index, amax, t) for t in ("a0", "a1", "f", "ha")}
-    return find_centrings(index, acts, lambda i, s: True)

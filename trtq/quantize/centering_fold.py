@@ -23,17 +23,18 @@ import numpy as np
 import onnx
 
 from trtq.model import set_nodes
+from trtq.quantize.centering import LOWEST, _activation_bounds
 from trtq.quantize.edit import InitializerEditor
 from trtq.quantize.graph import GraphIndex, attr
+from trtq.quantize.rules import QMAX
 
 # ops between the shift and the quantizer through which a clamp may move unchanged
 CLAMP_COMMUTING = frozenset({"Identity", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze",
                              "MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin"})
-QMIN, QMAX = -128, 127
 
 
 def _quantized(x: float, scale: np.ndarray) -> int:
-    return int(np.clip(np.rint(np.float32(x) / scale), QMIN, QMAX))
+    return int(np.clip(np.rint(np.float32(x) / scale), LOWEST, QMAX))
 
 
 def _path(index: GraphIndex, start: str, end: str) -> Optional[list[onnx.NodeProto]]:
@@ -63,28 +64,19 @@ def _scales(index: GraphIndex, tensor: str) -> Optional[list[np.ndarray]]:
     return scales
 
 
-def _bounds(index: GraphIndex, act: onnx.NodeProto) -> tuple[float, float]:
-    if act.op_type == "Relu":
-        return 0.0, float("inf")
-    lo = float(index.array(act.input[1]).reshape(-1)[0])
-    hi = float(index.array(act.input[2]).reshape(-1)[0]) if len(act.input) > 2 and act.input[2] else float("inf")
-    return lo, hi
-
-
 def _clamp_is_the_activation(index: GraphIndex, act: onnx.NodeProto, shift: float, scales) -> bool:
-    lo, hi = _bounds(index, act)
+    bounds = _activation_bounds(index, act)
+    if bounds is None:
+        return False
+    lo, hi = bounds
     low = np.float32(lo) + np.float32(-shift)
     high = np.float32(hi) + np.float32(-shift) if np.isfinite(hi) else np.float32(np.inf)
-    return all(_quantized(low, s) == QMIN and _quantized(high, s) == QMAX for s in scales)
+    return all(_quantized(low, s) == LOWEST and _quantized(high, s) == QMAX for s in scales)
 
 
 def _out_channels(index: GraphIndex, node: onnx.NodeProto) -> int:
-    """Output channels of a Conv/Gemm producer, read from its (possibly Q/DQ'd) weight."""
-    w = index.float_source(node.input[1])
-    if not index.is_constant(w):
-        pair = index.qdq_pair(node.input[1])
-        w = pair[1].input[0] if pair else w
-    dims = index.dims(w)
+    """Output channels of a Conv/Gemm producer, from its weight initializer (behind its Q/DQ pair)."""
+    dims = index.dims(index.float_source(node.input[1]))
     if node.op_type == "Gemm":
         return dims[0] if attr(node, "transB", 0) else dims[1]
     return dims[0]
