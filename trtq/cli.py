@@ -920,9 +920,14 @@ def build(common, model, cache, output, engine, exclude, allow_stale):
 @click.option("--warmup", type=float, help="Warm-up seconds (default 0.5).")
 @click.option("--include-copies", is_flag=True, default=None, help="Time host->device and device->host copies too.")
 @click.option("--cuda-graph", is_flag=True, default=None, help="Launch through a captured CUDA graph.")
-def bench(plans, common, iterations, duration, warmup, include_copies, cuda_graph):
+@click.option("--layers", "layers", type=int, default=None, is_flag=False, flag_value=25, metavar="[N]",
+              help="Also profile each plan layer by layer and show its N slowest layers (default 25) with their "
+                   "precision (--json: all layers).")
+def bench(plans, common, iterations, duration, warmup, include_copies, cuda_graph, layers):
     """Time TensorRT engines with CUDA events (several plans: ratios to the first)."""
     st = _apply_common(common)
+    if layers is not None and layers <= 0:
+        raise UsageError(f"--layers must be a positive number of rows, got {layers}", "e.g. --layers 30")
     cfg = _load_config(common.config_path, {
         "bench.iterations": iterations, "bench.duration": duration, "bench.warmup": warmup,
         "bench.include_copies": include_copies, "bench.cuda_graph": cuda_graph,
@@ -940,7 +945,14 @@ def bench(plans, common, iterations, duration, warmup, include_copies, cuda_grap
     from trtq.trt.bench import bench_plans, render_table
 
     results = bench_plans([Path(p) for p in plans], cfg.bench)
-    _emit(st, [r.to_dict() for r in results], render_table(results))
+    if layers is None:
+        _emit(st, [r.to_dict() for r in results], render_table(results))
+        return
+    from trtq.trt.layers import profile_layers, render_layers
+
+    profiles = [profile_layers(Path(p)) for p in plans]
+    _emit(st, [dict(r.to_dict(), layers=pr.to_dict()) for r, pr in zip(results, profiles)],
+          render_table(results) + "\n\n" + render_layers(profiles, layers))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@
 #                                (EntropyCalibration2, 160 crops) + the implicit INT8 engine, ~230-300 s
 #   qdq K NAME...                explicit engines of /tmp/stage/K.NAME.qdq.onnx, 27-40 s each
 #   bench K NAME...              latency (3 runs) + top-1/SQNR on 2000 crops next to ONNX Runtime, ~250 s
+#   layers K NAME...             trtq bench --layers: per-layer time and precision of the implicit engine
+#                                and each named explicit one (built before), ~20 s per plan
 #   shard                        benchmarks/bench_shard.py on this host's cores
 S=/tmp/stage; E=/tmp/eng; PY=/opt/trtq-rig/bin/python
 export PYTHONPATH=/opt/trtq-rig/site39${PYTHONPATH:+:$PYTHONPATH}  # for subprocesses started with sys.executable
@@ -33,6 +35,10 @@ case $step in
     k=$1; shift; $PY benchmarks/bench_engines.py $(common $k) --reuse --repeats 3 --duration 2 --eval-images 2000 \
         --no-int8-kernels $(qdqs $k "$@") > "$OUT/bench-$k.log" 2>&1; echo "rc $?"
     cp $E/$k/bench_engines.json "$OUT/bench-$k.json"; tail -14 "$OUT/bench-$k.log";;
+  layers)
+    k=$1; shift; plans=$E/$k/int8-implicit.plan; for n in "$@"; do plans="$plans $E/$k/$n.plan"; done
+    $PY -m trtq bench --duration 1 --layers 45 $plans > "$OUT/layers-$k.txt" 2>&1; echo "rc $?"
+    $PY -m trtq bench --duration 1 --layers --json $plans > "$OUT/layers-$k.json" 2>/dev/null; head -5 "$OUT/layers-$k.txt";;
   shard)
     $PY benchmarks/bench_shard.py --work /tmp/shardwork --samples 4096 --shards 4,8,16 --method entropy "$@" \
         > "$OUT/shard.log" 2>&1; echo "rc $?"; tail -12 "$OUT/shard.log";;

@@ -61,3 +61,46 @@ def test_runner_without_tensorrt_is_exit_4(tmp_path, monkeypatch):
     with pytest.raises(EnvironmentMissing) as info:
         TrtRunner(tmp_path / "m.plan")
     assert info.value.exit_code == 4
+
+
+def test_layer_details_from_the_engine_inspector():
+    """bench --layers reads precisions from the inspector's detailed JSON: INT8 and FP16 by name,
+    TensorRT's long linear-float format as fp32; names-only entries (a plan built without detail)
+    give nothing rather than guesses."""
+    from trtq.trt.layers import _details
+
+    layers = [
+        {"Name": "conv1 + relu", "LayerType": "CaskConvolution", "TacticName": "sm90_xmma",
+         "Inputs": [{"Name": "x", "Format/Datatype": "Channel major INT8 format where channel % 32 == 0"}],
+         "Outputs": [{"Name": "y", "Format/Datatype": "Row major linear FP32"}]},
+        {"Name": "pool", "LayerType": "CaskPooling", "Inputs": [{"Format/Datatype": "Row major linear FP16 format"}],
+         "Outputs": [{"Format/Datatype": "Int8 NC32"}]},
+        "names only",
+    ]
+    d = _details(layers)
+    assert d["conv1 + relu"] == {"kind": "CaskConvolution", "precision": "int8->fp32", "tactic": "sm90_xmma"}
+    assert d["pool"]["precision"] == "fp16->int8"
+    assert "names only" not in d
+
+
+def test_render_layers_lists_the_slowest_then_the_rest():
+    from trtq.trt.layers import LayerProfile, LayerTime, render_layers
+
+    p = LayerProfile("/x/m.plan", 10, 1.0, [LayerTime("a", 0.6, 0.6, "Conv", "int8->int8"),
+                                           LayerTime("b", 0.3, 0.3), LayerTime("c", 0.1, 0.1)])
+    lines = render_layers([p], top=2).splitlines()
+    assert lines[0].startswith("m.plan: 3 layers, 1.000 ms")
+    assert "int8->int8" in lines[2] and lines[2].rstrip().endswith(" a")
+    assert lines[3].rstrip().endswith(" b")
+    assert "0.1000" in lines[4] and "(1 more layers)" in lines[4]
+
+
+def test_bench_layers_needs_a_positive_count(tmp_path):
+    import subprocess
+
+    plan = tmp_path / "m.plan"
+    plan.write_bytes(b"x")
+    r = subprocess.run([sys.executable, "-m", "trtq", "bench", "--layers", "0", str(plan)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == "trtq: error: --layers must be a positive number of rows, got 0; e.g. --layers 30"

@@ -242,6 +242,24 @@ def test_bench_numbers_are_sane(built):
     assert g.iterations >= 5 and g.include_copies
 
 
+def test_bench_layers_names_int8_and_float_layers(built):
+    """bench --layers: every layer timed, shares add up, and the inspector's precisions tell the
+    explicit INT8 engine (INT8 convolutions) from the FP32 one (none)."""
+    from trtq.trt.layers import profile_layers, render_layers
+
+    fp32, explicit = (profile_layers(built[k].plan_path, runs=10) for k in ("fp32", "explicit"))
+    for p in (fp32, explicit):
+        assert p.layers and p.runs == 10 and p.total_ms > 0
+        assert sum(x.share for x in p.layers) == pytest.approx(1.0)
+        assert all(x.mean_ms >= 0 for x in p.layers)
+        assert [x.mean_ms for x in p.layers] == sorted((x.mean_ms for x in p.layers), reverse=True)
+    assert any("int8" in x.precision for x in explicit.layers), [(x.name, x.precision) for x in explicit.layers]
+    assert not any("int8" in x.precision for x in fp32.layers)
+    assert all(x.precision for x in fp32.layers if x.kind == "Convolution"), "build keeps detailed layer info"
+    text = render_layers([fp32, explicit], top=2)
+    assert "fp32.plan" in text and "explicit.plan" in text and "more layers" in text
+
+
 def test_centred_activations_engine_matches_its_qdq_model(tmp_path):
     """--center-activations in engine form (the activation folded into the quantizer's clamp, the
     pooled shift moved behind the pooling): the engine built from that Q/DQ file computes what ONNX

@@ -276,6 +276,30 @@ def set_optimization_level(config: Any, level: int) -> bool:
     return True
 
 
+def set_detailed_profiling(trt: Any, config: Any) -> bool:
+    """Keep each layer's precision, formats and tactic in the plan (8.2+; metadata only, no effect on
+    speed), so the engine inspector can show them; False where this TensorRT cannot."""
+    verbosity = getattr(getattr(trt, "ProfilingVerbosity", None), "DETAILED", None)
+    if verbosity is None or not hasattr(config, "profiling_verbosity"):
+        return False
+    config.profiling_verbosity = verbosity
+    return True
+
+
+def engine_layers(trt: Any, engine: Any, context: Any = None) -> list:
+    """The engine inspector's layer list (dicts when the plan was built with detailed profiling,
+    names otherwise); [] where this TensorRT has no inspector."""
+    if not hasattr(engine, "create_engine_inspector"):
+        return []
+    inspector = engine.create_engine_inspector()
+    if context is not None:
+        inspector.execution_context = context
+    import json
+
+    info = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON) or "{}", strict=False)
+    return list(info.get("Layers", []))
+
+
 def set_calibration_profile(config: Any, profile: Any) -> bool:
     """Profile used while calibrating dynamic inputs (8.6/10); False where it does not exist."""
     if not hasattr(config, "set_calibration_profile"):

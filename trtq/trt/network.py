@@ -156,6 +156,7 @@ def add_profiles(
 
 
 def configure(trt: Any, config: Any, options: BuildOptions) -> None:
+    compat.set_detailed_profiling(trt, config)  # layer precisions and tactics for bench --layers
     if options.workspace_mb is not None:
         compat.set_workspace(trt, config, options.workspace_mb)
     level = options.optimization_level
