@@ -93,6 +93,7 @@ def test_render_layers_lists_the_slowest_then_the_rest():
     assert "int8->int8" in lines[2] and lines[2].rstrip().endswith(" a")
     assert lines[3].rstrip().endswith(" b")
     assert "0.1000" in lines[4] and "(1 more layers)" in lines[4]
+    assert lines[5] == "  by precision: int8->int8 0.600 ms (60.0%, 1), ? 0.400 ms (40.0%, 2)"
 
 
 def test_bench_layers_needs_a_positive_count(tmp_path):

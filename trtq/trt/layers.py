@@ -127,7 +127,21 @@ def render_layers(profiles: Sequence[LayerProfile], top: int = 25) -> str:
         if rest:
             out.append(f"  {sum(x.mean_ms for x in rest):7.4f}  {sum(x.share for x in rest):6.1%}  "
                        f"{'':<14}  {'':<14}  ({len(rest)} more layers)")
+        out.append("  by precision: " + ", ".join(f"{k} {ms:.3f} ms ({share:.1%}, {n})"
+                                                  for k, ms, share, n in by_precision(p)))
     return "\n".join(out)
 
 
-__all__ = ["LayerProfile", "LayerTime", "profile_layers", "render_layers"]
+def by_precision(profile: LayerProfile) -> list[tuple[str, float, float, int]]:
+    """(precision, ms, share, layers) summed over the layers of each input -> output precision,
+    largest first; layers the inspector gave no precision for count as '?'."""
+    sums: dict[str, list] = {}
+    for layer in profile.layers:
+        entry = sums.setdefault(layer.precision or "?", [0.0, 0.0, 0])
+        entry[0] += layer.mean_ms
+        entry[1] += layer.share
+        entry[2] += 1
+    return sorted(((k, ms, share, n) for k, (ms, share, n) in sums.items()), key=lambda t: -t[1])
+
+
+__all__ = ["LayerProfile", "LayerTime", "by_precision", "profile_layers", "render_layers"]
