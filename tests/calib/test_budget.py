@@ -59,8 +59,35 @@ def test_budget_groups_give_the_same_cache(trtq, sample_model, sample_images, tm
     a, b = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
     assert np.array_equal(a["counts"], b["counts"]) and np.array_equal(a["maxima"], b["maxima"])
     prov = json.loads((tmp_path / "small.cache.json").read_text())
-    assert prov["collection"]["tensor_groups"] > 3
-    assert json.loads((tmp_path / "ref.cache.json").read_text())["collection"]["tensor_groups"] == 1
+    assert prov["collection"]["tensor_groups"] > 3  # 37 MB for one sample's activations: rows alone cannot help
+    assert prov["collection"]["rows_per_call"] == 1
+    ref_prov = json.loads((tmp_path / "ref.cache.json").read_text())
+    assert ref_prov["collection"]["tensor_groups"] == 1 and ref_prov["collection"]["rows_per_call"] is None
+
+
+@pytest.mark.parametrize("method", ["mse", "max"])
+def test_budget_slices_batches_before_grouping_tensors(trtq, sample_model, sample_images, tmp_path, method):
+    """A budget that holds two of the four rows (the sample model's activations: ~37 MB a sample)
+    runs each batch in two calls of every tensor, one model pass: the same cache and statistics."""
+    ref, sliced = tmp_path / "ref.cache", tmp_path / "sliced.cache"
+    r = trtq(_sample_args(sample_model, sample_images, ref, "--method", method, "--save-stats", tmp_path / "a.npz"))
+    assert r.code == 0, r
+    r = trtq(_sample_args(sample_model, sample_images, sliced, "--method", method, "--max-memory", "80M",
+                          "--save-stats", tmp_path / "b.npz"))
+    assert r.code == 0, r
+    assert ref.read_bytes() == sliced.read_bytes()
+    a, b = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
+    assert np.array_equal(a["counts"], b["counts"]) and np.array_equal(a["maxima"], b["maxima"])
+    prov = json.loads((tmp_path / "sliced.cache.json").read_text())["collection"]
+    assert prov["tensor_groups"] == 1 and prov["rows_per_call"] == 2
+
+
+def test_rows_within():
+    assert budget.rows_within(100, 4, 1000) == 4  # fits: every row
+    assert budget.rows_within(100, 4, 50) == 2
+    assert budget.rows_within(100, 4, 49) == 1  # 25 bytes a row
+    assert budget.rows_within(100, 4, 10) == 1  # not even one row: grouping takes over
+    assert budget.rows_within(101, 4, 52) == 2  # a row rounds up (26 bytes)
 
 
 @pytest.mark.parametrize("size,needle", [("2X", "must be a size such as 2G"), ("0", "must be positive"),

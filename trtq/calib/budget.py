@@ -100,6 +100,13 @@ def _size(vi) -> Optional[int]:
     return int(np.prod([d.dim_value for d in dims], dtype=np.int64)) * itemsize
 
 
+def rows_within(total: int, batch: int, budget: int) -> int:
+    """Rows of a batch of ``batch`` whose activations (``total`` bytes for the whole batch) fit in
+    ``budget``; at least 1 (one row over the budget is then grouped by tensor)."""
+    per_row = -(-int(total) // max(int(batch), 1))
+    return max(1, min(int(batch), int(budget) // max(per_row, 1)))
+
+
 def plan_groups(sizes: Mapping[str, int], budget: int, batch: int) -> list[list[str]]:
     """Contiguous groups of ``sizes`` (tensor -> bytes of one batch) of at most ``budget`` bytes
     each; one group when everything fits. UsageError (exit 2) naming the fix when one tensor alone

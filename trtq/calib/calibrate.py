@@ -129,6 +129,7 @@ class _Setup:
     shard_pass: Optional[str] = None  # a shard's "ranges" (pass 1) or "histogram" (pass 2)
     given: Optional[dict[str, float]] = None  # pass 2 of a shard: the merged ranges of pass 1
     tensor_groups: int = 1  # ONNX Runtime calls per batch (--max-memory)
+    rows_per_call: Optional[int] = None  # rows of a batch per call when --max-memory slices batches
     feed_mode: Optional[str] = None  # a fixed-batch-1 model: "batched" or "per-sample" (trtq.calib.widen)
 
 
@@ -198,7 +199,8 @@ def run_calibration(
 
     provenance = build_provenance(cfg, run.model_path, run.specs, run.batcher, stream.samples, run.trt_version,
                                   run.algorithm, amax)
-    provenance["collection"] = {"tensor_groups": run.tensor_groups, "fixed_batch_1": run.feed_mode}
+    provenance["collection"] = {"tensor_groups": run.tensor_groups, "rows_per_call": run.rows_per_call,
+                                "fixed_batch_1": run.feed_mode}
     out = Path(opts.output)
     stats_path = Path(opts.save_stats) if opts.save_stats else None
     if write:
@@ -217,6 +219,9 @@ def _collector(run: _Setup, tensors: list[str]) -> Any:
 
     collector = GroupedCollector(run.model, tensors, run.opts.providers, run.budget, dict(run.batcher.shapes))
     run.tensor_groups = max(run.tensor_groups, len(collector.groups))
+    batch = next((int(s[0]) for s in run.batcher.shapes.values() if len(s)), 1)
+    if collector.rows_per_call < batch:
+        run.rows_per_call = min(run.rows_per_call or batch, collector.rows_per_call)
     return collector
 
 

@@ -12,6 +12,12 @@ call holds a batch of all of them. Here, when that is over the budget (trtq.cali
 
 Each batch runs once per group (the early groups run a part of the model only). The histograms and
 maxima are per tensor, so the statistics, and the cache, are the same whatever the grouping.
+
+Before any grouping, a batch too large for the budget is run in slices of rows (``rows_per_call``)
+when the model's batch dim is free: one model pass still, each call holding a slice's activations.
+The statistics are those of the same samples, so the cache is what ``--batch-size`` of that slice
+would give (trtq's caches do not depend on the batch size where ONNX Runtime's kernels do not).
+Only when one row of every tensor still exceeds the budget are the tensors grouped too.
 """
 import logging
 import os
@@ -80,11 +86,19 @@ class GroupedCollector:
     activations (valid until the next one)."""
 
     def __init__(self, model: onnx.ModelProto, tensors: Sequence[str], providers: Sequence[str],
-                 budget: int, input_shapes: dict):
-        from trtq.calib.budget import plan_groups, tensor_bytes
+                 budget: int, input_shapes: dict, split_rows: bool = True):
+        from trtq.calib.budget import plan_groups, rows_within, tensor_bytes
 
         batch = next((int(s[0]) for s in input_shapes.values() if len(s)), 1)
-        self.groups = plan_groups(tensor_bytes(model, tensors, input_shapes), budget, batch)
+        sizes = tensor_bytes(model, tensors, input_shapes)
+        self.rows_per_call = batch
+        if split_rows and sum(sizes.values()) > budget and batch > 1 and _batch_dim_free(model, input_shapes):
+            self.rows_per_call = rows_within(sum(sizes.values()), batch, budget)
+            sizes = tensor_bytes(model, tensors, {n: (self.rows_per_call,) + tuple(s[1:])
+                                                  for n, s in input_shapes.items()})
+            log.info("one batch of activations exceeds --max-memory: %d of its %d rows per ONNX Runtime call",
+                     self.rows_per_call, batch)
+        self.groups = plan_groups(sizes, budget, self.rows_per_call)
         self.tensors = list(tensors)
         if len(self.groups) == 1:
             self._collectors = [OrtCollector(model, tensors, providers)]
@@ -99,11 +113,38 @@ class GroupedCollector:
         self.providers = self._collectors[0].providers
 
     def run_groups(self, arrays: dict[str, np.ndarray], valid: Optional[int] = None) -> Any:
+        """Each group's activations for each slice of ``rows_per_call`` rows (padding rows past
+        ``valid`` are not run), valid until the next one is produced."""
+        rows = next((a.shape[0] for a in arrays.values() if a.ndim), 0)
+        if rows <= self.rows_per_call:
+            for collector in self._collectors:
+                yield collector.run(arrays, valid)
+            return
+        end = rows if valid is None else min(int(valid), rows)
         for collector in self._collectors:
-            yield collector.run(arrays, valid)
+            for start in range(0, end, self.rows_per_call):
+                stop = min(start + self.rows_per_call, end)
+                yield collector.run({n: a[start:stop] for n, a in arrays.items()})
 
     def run(self, arrays: dict[str, np.ndarray], valid: Optional[int] = None) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         for part in self.run_groups(arrays, valid):
-            out.update(part)
+            for name, value in part.items():
+                if name in out:  # another slice of rows of this tensor
+                    out[name] = np.concatenate([out[name], value])
+                else:
+                    out[name] = np.array(value)  # a copy: the collector reuses its buffers
         return out
+
+
+def _batch_dim_free(model: onnx.ModelProto, input_shapes: dict) -> bool:
+    """Every fed input's leading dim is not fixed by the model (so a slice of rows runs)."""
+    declared = {vi.name: vi for vi in model.graph.input}
+    for name, shape in input_shapes.items():
+        vi = declared.get(name)
+        if vi is None or not len(shape):
+            return False
+        dims = vi.type.tensor_type.shape.dim
+        if not len(dims) or (dims[0].HasField("dim_value") and dims[0].dim_value > 0):
+            return False
+    return True

@@ -69,7 +69,8 @@ def probe(model: Any, wide: Any, tensors: list[str], providers: Sequence[str], b
     rows = batch.valid
     arrays = {n: a[:rows] for n, a in batch.arrays.items()}
     try:
-        wide_col = GroupedCollector(wide, tensors, providers, budget, {n: a.shape for n, a in arrays.items()})
+        wide_col = GroupedCollector(wide, tensors, providers, budget, {n: a.shape for n, a in arrays.items()},
+                                    split_rows=False)  # the whole batch at once: that is what is probed
         batched = _digests(wide_col, arrays, rows)
     except TrtqError as e:
         return False, f"it does not run with a batch of {rows}: {str(e).splitlines()[0]}"
