@@ -156,3 +156,33 @@ def test_probe_mismatch_keeps_one_sample_per_call(trtq, sample_model, sample_ima
     assert r.code == 0, r
     prov = json.loads((tmp_path / "c.cache.json").read_text())
     assert prov["collection"]["fixed_batch_1"] == "per-sample" and prov["data"]["batch_size"] == 1
+
+
+def _relu_chain(batch_dim):
+    """x [batch_dim, 64] -> Relu -> Neg -> Relu: three 256-byte-a-row tensors."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch_dim, 64])
+    y = helper.make_tensor_value_info("c", TensorProto.FLOAT, [batch_dim, 64])
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]),
+             helper.make_node("Relu", ["b"], ["c"])]
+    return helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("batch_dim,rows,groups", [("N", 2, 1), (4, 4, 3)])
+def test_slices_only_where_the_batch_dim_is_free(batch_dim, rows, groups):
+    """A free batch dim: 2 of 4 rows per call (three tensors of 256 B a row, a 1600 B budget), every
+    tensor in one call; a batch fixed at 4: whole batches, tensors in groups. Both give the values of
+    an unbounded run, row for row."""
+    from trtq.calib.groups import GroupedCollector
+
+    model = _relu_chain(batch_dim)
+    x = np.linspace(-1, 1, 4 * 64, dtype=np.float32).reshape(4, 64)
+    col = GroupedCollector(model, ["a", "b", "c"], ["CPUExecutionProvider"], 1600, {"x": (4, 64)})
+    assert (col.rows_per_call, len(col.groups)) == (rows, groups)
+    parts = list(col.run_groups({"x": x}))
+    assert len(parts) == (4 // rows) * groups
+    assert all(v.shape[0] == rows for p in parts for v in p.values())
+    out = col.run({"x": x})
+    np.testing.assert_array_equal(out["a"], np.maximum(x, 0))
+    np.testing.assert_array_equal(out["c"], np.maximum(-np.maximum(x, 0), 0))
+    if batch_dim == "N":  # padding rows past `valid` are not run
+        assert sum(v.shape[0] for p in col.run_groups({"x": x}, valid=3) for k, v in p.items() if k == "a") == 3

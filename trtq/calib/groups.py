@@ -138,8 +138,12 @@ class GroupedCollector:
 
 
 def _batch_dim_free(model: onnx.ModelProto, input_shapes: dict) -> bool:
-    """Every fed input's leading dim is not fixed by the model (so a slice of rows runs)."""
+    """Every fed input's leading dim is the batch's and not fixed by the model (so a slice of rows
+    runs)."""
     declared = {vi.name: vi for vi in model.graph.input}
+    leading = {int(shape[0]) if len(shape) else None for shape in input_shapes.values()}
+    if len(leading) != 1:
+        return False
     for name, shape in input_shapes.items():
         vi = declared.get(name)
         if vi is None or not len(shape):
