@@ -127,14 +127,14 @@ class GroupedCollector:
                 yield collector.run({n: a[start:stop] for n, a in arrays.items()})
 
     def run(self, arrays: dict[str, np.ndarray], valid: Optional[int] = None) -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = {}
+        """Every tensor for the whole batch: views valid until the next call, or, when the batch
+        runs in slices, the slices joined (copies)."""
+        sliced = next((a.shape[0] for a in arrays.values() if a.ndim), 0) > self.rows_per_call
+        pieces: dict[str, list] = {}
         for part in self.run_groups(arrays, valid):
             for name, value in part.items():
-                if name in out:  # another slice of rows of this tensor
-                    out[name] = np.concatenate([out[name], value])
-                else:
-                    out[name] = np.array(value)  # a copy: the collector reuses its buffers
-        return out
+                pieces.setdefault(name, []).append(np.array(value) if sliced else value)
+        return {name: np.concatenate(v) if sliced else v[-1] for name, v in pieces.items()}
 
 
 def _batch_dim_free(model: onnx.ModelProto, input_shapes: dict) -> bool:
