@@ -28,7 +28,34 @@ def test_json_is_strict_and_names_the_gated_metric():
     task = json.loads(text)["outputs"][0]["task"]
     assert task == {"name": "ctc", "how": "given (--task)", "gate_metric": "sequence_agreement",
                     "metrics": {"sequence_agreement": 0.5, "cer": "inf", "edits": 3, "reference_chars": 0,
-                                "matching_lines": 2}}
+                                "matching_lines": 2},
+                    "interval95": {"sequence_agreement": [0.150039, 0.849961]}}  # Wilson, 2 of 4
+
+
+def test_wilson_interval_known_values():
+    from trtq.compare.report import wilson_interval
+
+    import numpy as np
+
+    for (p, n), (lo, hi) in {(0.5, 100): (0.4038, 0.5962), (1.0, 20): (0.8389, 1.0), (0.0, 20): (0.0, 0.1611)}.items():
+        got = wilson_interval(p, n)
+        assert abs(got[0] - lo) < 5e-5 and abs(got[1] - hi) < 5e-5, (p, n, got)  # published tables
+    for p, n in ((0.927, 2000), (0.5, 4), (0.605, 200)):  # the bounds solve (p - q)^2 = z^2 q (1 - q) / n for q
+        k = 1.959964 ** 2 / n
+        roots = sorted(np.roots([1 + k, -(2 * p + k), p * p]).real)
+        assert np.allclose(wilson_interval(p, n), roots, atol=1e-12)
+    assert wilson_interval(0.5, 0) is None and wilson_interval(math.nan, 10) is None
+
+
+def test_per_sample_metrics_print_their_interval():
+    """Fractions of samples carry a 95% interval in the text (how much another evaluation set of
+    the same size could move them); F1, IoU and CER, not per-sample fractions, do not."""
+    cls = TaskResult("classify", "inferred: x", {"top1_agreement": 0.75, "top5_agreement": 1.0})
+    det = TaskResult("detect", "inferred: x", {"f1": 0.62})
+    text = report(output("logits", cls), output("boxes", det)).render_text()
+    assert "top-1 agreement 0.7500 (95% interval 0.301-0.954) [gates --min-agreement]" in text
+    assert "top-5 agreement 1.0000 (95% interval 0.510-1.000)" in text
+    assert "detection F1 0.6200 [gates --min-agreement]" in text
 
 
 def test_text_lines_and_gate_per_task():

@@ -42,7 +42,34 @@ LABELS = {
 }
 
 
-def task_dict(result: Any) -> dict[str, Any] | None:
+# metrics that are a fraction of independent samples (each sample agrees or not): they get a 95%
+# interval, how far another evaluation set of the same size could move them
+PER_SAMPLE = ("top1_agreement", "top5_agreement", "sequence_agreement")
+Z95 = 1.959964
+
+
+def wilson_interval(fraction: float, n: int, z: float = Z95) -> tuple[float, float] | None:
+    """Wilson score interval of a fraction of ``n`` samples (None without samples or a value):
+    unlike p +- z sqrt(p(1-p)/n) it stays inside [0, 1] and is not empty at 0 or 1."""
+    if not n or fraction is None or math.isnan(fraction):
+        return None
+    p = min(max(float(fraction), 0.0), 1.0)
+    z2n = z * z / n
+    centre = (p + z2n / 2) / (1 + z2n)
+    half = z * math.sqrt(p * (1 - p) / n + z2n / (4 * n)) / (1 + z2n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _intervals(result: Any, samples: int) -> dict[str, tuple[float, float]]:
+    found = {}
+    for key in PER_SAMPLE:
+        ci = wilson_interval(result.metrics.get(key), samples) if key in result.metrics else None
+        if ci is not None:
+            found[key] = ci
+    return found
+
+
+def task_dict(result: Any, samples: int = 0) -> dict[str, Any] | None:
     """The ``task`` entry of an output in ``compare --json`` (None when there is no result)."""
     if result is None:
         return None
@@ -51,6 +78,7 @@ def task_dict(result: Any) -> dict[str, Any] | None:
         "how": result.how,
         "gate_metric": result.gate_metric,
         "metrics": {k: json_float(v) if isinstance(v, float) else v for k, v in result.metrics.items()},
+        "interval95": {k: [round(lo, 6), round(hi, 6)] for k, (lo, hi) in _intervals(result, samples).items()},
     }
 
 
@@ -66,10 +94,13 @@ def task_lines(outputs: Sequence[Any]) -> list[str]:
         if result.task == "raw":
             continue
         metrics, details = [], []
+        intervals = _intervals(result, o.samples)
         for key, value in result.metrics.items():
             if key in LABELS:
                 label, spec, unit = LABELS[key]
                 text = f"{label} {fmt(value, spec)}{unit if value is not None else ''}"
+                if key in intervals:
+                    text += " (95% interval {:.3f}-{:.3f})".format(*intervals[key])
                 metrics.append(text + " [gates --min-agreement]" if key == result.gate_metric else text)
             else:
                 details.append(f"{key.replace('_', ' ')} {fmt(value, '.4g') if isinstance(value, float) else value}")
@@ -146,7 +177,7 @@ class CompareReport:
                     "sqnr_db": json_float(o.sqnr_db),
                     "ref_max_abs": json_float(o.ref_max_abs),
                     "nonfinite": o.nonfinite,
-                    "task": task_dict(o.task),
+                    "task": task_dict(o.task, o.samples),
                 }
                 for o in self.outputs
             ],
@@ -155,7 +186,7 @@ class CompareReport:
             out["other_semantics"] = {
                 "runtime": self.other.runtime,
                 "outputs": [{"name": o.name, "top1_agreement": json_float(o.top1_agreement),
-                             "task": task_dict(o.task),
+                             "task": task_dict(o.task, o.samples),
                              "sqnr_db": json_float(o.sqnr_db), "cosine_mean": json_float(o.cosine_mean)}
                             for o in self.other.outputs],
             }
