@@ -88,6 +88,8 @@ def test_rows_within():
     assert budget.rows_within(100, 4, 49) == 1  # 25 bytes a row
     assert budget.rows_within(100, 4, 10) == 1  # not even one row: grouping takes over
     assert budget.rows_within(101, 4, 52) == 2  # a row rounds up (26 bytes)
+    assert budget.rows_within(800, 8, 600) == 4  # 6 rows fit; slices of one shape: a divisor of 8
+    assert budget.rows_within(700, 7, 600) == 1  # 7 is prime
 
 
 @pytest.mark.parametrize("size,needle", [("2X", "must be a size such as 2G"), ("0", "must be positive"),
@@ -186,3 +188,18 @@ def test_slices_only_where_the_batch_dim_is_free(batch_dim, rows, groups):
     np.testing.assert_array_equal(out["c"], np.maximum(-np.maximum(x, 0), 0))
     if batch_dim == "N":  # padding rows past `valid` are not run
         assert sum(v.shape[0] for p in col.run_groups({"x": x}, valid=3) for k, v in p.items() if k == "a") == 3
+
+
+def test_slices_start_below_the_budget_when_no_budget_is_given():
+    """Without --max-memory a batch is sliced above SLICE_TARGET (no extra pass), while tensor
+    groups (a pass each) wait for the budget itself; a given --max-memory is both."""
+    from trtq.calib.groups import GroupedCollector
+
+    assert budget.slice_target(None, 8 << 30) == budget.SLICE_TARGET
+    assert budget.slice_target(None, 256 << 20) == 256 << 20
+    assert budget.slice_target("4G", 4 << 30) == 4 << 30
+    model = _relu_chain("N")  # 768 bytes a row
+    col = GroupedCollector(model, ["a", "b", "c"], ["CPUExecutionProvider"], 1 << 20, {"x": (4, 64)}, slice_at=1600)
+    assert (col.rows_per_call, len(col.groups)) == (2, 1)
+    col = GroupedCollector(model, ["a", "b", "c"], ["CPUExecutionProvider"], 1 << 20, {"x": (4, 64)})
+    assert (col.rows_per_call, len(col.groups)) == (4, 1)

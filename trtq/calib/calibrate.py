@@ -126,6 +126,7 @@ class _Setup:
     tensors: list[str]
     need_hist: bool
     budget: int  # bytes one batch of collected activations may take (--max-memory, resolved once)
+    slice_at: Optional[int] = None  # bytes above which a batch runs in slices of rows (budget.slice_target)
     shard_pass: Optional[str] = None  # a shard's "ranges" (pass 1) or "histogram" (pass 2)
     given: Optional[dict[str, float]] = None  # pass 2 of a shard: the merged ranges of pass 1
     tensor_groups: int = 1  # ONNX Runtime calls per batch (--max-memory)
@@ -217,7 +218,8 @@ def _collector(run: _Setup, tensors: list[str]) -> Any:
     """ONNX Runtime over ``tensors``, in groups when one batch of them exceeds --max-memory."""
     from trtq.calib.groups import GroupedCollector
 
-    collector = GroupedCollector(run.model, tensors, run.opts.providers, run.budget, dict(run.batcher.shapes))
+    collector = GroupedCollector(run.model, tensors, run.opts.providers, run.budget, dict(run.batcher.shapes),
+                                 slice_at=run.slice_at)
     run.tensor_groups = max(run.tensor_groups, len(collector.groups))
     batch = next((int(s[0]) for s in run.batcher.shapes.values() if len(s)), 1)
     if collector.rows_per_call < batch:
@@ -228,7 +230,7 @@ def _collector(run: _Setup, tensors: list[str]) -> Any:
 def _prepare(cfg: TrtqConfig, shard: Optional[tuple[int, int]], ranges: Optional[Path],
              keep_batches: Optional[Path]) -> _Setup:
     """Model, data and options checked, before any batch is read."""
-    from trtq.calib.budget import resolve_budget
+    from trtq.calib.budget import resolve_budget, slice_target
     from trtq.calib.cache import ALGORITHM_FOR_METHOD
     from trtq.calib.collect import check_providers, select_tensors
     from trtq.data.batcher import Batcher
@@ -254,7 +256,8 @@ def _prepare(cfg: TrtqConfig, shard: Optional[tuple[int, int]], ranges: Optional
             model, specs, cfg.data, tensors, opts.providers, budget)
     run = _Setup(opts, model_path, feed_model, specs, resolve_trt_version(opts.trt_version),
                  ALGORITHM_FOR_METHOD[opts.method], Batcher(data, feed_specs), tensors,
-                 need_hist=opts.method != "max" or opts.save_stats is not None, budget=budget, feed_mode=feed_mode)
+                 need_hist=opts.method != "max" or opts.save_stats is not None, budget=budget, feed_mode=feed_mode,
+                 slice_at=slice_target(opts.max_memory, budget))
     if shard is not None or ranges is not None:
         from trtq.calib.shard import prepare_shard
 

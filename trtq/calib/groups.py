@@ -86,18 +86,22 @@ class GroupedCollector:
     activations (valid until the next one)."""
 
     def __init__(self, model: onnx.ModelProto, tensors: Sequence[str], providers: Sequence[str],
-                 budget: int, input_shapes: dict, split_rows: bool = True):
+                 budget: int, input_shapes: dict, split_rows: bool = True, slice_at: Optional[int] = None):
+        """``budget``: the most one call may hold (tensor groups above it); ``slice_at`` (default
+        ``budget``): the size above which a batch runs in slices of rows."""
         from trtq.calib.budget import plan_groups, rows_within, tensor_bytes
 
         batch = next((int(s[0]) for s in input_shapes.values() if len(s)), 1)
         sizes = tensor_bytes(model, tensors, input_shapes)
         self.rows_per_call = batch
-        if split_rows and sum(sizes.values()) > budget and batch > 1 and _batch_dim_free(model, input_shapes):
-            self.rows_per_call = rows_within(sum(sizes.values()), batch, budget)
+        target = min(budget, slice_at) if slice_at is not None else budget
+        total = sum(sizes.values())
+        if split_rows and total > target and batch > 1 and _batch_dim_free(model, input_shapes):
+            self.rows_per_call = rows_within(total, batch, target)
             sizes = tensor_bytes(model, tensors, {n: (self.rows_per_call,) + tuple(s[1:])
                                                   for n, s in input_shapes.items()})
-            log.info("one batch of activations exceeds --max-memory: %d of its %d rows per ONNX Runtime call",
-                     self.rows_per_call, batch)
+            log.info("one batch of activations (%d MiB) is over %d MiB: %d of its %d rows per ONNX Runtime call",
+                     total >> 20, target >> 20, self.rows_per_call, batch)
         self.groups = plan_groups(sizes, budget, self.rows_per_call)
         self.tensors = list(tensors)
         if len(self.groups) == 1:
