@@ -122,8 +122,8 @@ MUTATIONS: list[Mutation] = [
       (REL, "tests/data/test_data_sources.py")),
     M("npy-file-opened-once", "trtq/data/sources.py", "        with self._open_lock:\n            arr = self._cached(f)",
       "        if True:\n            arr = self._cached(f)", ("tests/data/test_data_sources.py",)),
-    M("budget-slices-rows", "trtq/calib/groups.py", "if split_rows and sum(sizes.values()) > budget",
-      "if False and sum(sizes.values()) > budget", ("tests/calib/test_budget.py",)),
+    M("budget-slices-rows", "trtq/calib/groups.py", "if split_rows and total > target",
+      "if False and total > target", ("tests/calib/test_budget.py",)),
 ]
 
 

@@ -48,38 +48,29 @@ def _sample_args(sample_model, sample_images, out, *extra):
 
 
 @pytest.mark.parametrize("method", ["mse", "max"])
-def test_budget_groups_give_the_same_cache(trtq, sample_model, sample_images, tmp_path, method):
-    ref, small = tmp_path / "ref.cache", tmp_path / "small.cache"
-    r = trtq(_sample_args(sample_model, sample_images, ref, "--method", method, "--save-stats", tmp_path / "a.npz"))
+def test_budgets_give_the_same_cache(trtq, sample_model, sample_images, tmp_path, method):
+    """The sample model's activations take ~37 MB a sample (batch of 4): 80M holds two rows, so each
+    batch runs in two calls of every tensor (one model pass); 12M not even one row, so the tensors
+    are grouped too. Both give the unbounded run's cache and statistics, byte for byte."""
+    ref = tmp_path / "ref.cache"
+    r = trtq(_sample_args(sample_model, sample_images, ref, "--method", method, "--save-stats", tmp_path / "ref.npz"))
     assert r.code == 0, r
-    r = trtq(_sample_args(sample_model, sample_images, small, "--method", method, "--max-memory", "12M",
-                          "--save-stats", tmp_path / "b.npz"))
-    assert r.code == 0, r
-    assert ref.read_bytes() == small.read_bytes()
-    a, b = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
-    assert np.array_equal(a["counts"], b["counts"]) and np.array_equal(a["maxima"], b["maxima"])
-    prov = json.loads((tmp_path / "small.cache.json").read_text())
-    assert prov["collection"]["tensor_groups"] > 3  # 37 MB for one sample's activations: rows alone cannot help
-    assert prov["collection"]["rows_per_call"] == 1
     ref_prov = json.loads((tmp_path / "ref.cache.json").read_text())
     assert ref_prov["collection"]["tensor_groups"] == 1 and ref_prov["collection"]["rows_per_call"] is None
-
-
-@pytest.mark.parametrize("method", ["mse", "max"])
-def test_budget_slices_batches_before_grouping_tensors(trtq, sample_model, sample_images, tmp_path, method):
-    """A budget that holds two of the four rows (the sample model's activations: ~37 MB a sample)
-    runs each batch in two calls of every tensor, one model pass: the same cache and statistics."""
-    ref, sliced = tmp_path / "ref.cache", tmp_path / "sliced.cache"
-    r = trtq(_sample_args(sample_model, sample_images, ref, "--method", method, "--save-stats", tmp_path / "a.npz"))
-    assert r.code == 0, r
-    r = trtq(_sample_args(sample_model, sample_images, sliced, "--method", method, "--max-memory", "80M",
-                          "--save-stats", tmp_path / "b.npz"))
-    assert r.code == 0, r
-    assert ref.read_bytes() == sliced.read_bytes()
-    a, b = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
-    assert np.array_equal(a["counts"], b["counts"]) and np.array_equal(a["maxima"], b["maxima"])
-    prov = json.loads((tmp_path / "sliced.cache.json").read_text())["collection"]
-    assert prov["tensor_groups"] == 1 and prov["rows_per_call"] == 2
+    a = np.load(tmp_path / "ref.npz")
+    for size in ("80M", "12M"):
+        out = tmp_path / f"{size}.cache"
+        r = trtq(_sample_args(sample_model, sample_images, out, "--method", method, "--max-memory", size,
+                              "--save-stats", tmp_path / f"{size}.npz"))
+        assert r.code == 0, r
+        assert ref.read_bytes() == out.read_bytes()
+        b = np.load(tmp_path / f"{size}.npz")
+        assert np.array_equal(a["counts"], b["counts"]) and np.array_equal(a["maxima"], b["maxima"])
+        prov = json.loads((tmp_path / f"{size}.cache.json").read_text())["collection"]
+        if size == "80M":
+            assert prov["tensor_groups"] == 1 and prov["rows_per_call"] == 2
+        else:
+            assert prov["tensor_groups"] > 3 and prov["rows_per_call"] == 1
 
 
 def test_rows_within():

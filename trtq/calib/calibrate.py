@@ -221,9 +221,8 @@ def _collector(run: _Setup, tensors: list[str]) -> Any:
     collector = GroupedCollector(run.model, tensors, run.opts.providers, run.budget, dict(run.batcher.shapes),
                                  slice_at=run.slice_at)
     run.tensor_groups = max(run.tensor_groups, len(collector.groups))
-    batch = next((int(s[0]) for s in run.batcher.shapes.values() if len(s)), 1)
-    if collector.rows_per_call < batch:
-        run.rows_per_call = min(run.rows_per_call or batch, collector.rows_per_call)
+    if collector.rows_per_call < collector.batch:
+        run.rows_per_call = min(run.rows_per_call or collector.batch, collector.rows_per_call)
     return collector
 
 

@@ -91,7 +91,7 @@ class GroupedCollector:
         ``budget``): the size above which a batch runs in slices of rows."""
         from trtq.calib.budget import plan_groups, rows_within, tensor_bytes
 
-        batch = next((int(s[0]) for s in input_shapes.values() if len(s)), 1)
+        self.batch = batch = next((int(s[0]) for s in input_shapes.values() if len(s)), 1)
         sizes = tensor_bytes(model, tensors, input_shapes)
         self.rows_per_call = batch
         target = min(budget, slice_at) if slice_at is not None else budget

@@ -61,12 +61,8 @@ def wilson_interval(fraction: float, n: int, z: float = Z95) -> tuple[float, flo
 
 
 def _intervals(result: Any, samples: int) -> dict[str, tuple[float, float]]:
-    found = {}
-    for key in PER_SAMPLE:
-        ci = wilson_interval(result.metrics.get(key), samples) if key in result.metrics else None
-        if ci is not None:
-            found[key] = ci
-    return found
+    found = {key: wilson_interval(result.metrics.get(key), samples) for key in PER_SAMPLE}
+    return {key: ci for key, ci in found.items() if ci is not None}
 
 
 def task_dict(result: Any, samples: int = 0) -> dict[str, Any] | None:
