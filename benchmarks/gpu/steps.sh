@@ -13,6 +13,9 @@
 #   layers K NAME...             trtq bench --layers: per-layer time and precision of the implicit engine
 #                                and each named explicit one (built before), ~20 s per plan
 #   shard                        benchmarks/bench_shard.py on this host's cores
+#   yolo                         YOLOv8n DocLayNet (stage .gpu-stage/y: the model, trtq's mse cache and
+#                                Q/DQ model, 64 rendered pages): FP16, explicit and implicit INT8 engines,
+#                                detection F1 against FP32 ONNX Runtime (trtq compare), latency, ~4 min
 S=/tmp/stage; E=/tmp/eng; PY=/opt/trtq-rig/bin/python
 export PYTHONPATH=/opt/trtq-rig/site39${PYTHONPATH:+:$PYTHONPATH}  # for subprocesses started with sys.executable
 mkdir -p $E/e $E/d "$OUT"
@@ -42,5 +45,19 @@ case $step in
   shard)
     $PY benchmarks/bench_shard.py --work /tmp/shardwork --samples 4096 --shards 4,8,16 --method entropy "$@" \
         > "$OUT/shard.log" 2>&1; echo "rc $?"; tail -12 "$OUT/shard.log";;
+  yolo)
+    M=$S/yolov8n-doclaynet.onnx; Y=/tmp/eng/y; mkdir -p $Y
+    [ -f $Y/fp16.plan ] || $PY -m trtq build --model $M --precision fp16 -o $Y/fp16.plan -q
+    [ -f $Y/explicit.plan ] || $PY -m trtq build --model $S/yolo.mse.qdq.onnx --fp16 -o $Y/explicit.plan -q
+    [ -f $Y/implicit.plan ] || $PY -m trtq build --model $M --cache $S/yolo.mse.cache --mode implicit --fp16 \
+        -o $Y/implicit.plan -q
+    for e in fp16 explicit implicit; do
+      $PY -m trtq compare --reference $M --candidate $Y/$e.plan --data $S/ypages --preprocess yolo \
+          > "$OUT/yolo-$e.txt" 2>&1; echo "$e rc $?"; grep -E "detection F1|detections" "$OUT/yolo-$e.txt"
+    done
+    $PY -m trtq compare --reference $M --candidate $S/yolo.mse.qdq.onnx --data $S/ypages --preprocess yolo \
+        > "$OUT/yolo-qdq-ort.txt" 2>&1; grep "detection F1" "$OUT/yolo-qdq-ort.txt"
+    $PY -m trtq bench --duration 3 $Y/fp16.plan $Y/implicit.plan $Y/explicit.plan > "$OUT/yolo-bench.txt" 2>&1
+    echo "bench rc $?"; tail -6 "$OUT/yolo-bench.txt";;
   *) echo "unknown step $step"; exit 2;;
 esac

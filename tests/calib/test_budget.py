@@ -116,6 +116,39 @@ def test_fixed_batch_1_model_fed_in_batches_gives_the_same_cache(trtq, sample_mo
     assert json.loads((tmp_path / "single.cache.json").read_text())["collection"]["fixed_batch_1"] is None
 
 
+@pytest.mark.parametrize("rows_fit,mode", [(1, "per-sample"), (2, "batched")])
+def test_fixed_batch_1_probe_stays_within_the_memory_target(trtq, sample_model, sample_images, tmp_path,
+                                                             monkeypatch, rows_fit, mode):
+    """A batch of 8 over --max-memory: the probe runs the rows one call would run (2 here), never the
+    whole batch; where one row is all that fits, nothing is probed and samples go one per call.
+    Either way the cache is the one-sample-per-call cache, byte for byte."""
+    from trtq.calib import widen
+    from trtq.calib.collect import select_tensors
+
+    one = tmp_path / "b1.onnx"
+    model = override_input_shapes(onnx.load(str(sample_model)), {"x": [1, 3, 224, 224]}, "m")
+    onnx.save(model, str(one))
+    shapes = {"x": (widen.BATCH, 3, 224, 224)}  # as trtq estimates it: the widened model, a batch of 8
+    per_row = sum(budget.tensor_bytes(widen.widened(model), select_tensors(model), shapes).values()) // widen.BATCH
+    limit = f"{(rows_fit * per_row + per_row // 2) // 1024}K"  # rows_fit rows fit, one more does not
+    probed = []
+
+    def spy(*args):
+        probed.append(args[-1])
+        return real(*args)
+
+    real = widen.probe
+    monkeypatch.setattr(widen, "probe", spy)
+    base = ["calibrate", "--model", one, "--data", sample_images, "--preprocess", "imagenet", "--limit", "8"]
+    r = trtq([*base, "--max-memory", limit, "-o", tmp_path / "a.cache"])
+    assert r.code == 0, r
+    assert probed == ([] if rows_fit == 1 else [2])
+    assert json.loads((tmp_path / "a.cache.json").read_text())["collection"]["fixed_batch_1"] == mode
+    r = trtq([*base, "--batch-size", "1", "-o", tmp_path / "b.cache"])
+    assert r.code == 0, r
+    assert (tmp_path / "a.cache").read_bytes() == (tmp_path / "b.cache").read_bytes()
+
+
 def _reshape_model(path):
     """x[1,4] -> Reshape to the constant [1, 4] -> Relu: cannot take a batch of 8."""
     nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]

@@ -252,7 +252,7 @@ def _prepare(cfg: TrtqConfig, shard: Optional[tuple[int, int]], ranges: Optional
         from trtq.calib.widen import widen_if_identical
 
         feed_model, feed_specs, data, feed_mode = widen_if_identical(
-            model, specs, cfg.data, tensors, opts.providers, budget)
+            model, specs, cfg.data, tensors, opts.providers, budget, slice_target(opts.max_memory, budget))
     run = _Setup(opts, model_path, feed_model, specs, resolve_trt_version(opts.trt_version),
                  ALGORITHM_FOR_METHOD[opts.method], Batcher(data, feed_specs), tensors,
                  need_hist=opts.method != "max" or opts.save_stats is not None, budget=budget, feed_mode=feed_mode,

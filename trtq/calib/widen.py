@@ -62,11 +62,12 @@ def _digests(collector: Any, arrays: dict, rows: int) -> dict:
 
 
 def probe(model: Any, wide: Any, tensors: list[str], providers: Sequence[str], budget: int,
-          batch: Any) -> tuple[bool, str]:
-    """(batched is identical, why) on ``batch`` (a trtq.data Batch of the widened batcher)."""
+          batch: Any, rows: Optional[int] = None) -> tuple[bool, str]:
+    """(batched is identical, why) on ``batch`` (a trtq.data Batch of the widened batcher), or on
+    its first ``rows`` rows: the rows one call of the calibration would run."""
     from trtq.calib.groups import GroupedCollector
 
-    rows = batch.valid
+    rows = batch.valid if rows is None else min(int(rows), batch.valid)
     arrays = {n: a[:rows] for n, a in batch.arrays.items()}
     try:
         wide_col = GroupedCollector(wide, tensors, providers, budget, {n: a.shape for n, a in arrays.items()},
@@ -87,9 +88,14 @@ def probe(model: Any, wide: Any, tensors: list[str], providers: Sequence[str], b
 
 
 def widen_if_identical(model: Any, specs: list, data: Any, tensors: list[str], providers: Sequence[str],
-                       budget: int) -> tuple[Any, list, Any, Optional[str]]:
+                       budget: int, slice_at: Optional[int] = None) -> tuple[Any, list, Any, Optional[str]]:
     """(model, specs, data options, mode) to calibrate with: the widened model fed in batches when
-    :func:`probe` finds it identical, else the given ones; mode None when the model is not batch-1."""
+    :func:`probe` finds it identical, else the given ones; mode None when the model is not batch-1.
+
+    ``slice_at`` (default ``budget``): the bytes of activations one call may hold. Where a batch's
+    would be run in slices of rows anyway, the probe runs one such slice (never a whole batch over
+    the memory target); where that slice is one row, batching saves nothing and nothing is probed."""
+    from trtq.calib.budget import rows_within, tensor_bytes
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs
 
@@ -103,7 +109,15 @@ def widen_if_identical(model: Any, specs: list, data: Any, tensors: list[str], p
     if not batches:
         return model, specs, data, "per-sample"
     first = batches[0]
-    same, why = probe(model, wide, tensors, providers, budget, first)
+    target = budget if slice_at is None else min(budget, slice_at)
+    total = sum(tensor_bytes(wide, tensors, {n: (BATCH,) + a.shape[1:] for n, a in first.arrays.items()}).values())
+    rows = rows_within(total, BATCH, target) if total > target else BATCH
+    if rows == 1:
+        del batches, first
+        log.info("batch-1 model fed one sample per call: one sample's activations take %d MiB of the %d MiB "
+                 "one call may hold", -(-total // BATCH) >> 20, target >> 20)
+        return model, specs, data, "per-sample"
+    same, why = probe(model, wide, tensors, providers, budget, first, rows)
     del batches, first
     if same:
         log.info("batch-1 model fed in batches of %d (%s)", BATCH, why)
