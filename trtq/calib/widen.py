@@ -114,8 +114,8 @@ def widen_if_identical(model: Any, specs: list, data: Any, tensors: list[str], p
     rows = rows_within(total, BATCH, target) if total > target else BATCH
     if rows == 1:
         del batches, first
-        log.info("batch-1 model fed one sample per call: one sample's activations take %d MiB of the %d MiB "
-                 "one call may hold", -(-total // BATCH) >> 20, target >> 20)
+        log.info("batch-1 model fed one sample per call: one sample's activations take %d MiB and one call may "
+                 "hold %d MiB, so a batch would run one row per call anyway", -(-total // BATCH) >> 20, target >> 20)
         return model, specs, data, "per-sample"
     same, why = probe(model, wide, tensors, providers, budget, first, rows)
     del batches, first
