@@ -124,6 +124,10 @@ MUTATIONS: list[Mutation] = [
       "        if True:\n            arr = self._cached(f)", ("tests/data/test_data_sources.py",)),
     M("budget-slices-rows", "trtq/calib/groups.py", "if split_rows and total > target",
       "if False and total > target", ("tests/calib/test_budget.py",)),
+    M("probe-within-target", "trtq/calib/widen.py", "same, why = probe(model, wide, tensors, providers, budget, first, rows)",
+      "same, why = probe(model, wide, tensors, providers, budget, first)", ("tests/calib/test_budget.py",)),
+    M("probe-skipped-at-one-row", "trtq/calib/widen.py", "    if rows == 1:", "    if rows == 0:",
+      ("tests/calib/test_budget.py",)),
 ]
 
 
