@@ -252,7 +252,7 @@ def test_cli_gptq_changes_only_quantized_weights_to_exact_levels(trtq, sample_co
 def test_cli_float_layers_leaves_the_worst_layer_float(trtq, sample_config, sample_cache, tmp_path):
     from trtq.calib.cache import read_cache
     from trtq.compare.sensitivity import per_layer_sensitivity
-    from trtq.config import load_config
+    from trtq.config import CompareOptions, load_config
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs, load_model
 
@@ -266,8 +266,15 @@ def test_cli_float_layers_leaves_the_worst_layer_float(trtq, sample_config, samp
     model = load_model(cfg.model)
     import dataclasses
     batches = Batcher(dataclasses.replace(cfg.data, limit=8), input_specs(model))
-    rows = per_layer_sensitivity(model, read_cache(sample_cache).amax, cfg.quantize, batches, top=2, limit=8)
-    assert chosen == [row.node for row in rows]
+    # ranked as compare --per-layer ranks: the inferred task's metric (the sample is a classifier:
+    # top-1 agreement), SQNR breaking ties; on this sample that differs from SQNR alone at rank 2
+    rows = per_layer_sensitivity(model, read_cache(sample_cache).amax, cfg.quantize, batches, top=2, limit=8,
+                                 task_options=CompareOptions())
+    assert sorted(chosen) == sorted(row.node for row in rows)
+    by_sqnr = per_layer_sensitivity(model, read_cache(sample_cache).amax, cfg.quantize, batches, top=2, limit=8)
+    assert sorted(chosen) != sorted(row.node for row in by_sqnr)
+    reasons = [e["reason"] for e in data["left_float"] if e["reason"].startswith("float_layers")]
+    assert all("top-1 agreement" in why and "SQNR" in why for why in reasons), reasons
     plain = trtq(["quantize", "--config", sample_config, "--cache", sample_cache, "-o", tmp_path / "p.onnx",
                   "--json"])
     consumers = [e["node"] for e in data["left_float"] if e["reason"].startswith("fed by a float grouped conv")]
