@@ -126,6 +126,8 @@ MUTATIONS: list[Mutation] = [
       "if False and total > target", ("tests/calib/test_budget.py",)),
     M("probe-within-target", "trtq/calib/widen.py", "same, why = probe(model, wide, tensors, providers, budget, first, rows)",
       "same, why = probe(model, wide, tensors, providers, budget, first)", ("tests/calib/test_budget.py",)),
+    M("float-layers-task-ranked", "trtq/pipeline/quantize.py", "limit=limit,\n                                 task_options=CompareOptions())",
+      "limit=limit)", ("tests/quantize/test_rounding.py",)),
     M("probe-skipped-at-one-row", "trtq/calib/widen.py", "    if rows == 1:", "    if rows == 0:",
       ("tests/calib/test_budget.py",)),
 ]
