@@ -21,7 +21,9 @@ WORDS = ("the", "model", "calibration", "engine", "tensor", "layer", "input", "o
          "channel", "feature", "detection", "page", "document", "text", "line")
 
 
-def _font(size: int):
+def font(size: int):
+    """Pillow's own scalable font at ``size`` px (the tests' text needs no system font); the small
+    bitmap font on Pillow < 10.1."""
     from PIL import ImageFont
 
     try:
@@ -35,11 +37,11 @@ def _sentence(rng, n: int) -> str:
     return s[0].upper() + s[1:]
 
 
-def _wrap(draw, text: str, font, width: int) -> list[str]:
+def _wrap(draw, text: str, face, width: int) -> list[str]:
     lines, line = [], ""
     for w in text.split():
         trial = f"{line} {w}".strip()
-        if line and draw.textlength(trial, font=font) > width:
+        if line and draw.textlength(trial, font=face) > width:
             lines.append(line)
             line = w
         else:
@@ -56,14 +58,14 @@ class _Column:
 
     def text(self, text: str, size: int, indent: int = 0, gap: int = 4, bold: bool = False,
              fill: str = "black") -> bool:
-        font = _font(size)
-        lines = _wrap(self.draw, text, font, self.width - indent)
+        face = font(size)
+        lines = _wrap(self.draw, text, face, self.width - indent)
         step = int(size * 1.25)
         if not self.room(step * len(lines)):
             return False
         for line in lines:
             for dx in ((0, 1) if bold else (0,)):
-                self.draw.text((self.x + indent + dx, self.y), line, fill=fill, font=font)
+                self.draw.text((self.x + indent + dx, self.y), line, fill=fill, font=face)
             self.y += step
         self.y += gap
         return True
@@ -90,7 +92,7 @@ def _table(col: _Column, rng) -> bool:
     if not col.room(rows * rh + 50):
         return False
     col.text(f"Table {rng.integers(1, 9)}: {_sentence(rng, int(rng.integers(4, 8)))}.", 12, gap=6)
-    font = _font(12)
+    face = font(12)
     top = col.y
     for r in range(rows + 1):
         col.draw.line([(col.x, top + r * rh), (col.x + cols * cw, top + r * rh)], fill="black", width=1)
@@ -99,7 +101,7 @@ def _table(col: _Column, rng) -> bool:
     for r in range(rows):
         for c in range(cols):
             cell = str(rng.choice(WORDS)) if r == 0 or c == 0 else f"{rng.uniform(0, 100):.2f}"
-            col.draw.text((col.x + c * cw + 4, top + r * rh + 4), cell, fill="black", font=font)
+            col.draw.text((col.x + c * cw + 4, top + r * rh + 4), cell, fill="black", font=face)
     col.y = top + rows * rh + 14
     return True
 

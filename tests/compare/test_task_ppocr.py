@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pytest
 
 from tests.conftest import SAMPLE_IMAGES
+from tests.doc_pages import font
 
 from . import scoring
 
@@ -30,15 +31,6 @@ def _model(name: str) -> Path:
     return path
 
 
-def _font(size):
-    from PIL import ImageFont
-
-    try:
-        return ImageFont.load_default(size=size)
-    except TypeError:  # Pillow < 10.1: the small bitmap font
-        return ImageFont.load_default()
-
-
 def text_lines(count: int, seed: int = 0) -> np.ndarray:
     """Rendered text lines as PaddleOCR feeds rec: 48 x 320, BGR, (x / 255 - 0.5) / 0.5, NCHW."""
     from PIL import Image, ImageDraw
@@ -47,7 +39,7 @@ def text_lines(count: int, seed: int = 0) -> np.ndarray:
     out = []
     for _ in range(count):
         img = Image.new("RGB", (320, 48), "white")
-        ImageDraw.Draw(img).text((6, 8), " ".join(rng.choice(WORDS, 3)), fill="black", font=_font(26))
+        ImageDraw.Draw(img).text((6, 8), " ".join(rng.choice(WORDS, 3)), fill="black", font=font(26))
         out.append(((np.asarray(img, np.float32)[:, :, ::-1] / 255.0 - 0.5) / 0.5).transpose(2, 0, 1))
     return np.stack(out).astype(np.float32)
 
@@ -61,7 +53,7 @@ def det_inputs(size: int = 256) -> np.ndarray:
     for _ in range(2):
         page = Image.new("RGB", (size, size), "white")
         for y in range(12, size - 30, 34):
-            ImageDraw.Draw(page).text((10, y), " ".join(rng.choice(WORDS, 3)), fill="black", font=_font(22))
+            ImageDraw.Draw(page).text((10, y), " ".join(rng.choice(WORDS, 3)), fill="black", font=font(22))
         images.append(page)
     photos = sorted(SAMPLE_IMAGES.glob("*_0.jpg"))[:2]
     images += [Image.open(p).convert("RGB").resize((size, size), Image.BILINEAR) for p in photos]

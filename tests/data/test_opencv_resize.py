@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw
 
 from tests.conftest import SAMPLE_IMAGES
+from tests.doc_pages import font
 from trtq.data.opencv_resize import resize_linear
 from trtq.data.preprocess import Preprocessor, text_line_size
 from trtq.data.presets import preset
@@ -82,13 +83,10 @@ def _rapidocr_resize(step: str):
 
 
 def _text_line(words: str, height: int) -> Image.Image:
-    try:
-        font = ImageFont.load_default(size=height - 8)
-    except TypeError:  # Pillow < 10.1
-        font = ImageFont.load_default()
-    width = int(font.getlength(words)) + 12
+    face = font(height - 8)
+    width = int(face.getlength(words)) + 12
     img = Image.new("RGB", (width, height), (236, 232, 220))
-    ImageDraw.Draw(img).text((6, 2), words, fill=(30, 20, 60), font=font)
+    ImageDraw.Draw(img).text((6, 2), words, fill=(30, 20, 60), font=face)
     return img
 
 

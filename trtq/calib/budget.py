@@ -124,6 +124,14 @@ def rows_within(total: int, batch: int, budget: int) -> int:
     return max(d for d in range(1, fit + 1) if batch % d == 0)
 
 
+def rows_per_call(total: int, batch: int, budget: int, slice_at: Optional[int] = None) -> tuple[int, int]:
+    """(rows of a batch of ``batch`` one call runs, the byte target that decided it): the whole batch
+    when its activations (``total`` bytes) fit ``slice_at`` (capped at ``budget``; ``budget`` when
+    None), else :func:`rows_within` that target."""
+    target = budget if slice_at is None else min(budget, slice_at)
+    return (batch if total <= target else rows_within(total, batch, target)), target
+
+
 def plan_groups(sizes: Mapping[str, int], budget: int, batch: int) -> list[list[str]]:
     """Contiguous groups of ``sizes`` (tensor -> bytes of one batch) of at most ``budget`` bytes
     each; one group when everything fits. UsageError (exit 2) naming the fix when one tensor alone

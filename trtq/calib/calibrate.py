@@ -247,16 +247,17 @@ def _prepare(cfg: TrtqConfig, shard: Optional[tuple[int, int]], ranges: Optional
         raise DataError(f"model {model_path} has no float input to calibrate", "pass an FP32 model")
     refuse_quantized(model, model_path)
     tensors = select_tensors(model, opts.tensors)
+    slice_at = slice_target(opts.max_memory, budget)
     feed_model, feed_specs, data, feed_mode = model, specs, cfg.data, None
     if shard is None and ranges is None:  # a fixed batch of 1: fed in batches where that is identical
         from trtq.calib.widen import widen_if_identical
 
         feed_model, feed_specs, data, feed_mode = widen_if_identical(
-            model, specs, cfg.data, tensors, opts.providers, budget, slice_target(opts.max_memory, budget))
+            model, specs, cfg.data, tensors, opts.providers, budget, slice_at)
     run = _Setup(opts, model_path, feed_model, specs, resolve_trt_version(opts.trt_version),
                  ALGORITHM_FOR_METHOD[opts.method], Batcher(data, feed_specs), tensors,
                  need_hist=opts.method != "max" or opts.save_stats is not None, budget=budget, feed_mode=feed_mode,
-                 slice_at=slice_target(opts.max_memory, budget))
+                 slice_at=slice_at)
     if shard is not None or ranges is not None:
         from trtq.calib.shard import prepare_shard
 

@@ -89,15 +89,15 @@ class GroupedCollector:
                  budget: int, input_shapes: dict, split_rows: bool = True, slice_at: Optional[int] = None):
         """``budget``: the most one call may hold (tensor groups above it); ``slice_at`` (default
         ``budget``): the size above which a batch runs in slices of rows."""
-        from trtq.calib.budget import plan_groups, rows_within, tensor_bytes
+        from trtq.calib.budget import plan_groups, rows_per_call, tensor_bytes
 
         self.batch = batch = next((int(s[0]) for s in input_shapes.values() if len(s)), 1)
         sizes = tensor_bytes(model, tensors, input_shapes)
         self.rows_per_call = batch
-        target = min(budget, slice_at) if slice_at is not None else budget
         total = sum(sizes.values())
-        if split_rows and total > target and batch > 1 and _batch_dim_free(model, input_shapes):
-            self.rows_per_call = rows_within(total, batch, target)
+        rows, target = rows_per_call(total, batch, budget, slice_at)
+        if split_rows and rows < batch and _batch_dim_free(model, input_shapes):
+            self.rows_per_call = rows
             sizes = tensor_bytes(model, tensors, {n: (self.rows_per_call,) + tuple(s[1:])
                                                   for n, s in input_shapes.items()})
             log.info("one batch of activations (%d MiB) is over %d MiB: %d of its %d rows per ONNX Runtime call",

@@ -95,7 +95,7 @@ def widen_if_identical(model: Any, specs: list, data: Any, tensors: list[str], p
     ``slice_at`` (default ``budget``): the bytes of activations one call may hold. Where a batch's
     would be run in slices of rows anyway, the probe runs one such slice (never a whole batch over
     the memory target); where that slice is one row, batching saves nothing and nothing is probed."""
-    from trtq.calib.budget import rows_within, tensor_bytes
+    from trtq.calib.budget import rows_per_call, tensor_bytes
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs
 
@@ -109,9 +109,8 @@ def widen_if_identical(model: Any, specs: list, data: Any, tensors: list[str], p
     if not batches:
         return model, specs, data, "per-sample"
     first = batches[0]
-    target = budget if slice_at is None else min(budget, slice_at)
     total = sum(tensor_bytes(wide, tensors, {n: (BATCH,) + a.shape[1:] for n, a in first.arrays.items()}).values())
-    rows = rows_within(total, BATCH, target) if total > target else BATCH
+    rows, target = rows_per_call(total, BATCH, budget, slice_at)  # as the calibration's collector will slice
     if rows == 1:
         del batches, first
         log.info("batch-1 model fed one sample per call: one sample's activations take %d MiB and one call may "
