@@ -16,6 +16,7 @@ and the table prints wall time and peak RSS next to the goals of issue 13: calib
 <= 3x inference, its peak RSS <= 1.5x inference's plus the histogram state (tensors x 2048 bins x 8
 bytes, printed). Start-up and imports are inside every case alike.
 
+``--hist-all`` adds ``trtq-mse-all`` (one pass, every element histogrammed: ``--hist-elements 0``);
 ``--max-memory SIZE`` adds a ``trtq-mse-SIZE`` case (tensor groups); ``--batch1`` adds PP-OCR cls
 re-declared with a fixed batch of 1 (``pp-ocr-cls-b1``: inference one image per call, trtq fed in
 batches after its probe, and ``trtq-mse-b1`` forced to one sample per call with --batch-size 1);
@@ -172,6 +173,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--batch1", action="store_true", help="also PP-OCR cls with a fixed batch of 1")
     ap.add_argument("--search", action="store_true", help="time the range search alone, old vs new")
     ap.add_argument("--main-python", help="also run mse with this Python's trtq (e.g. main's venv), side by side")
+    ap.add_argument("--hist-all", action="store_true",
+                    help="also run mse with --hist-elements 0 (one pass, every element histogrammed)")
     a = ap.parse_args(argv)
     a.work = a.work.resolve()  # main-mse runs in main's checkout
     a.work.mkdir(parents=True, exist_ok=True)
@@ -194,6 +197,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         runs = [("trtq-" + m, m, batch, ()) for m in a.methods.split(",")]
         if a.main_python:
             runs.insert(0, ("main-mse", "mse", batch, ()))
+        if a.hist_all:
+            runs.append(("trtq-mse-all", "mse", batch, ("--hist-elements", "0")))
         if a.max_memory:
             runs.append((f"trtq-mse-{a.max_memory}", "mse", batch, ("--max-memory", a.max_memory)))
         if batch == 1 and name.endswith("-b1"):

@@ -6,7 +6,8 @@
 Each task runs ``trtq calibrate --shard I/N`` in a temporary folder on whichever node Ray picks and
 returns the statistics file's bytes, so only the model and the data must be reachable from the
 workers (same paths, or a config that points at shared storage); the driver writes the shard
-files, merges them (``trtq merge-stats``) and, after pass 2, writes the cache. ``ray.init()``
+files, merges them (``trtq merge-stats``) and writes the cache (mse / percentile: one pass per
+shard; entropy / max: two, merged between them). ``ray.init()``
 joins a running cluster (``RAY_ADDRESS``) or starts a local one.
 """
 import argparse
@@ -14,6 +15,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from typing import Optional
 
 import ray
 
@@ -23,21 +26,21 @@ def trtq(*args: str) -> None:
 
 
 @ray.remote
-def calibrate_shard(index: int, count: int, config: str, ranges: bytes = None) -> bytes:
+def calibrate_shard(index: int, count: int, config: str, method: str, ranges: Optional[bytes] = None) -> bytes:
     """One shard of one pass; returns the --save-stats file's bytes."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / f"part-{index}.npz"
-        extra = []
+        extra = ["--method", method]
         if ranges is not None:
             (Path(tmp) / "ranges.npz").write_bytes(ranges)
-            extra = ["--ranges", str(Path(tmp) / "ranges.npz")]
+            extra += ["--ranges", str(Path(tmp) / "ranges.npz")]
         trtq("calibrate", "-c", config, "--shard", f"{index}/{count}", "--save-stats", str(out), *extra)
         return out.read_bytes()
 
 
-def run_pass(work: Path, name: str, count: int, config: str, ranges: Path = None) -> Path:
+def run_pass(work: Path, name: str, count: int, config: str, method: str, ranges: Optional[Path] = None) -> Path:
     blob = ranges.read_bytes() if ranges else None
-    parts = ray.get([calibrate_shard.remote(i, count, config, blob) for i in range(count)])
+    parts = ray.get([calibrate_shard.remote(i, count, config, method, blob) for i in range(count)])
     paths = []
     for i, data in enumerate(parts):
         paths.append(work / f"{name}-{i}.npz")
@@ -59,8 +62,11 @@ def main() -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     ray.init()
-    ranges = run_pass(work, "ranges", args.shards, config)                 # pass 1: max|x| per shard
-    stats = run_pass(work, "stats", args.shards, config, ranges=ranges)    # pass 2: histograms
+    if args.method in ("mse", "percentile"):  # one pass: each shard's histograms, merged
+        stats = run_pass(work, "stats", args.shards, config, args.method)
+    else:  # entropy / max: pass 1 max|x| per shard, pass 2 histograms over the merged ranges
+        ranges = run_pass(work, "ranges", args.shards, config, args.method)
+        stats = run_pass(work, "stats", args.shards, config, args.method, ranges=ranges)
     trtq("calibrate", "-c", config, "--from-stats", str(stats), "--method", args.method, "-o", args.output)
 
 

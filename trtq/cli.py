@@ -457,6 +457,9 @@ _calibration = _option_group(
                  help="Range method (default mse; with --backend tensorrt: entropy)."),
     click.option("--percentile", type=float, help="Percentile for --method percentile (default 99.99)."),
     click.option("--num-bins", type=int, help="Histogram bins (default 2048)."),
+    click.option("--hist-elements", type=int, metavar="N",
+                 help="mse/percentile: histogram at most N elements of each tensor per sample, a fixed "
+                      "stride (default 65536; 0: every element). The max always sees every element."),
     click.option("--tensors", multiple=True, metavar="NAMES", help="Only these tensors (comma-separated or repeated)."),
     click.option("-o", "--output", type=click.Path(dir_okay=False), help="Cache path (default calibration.cache)."),
     click.option("--trt-version",
@@ -485,7 +488,7 @@ _sharding = _option_group(
 def _calibrate_overrides(model: Optional[str], calib: _Flags) -> dict[str, Any]:
     overrides = {f"calibrate.{key}": getattr(calib, key)
                  for key in ("method", "percentile", "num_bins", "output", "trt_version", "backend", "save_stats",
-                             "max_memory")}
+                             "max_memory", "hist_elements")}
     overrides.update({"model": model, "calibrate.tensors": _split_csv(calib.tensors) or None,
                       "calibrate.providers": list(calib.providers) or None})
     return overrides

@@ -122,6 +122,9 @@ class CalibrateOptions:
     save_stats: Optional[str] = _path_field()
     # bytes one batch of collected activations may take, e.g. "2G"; default 1/4 of available memory
     max_memory: Optional[str] = None
+    # mse / percentile: elements of each tensor histogrammed per sample (a fixed prime stride past
+    # this many; the max is over every element); 0 histograms every element (trtq.calib.pow2)
+    hist_elements: int = 65536
 
     def resolved(self) -> "CalibrateOptions":
         """These options with ``method`` set: the backend's default when not given."""

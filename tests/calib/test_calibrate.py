@@ -116,17 +116,26 @@ def test_sharded_npy_gives_the_same_cache(trtq, mlp, tmp_path):
 
 def test_from_stats_equals_a_direct_run(trtq, mlp, tmp_path):
     model, data, _, _ = mlp
+    # two-pass histograms over [0, max] (max, entropy) and one-pass power-of-two ones (mse, percentile)
     stats = tmp_path / "stats.npz"
     _calibrate(trtq, model, data, tmp_path / "max.cache", "--method", "max", "--save-stats", stats)
     assert stats.exists()
+    one_pass = tmp_path / "one_pass.npz"
+    _calibrate(trtq, model, data, tmp_path / "mse.cache", "--method", "mse", "--save-stats", one_pass)
+    sources = {"entropy": stats, "max": stats, "percentile": one_pass, "mse": one_pass}
     for method in ("entropy", "percentile", "mse", "max"):
         direct = tmp_path / f"direct_{method}.cache"
         _calibrate(trtq, model, data, direct, "--method", method)
         later = tmp_path / f"later_{method}.cache"
-        r = trtq(["calibrate", "--from-stats", stats, "--method", method, "--model", model, "-o", later])
+        r = trtq(["calibrate", "--from-stats", sources[method], "--method", method, "--model", model, "-o", later])
         assert r.code == 0, r
         assert later.read_bytes() == direct.read_bytes(), method
         assert read_provenance(later)["model"]["sha256"] == sha256_file(model)
+    r = trtq(["calibrate", "--from-stats", one_pass, "--method", "max", "--model", model, "-o", tmp_path / "m2"])
+    assert r.code == 0 and (tmp_path / "m2").read_bytes() == (tmp_path / "direct_max.cache").read_bytes()
+    r = trtq(["calibrate", "--from-stats", one_pass, "--method", "entropy", "--model", model, "-o", tmp_path / "e2"])
+    assert r.code == 3 and "one-pass histograms" in r.err and "--method entropy --save-stats" in r.err
+    assert not (tmp_path / "e2").exists()
     other = tmp_path / "other.onnx"
     _mlp(other, seed=5)
     r = trtq(["calibrate", "--from-stats", stats, "--model", other, "-o", tmp_path / "x.cache"])
@@ -212,7 +221,7 @@ def test_ctrl_c_exits_130_and_keeps_the_previous_cache(mlp, tmp_path):
                          stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     try:
         line = p.stderr.readline()  # the first progress line: the model is running
-        assert "pass 1/2" in line, line
+        assert "pass 1/1 (histogram)" in line, line  # mse: one pass
         time.sleep(0.2)
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=60)

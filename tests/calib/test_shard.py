@@ -1,7 +1,8 @@
 """Sharded calibration (``--shard I/N``, ``--ranges``, ``trtq merge-stats``): real runs, real files.
 
-The merged result must be the single run's, byte for byte, for any shard count and every method;
-files from another model, data set, preprocessing, trtq version or pass must be refused.
+The merged result must be the single run's, byte for byte, for any shard count and every method
+(entropy / max: two passes per shard; mse / percentile: one); files from another model, data set,
+preprocessing, trtq version or pass must be refused.
 """
 import json
 import shutil
@@ -45,15 +46,22 @@ def _single(trtq, model, data, out: Path, method: str, *extra):
     return out
 
 
-def _sharded(trtq, model, data, work: Path, n: int, *extra, batch_sizes=(8, 5, 3)):
-    """Pass 1 per shard, merge, pass 2 per shard, merge: the merged pass-2 statistics file.
-    Shards use different batch sizes on purpose: the statistics must not depend on batching."""
+def _sharded(trtq, model, data, work: Path, n: int, *extra, batch_sizes=(8, 5, 3), method="entropy"):
+    """entropy / max: pass 1 per shard, merge, pass 2 per shard, merge: the merged pass-2 statistics
+    file; mse / percentile: one pass per shard, merged. Shards use different batch sizes on
+    purpose: the statistics must not depend on batching."""
     work.mkdir(parents=True, exist_ok=True)
     src = [] if model is None else ["-m", model, "--data", data]
+    extra = ("--method", method, *extra)
     for i in range(n):
         bs = str(batch_sizes[i % len(batch_sizes)])
         _ok(trtq(["calibrate", *src, "--shard", f"{i}/{n}", "--batch-size", bs,
                   "--save-stats", work / f"r{i}.npz", *extra]))
+    if method in ("mse", "percentile"):
+        r = _ok(trtq(["merge-stats", *[work / f"r{i}.npz" for i in reversed(range(n))], "-o", work / "stats.npz",
+                      "--json"]))
+        assert json.loads(r.out)["pass"] == "one-pass"
+        return work / "stats.npz"
     _ok(trtq(["merge-stats", *[work / f"r{i}.npz" for i in reversed(range(n))], "-o", work / "ranges.npz"]))
     for i in range(n):
         bs = str(batch_sizes[(i + 1) % len(batch_sizes)])
@@ -73,9 +81,10 @@ def singles(mlp_data, tmp_path_factory):
     out = {}
     for m in METHODS:
         path = root / f"single-{m}.cache"
+        one = ["--hist-elements", "4"] if m in ("mse", "percentile") else []
         try:
             main(["calibrate", "-m", str(model), "--data", data, "--method", m, "-o", str(path), "--batch-size", "8",
-                  "--save-stats", str(path.with_suffix(".npz")), "-q", *FLAGS.get(m, [])])
+                  "--save-stats", str(path.with_suffix(".npz")), "-q", *FLAGS.get(m, []), *one])
         except SystemExit as e:
             assert e.code in (0, None)
         out[m] = path
@@ -83,19 +92,23 @@ def singles(mlp_data, tmp_path_factory):
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7])
-def test_merged_shards_give_the_single_run_cache_for_every_method(trtq, mlp_data, singles, tmp_path, n):
+@pytest.mark.parametrize("kind", ["two-pass", "one-pass"])
+def test_merged_shards_give_the_single_run_cache_for_every_method(trtq, mlp_data, singles, tmp_path, n, kind):
     root, model, data = mlp_data
-    stats = _sharded(trtq, model, data, tmp_path / f"n{n}", n)
-    single_stats = load_stats(singles["max"].with_suffix(".npz"))
+    # --hist-elements 4: the 16-wide tensors are histogrammed on a stride, as big ones are by default
+    one = ("--hist-elements", "4") if kind == "one-pass" else ()
+    stats = _sharded(trtq, model, data, tmp_path / f"n{n}", n, *one, method="mse" if one else "entropy")
+    single_stats = load_stats(singles["mse" if one else "max"].with_suffix(".npz"))
     merged = load_stats(stats)
+    assert merged.edges == single_stats.edges == ("pow2" if one else "max")
     assert list(merged.maxima) == list(single_stats.maxima)
-    assert merged.maxima == single_stats.maxima
+    assert merged.maxima == single_stats.maxima and merged.tops == single_stats.tops
     for name in merged.counts:
         assert np.array_equal(merged.counts[name], single_stats.counts[name]), name
     assert merged.zeros == single_stats.zeros
     assert merged.meta["data"]["samples"] == single_stats.meta["data"]["samples"] == 301
     assert merged.meta["data"]["fingerprint"] == single_stats.meta["data"]["fingerprint"]
-    for m in METHODS:
+    for m in (("mse", "percentile", "max") if one else ("entropy", "max")):
         out = tmp_path / f"merged-{m}.cache"
         _ok(trtq(["calibrate", "--from-stats", stats, "-m", model, "--method", m, "-o", out, *FLAGS.get(m, [])]))
         assert out.read_bytes() == singles[m].read_bytes(), (n, m)
@@ -134,6 +147,11 @@ def test_shuffled_data_shards_merge_exactly(trtq, mlp_data, tmp_path):
     _ok(trtq(["calibrate", "-m", model, "--data", data, "--method", "entropy", "-o", single, "--shuffle",
               "--seed", "3", "--limit", "50"]))
     stats = _sharded(trtq, model, data, tmp_path / "w", 3, "--shuffle", "--seed", "3", "--limit", "50")
+    one = _sharded(trtq, model, data, tmp_path / "w1", 3, "--shuffle", "--seed", "3", "--limit", "50", method="mse")
+    single_mse = tmp_path / "single-mse.cache"
+    _ok(trtq(["calibrate", "-m", model, "--data", data, "-o", single_mse, "--shuffle", "--seed", "3", "--limit", "50"]))
+    _ok(trtq(["calibrate", "--from-stats", one, "-o", tmp_path / "merged-mse.cache"]))
+    assert (tmp_path / "merged-mse.cache").read_bytes() == single_mse.read_bytes()
     out = tmp_path / "merged.cache"
     _ok(trtq(["calibrate", "--from-stats", stats, "--method", "entropy", "-o", out]))
     assert out.read_bytes() == single.read_bytes()
@@ -143,7 +161,8 @@ def test_image_shards_on_the_sample_model(trtq, sample_config, tmp_path):
     """Real photos through the preprocessing (and pass 2 without the replay file) on the sample."""
     single = tmp_path / "single.cache"
     _ok(trtq(["calibrate", "-c", sample_config, "-o", single, "--method", "percentile", "--limit", "12"]))
-    stats = _sharded(trtq, None, None, tmp_path / "w", 2, "-c", sample_config, "--limit", "12", batch_sizes=(4,))
+    stats = _sharded(trtq, None, None, tmp_path / "w", 2, "-c", sample_config, "--limit", "12", batch_sizes=(4,),
+                     method="percentile")
     out = tmp_path / "merged.cache"
     _ok(trtq(["calibrate", "--from-stats", stats, "--method", "percentile", "-o", out]))
     assert out.read_bytes() == single.read_bytes()
@@ -154,11 +173,11 @@ def test_image_shards_on_the_sample_model(trtq, sample_config, tmp_path):
 # ------------------------------------------------------------------------------------------------
 
 
-def _pass1(trtq, model, data, work, n, *extra):
+def _pass1(trtq, model, data, work, n, *extra, method="entropy"):
     work.mkdir(parents=True, exist_ok=True)
     for i in range(n):
         _ok(trtq(["calibrate", "-m", model, "--data", data, "--shard", f"{i}/{n}", "--save-stats",
-                  work / f"r{i}.npz", *extra]))
+                  work / f"r{i}.npz", "--method", method, *extra]))
     return [work / f"r{i}.npz" for i in range(n)]
 
 
@@ -211,9 +230,25 @@ def test_merge_refuses_missing_duplicate_and_mixed_shards(trtq, mlp_data, tmp_pa
     _ok(trtq(["calibrate", "-m", model, "--data", data, "-o", tmp_path / "c.cache", "--save-stats", full]))
     _refused(trtq(["merge-stats", full, "-o", out]), 3, "not a shard")
     h1 = tmp_path / "h1.npz"
-    _ok(trtq(["calibrate", "-m", model, "--data", data, "--shard", "1/3", "--ranges", merged, "--save-stats", h1]))
+    _ok(trtq(["calibrate", "-m", model, "--data", data, "--shard", "1/3", "--ranges", merged, "--save-stats", h1,
+              "--method", "entropy"]))
     _refused(trtq(["merge-stats", parts[0], h1, parts[2], "-o", out]), 3, "from pass histogram")
+    one = _pass1(trtq, model, data, tmp_path / "c", 3, method="mse")
+    _refused(trtq(["merge-stats", parts[0], one[1], parts[2], "-o", out]), 3, "from pass one-pass")
     assert not out.exists()
+
+
+def test_one_pass_shards_have_no_pass_2(trtq, mlp_data, tmp_path):
+    root, model, data = mlp_data
+    parts = _pass1(trtq, model, data, tmp_path / "a", 2, method="mse")
+    merged = tmp_path / "merged.npz"
+    _ok(trtq(["merge-stats", *parts, "-o", merged]))
+    h = tmp_path / "h.npz"
+    _refused(trtq(["calibrate", "-m", model, "--data", data, "--shard", "0/2", "--ranges", merged, "--save-stats", h]),
+             2, "one pass", "--from-stats")
+    _refused(trtq(["calibrate", "-m", model, "--data", data, "--shard", "0/2", "--keep-batches", tmp_path / "b.bin",
+                   "--save-stats", h]), 2, "--keep-batches")
+    assert not h.exists() and not (tmp_path / "b.bin").exists()
 
 
 def test_merge_refuses_another_model_data_preprocessing_and_version(trtq, mlp_data, tmp_path):
@@ -254,23 +289,24 @@ def test_pass2_refuses_foreign_or_unmerged_ranges_and_mixed_ranges(trtq, mlp_dat
     root, model, data = mlp_data
     parts = _pass1(trtq, model, data, tmp_path / "a", 2)
     h = tmp_path / "h.npz"
+    e = ("--method", "entropy")
     _refused(trtq(["calibrate", "-m", model, "--data", data, "--shard", "0/2", "--ranges", parts[0],
-                   "--save-stats", h]), 3, "not the merge")
+                   "--save-stats", h, *e]), 3, "not the merge")
     ranges = tmp_path / "ranges.npz"
     _ok(trtq(["merge-stats", *parts, "-o", ranges]))
     np.save(tmp_path / "other.npy", np.load(root / "a.npy")[:10])
     _refused(trtq(["calibrate", "-m", model, "--data", tmp_path / "other.npy", "--shard", "0/2", "--ranges", ranges,
-                   "--save-stats", h]), 3, "another data set")
+                   "--save-stats", h, *e]), 3, "another data set")
     _refused(trtq(["calibrate", "-m", model, "--data", data, "--shard", "0/2", "--ranges", ranges,
-                   "--tensors", "x", "--save-stats", h]), 3, "other tensors")
+                   "--tensors", "x", "--save-stats", h, *e]), 3, "other tensors")
     assert not h.exists()
     # pass-2 shards over different ranges do not merge
-    _ok(trtq(["calibrate", "-m", model, "--data", data, "--shard", "0/2", "--ranges", ranges, "--save-stats", h]))
+    _ok(trtq(["calibrate", "-m", model, "--data", data, "--shard", "0/2", "--ranges", ranges, "--save-stats", h, *e]))
     single = tmp_path / "single.cache"
-    _ok(trtq(["calibrate", "-m", model, "--data", data, "-o", single, "--save-stats", tmp_path / "full.npz"]))
+    _ok(trtq(["calibrate", "-m", model, "--data", data, "-o", single, "--save-stats", tmp_path / "full.npz", *e]))
     h1 = tmp_path / "h1.npz"
     _ok(trtq(["calibrate", "-m", model, "--data", data, "--shard", "1/2", "--ranges", tmp_path / "full.npz",
-              "--save-stats", h1]))
+              "--save-stats", h1, *e]))
     st = load_stats(h1)  # same maxima, so same ranges: that merges; now move one edge
     st.maxima["x"] *= 2
     meta = json.loads(json.dumps(st.meta))
@@ -352,7 +388,7 @@ def test_kept_batches_spare_pass2_the_decoding(trtq, sample_config, tmp_path):
     raw["model"] = str((Path(sample_config).parent / raw["model"]).resolve())
     raw["data"]["inputs"]["x"]["images"] = str(photos)
     raw["data"]["limit"] = 10
-    raw["calibrate"] = {}
+    raw["calibrate"] = {"method": "entropy"}  # two passes per shard
     cfg = tmp_path / "calib.yaml"
     cfg.write_text(yaml.safe_dump(raw), encoding="utf-8")
     single = tmp_path / "single.cache"

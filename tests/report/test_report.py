@@ -43,11 +43,25 @@ def test_json_ranges_are_the_caches_each_method_writes(trtq, run, tmp_path):
                                "--json"])).out)
     rows = {r["name"]: r for r in rep["tensors"]}
     assert list(rows) == list(read_cache(cache).amax)
-    for m in METHODS:
+    # mse's one-pass (power-of-two) histograms: every method but entropy, which is TensorRT's over [0, max]
+    assert all("entropy" not in r["ranges"] for r in rows.values())
+    for m in ("max", "percentile", "mse"):
         out = tmp_path / f"{m}.cache"
         _ok(trtq(["calibrate", "--from-stats", stats, "--method", m, "-o", out]))
         for name, a in read_cache(out).amax.items():
             assert rows[name]["ranges"][m] == pytest.approx(a, rel=1e-6), (m, name)  # the cache rounds to f32
+    # entropy's two-pass histograms over [0, max]: all four
+    two = tmp_path / "two.npz"
+    _ok(trtq(["calibrate", "-m", model, "--data", root / "x.npy", "--method", "entropy", "-o", tmp_path / "e.cache",
+              "--save-stats", two]))
+    rep2 = json.loads(_ok(trtq(["report", "--cache", tmp_path / "e.cache", "--stats", two, "-o", tmp_path / "r2.html",
+                                "--json"])).out)
+    rows2 = {r["name"]: r for r in rep2["tensors"]}
+    for m in METHODS:
+        out = tmp_path / f"two-{m}.cache"
+        _ok(trtq(["calibrate", "--from-stats", two, "--method", m, "-o", out]))
+        for name, a in read_cache(out).amax.items():
+            assert rows2[name]["ranges"][m] == pytest.approx(a, rel=1e-6), (m, name)
     for name, a in read_cache(cache).amax.items():
         assert rows[name]["amax"] == a
         assert rows[name]["step"] == pytest.approx(a / 127)

@@ -1,9 +1,12 @@
 """``trtq calibrate``: data -> FP32 activations -> statistics -> amax -> calibration.cache (+ .json).
 
-Two streaming passes over the data when the method needs a histogram: pass 1 finds max|x| per
-tensor, pass 2 histograms every tensor over the fixed edges ``linspace(0, max, bins + 1)``. Fixed
-edges make the histograms exactly additive, so the result does not depend on batch size, order or
-sharding. Memory holds one batch of activations plus the histograms (bins x tensors x 8 bytes).
+mse and percentile take one streaming pass: histograms over power-of-two ranges that grow by exact
+bin merges (trtq.calib.pow2), each sample's elements subsampled by a fixed stride past
+``hist_elements``. entropy (TensorRT's EntropyCalibration2) and ``max --save-stats`` take two:
+pass 1 finds max|x| per tensor, pass 2 histograms every element over the fixed edges
+``linspace(0, max, bins + 1)``. Either way the histograms are exactly additive, so the result does
+not depend on batch size, order or sharding. Memory holds one batch of activations plus the
+histograms (bins x tensors x 8 bytes).
 """
 import logging
 import threading
@@ -132,6 +135,8 @@ class _Setup:
     tensor_groups: int = 1  # ONNX Runtime calls per batch (--max-memory)
     rows_per_call: Optional[int] = None  # rows of a batch per call when --max-memory slices batches
     feed_mode: Optional[str] = None  # a fixed-batch-1 model: "batched" or "per-sample" (trtq.calib.widen)
+    one_pass: bool = False  # mse / percentile: power-of-two histograms in one pass (trtq.calib.pow2)
+    subsampled: int = 0  # tensors histogrammed on a stride (one-pass runs)
 
 
 class _Stream:
@@ -185,16 +190,22 @@ def run_calibration(
     # one session for both passes when there are two (every tensor exposed: pass 1 reads the
     # measured ones); the max-only pass exposes only the measured ones. No local reference to it:
     # a pass 2 that needs another frees it first.
+    two_passes = run.need_hist and run.given is None and not run.one_pass
     stream = _Stream(_collector(run, measured if run.given is None and not run.need_hist else tensors),
-                     run.batcher, progress, 2 if run.need_hist and run.given is None else 1)
+                     run.batcher, progress, 2 if two_passes else 1)
     started = time.perf_counter()
-    maxima, counts, zeros = _passes(run, stream, links, keep_batches if write else None, keep_batches)
+    tops = None
+    if run.one_pass:
+        maxima, counts, zeros, tops = _one_pass(run, stream)
+    else:
+        maxima, counts, zeros = _passes(run, stream, links, keep_batches if write else None, keep_batches)
     if run.shard_pass == "ranges":  # a pass-1 shard: maxima only, histograms come in pass 2
         import numpy as np
 
         counts = {n: np.zeros(opts.num_bins, dtype=np.int64) for n in tensors}
         zeros = {n: 0 for n in tensors}
-    raw_amax = compute_all("max" if run.shard_pass else opts.method, maxima, counts, opts.percentile, zeros)
+    raw_amax = compute_all("max" if run.shard_pass else opts.method, maxima, counts, opts.percentile, zeros,
+                           None if run.shard_pass else tops)
     amax, zero = _finalize_amax({name: float(raw_amax[name]) for name in tensors})
     seconds = time.perf_counter() - started
 
@@ -202,10 +213,13 @@ def run_calibration(
                                   run.algorithm, amax)
     provenance["collection"] = {"tensor_groups": run.tensor_groups, "rows_per_call": run.rows_per_call,
                                 "fixed_batch_1": run.feed_mode}
+    if run.one_pass:
+        provenance["collection"]["histograms"] = {"edges": "pow2", "hist_elements": opts.hist_elements,
+                                                  "subsampled_tensors": run.subsampled}
     out = Path(opts.output)
     stats_path = Path(opts.save_stats) if opts.save_stats else None
     if write:
-        _write_run(run, out, stats_path, provenance, amax, (maxima, counts, zeros), shard)
+        _write_run(run, out, stats_path, provenance, amax, (maxima, counts, zeros, tops), shard)
     return CalibrationResult(
         cache_path=out if write and run.shard_pass is None else None, method=opts.method, algorithm=run.algorithm,
         trt_version=run.trt_version, amax=amax, samples=stream.samples, batches=stream.batches, seconds=seconds,
@@ -239,6 +253,9 @@ def _prepare(cfg: TrtqConfig, shard: Optional[tuple[int, int]], ranges: Optional
     if not cfg.model:
         raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
     budget = resolve_budget(opts.max_memory)  # a bad --max-memory fails before any work
+    if int(opts.hist_elements) < 0:
+        raise UsageError(f"--hist-elements {opts.hist_elements} is negative",
+                         "pass a count of elements per sample, or 0 to histogram every element")
     model_path = Path(cfg.model)
     check_providers(opts.providers)  # before any work: a typo must not fall back to CPU silently
     model = load_model(model_path)
@@ -258,11 +275,18 @@ def _prepare(cfg: TrtqConfig, shard: Optional[tuple[int, int]], ranges: Optional
                  ALGORITHM_FOR_METHOD[opts.method], Batcher(data, feed_specs), tensors,
                  need_hist=opts.method != "max" or opts.save_stats is not None, budget=budget, feed_mode=feed_mode,
                  slice_at=slice_at)
+    from trtq.calib.pow2 import is_pow2
+
+    run.one_pass = opts.method in ("mse", "percentile") and is_pow2(int(opts.num_bins))
     if shard is not None or ranges is not None:
         from trtq.calib.shard import prepare_shard
 
-        run.shard_pass, run.given = prepare_shard(run.batcher, shard, ranges, opts, model_path, run.tensors)
-        run.need_hist = run.shard_pass == "histogram"
+        run.shard_pass, run.given = prepare_shard(run.batcher, shard, ranges, opts, model_path, run.tensors,
+                                                  run.one_pass)
+        run.need_hist = run.shard_pass != "ranges"
+        if keep_batches is not None and run.one_pass:
+            raise UsageError(f"--keep-batches is for the two passes of an entropy or max shard; --method "
+                             f"{opts.method} takes one", "drop --keep-batches")
     elif keep_batches is not None:
         raise UsageError("--keep-batches is for the two passes of a shard", "pass --shard I/N with it")
     return run
@@ -299,6 +323,25 @@ def _passes(run: _Setup, stream: _Stream, links: Any, write_batches: Optional[Pa
         if not run.need_hist:
             return maxima, None, None
         return (maxima, *_histogram_pass(run, stream, maxima, replay, read_batches))
+
+
+def _one_pass(run: _Setup, stream: _Stream) -> tuple[Any, Any, Any, Any]:
+    """mse / percentile: power-of-two histograms in one pass; (maxima, counts, zeros, tops)."""
+    from trtq.calib.batchdim import batch_leading, one_sample_calls
+    from trtq.calib.kernels import numba_enabled
+    from trtq.calib.pow2 import Pow2Histograms
+
+    opts = run.opts
+    leading = batch_leading(run.model, run.tensors) if opts.hist_elements else set()
+    hist = Pow2Histograms(run.tensors, opts.num_bins, opts.hist_elements, leading, one_sample_calls(run.model))
+    if not numba_enabled():
+        log.info("histograms on the numpy fallback; pip install numba makes this pass faster")
+    stream.run("histogram", 1, hist.update_batch, run.batcher)
+    run.subsampled = len(hist.strides)
+    if opts.hist_elements:
+        log.info("%d of %d tensors histogrammed on a stride (at most %d elements per sample); %d whole",
+                 len(hist.strides), len(run.tensors), opts.hist_elements, len(run.tensors) - len(hist.strides))
+    return hist.maxima, hist.counts, hist.zeros, hist.tops
 
 
 def _histogram_pass(run: _Setup, stream: _Stream, maxima: dict[str, float], replay: Any,
@@ -339,7 +382,7 @@ def _write_run(run: _Setup, out: Path, stats_path: Optional[Path], provenance: d
     from trtq.calib.stats import save_stats
     from trtq.interrupt import held_for_outputs
 
-    maxima, counts, zeros = statistics
+    maxima, counts, zeros, tops = statistics
     tensors = run.tensors
     with held_for_outputs():
         if stats_path is not None:
@@ -351,7 +394,7 @@ def _write_run(run: _Setup, out: Path, stats_path: Optional[Path], provenance: d
                 meta["shard"] = {"index": shard[0], "count": shard[1], "pass": run.shard_pass,
                                  "ranges_sha256": ranges_sha256(run.given) if run.given is not None else None}
             save_stats(stats_path, {n: maxima[n] for n in tensors}, {n: counts[n] for n in tensors}, meta,
-                       {n: zeros[n] for n in tensors})
+                       {n: zeros[n] for n in tensors}, None if tops is None else {n: tops[n] for n in tensors})
         if run.shard_pass is None:
             _write_outputs(out, run.algorithm, run.trt_version, amax, provenance)
 
@@ -397,8 +440,12 @@ def calibrate_from_stats(cfg: TrtqConfig, stats_path: Path) -> CalibrationResult
             f"--num-bins {opts.num_bins} differs from the saved histograms ({stats.num_bins} bins)",
             "omit it: saved statistics keep their bin count",
         )
+    if stats.edges == "pow2" and opts.method == "entropy":
+        raise CacheError(f"{stats_path} holds one-pass histograms (power-of-two ranges, from --method mse or "
+                         "percentile); entropy is TensorRT's search over [0, max]",
+                         "re-run trtq calibrate --method entropy --save-stats, or use --method mse / percentile / max")
     tensors = list(meta.get("tensors") or list(stats.maxima))
-    raw = compute_all(opts.method, stats.maxima, stats.counts, opts.percentile, stats.zeros)
+    raw = compute_all(opts.method, stats.maxima, stats.counts, opts.percentile, stats.zeros, stats.tops)
     amax, zero = _finalize_amax({n: float(raw[n]) for n in tensors})
     trt_version = resolve_trt_version(opts.trt_version)
     algorithm = ALGORITHM_FOR_METHOD[opts.method]

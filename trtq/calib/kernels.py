@@ -64,6 +64,7 @@ def parts(flat: np.ndarray, size: int = PART) -> list[np.ndarray]:
     return [flat[i:i + size] for i in range(0, flat.size, size)] or [flat]
 
 
+
 # --------------------------------------------------------------------------------------------
 # pass 1
 # --------------------------------------------------------------------------------------------
@@ -103,7 +104,8 @@ def _compile_numba():
     import numba
 
     @numba.njit(nogil=True, cache=True)
-    def histogram_f32(x, scale, counts, exceed_at):  # pragma: no cover - compiled
+    def histogram_f32(x, scale, counts, exceed_at, stride):  # pragma: no cover - compiled
+        # x: [rows, n]; elements 0, stride, 2*stride, ... of each row are counted.
         # counts: int64[lanes, num_bins] (measured faster than int32 here); lane j takes elements j,
         # j+lanes, ... so that runs of equal bins (the zeros of a ReLU) do not serialise on one counter.
         lanes = counts.shape[0]
@@ -114,32 +116,36 @@ def _compile_numba():
         zeros = 0
         nonfinite = False
         exceeded = False
-        n = x.size
-        for start in range(0, n, step):
-            m = min(step, n - start)
-            for i in range(m):
-                y = abs(x[start + i]) * scale
-                zeros += y == 0
-                nonfinite |= not (y < np.inf)
-                exceeded |= y >= exceed_at
-                # NaN and values past the top go to the last bin (NaN fails every comparison)
-                idx[i] = np.int32(y) if y < flast else last
-            i = 0
-            while i + lanes <= m:
-                for j in range(lanes):
-                    counts[j, idx[i + j]] += 1
-                i += lanes
-            while i < m:
-                counts[0, idx[i]] += 1
-                i += 1
+        n = (x.shape[1] + stride - 1) // stride
+        for r in range(x.shape[0]):
+            row = x[r]
+            for start in range(0, n, step):
+                m = min(step, n - start)
+                for i in range(m):
+                    y = abs(row[(start + i) * stride]) * scale
+                    zeros += y == 0
+                    nonfinite |= not (y < np.inf)
+                    exceeded |= y >= exceed_at
+                    # NaN and values past the top go to the last bin (NaN fails every comparison)
+                    idx[i] = np.int32(y) if y < flast else last
+                i = 0
+                while i + lanes <= m:
+                    for j in range(lanes):
+                        counts[j, idx[i + j]] += 1
+                    i += lanes
+                while i < m:
+                    counts[0, idx[i]] += 1
+                    i += 1
         return zeros, nonfinite, exceeded
 
     return histogram_f32
 
 
-def histogram_into(part: np.ndarray, scale: np.float32, counts: np.ndarray) -> tuple[int, int]:
+def histogram_into(part: np.ndarray, scale: np.float32, counts: np.ndarray, stride: int = 1) -> tuple[int, int]:
     """Add the bin counts of ``floor(|part| * scale)`` (float32 arithmetic, clipped to the last bin)
-    to ``counts`` (int64, one row per bin set: shape ``(num_bins,)``).
+    to ``counts`` (int64, one row per bin set: shape ``(num_bins,)``). With ``stride`` > 1 only the
+    elements ``0, stride, 2 * stride ...`` of each row of ``part`` ([rows, n]; other shapes are one
+    row) are counted.
 
     Returns ``(zeros, flags)``: elements whose scaled value is exactly 0, and :data:`NONFINITE` /
     :data:`EXCEEDED` bits. When NONFINITE is set the counts are incomplete and must be discarded.
@@ -147,24 +153,25 @@ def histogram_into(part: np.ndarray, scale: np.float32, counts: np.ndarray) -> t
     num_bins = counts.shape[-1]
     scale = np.float32(scale)
     exceed_at = np.float32(num_bins * _EXCEED_TOLERANCE)
+    rows = np.ascontiguousarray(part).reshape(part.shape[0] if part.ndim == 2 and stride > 1 else 1, -1)
     kernel = _kernel()
     if kernel is not None:
         lanes = np.zeros((4, num_bins), dtype=np.int64)
         zeros = 0
         nonfinite = exceeded = False
         if part.dtype == np.float32:
-            zeros, nonfinite, exceeded = kernel(np.ascontiguousarray(part).reshape(-1), scale, lanes, exceed_at)
+            zeros, nonfinite, exceeded = kernel(rows, scale, lanes, exceed_at, int(stride))
         else:  # float16 / float64: convert a chunk at a time
-            buf = np.empty(min(_CHUNK, part.size), np.float32)
-            flat = part.reshape(-1)
+            flat = rows[:, ::stride].reshape(-1)
+            buf = np.empty(min(_CHUNK, flat.size), np.float32)
             for s in range(0, flat.size, _CHUNK):
                 f = buf[:min(_CHUNK, flat.size - s)]
                 np.copyto(f, flat[s:s + f.size], casting="unsafe")
-                z, nf, ex = kernel(f, scale, lanes, exceed_at)
+                z, nf, ex = kernel(f.reshape(1, -1), scale, lanes, exceed_at, 1)
                 zeros, nonfinite, exceeded = zeros + z, nonfinite or nf, exceeded or ex
         counts += lanes.sum(axis=0)
         return int(zeros), (NONFINITE if nonfinite else 0) | (EXCEEDED if exceeded else 0)
-    return _histogram_numpy(part.reshape(-1), scale, counts, exceed_at)
+    return _histogram_numpy(rows[:, ::stride].reshape(-1), scale, counts, exceed_at)
 
 
 def _histogram_numpy(flat: np.ndarray, scale: np.float32, counts: np.ndarray, exceed_at) -> tuple[int, int]:

@@ -30,6 +30,7 @@ from trtq.errors import CacheError, UsageError
 
 PASS_RANGES = "ranges"
 PASS_HISTOGRAM = "histogram"
+PASS_ONE = "one-pass"  # mse / percentile: power-of-two histograms, complete in one pass (trtq.calib.pow2)
 
 _SHARD_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 
@@ -179,6 +180,8 @@ def merge_stats_files(paths: Sequence[Path], output: Path) -> MergeResult:
                          "pass all N shard files: the merged statistics must cover every sample")
 
     names = list(st0.maxima)
+    if pass_name == PASS_ONE:
+        return _merge_one_pass(loaded, names, output, count)
     if pass_name == PASS_RANGES:
         maxima = {n: max(st.maxima[n] for _, st, _ in loaded) for n in names}
     else:
@@ -190,13 +193,36 @@ def merge_stats_files(paths: Sequence[Path], output: Path) -> MergeResult:
             for n in names:
                 counts[n] += st.counts[n]
                 zeros[n] += st.zeros.get(n, 0)
-    meta = json.loads(json.dumps(st0.meta))
+    meta = _merged_meta(loaded, count)
+    save_stats(output, maxima, counts, meta, zeros)
+    return MergeResult(Path(output), count, pass_name, meta["data"]["samples"], len(names))
+
+
+def _merged_meta(loaded: list, count: int) -> dict:
+    """The first shard's meta with the samples / skipped of all shards summed, shard index null."""
+    s0 = loaded[0][2]
+    meta = json.loads(json.dumps(loaded[0][1].meta))
     data = meta.setdefault("data", {})
     data["samples"] = sum(int((st.meta.get("data") or {}).get("samples") or 0) for _, st, _ in loaded)
     data["skipped"] = sum(int((st.meta.get("data") or {}).get("skipped") or 0) for _, st, _ in loaded)
-    meta["shard"] = {"index": None, "count": count, "pass": pass_name, "ranges_sha256": s0.get("ranges_sha256")}
-    save_stats(output, maxima, counts, meta, zeros)
-    return MergeResult(Path(output), count, pass_name, data["samples"], len(names))
+    meta["shard"] = {"index": None, "count": count, "pass": s0.get("pass"), "ranges_sha256": s0.get("ranges_sha256")}
+    return meta
+
+
+def _merge_one_pass(loaded: list, names: list, output: Path, count: int) -> MergeResult:
+    """One-pass shards: each tensor's histograms raised to the widest range, then added."""
+    from trtq.calib.pow2 import Pow2Histograms, merge_into
+    from trtq.calib.stats import save_stats
+
+    p0, st0, _ = loaded[0]
+    total = Pow2Histograms(names, st0.num_bins)
+    for p, st, _ in loaded:
+        if st.tops is None:
+            raise CacheError(f"{p} holds histograms over [0, max], not one-pass ones", "merge the shards of one run")
+        merge_into(total, st.maxima, st.tops, st.counts, st.zeros)
+    meta = _merged_meta(loaded, count)
+    save_stats(output, total.maxima, total.counts, meta, total.zeros, total.tops)
+    return MergeResult(Path(output), count, PASS_ONE, meta["data"]["samples"], len(names))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -205,8 +231,9 @@ def merge_stats_files(paths: Sequence[Path], output: Path) -> MergeResult:
 
 
 def prepare_shard(batcher, shard: Optional[tuple[int, int]], ranges: Optional[Path], opts, model_path: Path,
-                  tensors: Sequence[str]) -> tuple[str, Optional[dict[str, float]]]:
-    """Restrict ``batcher`` to the shard; returns (pass name, the merged maxima for pass 2 or None)."""
+                  tensors: Sequence[str], one_pass: bool = False) -> tuple[str, Optional[dict[str, float]]]:
+    """Restrict ``batcher`` to the shard; returns (pass name, the merged maxima for pass 2 or None).
+    ``one_pass``: the method histograms in one pass (mse / percentile), so there is no pass 2."""
     from trtq.calib.stats import load_stats
     from trtq.errors import DataError
     from trtq.fileio import sha256_file
@@ -219,6 +246,11 @@ def prepare_shard(batcher, shard: Optional[tuple[int, int]], ranges: Optional[Pa
     if batcher.num_samples == 0:
         raise DataError(f"shard {shard[0]}/{shard[1]} has no samples (the data set has {batcher.total_samples})",
                         f"use at most {batcher.total_samples} shards")
+    if one_pass:
+        if ranges is not None:
+            raise UsageError(f"--method {opts.method} histograms in one pass: a shard has no pass 2 (--ranges)",
+                             "merge the shards' files (trtq merge-stats) and run trtq calibrate --from-stats")
+        return PASS_ONE, None
     if ranges is None:
         return PASS_RANGES, None
     st = load_stats(Path(ranges))

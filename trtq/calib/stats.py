@@ -39,14 +39,15 @@ DEFAULT_NUM_BINS = 2048
 NUM_QUANTIZED_BINS = 128  # int8 magnitude levels the entropy search merges into
 INT8_LEVELS = 127  # symmetric int8: q in [-127, 127]
 EMPTY_Q_COUNT = 1e-4  # entropy: floor of an empty Q bin facing a non-empty P bin, in counts
-STATS_FORMAT = "trtq-stats/1"
+STATS_FORMAT = "trtq-stats/1"  # histograms over [0, max] (two passes)
+STATS_FORMAT_POW2 = "trtq-stats/2"  # histograms over [0, top], top a power of two (trtq.calib.pow2)
 
 # Two candidates whose criterion differs by less than this count as tied (the first one wins).
 # The criteria are sums of thousands of float64 terms; summation order alone moves them by ~1e-15.
 _TIE_ABS = 1e-12
 
 
-def _nonfinite_error(name: str) -> DataError:
+def nonfinite_error(name: str) -> DataError:
     return DataError(
         f"non-finite values (NaN/Inf) in activation '{name}'",
         "check the inputs and that the model runs correctly in FP32 (e.g. run trtq compare on a few samples)",
@@ -83,7 +84,7 @@ class AbsMaxAccumulator:
         for (name, _), (hi, lo) in zip(tasks, results):
             # NaN propagates through max and min
             if not (math.isfinite(hi) and math.isfinite(lo)):
-                raise _nonfinite_error(name)
+                raise nonfinite_error(name)
             self._fold(name, max(hi, -lo), (lo, hi))
 
     def _fold(self, name: str, m: float, ext: Optional[tuple[float, float]]) -> None:
@@ -178,7 +179,7 @@ class HistogramAccumulator:
         results = kernels.parallel_map(count, tasks)
         for (name, _), (_, _, flags) in zip(tasks, results):
             if flags & kernels.NONFINITE:
-                raise _nonfinite_error(name)
+                raise nonfinite_error(name)
         for (name, _), (c, zeros, flags) in zip(tasks, results):
             self._counts[name] += c
             self._zeros[name] += zeros
@@ -190,7 +191,7 @@ class HistogramAccumulator:
         counts = self._counts[name]
         if self.maxima[name] == 0.0:
             if not np.isfinite(a).all():
-                raise _nonfinite_error(name)
+                raise nonfinite_error(name)
             nonzero = int(np.count_nonzero(a))
             if nonzero:
                 self.exceeded.add(name)
@@ -202,7 +203,7 @@ class HistogramAccumulator:
         np.multiply(x, float(self.num_bins), out=x)
         top = float(x.max())  # NaN propagates; Inf stays Inf
         if not math.isfinite(top):
-            raise _nonfinite_error(name)
+            raise nonfinite_error(name)
         if top >= self.num_bins:
             if top >= self.num_bins * (1.0 + 1e-6):
                 self.exceeded.add(name)
@@ -474,11 +475,22 @@ def compute_all(
     counts: Optional[Mapping[str, np.ndarray]],
     percentile: float = 99.99,
     zeros: Optional[Mapping[str, int]] = None,
+    tops: Optional[Mapping[str, float]] = None,
 ) -> dict[str, float]:
     """amax for every tensor of ``maxima`` (same order). ``counts`` may be None for ``max``;
-    ``zeros``: exact zeros per tensor (see :func:`compute_amax`), none when omitted."""
+    ``zeros``: exact zeros per tensor (see :func:`compute_amax`), none when omitted.
+
+    ``tops``: the histograms' upper edges when they are not the maxima (one-pass histograms over
+    power-of-two ranges, trtq.calib.pow2): the search runs over ``[0, top]`` and its result is
+    capped at the max (a range past the max clips nothing and only coarsens the step). entropy
+    is TensorRT's search over ``[0, max]`` and refuses them."""
     if method not in METHODS:
         raise ConfigError(f"unknown calibration method '{method}'", "use one of: " + ", ".join(METHODS))
+    if tops is not None and method != "max":
+        if method == "entropy":
+            raise ValueError("entropy needs histograms over [0, max], not power-of-two ranges")
+        raw = compute_all(method, {n: float(tops[n]) for n in maxima}, counts, percentile, zeros)
+        return {n: min(float(raw[n]), float(m)) for n, m in maxima.items()}
     if method != "max":
         if counts is None:
             raise ValueError(f"method '{method}' needs histograms")
@@ -537,6 +549,16 @@ class StatsFile:
     meta: dict
     num_bins: int
     zeros: dict[str, int] = field(default_factory=dict)  # empty for files written before trtq saved them
+    tops: Optional[dict[str, float]] = None  # upper edges of power-of-two histograms; None: [0, max]
+
+    @property
+    def edges(self) -> str:
+        """``"max"`` (histograms over [0, max]) or ``"pow2"`` (over [0, top], trtq.calib.pow2)."""
+        return "max" if self.tops is None else "pow2"
+
+    def top(self, name: str) -> float:
+        """Upper edge of ``name``'s histogram."""
+        return self.maxima[name] if self.tops is None else self.tops[name]
 
 
 def save_stats(
@@ -545,13 +567,16 @@ def save_stats(
     counts: Mapping[str, np.ndarray],
     meta: Optional[dict] = None,
     zeros: Optional[Mapping[str, int]] = None,
+    tops: Optional[Mapping[str, float]] = None,
 ) -> None:
     """Write max and histogram of every tensor to one ``.npz`` (atomically).
 
     Layout: ``header`` = UTF-8 JSON as uint8 (format, tensor names in order, num_bins, meta);
     ``maxima`` float64 ``[T]``; ``counts`` int64 ``[T, num_bins]``; ``zeros`` int64 ``[T]`` (exact
     zeros, part of bin 0; all 0 when not given). Names are free text (``:``,
-    spaces, ``/`` ...): they live in the JSON, never in array keys.
+    spaces, ``/`` ...): they live in the JSON, never in array keys. With ``tops`` (power-of-two
+    histograms) the format is ``trtq-stats/2`` and ``tops`` float64 ``[T]`` holds the upper edges;
+    without, ``trtq-stats/1`` (edges ``[0, max]``), which earlier trtq versions read too.
     """
     names = list(maxima)
     if set(counts) != set(names):
@@ -560,7 +585,8 @@ def save_stats(
     if len(bins) > 1:
         raise ValueError(f"histograms of different sizes: {sorted(bins)}")
     num_bins = bins.pop() if bins else DEFAULT_NUM_BINS
-    header = {"format": STATS_FORMAT, "names": names, "num_bins": num_bins, "meta": dict(meta or {})}
+    fmt = STATS_FORMAT if tops is None else STATS_FORMAT_POW2
+    header = {"format": fmt, "names": names, "num_bins": num_bins, "meta": dict(meta or {})}
     try:
         blob = json.dumps(header, sort_keys=True, allow_nan=False).encode("utf-8")
     except (TypeError, ValueError) as e:
@@ -572,8 +598,14 @@ def save_stats(
     zr = np.array([int((zeros or {}).get(n, 0)) for n in names], dtype=np.int64)
     if np.any(zr < 0) or (len(names) and np.any(zr > ct[:, 0])):
         raise ValueError("zeros must be between 0 and the count of bin 0")
+    arrays = {"header": np.frombuffer(blob, dtype=np.uint8), "maxima": mx, "counts": ct, "zeros": zr}
+    if tops is not None:
+        tp = np.array([float(tops[n]) for n in names], dtype=np.float64)
+        if np.any(~np.isfinite(tp)) or np.any(tp < mx):
+            raise ValueError("tops must be finite and at least the maxima")
+        arrays["tops"] = tp
     with atomic_path(path) as tmp, open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a name
-        np.savez_compressed(f, header=np.frombuffer(blob, dtype=np.uint8), maxima=mx, counts=ct, zeros=zr)
+        np.savez_compressed(f, **arrays)
 
 
 def _stats_error(path: Path, what: str) -> CacheError:
@@ -602,6 +634,7 @@ def load_stats(path: Union[str, Path]) -> StatsFile:
             mx = z["maxima"]
             ct = z["counts"]
             zr = z["zeros"] if "zeros" in keys else None
+            tp = z["tops"] if "tops" in keys else None
     except CacheError:
         raise
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, RuntimeError) as e:
@@ -615,9 +648,10 @@ def load_stats(path: Union[str, Path]) -> StatsFile:
         header = json.loads(header_arr.tobytes().decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise _stats_error(path, "header is not JSON") from None
-    if not isinstance(header, dict) or header.get("format") != STATS_FORMAT:
+    if not isinstance(header, dict) or header.get("format") not in (STATS_FORMAT, STATS_FORMAT_POW2):
         fmt = header.get("format") if isinstance(header, dict) else None
-        raise _stats_error(path, f"format {fmt!r}, expected {STATS_FORMAT!r}")
+        raise _stats_error(path, f"format {fmt!r}, expected {STATS_FORMAT!r} or {STATS_FORMAT_POW2!r}")
+    pow2 = header["format"] == STATS_FORMAT_POW2
     names = header.get("names")
     num_bins = header.get("num_bins")
     meta = header.get("meta", {})
@@ -640,10 +674,16 @@ def load_stats(path: Union[str, Path]) -> StatsFile:
     if zr is not None and (zr.dtype != np.int64 or zr.shape != (t,) or np.any(zr < 0)
                            or (t and np.any(zr > ct[:, 0]))):
         raise _stats_error(path, "bad zeros array")
+    if pow2 != (tp is not None):
+        raise _stats_error(path, "tops array and format disagree")
+    if tp is not None and (tp.dtype != np.float64 or tp.shape != (t,) or not np.all(np.isfinite(tp))
+                           or np.any(tp < mx)):
+        raise _stats_error(path, "bad tops array")
     return StatsFile(
         maxima={n: float(v) for n, v in zip(names, mx)},
         counts={n: ct[i].copy() for i, n in enumerate(names)},
         meta=meta,
         num_bins=num_bins,
         zeros={} if zr is None else {n: int(zr[i]) for i, n in enumerate(names)},
+        tops=None if tp is None else {n: float(tp[i]) for i, n in enumerate(names)},
     )

@@ -59,21 +59,23 @@ def tensor_rows(table, stats, percentile: float) -> list[dict]:
         row: dict[str, Any] = {"name": name, "amax": _num(amax), "step": _num(amax / 127.0)}
         if stats is not None and name in stats.maxima:
             counts = stats.counts[name]
-            m = stats.maxima[name]
+            m, top = stats.maxima[name], stats.top(name)  # top: the histogram's upper edge (>= max)
             zeros = int(stats.zeros.get(name, 0))
-            ranges = {meth: float(compute_amax(meth, counts, m, percentile, zeros)) for meth in METHODS}
+            # one-pass (power-of-two) histograms: entropy is TensorRT's search over [0, max], not shown
+            methods = [meth for meth in METHODS if stats.edges == "max" or meth != "entropy"]
+            ranges = {meth: min(float(compute_amax(meth, counts, top, percentile, zeros)), m) for meth in methods}
             group = max(1, counts.size // DISPLAY_BINS)
             shown = counts[: counts.size // group * group].reshape(-1, group).sum(axis=1)
             total = int(counts.sum())
             row.update({
                 "max": m,
                 "amax_over_max": (amax / m) if m > 0 else None,
-                "clipped": clipped_fraction(counts, m, amax),
+                "clipped": clipped_fraction(counts, top, amax),
                 "values": total,
                 "zeros": (zeros / total) if total else 0.0,
                 "ranges": ranges,
-                "clipped_by": {meth: clipped_fraction(counts, m, a) for meth, a in ranges.items()},
-                "histogram": {"width": m / counts.size * group, "counts": [int(c) for c in np.asarray(shown)]},
+                "clipped_by": {meth: clipped_fraction(counts, top, a) for meth, a in ranges.items()},
+                "histogram": {"width": top / counts.size * group, "counts": [int(c) for c in np.asarray(shown)]},
             })
         rows.append(row)
     return rows

@@ -113,7 +113,8 @@ JS = r"""
     }
     svg.appendChild(el('text', {x: (L + W - R) / 2, y: H - 6, 'text-anchor': 'middle'},
                        '|x|  (counts on a log scale)'));
-    var marks = METHODS.map(function (m) { return [m, r.ranges[m], r.clipped_by[m]]; });
+    var marks = METHODS.filter(function (m) { return r.ranges[m] != null; })
+      .map(function (m) { return [m, r.ranges[m], r.clipped_by[m]]; });
     marks.push(['cache', r.amax, r.clipped]);
     marks.forEach(function (mk) {
       var xx = X(Math.min(mk[1], xmax));

@@ -1,0 +1,58 @@
+"""Which activations hold one sample per leading index, proven from the graph.
+
+Subsampling a tensor per sample (trtq.calib.pow2) is independent of batching only where its leading
+dim really is the batch. ONNX shape inference carries the inputs' symbolic batch dim (say ``N``) to
+the outputs of Conv, elementwise ops, pooling, Transpose that keeps axis 0 and so on; a tensor
+whose inferred dim 0 is that same symbol is batch-leading. Anything else (a Reshape that folds the
+batch, a sequence-first layout, an unknown shape) is not, and is histogrammed whole.
+"""
+import logging
+from collections.abc import Sequence
+
+import onnx
+
+log = logging.getLogger(__name__)
+
+
+def _dims(vi: onnx.ValueInfoProto):
+    t = vi.type.tensor_type
+    return list(t.shape.dim) if t.HasField("shape") else None
+
+
+def one_sample_calls(model: onnx.ModelProto) -> bool:
+    """Every graph input that takes data declares a fixed leading dim of 1: each call is one sample."""
+    inits = {i.name for i in model.graph.initializer}
+    fed = [vi for vi in model.graph.input if vi.name not in inits]
+    if not fed:
+        return False
+    for vi in fed:
+        dims = _dims(vi)
+        if not dims or not dims[0].HasField("dim_value") or dims[0].dim_value != 1:
+            return False
+    return True
+
+
+def batch_leading(model: onnx.ModelProto, tensors: Sequence[str]) -> set:
+    """The ``tensors`` whose inferred leading dim is the inputs' shared symbolic batch dim."""
+    inits = {i.name for i in model.graph.initializer}
+    fed = [vi for vi in model.graph.input if vi.name not in inits]
+    symbols = set()
+    for vi in fed:
+        dims = _dims(vi)
+        if not dims or not dims[0].dim_param:
+            return set()
+        symbols.add(dims[0].dim_param)
+    if len(symbols) != 1:
+        return set()
+    symbol = symbols.pop()
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception as e:  # a model shape inference cannot read: nothing is proven
+        log.debug("shape inference failed (%s): every tensor histogrammed whole", e)
+        return set()
+    g = inferred.graph
+    leading = {}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        dims = _dims(vi)
+        leading[vi.name] = bool(dims) and dims[0].dim_param == symbol
+    return {t for t in tensors if leading.get(t)}

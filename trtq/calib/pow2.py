@@ -1,0 +1,198 @@
+"""One-pass histograms over power-of-two ranges, for the ``mse`` and ``percentile`` methods.
+
+Each tensor's histogram covers ``[0, 2**e)`` in ``num_bins`` equal bins (``num_bins`` a power of
+two), ``e`` the smallest exponent with ``max|x| < 2**e`` so far. A value's bin is
+``floor(|x| * num_bins * 2**-e)``: the scale is a power of two, so the product is exact in float32
+and the bin at a larger exponent ``e + d`` is exactly ``floor(bin / 2**d)``. When a batch raises
+the max past ``2**e``, the counts are merged in runs of ``2**d`` bins. The counts after any split of
+the data (batches, orders, shards merged with :func:`merge_into`) are therefore exactly those of
+one histogram over the final range: one model pass instead of a max pass plus a histogram pass,
+with the same order- and batch-independence. (Ranges that grow to arbitrary values, as in
+pytorch-quantization or ONNX Runtime, would make the result depend on batch order.)
+
+Resolution: the final range is below ``2 * max``, so bins are at most twice as wide as over
+``[0, max]`` (2048 bins: max/2048 to max/1024). ``entropy`` keeps the two-pass histograms over
+``[0, max]``: that is TensorRT's EntropyCalibration2.
+
+Histogramming every element is most of calibration's cost on convolutional models; with
+``hist_elements`` set, a tensor whose leading dim is the batch takes every ``k``-th element of
+each sample (``k`` the smallest prime with ``elements / k <= hist_elements``; a prime stride does
+not line up with rows or channels). The subset depends only on the sample, never on how samples
+are batched. The max is always over every element.
+"""
+import math
+from collections.abc import Mapping
+from typing import Optional
+
+import numpy as np
+
+from trtq.calib import kernels
+from trtq.calib.stats import nonfinite_error
+from trtq.errors import ConfigError, DataError
+
+EDGES = "pow2"
+# float32 scales num_bins * 2**-e are normal numbers for these exponents; outside, float64 counting
+_MIN_EXP, _MAX_EXP = -100, 128
+
+
+def is_pow2(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+def exponent_of(m: float) -> Optional[int]:
+    """Smallest ``e`` with ``m < 2**e`` (None for 0)."""
+    if m <= 0:
+        return None
+    return math.frexp(m)[1]  # m = f * 2**e with 0.5 <= f < 1
+
+
+def regrow(counts: np.ndarray, d: int) -> np.ndarray:
+    """The counts of the same values over a range ``2**d`` times wider (same bin count)."""
+    nb = counts.size
+    if d <= 0:
+        return counts
+    out = np.zeros(nb, dtype=np.int64)
+    if (1 << min(d, 62)) >= nb:
+        out[0] = counts.sum()
+    else:
+        out[: nb >> d] = counts.reshape(nb >> d, 1 << d).sum(axis=1)
+    return out
+
+
+def stride_for(elements: int, cap: int) -> int:
+    """1 when ``elements <= cap`` (or cap is 0: everything), else the smallest prime ``k`` with
+    ``ceil(elements / k) <= cap``."""
+    if cap <= 0 or elements <= cap:
+        return 1
+    k = max(2, -(-elements // cap))
+    while True:
+        if all(k % p for p in range(2, int(math.isqrt(k)) + 1)):
+            return k
+        k += 1
+
+
+class Pow2Histograms:
+    """Running ``max|x|``, exponent, counts and exact zeros per tensor.
+
+    With ``hist_elements`` > 0, subsampled: the tensors of ``batch_leading`` (leading dim = the
+    batch), or every tensor when ``one_sample_calls`` (each model call holds one sample)."""
+
+    def __init__(self, tensors, num_bins: int, hist_elements: int = 0, batch_leading: Optional[set] = None,
+                 one_sample_calls: bool = False):
+        if not is_pow2(int(num_bins)):
+            raise ConfigError(f"one-pass histograms need a power-of-two bin count, got {num_bins}")
+        self.num_bins = int(num_bins)
+        self.hist_elements = int(hist_elements)
+        self.batch_leading = set(batch_leading or ())
+        self.one_sample_calls = bool(one_sample_calls)
+        self.maxima: dict[str, float] = {n: 0.0 for n in tensors}
+        self.exponents: dict[str, Optional[int]] = {n: None for n in tensors}
+        self.counts: dict[str, np.ndarray] = {n: np.zeros(self.num_bins, dtype=np.int64) for n in tensors}
+        self.zeros: dict[str, int] = {n: 0 for n in tensors}
+        self.strides: dict[str, int] = {}  # the stride each subsampled tensor took (for the log)
+
+    @property
+    def tops(self) -> dict[str, float]:
+        """Upper edge of each histogram (0.0 for a tensor that was all zeros)."""
+        return {n: (math.ldexp(1.0, e) if e is not None else 0.0) for n, e in self.exponents.items()}
+
+    def _raise_to(self, name: str, e: int) -> None:
+        old = self.exponents[name]
+        if old is None:
+            self.exponents[name] = e  # only zeros so far: they stay in bin 0
+        elif e > old:
+            self.counts[name] = regrow(self.counts[name], e - old)
+            self.exponents[name] = e
+
+    def _stride(self, name: str, a: np.ndarray) -> tuple[np.ndarray, int]:
+        """(rows [R, n], stride): each row one sample, every stride-th element of it counted."""
+        if self.hist_elements > 0 and a.ndim >= 1 and (self.one_sample_calls or name in self.batch_leading):
+            rows = 1 if self.one_sample_calls else a.shape[0]
+            k = stride_for(a.size // rows, self.hist_elements)
+            if k > 1:
+                self.strides[name] = k
+                return np.ascontiguousarray(a).reshape(rows, -1), k
+        return np.ascontiguousarray(a).reshape(1, -1), 1
+
+    def update_batch(self, arrays: Mapping[str, np.ndarray]) -> None:
+        work = []
+        for name, array in arrays.items():
+            if name not in self.counts:
+                raise ValueError(f"tensor '{name}' is not collected")
+            a = np.asarray(array)
+            if a.size == 0:
+                continue
+            if a.dtype.kind not in "fiub":
+                raise DataError(f"activation '{name}' has non-numeric dtype {a.dtype}", "calibrate float tensors only")
+            work.append((name, a))
+        tasks = [(name, p) for name, a in work for p in kernels.parts(a.reshape(-1))]
+        extremes = kernels.parallel_map(lambda t: kernels.abs_max_min(t[1]), tasks)
+        batch_max: dict[str, float] = {}
+        for (name, _), (hi, lo) in zip(tasks, extremes):
+            if not (math.isfinite(hi) and math.isfinite(lo)):
+                raise nonfinite_error(name)
+            batch_max[name] = max(batch_max.get(name, 0.0), hi, -lo)
+        for name, m in batch_max.items():
+            if m > self.maxima[name]:
+                self.maxima[name] = m
+            e = exponent_of(m)
+            if e is not None:
+                self._raise_to(name, e)
+        hist_tasks, special = [], []
+        for name, a in work:
+            e = self.exponents[name]
+            rows, k = self._stride(name, a)
+            if e is None:  # all zeros so far
+                n = rows.shape[0] * -(-rows.shape[1] // k)
+                self.counts[name][0] += n
+                self.zeros[name] += n
+            elif _MIN_EXP <= e <= _MAX_EXP:
+                scale = np.float32(math.ldexp(float(self.num_bins), -e))
+                if k == 1:
+                    hist_tasks += [(name, scale, p, 1) for p in kernels.parts(rows.reshape(-1))]
+                else:  # one task counts about PART elements: the rows of a strided tensor share tasks
+                    per_task = max(1, kernels.PART // -(-rows.shape[1] // k))
+                    hist_tasks += [(name, scale, rows[i:i + per_task], k) for i in range(0, rows.shape[0], per_task)]
+            else:
+                special.append((name, rows[:, ::k].reshape(-1)))
+        nb = self.num_bins
+
+        def count(task):
+            _, scale, block, k = task
+            c = np.zeros(nb, dtype=np.int64)
+            z, flags = kernels.histogram_into(block, scale, c, k)
+            return c, z, flags
+
+        for (name, *_), (c, z, flags) in zip(hist_tasks, kernels.parallel_map(count, hist_tasks)):
+            if flags & kernels.NONFINITE:
+                raise nonfinite_error(name)
+            self.counts[name] += c
+            self.zeros[name] += z
+        for name, sel in special:
+            self._count_float64(name, sel)
+
+    def _count_float64(self, name: str, sel: np.ndarray) -> None:
+        """Exponents where ``num_bins * 2**-e`` is not a normal float32: the same bins in float64."""
+        x = np.abs(sel, dtype=np.float64)
+        y = np.ldexp(x, -self.exponents[name]) * self.num_bins
+        k = np.minimum(y, self.num_bins - 1).astype(np.intp)
+        self.counts[name] += np.bincount(k, minlength=self.num_bins)
+        self.zeros[name] += int(x.size - np.count_nonzero(x))
+
+
+def merge_into(target: Pow2Histograms, maxima: Mapping[str, float], tops: Mapping[str, float],
+               counts: Mapping[str, np.ndarray], zeros: Mapping[str, int]) -> None:
+    """Add saved pow2 statistics (another shard's) to ``target``: ranges raised to the larger one."""
+    for name in target.counts:
+        top = float(tops[name])
+        e = exponent_of(top) - 1 if top > 0 else None  # top = 2**e exactly
+        c = np.asarray(counts[name], dtype=np.int64)
+        if e is not None:
+            mine = target.exponents[name]
+            if mine is not None and mine > e:
+                c = regrow(c, mine - e)
+            else:
+                target._raise_to(name, e)
+        target.counts[name] = target.counts[name] + c
+        target.zeros[name] += int(zeros.get(name, 0))
+        target.maxima[name] = max(target.maxima[name], float(maxima[name]))
