@@ -130,6 +130,15 @@ MUTATIONS: list[Mutation] = [
       "limit=limit)", ("tests/quantize/test_rounding.py",)),
     M("probe-skipped-at-one-row", "trtq/calib/widen.py", "    if rows == 1:", "    if rows == 0:",
       ("tests/calib/test_budget.py",)),
+    # one-pass histograms: a range that grows must merge runs of bins, not keep the old counts
+    M("pow2-regrow-merges", "trtq/calib/pow2.py", "            self.counts[name] = regrow(self.counts[name], e - old)",
+      "            pass", ("tests/calib/test_pow2.py",)),
+    # the stride is per sample: a whole-batch stride would depend on the batch size
+    M("pow2-stride-per-sample", "trtq/calib/pow2.py", "            rows = 1 if self.one_sample_calls else a.shape[0]",
+      "            rows = 1", ("tests/calib/test_pow2.py",)),
+    # a prime stride: the smallest integer would line up with rows and channels
+    M("pow2-stride-prime", "trtq/calib/pow2.py", "        if all(k % p for p in range(2, int(math.isqrt(k)) + 1)):",
+      "        if True:", ("tests/calib/test_pow2.py",)),
 ]
 
 
