@@ -137,8 +137,11 @@ MUTATIONS: list[Mutation] = [
     M("pow2-stride-per-sample", "trtq/calib/pow2.py", "            rows = 1 if self.one_sample_calls else a.shape[0]",
       "            rows = 1", ("tests/calib/test_pow2.py",)),
     # a prime stride: the smallest integer would line up with rows and channels
-    M("pow2-stride-prime", "trtq/calib/pow2.py", "        if all(k % p for p in range(2, int(math.isqrt(k)) + 1)):",
-      "        if True:", ("tests/calib/test_pow2.py",)),
+    M("pow2-stride-prime", "trtq/calib/pow2.py", "        if all(k % p for p in range(2, int(math.isqrt(k)) + 1)) and all(",
+      "        if True and all(", ("tests/calib/test_pow2.py",)),
+    # a stride that divides a row length samples the same columns (EfficientNet's padding column)
+    M("pow2-stride-not-a-dim", "trtq/calib/pow2.py", " and all(int(d) % k for d in dims if int(d) > 0):",
+      ":", ("tests/calib/test_pow2.py",)),
 ]
 
 

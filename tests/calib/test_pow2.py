@@ -96,10 +96,30 @@ def test_stride_is_the_smallest_prime_within_the_cap(n, cap):
     assert not any(_is_prime(j) and -(-n // j) <= cap for j in range(2, k))
 
 
+def test_stride_never_divides_a_dim_of_the_sample():
+    # 4 x 11 x 11 with a cap of 44: the smallest prime within the cap is 11, the row length
+    assert P.stride_for(484, 44) == 11
+    k = P.stride_for(484, 44, (4, 11, 11))
+    assert k == 13 and all(d % k for d in (4, 11, 11))
+
+
+def test_a_padded_map_is_not_sampled_on_its_padding_column():
+    """Column 0 of every row is zero padding (as in EfficientNet-Lite0's padded depthwise inputs):
+    a stride equal to the row length would see only the padding."""
+    rng = np.random.default_rng(8)
+    x = np.abs(rng.standard_normal((6, 4, 11, 11))).astype(np.float32) + 1.0
+    x[..., 0] = 0.0
+    h = _fold([x], hist_elements=44, batch_leading={"t"})
+    assert h.strides == {"t": 13}
+    zeros, total = h.zeros["t"], int(h.counts["t"].sum())
+    assert total == 6 * -(-484 // 13)
+    assert 0.04 < zeros / total < 0.15  # about the 1/11 of the data that is padding
+
+
 def test_subsample_is_every_kth_element_of_each_sample_whatever_the_batching():
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((10, 4, 5, 6)) * 3).astype(np.float32)  # 120 elements a sample
-    k = P.stride_for(120, 16)
+    k = P.stride_for(120, 16, (4, 5, 6))
     picked = np.concatenate([s.reshape(-1)[::k] for s in x])
     counts, _, _, _ = _reference(np.concatenate([picked, [np.abs(x).max()]]))  # the range comes from every element
     counts[np.floor(np.abs(x).max() / 2 ** math.ceil(math.log2(np.abs(x).max())) * NB).astype(int)] -= 1

@@ -59,6 +59,22 @@ def parallel_map(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
     return list(_pool.map(fn, items))
 
 
+def map_bundled(fn: Callable[[T], R], items: list, sizes: list, least: int = PART // 8) -> list[R]:
+    """``[fn(x) for x in items]`` on the pool, consecutive items bundled into tasks of at least
+    ``least`` elements (by ``sizes``): thousands of small tensors cost one task each otherwise."""
+    bundles, current, total = [], [], 0
+    for item, size in zip(items, sizes):
+        current.append(item)
+        total += int(size)
+        if total >= least:
+            bundles.append(current)
+            current, total = [], 0
+    if current:
+        bundles.append(current)
+    results = parallel_map(lambda bundle: [fn(x) for x in bundle], bundles)
+    return [r for chunk in results for r in chunk]
+
+
 def parts(flat: np.ndarray, size: int = PART) -> list[np.ndarray]:
     """Contiguous views of ``flat`` of at most ``size`` elements."""
     return [flat[i:i + size] for i in range(0, flat.size, size)] or [flat]

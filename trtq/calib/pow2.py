@@ -16,9 +16,9 @@ Resolution: the final range is below ``2 * max``, so bins are at most twice as w
 
 Histogramming every element is most of calibration's cost on convolutional models; with
 ``hist_elements`` set, a tensor whose leading dim is the batch takes every ``k``-th element of
-each sample (``k`` the smallest prime with ``elements / k <= hist_elements``; a prime stride does
-not line up with rows or channels). The subset depends only on the sample, never on how samples
-are batched. The max is always over every element.
+each sample (``k`` the smallest prime with ``elements / k <= hist_elements`` that divides no dim
+of the sample, so that it does not line up with rows or columns). The subset depends only on the
+sample, never on how samples are batched. The max is always over every element.
 """
 import math
 from collections.abc import Mapping
@@ -59,14 +59,16 @@ def regrow(counts: np.ndarray, d: int) -> np.ndarray:
     return out
 
 
-def stride_for(elements: int, cap: int) -> int:
+def stride_for(elements: int, cap: int, dims=()) -> int:
     """1 when ``elements <= cap`` (or cap is 0: everything), else the smallest prime ``k`` with
-    ``ceil(elements / k) <= cap``."""
+    ``ceil(elements / k) <= cap`` that divides none of the sample's ``dims``: a stride that divides
+    a row length would visit the same columns of every row (measured: EfficientNet-Lite0's padded
+    11 x 11 maps sampled on a stride of 11 saw only the zero padding column and got 8% ranges)."""
     if cap <= 0 or elements <= cap:
         return 1
     k = max(2, -(-elements // cap))
     while True:
-        if all(k % p for p in range(2, int(math.isqrt(k)) + 1)):
+        if all(k % p for p in range(2, int(math.isqrt(k)) + 1)) and all(int(d) % k for d in dims if int(d) > 0):
             return k
         k += 1
 
@@ -108,7 +110,7 @@ class Pow2Histograms:
         """(rows [R, n], stride): each row one sample, every stride-th element of it counted."""
         if self.hist_elements > 0 and a.ndim >= 1 and (self.one_sample_calls or name in self.batch_leading):
             rows = 1 if self.one_sample_calls else a.shape[0]
-            k = stride_for(a.size // rows, self.hist_elements)
+            k = stride_for(a.size // rows, self.hist_elements, a.shape if self.one_sample_calls else a.shape[1:])
             if k > 1:
                 self.strides[name] = k
                 return np.ascontiguousarray(a).reshape(rows, -1), k
@@ -126,7 +128,7 @@ class Pow2Histograms:
                 raise DataError(f"activation '{name}' has non-numeric dtype {a.dtype}", "calibrate float tensors only")
             work.append((name, a))
         tasks = [(name, p) for name, a in work for p in kernels.parts(a.reshape(-1))]
-        extremes = kernels.parallel_map(lambda t: kernels.abs_max_min(t[1]), tasks)
+        extremes = kernels.map_bundled(lambda t: kernels.abs_max_min(t[1]), tasks, [p.size for _, p in tasks])
         batch_max: dict[str, float] = {}
         for (name, _), (hi, lo) in zip(tasks, extremes):
             if not (math.isfinite(hi) and math.isfinite(lo)):
@@ -163,7 +165,8 @@ class Pow2Histograms:
             z, flags = kernels.histogram_into(block, scale, c, k)
             return c, z, flags
 
-        for (name, *_), (c, z, flags) in zip(hist_tasks, kernels.parallel_map(count, hist_tasks)):
+        counted = [t[2].shape[0] * -(-t[2].shape[-1] // t[3]) if t[2].ndim == 2 else t[2].size for t in hist_tasks]
+        for (name, *_), (c, z, flags) in zip(hist_tasks, kernels.map_bundled(count, hist_tasks, counted)):
             if flags & kernels.NONFINITE:
                 raise nonfinite_error(name)
             self.counts[name] += c
