@@ -66,7 +66,9 @@ def test_json_ranges_are_the_caches_each_method_writes(trtq, run, tmp_path):
         assert rows[name]["amax"] == a
         assert rows[name]["step"] == pytest.approx(a / 127)
     assert rep["provenance"]["method"] == "mse"
-    assert (tmp_path / "r.html").is_file()
+    assert rep["provenance"]["histograms"].startswith("one pass, power-of-two ranges; ")
+    assert rep2["provenance"]["histograms"] == "two passes, [0, max] ranges"  # entropy's, from its stats file
+    assert "histograms: one pass" in (tmp_path / "r.html").read_text(encoding="utf-8")
 
 
 def test_clipped_fraction_and_histogram_match_the_activations(trtq, run, tmp_path):

@@ -150,6 +150,19 @@ def latency_section(bench: Any, path: Path) -> dict:
     return {"runtime": runtime, "plans": plans}
 
 
+def _histograms_line(meta: dict, st) -> Optional[str]:
+    """How the histograms were collected, from the provenance (or the statistics file)."""
+    hist = ((meta.get("collection") or {}).get("histograms")) if isinstance(meta.get("collection"), dict) else None
+    if isinstance(hist, dict) and hist.get("edges") == "pow2":
+        cap = hist.get("hist_elements")
+        stride = (f"{hist.get('subsampled_tensors')} tensors on a per-sample stride past {cap} elements"
+                  if cap else "every element")
+        return f"one pass, power-of-two ranges; {stride}"
+    if st is not None:
+        return "one pass, power-of-two ranges" if st.edges == "pow2" else "two passes, [0, max] ranges"
+    return None
+
+
 def build_report(cache: Path, stats: Optional[Path] = None, compare: Optional[Path] = None,
                  quantize: Optional[Path] = None, bench: Optional[Path] = None) -> dict:
     """The report's data; InputError / CacheError (one line, with the fix) on a bad or foreign input."""
@@ -184,6 +197,8 @@ def build_report(cache: Path, stats: Optional[Path] = None, compare: Optional[Pa
             "method": method.get("name"),
             "percentile": percentile,
             "num_bins": method.get("num_bins") or (st.num_bins if st is not None else None),
+            # one pass over power-of-two ranges (mse / percentile) or two over [0, max]
+            "histograms": _histograms_line(meta, st),
             "model": model.get("path"),
             "model_sha256": model.get("sha256"),
             "data_fingerprint": data.get("fingerprint"),

@@ -286,7 +286,8 @@ def _provenance(p: dict) -> str:
         ("model", f"{_e(p.get('model'))} <span class=muted>sha256 {_e((p.get('model_sha256') or '')[:16])}</span>"),
         ("data", f"{_e(p.get('samples'))} samples, fingerprint {_e((p.get('data_fingerprint') or '')[:16])}"
                  + (f", merged from {_e(p.get('shards'))} shards" if p.get("shards") else "")),
-        ("method", f"{_e(p.get('method'))} (percentile {_e(p.get('percentile'))}, {_e(p.get('num_bins'))} bins)"),
+        ("method", f"{_e(p.get('method'))} (percentile {_e(p.get('percentile'))}, {_e(p.get('num_bins'))} bins)"
+                   + (f"; histograms: {_e(p.get('histograms'))}" if p.get("histograms") else "")),
         ("cache", f"{_e(p.get('cache'))}: {_e(p.get('algorithm'))}, written for TensorRT {_e(p.get('trt_version'))}"),
         ("tools", f"calibrated by {_e(p.get('calibrated_by'))}; report by {_e(p.get('report_by'))}"),
         ("statistics", _e(p.get("stats") or "none (pass --stats for histograms)")),
