@@ -16,9 +16,10 @@ and the table prints wall time and peak RSS next to the goals of issue 13: calib
 <= 3x inference, its peak RSS <= 1.5x inference's plus the histogram state (tensors x 2048 bins x 8
 bytes, printed). Start-up and imports are inside every case alike.
 
-``--repeats N`` runs every case N times (median wall time, largest peak RSS): the inference floor
-moves by 20-40% between single runs on a shared 2-core box. ``--hist-all`` adds ``trtq-mse-all``
-(one pass, every element histogrammed: ``--hist-elements 0``);
+``--qdq`` adds ``trtq-mse-qdq`` (``--tensors qdq``: only the activations trtq quantize places Q/DQ
+on, all an explicit build reads). ``--repeats N`` runs every case N times (median wall time,
+largest peak RSS): the inference floor moves by 20-40% between single runs on a shared 2-core box.
+``--hist-all`` adds ``trtq-mse-all`` (one pass, every element histogrammed: ``--hist-elements 0``);
 ``--max-memory SIZE`` adds a ``trtq-mse-SIZE`` case (tensor groups); ``--batch1`` adds PP-OCR cls
 re-declared with a fixed batch of 1 (``pp-ocr-cls-b1``: inference one image per call, trtq fed in
 batches after its probe, and ``trtq-mse-b1`` forced to one sample per call with --batch-size 1);
@@ -193,6 +194,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--batch1", action="store_true", help="also PP-OCR cls with a fixed batch of 1")
     ap.add_argument("--search", action="store_true", help="time the range search alone, old vs new")
     ap.add_argument("--main-python", help="also run mse with this Python's trtq (e.g. main's venv), side by side")
+    ap.add_argument("--qdq", action="store_true",
+                    help="also run mse with --tensors qdq (only the activations quantize places Q/DQ on)")
     ap.add_argument("--hist-all", action="store_true",
                     help="also run mse with --hist-elements 0 (one pass, every element histogrammed)")
     a = ap.parse_args(argv)
@@ -217,6 +220,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         runs = [("trtq-" + m, m, batch, ()) for m in a.methods.split(",")]
         if a.main_python:
             runs.insert(0, ("main-mse", "mse", batch, ()))
+        if a.qdq:
+            runs.append(("trtq-mse-qdq", "mse", batch, ("--tensors", "qdq")))
         if a.hist_all:
             runs.append(("trtq-mse-all", "mse", batch, ("--hist-elements", "0")))
         if a.max_memory:

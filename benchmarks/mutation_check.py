@@ -139,6 +139,15 @@ MUTATIONS: list[Mutation] = [
     # a prime stride: the smallest integer would line up with rows and channels
     M("pow2-stride-prime", "trtq/calib/pow2.py", "        if all(k % p for p in range(2, int(math.isqrt(k)) + 1)) and all(",
       "        if True and all(", ("tests/calib/test_pow2.py",)),
+    # a --tensors qdq cache has no range for most tensors: an implicit build must refuse it
+    M("qdq-cache-not-implicit", "trtq/pipeline/build.py",
+      'if ((prov.get("collection") or {}).get("tensors")) == "qdq":', "if False:",
+      ("tests/pipeline/test_calibrate_qdq_tensors.py",)),
+    # the qdq set is the activation pairs of the plan, not the weights too
+    M("qdq-tensors-activations-only", "trtq/quantize/__init__.py",
+      "wanted = {pair.tensor for pair in plan.pairs.values() if not pair.weight}",
+      "wanted = {pair.tensor for pair in plan.pairs.values()} | set(available[:3])",
+      ("tests/pipeline/test_calibrate_qdq_tensors.py",)),
     # a stride that divides a row length samples the same columns (EfficientNet's padding column)
     M("pow2-stride-not-a-dim", "trtq/calib/pow2.py", " and all(int(d) % k for d in dims if int(d) > 0):",
       ":", ("tests/calib/test_pow2.py",)),

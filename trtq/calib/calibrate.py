@@ -167,9 +167,12 @@ class _Stream:
 def run_calibration(
     cfg: TrtqConfig, progress: Optional[ProgressFn] = None, write: bool = True,
     shard: Optional[tuple[int, int]] = None, ranges: Optional[Path] = None, keep_batches: Optional[Path] = None,
+    selection: Optional[str] = None,
 ) -> CalibrationResult:
     """Calibrate ``cfg.model`` on ``cfg.data`` with ``cfg.calibrate`` and write the cache.
 
+    ``selection``: how ``calibrate.tensors`` was chosen, for the provenance (``"qdq"``: the
+    activations trtq quantize places Q/DQ on; implicit builds refuse such a cache).
     ``shard=(I, N)``: only shard I of N of the samples (trtq.calib.shard); writes the statistics
     file (``--save-stats``, required) and no cache: pass 1 (maxima) alone, or with ``ranges`` (a
     merged pass-1 file) pass 2 alone, histograms over those ranges. ``keep_batches``: pass 1 writes
@@ -212,7 +215,9 @@ def run_calibration(
     provenance = build_provenance(cfg, run.model_path, run.specs, run.batcher, stream.samples, run.trt_version,
                                   run.algorithm, amax)
     provenance["collection"] = {"tensor_groups": run.tensor_groups, "rows_per_call": run.rows_per_call,
-                                "fixed_batch_1": run.feed_mode}
+                                "fixed_batch_1": run.feed_mode,
+                                # which tensors: all, a --tensors list, or "qdq" (what quantize reads)
+                                "tensors": selection or ("listed" if opts.tensors else "all")}
     if run.one_pass:
         provenance["collection"]["histograms"] = {"edges": "pow2", "hist_elements": opts.hist_elements,
                                                   "subsampled_tensors": run.subsampled}

@@ -60,6 +60,7 @@ def build_engine(
     profiles = resolve_profiles(input_specs(model), options.profiles, data_options.shapes, data_options.batch_size,
                                 fallback)
     if options.precision == "int8" and options.mode == "implicit":
+        _refuse_qdq_only_cache(cache_path)
         unused = explicit_only_settings(quantize_options)
         if unused:
             log.warning("build.mode implicit builds the FP32 model with TensorRT's calibrator: %s apply only to "
@@ -80,6 +81,20 @@ def build_engine(
     del model
     return build_plan(trt, recipe, network_model, model_path, output, options, profiles, table=table,
                       cache_path=cache_path, quant_info=quant_info, started=t0)
+
+
+def _refuse_qdq_only_cache(cache_path: Optional[Path]) -> None:
+    """An implicit build needs a range for every tensor TensorRT runs in INT8; a cache calibrated
+    with ``--tensors qdq`` has only the ones an explicit build reads."""
+    if cache_path is None:
+        return
+    from trtq.calib.cache import read_provenance
+
+    prov = read_provenance(Path(cache_path)) or {}
+    if ((prov.get("collection") or {}).get("tensors")) == "qdq":
+        raise UsageError(f"{Path(cache_path).name} was calibrated with --tensors qdq: it has ranges only for the "
+                         "activations Q/DQ placement reads, and an implicit build needs every tensor's",
+                         "build explicitly (drop --mode implicit), or calibrate without --tensors qdq")
 
 
 def _read_cache(cache_path: Optional[Path], model_path: Path, allow_stale: bool) -> tuple[Any, dict[str, Any]]:

@@ -17,11 +17,42 @@ log = logging.getLogger(__name__)
 def calibrate(cfg: Any, progress: Any = None, shard: tuple[int, int] | None = None,
               ranges: Path | None = None, keep_batches: Path | None = None) -> Any:
     """Calibrate ``cfg.model`` on ``cfg.data`` with the configured backend; a CalibrationResult."""
+    selection = None
+    if QDQ_TENSORS in cfg.calibrate.tensors:
+        cfg, selection = _qdq_tensors(cfg), QDQ_TENSORS
     if cfg.calibrate.backend == "tensorrt":
         return calibrate_with_tensorrt(cfg)
     from trtq.calib.calibrate import run_calibration
 
-    return run_calibration(cfg, progress=progress, shard=shard, ranges=ranges, keep_batches=keep_batches)
+    return run_calibration(cfg, progress=progress, shard=shard, ranges=ranges, keep_batches=keep_batches,
+                           selection=selection)
+
+
+# --tensors qdq: only the activations trtq quantize places Q/DQ on (an explicit build reads no other)
+QDQ_TENSORS = "qdq"
+
+
+def _qdq_tensors(cfg: Any) -> Any:
+    """``cfg`` with ``calibrate.tensors`` = the activations quantize's placement reads."""
+    import dataclasses
+
+    from trtq.errors import ModelError
+    from trtq.model import load_model
+    from trtq.quantize import planned_activations
+
+    if list(cfg.calibrate.tensors) != [QDQ_TENSORS]:
+        raise UsageError(f"--tensors {QDQ_TENSORS} stands alone", f"pass --tensors {QDQ_TENSORS}, or a list of names")
+    if cfg.calibrate.backend == "tensorrt":
+        raise UsageError(f"--tensors {QDQ_TENSORS} is for the onnxruntime backend",
+                         "TensorRT's calibrator ranges every tensor: drop --tensors or --backend tensorrt")
+    if not cfg.model:
+        raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
+    tensors = planned_activations(load_model(cfg.model))
+    if not tensors:
+        raise ModelError(f"{Path(cfg.model).name}: trtq quantize would place no Q/DQ pair on an activation",
+                         "calibrate every tensor (drop --tensors qdq)")
+    log.info("--tensors qdq: %d activations that quantize places Q/DQ on", len(tensors))
+    return dataclasses.replace(cfg, calibrate=dataclasses.replace(cfg.calibrate, tensors=tuple(tensors)))
 
 
 def calibrate_with_tensorrt(cfg: Any) -> Any:

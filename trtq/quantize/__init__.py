@@ -127,6 +127,20 @@ def quantize_model(
     )
 
 
+def planned_activations(model: onnx.ModelProto) -> list[str]:
+    """The activations trtq's default placement puts a Q/DQ pair on (the inputs of Conv, Gemm,
+    MatMul, residual Adds ... as :func:`quantize_model` with default options would), in the
+    model's topological order: all an explicit (Q/DQ) build reads from a calibration cache.
+    ``calibrate --tensors qdq`` calibrates only these."""
+    from trtq.model import calibratable_tensors
+
+    available = calibratable_tensors(model)
+    prepared, _ = prepare_model(model)
+    plan = make_plan(GraphIndex(prepared), {t: 1.0 for t in available}, (), True, None, {})
+    wanted = {pair.tensor for pair in plan.pairs.values() if not pair.weight}
+    return [t for t in available if t in wanted]
+
+
 def _refuse_unfit(model: onnx.ModelProto, amax: Mapping[str, float]) -> None:
     """Refuse a model that is quantized already, and a cache with unusable values or for another model."""
     if is_quantized(model):

@@ -1,0 +1,64 @@
+"""``calibrate --tensors qdq``: only the activations trtq quantize places Q/DQ on, on the bundled
+real model; checked against the Q/DQ model a full cache gives (an independent reading of its
+QuantizeLinear nodes), and refused where it cannot serve (implicit builds, TensorRT's backend)."""
+import json
+
+import onnx
+import pytest
+
+from tests.conftest import SAMPLE_IMAGES, SAMPLE_MODEL
+from trtq.calib.cache import read_cache
+
+
+def _qdq_activation_inputs(path) -> set:
+    m = onnx.load(str(path))
+    static = {i.name for i in m.graph.initializer} | {o for n in m.graph.node if n.op_type == "Constant"
+                                                       for o in n.output}
+    return {n.input[0] for n in m.graph.node if n.op_type == "QuantizeLinear" and n.input[0] not in static}
+
+
+@pytest.fixture(scope="module")
+def caches(tmp_path_factory):
+    from trtq.cli import main
+
+    root = tmp_path_factory.mktemp("qdq_tensors")
+    out = {}
+    for name, extra in (("full", []), ("qdq", ["--tensors", "qdq"]), ("listed", ["--tensors", "x"])):
+        path = root / f"{name}.cache"
+        try:
+            main(["calibrate", "--model", str(SAMPLE_MODEL), "--data", str(SAMPLE_IMAGES), "--preprocess",
+                  "imagenet", "--limit", "16", "-o", str(path), "-q", *extra])
+        except SystemExit as e:
+            assert e.code in (0, None)
+        out[name] = path
+    return root, out
+
+
+def test_qdq_cache_holds_what_quantize_reads(trtq, caches, sample_model):
+    root, c = caches
+    full, qdq = read_cache(c["full"]).amax, read_cache(c["qdq"]).amax
+    r = trtq(["quantize", "--model", sample_model, "--cache", c["full"], "-o", root / "full.qdq.onnx", "--json"])
+    assert r.code == 0, r
+    wanted = _qdq_activation_inputs(root / "full.qdq.onnx")
+    assert set(qdq) == wanted and 0 < len(qdq) < len(full) / 2
+    for t in qdq:
+        assert qdq[t] == pytest.approx(full[t], rel=1e-6), t
+    r2 = trtq(["quantize", "--model", sample_model, "--cache", c["qdq"], "-o", root / "qdq.qdq.onnx", "--json"])
+    assert r2.code == 0, r2
+    assert json.loads(r2.out)["quantized"] == json.loads(r.out)["quantized"]
+    assert _qdq_activation_inputs(root / "qdq.qdq.onnx") == wanted
+    prov = {k: json.loads((c[k].parent / f"{c[k].name}.json").read_text())["collection"]["tensors"] for k in c}
+    assert prov == {"full": "all", "qdq": "qdq", "listed": "listed"}
+
+
+def test_qdq_cache_is_refused_where_it_cannot_serve(trtq, caches, sample_model, sample_images, tmp_path):
+    root, c = caches
+    plan = tmp_path / "m.plan"
+    r = trtq(["build", "--model", sample_model, "--cache", c["qdq"], "--mode", "implicit", "-o", plan])
+    assert r.code == 2 and "--tensors qdq" in r.err and "drop --mode implicit" in r.err and not plan.exists()
+    base = ["calibrate", "--model", sample_model, "--data", sample_images, "--preprocess", "imagenet", "--limit", "4"]
+    r = trtq(base + ["--tensors", "qdq,x", "-o", tmp_path / "a.cache"])
+    assert r.code == 2 and "stands alone" in r.err
+    r = trtq(base + ["--tensors", "qdq", "--backend", "tensorrt", "--method", "entropy", "-o", tmp_path / "b.cache"])
+    assert r.code == 2 and "onnxruntime backend" in r.err
+    assert not list(tmp_path.glob("*.cache"))
