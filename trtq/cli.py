@@ -462,7 +462,8 @@ _calibration = _option_group(
                       "stride (default 65536; 0: every element). The max always sees every element."),
     click.option("--tensors", multiple=True, metavar="NAMES",
                  help="Only these tensors (comma-separated or repeated); 'qdq': only the activations trtq "
-                      "quantize places Q/DQ on (explicit builds; ~15-20% of the tensors, 2x faster)."),
+                      "quantize places Q/DQ on (explicit builds; ~15-50% of the tensors, up to 2x faster; the "
+                      "default for a cache written for TensorRT >= 11); 'all': every tensor."),
     click.option("-o", "--output", type=click.Path(dir_okay=False), help="Cache path (default calibration.cache)."),
     click.option("--trt-version",
                  help="TensorRT version the cache header is written for (default: installed, else 10.16.0)."),
@@ -647,7 +648,10 @@ def inspect_cache(cache, common, model, other, sort_key, top):
     if model:
         from trtq.model import load_model
 
-        result["model_check"] = ic.check_against_model(table, load_model(model))
+        from trtq.calib.cache import read_provenance
+
+        selection = ((read_provenance(Path(cache)) or {}).get("collection") or {}).get("tensors")
+        result["model_check"] = ic.check_against_model(table, load_model(model), selection)
     if other:
         result["diff"] = ic.diff(table, ic.load_for_inspection(Path(other)), sort=sort_key, top=top)
     _emit(st, ic.to_jsonable(result), ic.render_text(result))

@@ -62,3 +62,28 @@ def test_qdq_cache_is_refused_where_it_cannot_serve(trtq, caches, sample_model, 
     r = trtq(base + ["--tensors", "qdq", "--backend", "tensorrt", "--method", "entropy", "-o", tmp_path / "b.cache"])
     assert r.code == 2 and "onnxruntime backend" in r.err
     assert not list(tmp_path.glob("*.cache"))
+
+
+def test_inspect_cache_names_the_qdq_set(trtq, caches, sample_model):
+    root, c = caches
+    r = trtq(["inspect-cache", c["qdq"], "--model", sample_model, "--json"])
+    assert r.code == 0, r
+    check = json.loads(r.out)["model_check"]
+    assert check["verdict"] == "qdq-set" and "--tensors qdq" in check["message"]
+    assert check["covered"] == len(read_cache(c["qdq"]).amax)
+    r = trtq(["inspect-cache", c["listed"], "--model", sample_model, "--json"])
+    assert json.loads(r.out)["model_check"]["verdict"] == "incomplete"  # a hand-picked list stays a gap
+
+
+def test_a_cache_for_tensorrt_11_calibrates_the_qdq_set_unless_told_all(trtq, caches, sample_model, sample_images,
+                                                                       tmp_path):
+    """TensorRT 11 has no implicit INT8: its cache is only read through Q/DQ placement."""
+    root, c = caches
+    base = ["calibrate", "--model", sample_model, "--data", sample_images, "--preprocess", "imagenet", "--limit", "16"]
+    for extra, expected, names in (([], "qdq", set(read_cache(c["qdq"]).amax)),
+                                   (["--tensors", "all"], "all", set(read_cache(c["full"]).amax))):
+        out = tmp_path / f"t11-{expected}.cache"
+        r = trtq(base + ["--trt-version", "11.0.0", "-o", out, *extra])
+        assert r.code == 0, r
+        assert set(read_cache(out).amax) == names
+        assert json.loads((tmp_path / f"{out.name}.json").read_text())["collection"]["tensors"] == expected

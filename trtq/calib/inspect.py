@@ -62,7 +62,8 @@ class ModelCheck:
     missing_from_cache: list[str]  # model order
     not_in_model: list[str]  # cache order
     tensorrt_internal: int  # of not_in_model: names TensorRT makes up ((Unnamed Layer* N) ..., ONNXTRT_...)
-    verdict: str  # "complete" | "incomplete" | "unusable" | "no-match"; Q/DQ model: "qdq-same" | "qdq-differs"
+    # "complete" | "incomplete" | "qdq-set" | "unusable" | "no-match"; Q/DQ model: "qdq-same" | "qdq-differs"
+    verdict: str
     message: str
     unusable: list[str] = field(default_factory=list)  # model tensors whose scale cannot be used
     qdq_model: bool = False  # the model has Q/DQ nodes: its activation scales are compared with the cache's
@@ -227,9 +228,11 @@ def check_against_qdq_model(table: CalibrationTable, model) -> ModelCheck:
                       tensorrt_internal=0, verdict=verdict, message=message, qdq_model=True, differing=differing)
 
 
-def check_against_model(table: CalibrationTable, model) -> ModelCheck:
+def check_against_model(table: CalibrationTable, model, selection: Optional[str] = None) -> ModelCheck:
     """Which calibratable tensors of ``model`` (an onnx.ModelProto) the cache covers, and which
-    cache entries the model does not have. A Q/DQ model is checked by :func:`check_against_qdq_model`."""
+    cache entries the model does not have. A Q/DQ model is checked by :func:`check_against_qdq_model`.
+    ``selection``: the provenance's ``collection.tensors``; ``"qdq"`` (calibrate --tensors qdq) makes
+    the uncovered rest expected: verdict ``qdq-set`` instead of ``incomplete``."""
     from trtq.model import calibratable_tensors
     from trtq.model import has_qdq
 
@@ -255,6 +258,13 @@ def check_against_model(table: CalibrationTable, model) -> ModelCheck:
         message = (
             f"{len(unusable)} of the model's tensors have a zero, denormal, huge or non-finite scale "
             f"({_names(unusable, 5)}): trtq quantize refuses this cache"
+        )
+    elif missing and selection == "qdq":
+        verdict = "qdq-set"
+        message = (
+            f"the cache holds the {covered} activations trtq quantize places Q/DQ on (calibrate --tensors qdq): "
+            f"all an explicit build reads; the other {len(missing)} calibratable tensors have no range, so "
+            "an implicit build (build --mode implicit) refuses it"
         )
     elif missing:
         verdict = "incomplete"

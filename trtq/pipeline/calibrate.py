@@ -17,9 +17,7 @@ log = logging.getLogger(__name__)
 def calibrate(cfg: Any, progress: Any = None, shard: tuple[int, int] | None = None,
               ranges: Path | None = None, keep_batches: Path | None = None) -> Any:
     """Calibrate ``cfg.model`` on ``cfg.data`` with the configured backend; a CalibrationResult."""
-    selection = None
-    if QDQ_TENSORS in cfg.calibrate.tensors:
-        cfg, selection = _qdq_tensors(cfg), QDQ_TENSORS
+    cfg, selection = _tensor_selection(cfg)
     if cfg.calibrate.backend == "tensorrt":
         return calibrate_with_tensorrt(cfg)
     from trtq.calib.calibrate import run_calibration
@@ -32,6 +30,37 @@ def calibrate(cfg: Any, progress: Any = None, shard: tuple[int, int] | None = No
 QDQ_TENSORS = "qdq"
 
 
+ALL_TENSORS = "all"
+
+
+def _tensor_selection(cfg: Any) -> tuple[Any, str | None]:
+    """``calibrate.tensors`` resolved: ``all`` (every tensor), ``qdq``, a list of names; empty is
+    every tensor, except for a cache written for TensorRT >= 11, which has no implicit INT8 and so
+    reads only the Q/DQ set."""
+    import dataclasses
+
+    requested = list(cfg.calibrate.tensors)
+    if requested == [ALL_TENSORS]:
+        return dataclasses.replace(cfg, calibrate=dataclasses.replace(cfg.calibrate, tensors=())), None
+    if QDQ_TENSORS in requested or ALL_TENSORS in requested:
+        if len(requested) != 1:
+            raise UsageError(f"--tensors {QDQ_TENSORS} / {ALL_TENSORS} stands alone",
+                             f"pass --tensors {QDQ_TENSORS}, --tensors {ALL_TENSORS}, or a list of names")
+        return _qdq_tensors(cfg), QDQ_TENSORS
+    if not requested and cfg.calibrate.backend == "onnxruntime" and _major(cfg) >= 11:
+        log.info("TensorRT %d has no implicit INT8 calibration: only the activations trtq quantize places Q/DQ "
+                 "on are calibrated (--tensors all for every tensor)", _major(cfg))
+        return _qdq_tensors(cfg), QDQ_TENSORS
+    return cfg, None
+
+
+def _major(cfg: Any) -> int:
+    from trtq.calib.cache import parse_trt_version
+    from trtq.calib.calibrate import resolve_trt_version
+
+    return parse_trt_version(resolve_trt_version(cfg.calibrate.trt_version))[0]
+
+
 def _qdq_tensors(cfg: Any) -> Any:
     """``cfg`` with ``calibrate.tensors`` = the activations quantize's placement reads."""
     import dataclasses
@@ -40,8 +69,6 @@ def _qdq_tensors(cfg: Any) -> Any:
     from trtq.model import load_model
     from trtq.quantize import planned_activations
 
-    if list(cfg.calibrate.tensors) != [QDQ_TENSORS]:
-        raise UsageError(f"--tensors {QDQ_TENSORS} stands alone", f"pass --tensors {QDQ_TENSORS}, or a list of names")
     if cfg.calibrate.backend == "tensorrt":
         raise UsageError(f"--tensors {QDQ_TENSORS} is for the onnxruntime backend",
                          "TensorRT's calibrator ranges every tensor: drop --tensors or --backend tensorrt")
