@@ -20,6 +20,7 @@ each sample (``k`` the smallest prime with ``elements / k <= hist_elements`` tha
 of the sample, so that it does not line up with rows or columns). The subset depends only on the
 sample, never on how samples are batched. The max is always over every element.
 """
+import functools
 import math
 from collections.abc import Mapping
 from typing import Optional
@@ -27,10 +28,9 @@ from typing import Optional
 import numpy as np
 
 from trtq.calib import kernels
-from trtq.calib.stats import nonfinite_error
-from trtq.errors import ConfigError, DataError
+from trtq.calib.stats import batch_extremes, nonfinite_error
+from trtq.errors import ConfigError
 
-EDGES = "pow2"
 # float32 scales num_bins * 2**-e are normal numbers for these exponents; outside, float64 counting
 _MIN_EXP, _MAX_EXP = -100, 128
 
@@ -59,7 +59,8 @@ def regrow(counts: np.ndarray, d: int) -> np.ndarray:
     return out
 
 
-def stride_for(elements: int, cap: int, dims=()) -> int:
+@functools.lru_cache(maxsize=4096)  # asked once per tensor and batch; the answer depends on the shape only
+def stride_for(elements: int, cap: int, dims: tuple = ()) -> int:
     """1 when ``elements <= cap`` (or cap is 0: everything), else the smallest prime ``k`` with
     ``ceil(elements / k) <= cap`` that divides none of the sample's ``dims``: a stride that divides
     a row length would visit the same columns of every row (measured: EfficientNet-Lite0's padded
@@ -110,31 +111,20 @@ class Pow2Histograms:
         """(rows [R, n], stride): each row one sample, every stride-th element of it counted."""
         if self.hist_elements > 0 and a.ndim >= 1 and (self.one_sample_calls or name in self.batch_leading):
             rows = 1 if self.one_sample_calls else a.shape[0]
-            k = stride_for(a.size // rows, self.hist_elements, a.shape if self.one_sample_calls else a.shape[1:])
+            k = stride_for(a.size // rows, self.hist_elements, tuple(a.shape if self.one_sample_calls else a.shape[1:]))
             if k > 1:
                 self.strides[name] = k
                 return np.ascontiguousarray(a).reshape(rows, -1), k
         return np.ascontiguousarray(a).reshape(1, -1), 1
 
     def update_batch(self, arrays: Mapping[str, np.ndarray]) -> None:
-        work = []
-        for name, array in arrays.items():
-            if name not in self.counts:
-                raise ValueError(f"tensor '{name}' is not collected")
-            a = np.asarray(array)
-            if a.size == 0:
-                continue
-            if a.dtype.kind not in "fiub":
-                raise DataError(f"activation '{name}' has non-numeric dtype {a.dtype}", "calibrate float tensors only")
-            work.append((name, a))
-        tasks = [(name, p) for name, a in work for p in kernels.parts(a.reshape(-1))]
-        extremes = kernels.map_bundled(lambda t: kernels.abs_max_min(t[1]), tasks, [p.size for _, p in tasks])
-        batch_max: dict[str, float] = {}
-        for (name, _), (hi, lo) in zip(tasks, extremes):
-            if not (math.isfinite(hi) and math.isfinite(lo)):
-                raise nonfinite_error(name)
-            batch_max[name] = max(batch_max.get(name, 0.0), hi, -lo)
-        for name, m in batch_max.items():
+        unknown = next((name for name in arrays if name not in self.counts), None)
+        if unknown is not None:
+            raise ValueError(f"tensor '{unknown}' is not collected")
+        extremes = batch_extremes(arrays)
+        work = [(name, np.asarray(arrays[name])) for name in extremes]
+        for name, (lo, hi) in extremes.items():
+            m = max(hi, -lo)
             if m > self.maxima[name]:
                 self.maxima[name] = m
             e = exponent_of(m)

@@ -59,6 +59,27 @@ def nonfinite_error(name: str) -> DataError:
 # --------------------------------------------------------------------------------------------
 
 
+def batch_extremes(arrays: Mapping[str, np.ndarray]) -> dict[str, tuple[float, float]]:
+    """Signed ``(min, max)`` of every non-empty array, reduced in parallel (large arrays split,
+    small ones bundled into shared tasks). DataError for a non-numeric dtype or a NaN / Inf."""
+    tasks = []
+    for name, array in arrays.items():
+        a = np.asarray(array)
+        if a.size == 0:
+            continue
+        if a.dtype.kind not in "fiub":
+            raise DataError(f"activation '{name}' has non-numeric dtype {a.dtype}", "calibrate float tensors only")
+        tasks += [(name, p) for p in kernels.parts(a.reshape(-1))]
+    results = kernels.map_bundled(lambda t: kernels.abs_max_min(t[1]), tasks, [p.size for _, p in tasks])
+    out: dict[str, tuple[float, float]] = {}
+    for (name, _), (hi, lo) in zip(tasks, results):
+        if not (math.isfinite(hi) and math.isfinite(lo)):  # NaN propagates through max and min
+            raise nonfinite_error(name)
+        old = out.get(name)
+        out[name] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+    return out
+
+
 class AbsMaxAccumulator:
     """Running ``max|x|`` per tensor (float64). Tensors keep the order in which they were first seen."""
 
@@ -71,20 +92,10 @@ class AbsMaxAccumulator:
 
     def update_batch(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Fold one batch of activations in; the tensors are reduced in parallel."""
-        tasks = []
         for name, array in arrays.items():
-            a = np.asarray(array)
-            if a.size == 0:
+            if np.asarray(array).size == 0:
                 self._max.setdefault(name, 0.0)
-                continue
-            if a.dtype.kind not in "fiub":
-                raise DataError(f"activation '{name}' has non-numeric dtype {a.dtype}", "calibrate float tensors only")
-            tasks += [(name, p) for p in kernels.parts(a.reshape(-1))]
-        results = kernels.parallel_map(lambda t: kernels.abs_max_min(t[1]), tasks)
-        for (name, _), (hi, lo) in zip(tasks, results):
-            # NaN propagates through max and min
-            if not (math.isfinite(hi) and math.isfinite(lo)):
-                raise nonfinite_error(name)
+        for name, (lo, hi) in batch_extremes(arrays).items():
             self._fold(name, max(hi, -lo), (lo, hi))
 
     def _fold(self, name: str, m: float, ext: Optional[tuple[float, float]]) -> None:
@@ -176,7 +187,7 @@ class HistogramAccumulator:
             zeros, flags = kernels.histogram_into(part, self._scale[name], c)
             return c, zeros, flags
 
-        results = kernels.parallel_map(count, tasks)
+        results = kernels.map_bundled(count, tasks, [p.size for _, p in tasks])
         for (name, _), (_, _, flags) in zip(tasks, results):
             if flags & kernels.NONFINITE:
                 raise nonfinite_error(name)
@@ -442,13 +453,19 @@ def mse_amax(counts, max_value: float, start_bin: int = NUM_QUANTIZED_BINS) -> f
     return float(cand[i])
 
 
-def compute_amax(method: str, counts, max_value: float, percentile: float = 99.99, zeros: int = 0) -> float:
+def compute_amax(method: str, counts, max_value: float, percentile: float = 99.99, zeros: int = 0,
+                 top: Optional[float] = None) -> float:
     """amax of one tensor by ``method`` (``max`` ignores ``counts``, which may be None).
 
     ``zeros``: how many of bin 0's values were exactly zero; ``entropy`` leaves them out of the
-    distribution (TensorRT's EntropyCalibration2 behaviour), the other methods count them."""
+    distribution (TensorRT's EntropyCalibration2 behaviour), the other methods count them.
+    ``top``: the histogram's upper edge when it is not ``max_value`` (see :func:`compute_all`)."""
     if method == "max":
         return float(max_value)
+    if top is not None:
+        if method == "entropy":
+            raise ValueError("entropy needs histograms over [0, max], not power-of-two ranges")
+        return min(compute_amax(method, counts, top, percentile, zeros), float(max_value))
     if method not in METHODS:
         raise ConfigError(f"unknown calibration method '{method}'", "use one of: " + ", ".join(METHODS))
     if counts is None:

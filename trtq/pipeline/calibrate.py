@@ -26,10 +26,9 @@ def calibrate(cfg: Any, progress: Any = None, shard: tuple[int, int] | None = No
                            selection=selection)
 
 
-# --tensors qdq: only the activations trtq quantize places Q/DQ on (an explicit build reads no other)
+# --tensors qdq: only the activations trtq quantize places Q/DQ on (an explicit build reads no other);
+# --tensors all: every tensor
 QDQ_TENSORS = "qdq"
-
-
 ALL_TENSORS = "all"
 
 
@@ -47,10 +46,12 @@ def _tensor_selection(cfg: Any) -> tuple[Any, str | None]:
             raise UsageError(f"--tensors {QDQ_TENSORS} / {ALL_TENSORS} stands alone",
                              f"pass --tensors {QDQ_TENSORS}, --tensors {ALL_TENSORS}, or a list of names")
         return _qdq_tensors(cfg), QDQ_TENSORS
-    if not requested and cfg.calibrate.backend == "onnxruntime" and _major(cfg) >= 11:
-        log.info("TensorRT %d has no implicit INT8 calibration: only the activations trtq quantize places Q/DQ "
-                 "on are calibrated (--tensors all for every tensor)", _major(cfg))
-        return _qdq_tensors(cfg), QDQ_TENSORS
+    if not requested and cfg.calibrate.backend == "onnxruntime":
+        major = _major(cfg)
+        if major >= 11:
+            log.info("TensorRT %d has no implicit INT8 calibration: only the activations trtq quantize places "
+                     "Q/DQ on are calibrated (--tensors all for every tensor)", major)
+            return _qdq_tensors(cfg), QDQ_TENSORS
     return cfg, None
 
 

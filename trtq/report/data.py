@@ -63,7 +63,9 @@ def tensor_rows(table, stats, percentile: float) -> list[dict]:
             zeros = int(stats.zeros.get(name, 0))
             # one-pass (power-of-two) histograms: entropy is TensorRT's search over [0, max], not shown
             methods = [meth for meth in METHODS if stats.edges == "max" or meth != "entropy"]
-            ranges = {meth: min(float(compute_amax(meth, counts, top, percentile, zeros)), m) for meth in methods}
+            ranges = {meth: float(compute_amax(meth, counts, m, percentile, zeros,
+                                               top if stats.edges == "pow2" else None))
+                      for meth in methods}
             group = max(1, counts.size // DISPLAY_BINS)
             shown = counts[: counts.size // group * group].reshape(-1, group).sum(axis=1)
             total = int(counts.sum())
