@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from trtq.calib import kernels
 from trtq.calib import pow2 as P
 from trtq.calib import stats as S
 from trtq.calib.batchdim import batch_leading, one_sample_calls
@@ -29,6 +30,19 @@ def _reference(values: np.ndarray, nb: int = NB):
     return np.bincount(k, minlength=nb), top, m, int((a == 0).sum())
 
 
+@pytest.fixture(params=["one-read", "two-reads"])
+def path(request, monkeypatch):
+    """The numba kernel that takes the max and the counts in one read, and the numpy fallback
+    (max first, then counts): the tests hold both to the same references."""
+    if request.param == "one-read":
+        pytest.importorskip("numba")
+        monkeypatch.delenv("TRTQ_NO_NUMBA", raising=False)
+        assert kernels.pow2_kernel() is not None
+    else:
+        monkeypatch.setenv("TRTQ_NO_NUMBA", "1")
+    return request.param
+
+
 def _fold(batches, **kw):
     h = P.Pow2Histograms(["t"], NB, **kw)
     for b in batches:
@@ -37,7 +51,7 @@ def _fold(batches, **kw):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_any_split_and_order_gives_the_histogram_of_the_final_range(seed):
+def test_any_split_and_order_gives_the_histogram_of_the_final_range(seed, path):
     rng = np.random.default_rng(seed)
     # ranges that grow by 1 to 40 binades across batches, with zeros and a ReLU-like half
     parts = [np.maximum(rng.standard_normal((rng.integers(1, 5), 7)), 0) * 10.0 ** rng.uniform(-6, 6)
@@ -50,6 +64,47 @@ def test_any_split_and_order_gives_the_histogram_of_the_final_range(seed):
         assert h.tops["t"] == top and h.maxima["t"] == m and h.zeros["t"] == zeros
 
 
+@pytest.mark.parametrize("cap", [0, 20000, 58, 14])
+def test_one_read_regrows_inside_a_row_and_across_tasks(path, monkeypatch, cap):
+    """Rows longer than the kernel's 4096-element blocks whose range grows block by block (in-row
+    regrow), tensors split into many tasks that each reach their own range (merged by regrow), a
+    start above or below the data's range, and strides past the block size (58, 14: 1039, 4289)."""
+    monkeypatch.setattr(kernels, "PART", 5000)
+    rng = np.random.default_rng(cap)
+    n = 60037
+    x = (rng.standard_normal((3, n)) * np.logspace(-3, 4, n)[None, :]).astype(np.float32)
+    x[:, ::7] = 0.0
+    stride = P.stride_for(n, cap, (n,))
+    assert stride == {0: 1, 20000: 5, 58: 1039, 14: 4289}[cap]
+    picked = x[:, ::stride]
+    expect, top, m, zeros = _reference(np.concatenate([picked.reshape(-1), [np.abs(x).max()]]))
+    expect[min(NB - 1, int(np.abs(x).max() / top * NB))] -= 1  # the max itself, unless picked
+    for batches in ([x], [x[:1], x[1:]], [x[2:], x[:2]]):
+        h = _fold(batches, hist_elements=cap, batch_leading={"t"})
+        assert h.strides == ({"t": stride} if stride > 1 else {})
+        assert np.array_equal(h.counts["t"], expect) and h.tops["t"] == top and h.maxima["t"] == m
+    h = P.Pow2Histograms(["t"], NB)
+    h.update_batch({"t": np.array([1000.0], np.float32)})  # starts above the later data's range
+    h.update_batch({"t": x})
+    both, top2, _, _ = _reference(np.concatenate([x.reshape(-1), [1000.0]]))
+    assert np.array_equal(h.counts["t"], both) and h.tops["t"] == top2
+
+
+@pytest.mark.skipif(kernels.pow2_kernel() is None, reason="numba not installed")
+def test_one_read_kernel_statuses():
+    ok = np.ones((1, 5000), np.float32)
+    for bad in (np.nan, np.inf, -np.inf):
+        x = ok.copy()
+        x[0, 4500] = bad  # in the second block, after one was counted
+        assert kernels.pow2_histogram(x, 1, None, NB, -100)[4] == kernels.POW2_NONFINITE
+    tiny = np.full((1, 10), 1e-35, np.float32)  # 2**-116: below the float32 counting range
+    assert kernels.pow2_histogram(tiny, 1, None, NB, -100)[4] == kernels.POW2_TINY
+    counts, e, m, zeros, status = kernels.pow2_histogram(tiny, 1, 0, NB, -100)  # already counting at 2**0
+    assert status == kernels.POW2_OK and e == 0 and counts[0] == 10 and m == float(np.float32(1e-35))
+    counts, e, m, zeros, status = kernels.pow2_histogram(np.array([[0.0, -0.0]], np.float32), 1, None, NB, -100)
+    assert e is None and counts[0] == 2 and zeros == 2 and m == 0.0
+
+
 def test_regrow_merges_runs_of_bins():
     c = np.arange(NB, dtype=np.int64)
     assert np.array_equal(P.regrow(c, 1)[: NB // 2], c[0::2] + c[1::2])
@@ -58,13 +113,13 @@ def test_regrow_merges_runs_of_bins():
     assert P.regrow(c, 0) is c
 
 
-def test_values_at_a_power_of_two_open_the_next_range():
+def test_values_at_a_power_of_two_open_the_next_range(path):
     h = _fold([np.array([1.0, 0.5, 0.25], np.float32)])
     assert h.tops["t"] == 2.0  # max 1.0 must be strictly below the top
     assert h.counts["t"][NB // 2] == 1 and h.counts["t"][NB // 4] == 1 and h.counts["t"][NB // 8] == 1
 
 
-def test_zero_tensor_then_values_and_tiny_ranges():
+def test_zero_tensor_then_values_and_tiny_ranges(path):
     h = _fold([np.zeros((2, 3), np.float32), np.array([[0.0, 3.0, -1.0]], np.float32)])
     counts, top, _, zeros = _reference(np.array([0, 0, 0, 0, 0, 0, 0, 3, -1.0]))
     assert np.array_equal(h.counts["t"], counts) and h.tops["t"] == top == 4.0 and h.zeros["t"] == zeros == 7
@@ -75,7 +130,7 @@ def test_zero_tensor_then_values_and_tiny_ranges():
     assert np.array_equal(h.counts["t"], counts) and h.tops["t"] == top
 
 
-def test_non_finite_and_a_non_power_of_two_bin_count_are_refused():
+def test_non_finite_and_a_non_power_of_two_bin_count_are_refused(path):
     with pytest.raises(DataError, match="non-finite"):
         _fold([np.array([1.0, np.nan], np.float32)])
     with pytest.raises(ConfigError, match="power-of-two"):
@@ -116,7 +171,7 @@ def test_a_padded_map_is_not_sampled_on_its_padding_column():
     assert 0.04 < zeros / total < 0.15  # about the 1/11 of the data that is padding
 
 
-def test_subsample_is_every_kth_element_of_each_sample_whatever_the_batching():
+def test_subsample_is_every_kth_element_of_each_sample_whatever_the_batching(path):
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((10, 4, 5, 6)) * 3).astype(np.float32)  # 120 elements a sample
     k = P.stride_for(120, 16, (4, 5, 6))

@@ -179,7 +179,7 @@ def run_calibration(
     the shard's decoded batches there and pass 2 reads them back (trtq.calib.batchfile).
     """
     from trtq.calib.derive import monotone_links
-    from trtq.calib.kernels import numba_enabled
+    from trtq.calib.kernels import warm_up
     from trtq.calib.stats import compute_all
 
     run = _prepare(cfg, shard, ranges, keep_batches)
@@ -188,8 +188,8 @@ def run_calibration(
     # the max pass (trtq.calib.derive)
     links = monotone_links(run.model, tensors)
     measured = [t for t in tensors if t not in links]
-    if run.need_hist:  # load numba and the kernel while pass 1 runs (its first use is in pass 2)
-        threading.Thread(target=numba_enabled, name="trtq-numba-warmup", daemon=True).start()
+    if run.need_hist:  # load numba and the kernel's compiled code while the session starts
+        threading.Thread(target=warm_up, args=(run.one_pass,), name="trtq-numba-warmup", daemon=True).start()
     # one session for both passes when there are two (every tensor exposed: pass 1 reads the
     # measured ones); the max-only pass exposes only the measured ones. No local reference to it:
     # a pass 2 that needs another frees it first.
@@ -333,13 +333,13 @@ def _passes(run: _Setup, stream: _Stream, links: Any, write_batches: Optional[Pa
 def _one_pass(run: _Setup, stream: _Stream) -> tuple[Any, Any, Any, Any]:
     """mse / percentile: power-of-two histograms in one pass; (maxima, counts, zeros, tops)."""
     from trtq.calib.batchdim import batch_leading, one_sample_calls
-    from trtq.calib.kernels import numba_enabled
+    from trtq.calib.kernels import pow2_kernel
     from trtq.calib.pow2 import Pow2Histograms
 
     opts = run.opts
     leading = batch_leading(run.model, run.tensors) if opts.hist_elements else set()
     hist = Pow2Histograms(run.tensors, opts.num_bins, opts.hist_elements, leading, one_sample_calls(run.model))
-    if not numba_enabled():
+    if pow2_kernel() is None:
         log.info("histograms on the numpy fallback; pip install numba makes this pass faster")
     stream.run("histogram", 1, hist.update_batch, run.batcher)
     run.subsampled = len(hist.strides)

@@ -156,6 +156,132 @@ def _compile_numba():
     return histogram_f32
 
 
+# --------------------------------------------------------------------------------------------
+# one pass (trtq.calib.pow2): max and power-of-two histogram together
+# --------------------------------------------------------------------------------------------
+
+NO_EXPONENT = -(1 << 30)  # pow2_histogram: only zeros seen so far
+POW2_OK, POW2_NONFINITE, POW2_TINY = 0, 1, 2  # pow2_histogram status
+_pow2_kernel = None
+_pow2_state = "untried"
+
+
+def _compile_pow2():
+    import numba
+
+    u = np.uint64
+
+    @numba.njit(nogil=True, cache=True)
+    def pow2_count(x, bits, stride, e0, lanes, min_exp):  # pragma: no cover - compiled
+        # x: float32 [rows, n], bits: the same memory as int32; elements 0, stride, ... of each row
+        # counted into lanes (int32 [4, num_bins]) over [0, 2**e). Each block of the row is read for
+        # its max first: when that passes 2**e the lanes merge into the wider range before counting.
+        nb = lanes.shape[1]
+        l0, l1, l2, l3 = lanes[0], lanes[1], lanes[2], lanes[3]
+        e = e0
+        scale = np.float32(0.0) if e == NO_EXPONENT else np.float32(nb * 2.0 ** (-e))
+        top = 0
+        zeros = 0
+        mask = np.int32(0x7FFFFFFF)
+        st = u(stride)
+        step = 4096 - 4096 % stride if stride <= 1024 else stride * 4  # blocks start on the stride
+        for r in range(x.shape[0]):
+            xr = x[r]
+            br = bits[r]
+            for s in range(0, x.shape[1], step):
+                # max |x| as the int32 bit patterns of float32 (order-preserving for |x|; NaN >
+                # Inf); unsigned indexing lets LLVM vectorise (signed indices carry a wraparound check)
+                seg = br[s:s + step]
+                m = np.int32(0)
+                for i in range(seg.size):
+                    v = seg[u(i)] & mask
+                    m = v if v > m else m
+                if m >= 0x7F800000:  # Inf or NaN
+                    return e, top, zeros, 1
+                top = max(top, m)
+                # a normal max m is below 2**((m >> 23) - 126); a denormal one is below any min_exp
+                em = (m >> 23) - 126 if m >= 0x00800000 else (min_exp - 1 if m > 0 else NO_EXPONENT)
+                if em > e:
+                    if em < min_exp:
+                        return e, top, zeros, 2
+                    if e != NO_EXPONENT:  # bin b over 2**e is bin b >> d over 2**(e + d)
+                        d = min(em - e, 62)
+                        for j in range(lanes.shape[0]):
+                            for b in range(nb):
+                                c = lanes[j, b]
+                                lanes[j, b] = 0
+                                lanes[j, b >> d] += c
+                    e = em
+                    scale = np.float32(nb * 2.0 ** (-e))
+                # bins of elements 0, stride, ... of the block (all below num_bins now); four
+                # lanes in turn, so that runs of one bin (a ReLU's zeros) do not serialise
+                seg = xr[s:s + step]
+                n = u(seg.size)
+                p = u(0)
+                while p + u(3) * st < n:
+                    y0 = abs(seg[p]) * scale
+                    y1 = abs(seg[p + st]) * scale
+                    y2 = abs(seg[p + u(2) * st]) * scale
+                    y3 = abs(seg[p + u(3) * st]) * scale
+                    zeros += (y0 == 0) + (y1 == 0) + (y2 == 0) + (y3 == 0)
+                    l0[u(y0)] += 1
+                    l1[u(y1)] += 1
+                    l2[u(y2)] += 1
+                    l3[u(y3)] += 1
+                    p += u(4) * st
+                while p < n:
+                    y0 = abs(seg[p]) * scale
+                    zeros += y0 == 0
+                    l0[u(y0)] += 1
+                    p += st
+        return e, top, zeros, 0
+
+    return pow2_count
+
+
+def pow2_kernel():
+    """The compiled one-pass kernel, or None (numba missing or TRTQ_NO_NUMBA set)."""
+    global _pow2_kernel, _pow2_state
+    if os.environ.get("TRTQ_NO_NUMBA", "").strip() not in ("", "0"):
+        return None
+    if _pow2_state == "untried":
+        with _kernel_lock:
+            if _pow2_state == "untried":
+                try:
+                    _pow2_kernel, _pow2_state = _compile_pow2(), "ok"
+                except ImportError:
+                    _pow2_state = "missing"
+    return _pow2_kernel
+
+
+def pow2_histogram(rows: np.ndarray, stride: int, exponent: Optional[int], num_bins: int,
+                   min_exp: int) -> tuple[np.ndarray, Optional[int], float, int, int]:
+    """Max and histogram of float32 ``rows`` ([R, n]) in one read (numba; see trtq.calib.pow2).
+
+    Every element is read for the max; elements ``0, stride, ...`` of each row are counted over
+    ``[0, 2**e)``, ``e`` starting at ``exponent`` (None: only zeros so far) and raised as the
+    data needs. Returns ``(counts, e, max|x|, zeros, status)``: status :data:`POW2_NONFINITE` for a
+    NaN / Inf, :data:`POW2_TINY` when the range would stay below ``2**min_exp`` (the caller counts
+    those in float64); the other values are then incomplete."""
+    kernel = pow2_kernel()
+    rows = np.ascontiguousarray(rows, dtype=np.float32)
+    lanes = np.zeros((4, num_bins), dtype=np.int32)  # a task holds < 2**31 elements
+    e0 = NO_EXPONENT if exponent is None else int(exponent)
+    e, top, zeros, status = kernel(rows, rows.view(np.int32), int(stride), e0, lanes, int(min_exp))
+    m = float(np.array(top, dtype=np.int32).view(np.float32))
+    return lanes.sum(axis=0, dtype=np.int64), (None if e == NO_EXPONENT else int(e)), m, int(zeros), int(status)
+
+
+def warm_up(one_pass: bool) -> None:
+    """Load the kernel a calibration will use, and run it once (numba loads its compiled code on
+    the first call: ~0.25 s, done on a side thread while the session starts)."""
+    if one_pass:
+        if pow2_kernel() is not None:
+            pow2_histogram(np.ones((1, 8), np.float32), 1, None, 16, -100)
+    elif _kernel() is not None:
+        histogram_into(np.ones(8, np.float32), np.float32(1.0), np.zeros(16, np.int64))
+
+
 def histogram_into(part: np.ndarray, scale: np.float32, counts: np.ndarray, stride: int = 1) -> tuple[int, int]:
     """Add the bin counts of ``floor(|part| * scale)`` (float32 arithmetic, clipped to the last bin)
     to ``counts`` (int64, one row per bin set: shape ``(num_bins,)``). With ``stride`` > 1 only the

@@ -121,6 +121,53 @@ class Pow2Histograms:
         unknown = next((name for name in arrays if name not in self.counts), None)
         if unknown is not None:
             raise ValueError(f"tensor '{unknown}' is not collected")
+        fused = kernels.pow2_kernel() is not None
+        one_read = {n: a for n, a in arrays.items() if fused and np.asarray(a).dtype == np.float32}
+        rest = {n: a for n, a in arrays.items() if n not in one_read}
+        if one_read:
+            rest.update(self._update_one_read(one_read))
+        if rest:
+            self._update_two_reads(rest)
+
+    def _update_one_read(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """float32 tensors, max and counts in one read (numba); returns the tensors whose range
+        stays below 2**_MIN_EXP, for the float64 path."""
+        tasks = []
+        for name, a in arrays.items():
+            a = np.asarray(a)
+            if a.size == 0:
+                continue
+            rows, k = self._stride(name, a)
+            e0 = self.exponents[name]
+            if k == 1:
+                tasks += [(name, p.reshape(1, -1), 1, e0) for p in kernels.parts(rows.reshape(-1))]
+            else:  # every element of a row is read (the max), every k-th counted
+                per_task = max(1, kernels.PART // rows.shape[1])
+                tasks += [(name, rows[i:i + per_task], k, e0) for i in range(0, rows.shape[0], per_task)]
+        nb = self.num_bins
+        results = kernels.map_bundled(lambda t: kernels.pow2_histogram(t[1], t[2], t[3], nb, _MIN_EXP),
+                                      tasks, [t[1].size for t in tasks])
+        by_name: dict[str, list] = {}
+        for task, result in zip(tasks, results):
+            by_name.setdefault(task[0], []).append(result)
+        tiny = {}
+        for name, parts in by_name.items():
+            if any(status == kernels.POW2_NONFINITE for *_, status in parts):
+                raise nonfinite_error(name)
+            if any(status == kernels.POW2_TINY for *_, status in parts):
+                tiny[name] = arrays[name]
+                continue
+            self.maxima[name] = max(self.maxima[name], *(m for _, _, m, _, _ in parts))
+            reached = [e for _, e, _, _, _ in parts if e is not None]
+            if reached:
+                self._raise_to(name, max(reached))
+            for counts, e, _, zeros, _ in parts:  # a part with no exponent counted zeros only (bin 0)
+                self.counts[name] += counts if e is None else regrow(counts, self.exponents[name] - e)
+                self.zeros[name] += zeros
+        return tiny
+
+    def _update_two_reads(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """The max first (numpy), then the counts: other dtypes, the numpy fallback, tiny ranges."""
         extremes = batch_extremes(arrays)
         work = [(name, np.asarray(arrays[name])) for name in extremes]
         for name, (lo, hi) in extremes.items():
