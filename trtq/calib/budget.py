@@ -50,7 +50,7 @@ def available_memory() -> Optional[int]:
     return physical_memory()
 
 
-SLICE_TARGET = 1 << 30  # without --max-memory: activations one call holds before batches are sliced
+SLICE_TARGET = 256 << 20  # without --max-memory: activations one call holds before batches are sliced
 
 
 def resolve_budget(setting) -> int:
@@ -63,10 +63,12 @@ def resolve_budget(setting) -> int:
 
 def slice_target(setting, budget: int) -> int:
     """Bytes of activations above which a batch runs in slices of rows: the budget when
-    --max-memory is given; else at most :data:`SLICE_TARGET` (slicing costs no extra pass, and
-    measured on PP-OCRv4 det / rec, 128 samples, batch 8: 1 GiB slices took 12.8 s / 1.05 GB and
-    15.2 s / 724 MB peak against 14.3 s / 1.83 GB and 15.1 s / 1.98 GB for whole batches). Tensor
-    groups, which cost a pass each, still start at the budget only."""
+    --max-memory is given; else at most :data:`SLICE_TARGET` (slicing costs no extra pass).
+    Measured with the one-read histograms (128 samples, batch 8, median of 3, wall s / peak RSS),
+    slices of 1 GiB -> 256 MiB: PP-OCRv4 det 5.1 s / 1050 MB -> 6.2 s / 500 MB, rec 5.7 s / 706 MB
+    -> 6.5 s / 501 MB, EfficientNet-Lite0 3.3 s / 979 MB -> 3.4 s / 492 MB (whole batches had been
+    slower still: det 14.3 s / 1.83 GB before the one-pass work). Tensor groups, which cost a
+    pass each, still start at the budget only."""
     return budget if setting is not None else min(budget, SLICE_TARGET)
 
 
