@@ -149,12 +149,15 @@ MUTATIONS: list[Mutation] = [
       "wanted = {pair.tensor for pair in plan.pairs.values()} | set(available[:3])",
       ("tests/pipeline/test_calibrate_qdq_tensors.py",)),
     # one read (numba): a block that raises the range must merge the lanes' bins inside the kernel
-    M("pow2-kernel-regrow", "trtq/calib/kernels.py", "                                lanes[j, b >> d] += c",
-      "                                lanes[j, b] += c", ("tests/calib/test_pow2.py",)),
+    M("pow2-kernel-regrow", "trtq/calib/jit.py", "                            lanes[j, b >> d] += c",
+      "                            lanes[j, b] += c", ("tests/calib/test_pow2.py",)),
     # ... its blocks must start on the stride, or a row's picks depend on the block size
-    M("pow2-kernel-blocks-on-stride", "trtq/calib/kernels.py",
-      "step = 4096 - 4096 % stride if stride <= 1024 else stride * 4", "step = 4096",
-      ("tests/calib/test_pow2.py",)),
+    M("pow2-kernel-blocks-on-stride", "trtq/calib/jit.py",
+      "return BLOCK - BLOCK % stride if stride <= BLOCK // 4 else stride * 4", "return BLOCK",
+      ("tests/calib/test_pow2.py", "tests/calib/test_kernels.py")),
+    # a block that reaches the last bin must still report values past the first-pass max
+    M("histogram-flags-past-top", "trtq/calib/jit.py", "        exceeded |= y >= exceed_at",
+      "        exceeded |= False", ("tests/calib/test_kernels.py",)),
     # ... and tasks that reached different ranges are merged at the widest one
     M("pow2-task-ranges-merged", "trtq/calib/pow2.py",
       "self.counts[name] += counts if e is None else regrow(counts, self.exponents[name] - e)",

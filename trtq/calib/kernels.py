@@ -36,8 +36,8 @@ R = TypeVar("R")
 _pool: Optional[ThreadPoolExecutor] = None
 _pool_lock = threading.Lock()
 _kernel_lock = threading.Lock()  # its own: compiling must not hold up the pool (calibrate warms up during pass 1)
-_numba_kernel = None
-_numba_state = "untried"  # "untried" | "ok" | "missing"
+_jit = None  # trtq.calib.jit once loaded
+_jit_state = "untried"  # "untried" | "ok" | "missing"
 
 
 def usable_cores() -> int:
@@ -97,195 +97,43 @@ def abs_max_min(part: np.ndarray) -> tuple[float, float]:
 
 
 def numba_enabled() -> bool:
-    """True when the numba kernel is in use (numba installed and TRTQ_NO_NUMBA not set)."""
-    return _kernel() is not None
+    """True when the numba kernels are in use (numba installed and TRTQ_NO_NUMBA not set)."""
+    return _numba() is not None
+
+
+def _numba():
+    """trtq.calib.jit (the numba kernels), or None: numba missing or TRTQ_NO_NUMBA set."""
+    global _jit, _jit_state
+    if os.environ.get("TRTQ_NO_NUMBA", "").strip() not in ("", "0"):
+        return None
+    if _jit_state == "untried":
+        with _kernel_lock:
+            if _jit_state == "untried":
+                try:
+                    from trtq.calib import jit
+
+                    _jit, _jit_state = jit, "ok"
+                except ImportError:
+                    _jit_state = "missing"
+    return _jit
 
 
 def _kernel():
-    global _numba_kernel, _numba_state
-    if os.environ.get("TRTQ_NO_NUMBA", "").strip() not in ("", "0"):
-        return None
-    if _numba_state == "untried":
-        with _kernel_lock:
-            if _numba_state == "untried":
-                try:
-                    _numba_kernel = _compile_numba()
-                    _numba_state = "ok"
-                except ImportError:
-                    _numba_state = "missing"
-    return _numba_kernel
-
-
-def _compile_numba():
-    import numba
-
-    u = np.uint64
-
-    @numba.njit(nogil=True, cache=True)
-    def histogram_f32(x, bits, scale, counts, exceed_at, stride):  # pragma: no cover - compiled
-        # x: float32 [rows, n], bits: the same memory as int32; elements 0, stride, ... of each row
-        # are counted. counts: int64[4, num_bins]; lane j takes every 4th counted element, so that
-        # runs of one bin (a ReLU's zeros) do not serialise on one counter. Block by block: the
-        # max of the counted elements first (integer max of the bit patterns, vectorised for stride
-        # 1); below the last bin (the usual case) the counting loop needs no clamp or flags.
-        # Unsigned indices: numba's signed ones carry a wraparound check that stops vectorisation.
-        nb = counts.shape[1]
-        flast = np.float32(nb - 1)
-        l0, l1, l2, l3 = counts[0], counts[1], counts[2], counts[3]
-        one = np.empty(1, np.int32)
-        one_f = one.view(np.float32)
-        mask = np.int32(0x7FFFFFFF)
-        st = u(stride)
-        zeros = 0
-        exceeded = False
-        step = 4096 - 4096 % stride if stride <= 1024 else stride * 4  # blocks start on the stride
-        for r in range(x.shape[0]):
-            xr = x[r]
-            br = bits[r]
-            for s in range(0, x.shape[1], step):
-                seg = xr[s:s + step]
-                bseg = br[s:s + step]
-                n = u(seg.size)
-                m = np.int32(0)
-                if stride == 1:
-                    for i in range(seg.size):
-                        v = bseg[u(i)] & mask
-                        m = v if v > m else m
-                else:
-                    p = u(0)
-                    while p < n:
-                        v = bseg[p] & mask
-                        m = v if v > m else m
-                        p += st
-                if m >= 0x7F800000:  # Inf or NaN: the caller discards the counts
-                    return zeros, True, exceeded
-                one[0] = m
-                clamp = not (one_f[0] * scale < flast)
-                p = u(0)
-                while p + u(3) * st < n:
-                    y0 = abs(seg[p]) * scale
-                    y1 = abs(seg[p + st]) * scale
-                    y2 = abs(seg[p + u(2) * st]) * scale
-                    y3 = abs(seg[p + u(3) * st]) * scale
-                    zeros += (y0 == 0) + (y1 == 0) + (y2 == 0) + (y3 == 0)
-                    if clamp:  # values past the top go to the last bin
-                        exceeded |= (y0 >= exceed_at) | (y1 >= exceed_at) | (y2 >= exceed_at) | (y3 >= exceed_at)
-                        y0 = min(y0, flast)
-                        y1 = min(y1, flast)
-                        y2 = min(y2, flast)
-                        y3 = min(y3, flast)
-                    l0[u(y0)] += 1
-                    l1[u(y1)] += 1
-                    l2[u(y2)] += 1
-                    l3[u(y3)] += 1
-                    p += u(4) * st
-                while p < n:
-                    y0 = abs(seg[p]) * scale
-                    zeros += y0 == 0
-                    exceeded |= y0 >= exceed_at
-                    l0[u(min(y0, flast))] += 1
-                    p += st
-        return zeros, False, exceeded
-
-    return histogram_f32
+    jit = _numba()
+    return None if jit is None else jit.histogram_f32
 
 
 # --------------------------------------------------------------------------------------------
 # one pass (trtq.calib.pow2): max and power-of-two histogram together
 # --------------------------------------------------------------------------------------------
 
-NO_EXPONENT = -(1 << 30)  # pow2_histogram: only zeros seen so far
 POW2_OK, POW2_NONFINITE, POW2_TINY = 0, 1, 2  # pow2_histogram status
-_pow2_kernel = None
-_pow2_state = "untried"
-
-
-def _compile_pow2():
-    import numba
-
-    u = np.uint64
-
-    @numba.njit(nogil=True, cache=True)
-    def pow2_count(x, bits, stride, e0, lanes, min_exp):  # pragma: no cover - compiled
-        # x: float32 [rows, n], bits: the same memory as int32; elements 0, stride, ... of each row
-        # counted into lanes (int32 [4, num_bins]) over [0, 2**e). Each block of the row is read for
-        # its max first: when that passes 2**e the lanes merge into the wider range before counting.
-        nb = lanes.shape[1]
-        l0, l1, l2, l3 = lanes[0], lanes[1], lanes[2], lanes[3]
-        e = e0
-        scale = np.float32(0.0) if e == NO_EXPONENT else np.float32(nb * 2.0 ** (-e))
-        top = 0
-        zeros = 0
-        mask = np.int32(0x7FFFFFFF)
-        st = u(stride)
-        step = 4096 - 4096 % stride if stride <= 1024 else stride * 4  # blocks start on the stride
-        for r in range(x.shape[0]):
-            xr = x[r]
-            br = bits[r]
-            for s in range(0, x.shape[1], step):
-                # max |x| as the int32 bit patterns of float32 (order-preserving for |x|; NaN >
-                # Inf); unsigned indexing lets LLVM vectorise (signed indices carry a wraparound check)
-                seg = br[s:s + step]
-                m = np.int32(0)
-                for i in range(seg.size):
-                    v = seg[u(i)] & mask
-                    m = v if v > m else m
-                if m >= 0x7F800000:  # Inf or NaN
-                    return e, top, zeros, 1
-                top = max(top, m)
-                # a normal max m is below 2**((m >> 23) - 126); a denormal one is below any min_exp
-                em = (m >> 23) - 126 if m >= 0x00800000 else (min_exp - 1 if m > 0 else NO_EXPONENT)
-                if em > e:
-                    if em < min_exp:
-                        return e, top, zeros, 2
-                    if e != NO_EXPONENT:  # bin b over 2**e is bin b >> d over 2**(e + d)
-                        d = min(em - e, 62)
-                        for j in range(lanes.shape[0]):
-                            for b in range(nb):
-                                c = lanes[j, b]
-                                lanes[j, b] = 0
-                                lanes[j, b >> d] += c
-                    e = em
-                    scale = np.float32(nb * 2.0 ** (-e))
-                # bins of elements 0, stride, ... of the block (all below num_bins now); four
-                # lanes in turn, so that runs of one bin (a ReLU's zeros) do not serialise
-                seg = xr[s:s + step]
-                n = u(seg.size)
-                p = u(0)
-                while p + u(3) * st < n:
-                    y0 = abs(seg[p]) * scale
-                    y1 = abs(seg[p + st]) * scale
-                    y2 = abs(seg[p + u(2) * st]) * scale
-                    y3 = abs(seg[p + u(3) * st]) * scale
-                    zeros += (y0 == 0) + (y1 == 0) + (y2 == 0) + (y3 == 0)
-                    l0[u(y0)] += 1
-                    l1[u(y1)] += 1
-                    l2[u(y2)] += 1
-                    l3[u(y3)] += 1
-                    p += u(4) * st
-                while p < n:
-                    y0 = abs(seg[p]) * scale
-                    zeros += y0 == 0
-                    l0[u(y0)] += 1
-                    p += st
-        return e, top, zeros, 0
-
-    return pow2_count
 
 
 def pow2_kernel():
-    """The compiled one-pass kernel, or None (numba missing or TRTQ_NO_NUMBA set)."""
-    global _pow2_kernel, _pow2_state
-    if os.environ.get("TRTQ_NO_NUMBA", "").strip() not in ("", "0"):
-        return None
-    if _pow2_state == "untried":
-        with _kernel_lock:
-            if _pow2_state == "untried":
-                try:
-                    _pow2_kernel, _pow2_state = _compile_pow2(), "ok"
-                except ImportError:
-                    _pow2_state = "missing"
-    return _pow2_kernel
+    """The compiled one-pass kernel (trtq.calib.jit.pow2_count), or None (no numba)."""
+    jit = _numba()
+    return None if jit is None else jit.pow2_count
 
 
 def pow2_histogram(rows: np.ndarray, stride: int, exponent: Optional[int], num_bins: int,
@@ -300,10 +148,11 @@ def pow2_histogram(rows: np.ndarray, stride: int, exponent: Optional[int], num_b
     kernel = pow2_kernel()
     rows = np.ascontiguousarray(rows, dtype=np.float32)
     lanes = np.zeros((4, num_bins), dtype=np.int32)  # a task holds < 2**31 elements
-    e0 = NO_EXPONENT if exponent is None else int(exponent)
+    none = _numba().NO_EXPONENT
+    e0 = none if exponent is None else int(exponent)
     e, top, zeros, status = kernel(rows, rows.view(np.int32), int(stride), e0, lanes, int(min_exp))
     m = float(np.array(top, dtype=np.int32).view(np.float32))
-    return lanes.sum(axis=0, dtype=np.int64), (None if e == NO_EXPONENT else int(e)), m, int(zeros), int(status)
+    return lanes.sum(axis=0, dtype=np.int64), (None if e == none else int(e)), m, int(zeros), int(status)
 
 
 def warm_up(one_pass: bool) -> None:
@@ -378,29 +227,6 @@ def _histogram_numpy(flat: np.ndarray, scale: np.float32, counts: np.ndarray, ex
 # range search (trtq.calib.search)
 # --------------------------------------------------------------------------------------------
 
-_level_kernel = None
-_level_state = "untried"
-
-
-def _compile_level_sums():
-    import numba
-
-    @numba.njit(nogil=True, cache=True)
-    def level_sums(starts, weights, p1, p0, a_out, b_out):  # pragma: no cover - compiled
-        # a_out[j, t] = sum_k p1[starts[j, k], t]; b_out[j, t] = sum_k weights[k] * p0[starts[j, k], t]
-        # (tensors innermost: contiguous, vectorised)
-        a_out[:] = 0
-        b_out[:] = 0
-        for j in range(starts.shape[0]):
-            for k in range(starts.shape[1]):
-                s = starts[j, k]
-                wk = weights[k]
-                for t in range(p1.shape[1]):
-                    a_out[j, t] += p1[s, t]
-                    b_out[j, t] += wk * p0[s, t]
-
-    return level_sums
-
 
 def level_sums(starts: np.ndarray, weights: np.ndarray, p1: np.ndarray,
                p0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -408,23 +234,15 @@ def level_sums(starts: np.ndarray, weights: np.ndarray, p1: np.ndarray,
     (prefix sums ``p1``, ``p0``: [bins + 1, tensors]) as exact int64, identical on both paths.
 
     numba when it imports (``TRTQ_NO_NUMBA`` unset); else a numpy gather."""
-    global _level_kernel, _level_state
-    use_numba = os.environ.get("TRTQ_NO_NUMBA", "").strip() in ("", "0")
-    if use_numba and _level_state == "untried":
-        with _kernel_lock:
-            if _level_state == "untried":
-                try:
-                    _level_kernel, _level_state = _compile_level_sums(), "ok"
-                except ImportError:
-                    _level_state = "missing"
+    jit = _numba()
     starts = np.ascontiguousarray(starts, dtype=np.int64)
     weights = np.ascontiguousarray(weights, dtype=np.int64)
     p1 = np.ascontiguousarray(p1, dtype=np.int64)
     p0 = np.ascontiguousarray(p0, dtype=np.int64)
     a = np.empty((starts.shape[0], p1.shape[1]), dtype=np.int64)
     b = np.empty_like(a)
-    if use_numba and _level_kernel is not None:
-        _level_kernel(starts, weights, p1, p0, a, b)
+    if jit is not None:
+        jit.level_sums(starts, weights, p1, p0, a, b)
         return a, b
     for t in range(p1.shape[1]):  # per tensor: [C, K] temporaries
         a[:, t] = p1[:, t][starts].sum(axis=1)
