@@ -155,6 +155,13 @@ MUTATIONS: list[Mutation] = [
     M("pow2-kernel-blocks-on-stride", "trtq/calib/jit.py",
       "return BLOCK - BLOCK % stride if stride <= BLOCK // 4 else stride * 4", "return BLOCK",
       ("tests/calib/test_pow2.py", "tests/calib/test_kernels.py")),
+    # light shape inference: only weights leave the graph; a Reshape's target keeps its values
+    M("infer-shapes-keeps-small-initializers", "trtq/model.py",
+      "        return t.data_type in _FLOAT_TENSOR_TYPES and int(np.prod(t.dims, dtype=np.int64)) >= LIGHT_INITIALIZER",
+      "        return True", ("tests/test_model_shapes.py",)),
+    # ... and the weights it turns into inputs are never calibrated as activations
+    M("calibratable-reads-the-real-graph", "trtq/model.py", "    for spec in input_specs(model):",
+      "    for spec in input_specs(inferred):", ("tests/test_model_shapes.py",)),
     # a block that reaches the last bin must still report values past the first-pass max
     M("histogram-flags-past-top", "trtq/calib/jit.py", "        exceeded |= y >= exceed_at",
       "        exceeded |= False", ("tests/calib/test_kernels.py",)),

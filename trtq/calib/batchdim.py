@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import onnx
 
+from trtq.model import infer_shapes
+
 log = logging.getLogger(__name__)
 
 
@@ -46,7 +48,7 @@ def batch_leading(model: onnx.ModelProto, tensors: Sequence[str]) -> set:
         return set()
     symbol = symbols.pop()
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        inferred = infer_shapes(model)
     except Exception as e:  # a model shape inference cannot read: nothing is proven
         log.debug("shape inference failed (%s): every tensor histogrammed whole", e)
         return set()

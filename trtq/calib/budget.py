@@ -75,20 +75,12 @@ def slice_target(setting, budget: int) -> int:
 def tensor_bytes(model, tensors: Sequence[str], input_shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
     """Bytes of each tensor for inputs of ``input_shapes`` (shape inference; unknown -> the largest
     known size, or the largest input's)."""
-    import onnx
+    from trtq.model import infer_shapes
 
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    for vi in m.graph.input:
-        if vi.name in input_shapes:
-            shape = vi.type.tensor_type.shape
-            shape.ClearField("dim")
-            for d in input_shapes[vi.name]:
-                shape.dim.add().dim_value = int(d)
     try:
-        inferred = onnx.shape_inference.infer_shapes(m)
+        inferred = infer_shapes(model, input_shapes=input_shapes)
     except Exception:
-        inferred = m
+        inferred = model
     typed = {vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output)
              + list(inferred.graph.input)}
     sizes: dict[str, Optional[int]] = {}

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 
 from trtq.errors import ConfigError, DataError, ModelError
-from trtq.model import calibratable_tensors
+from trtq.model import calibratable_tensors, infer_shapes
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def _with_outputs(model: onnx.ModelProto, tensors: Sequence[str]) -> onnx.ModelP
     m = onnx.ModelProto()
     m.CopyFrom(model)
     try:
-        inferred = onnx.shape_inference.infer_shapes(m)
+        inferred = infer_shapes(m)
     except Exception:
         inferred = m
     typed = {vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
