@@ -45,8 +45,10 @@ def has_subgraph(node: onnx.NodeProto) -> bool:
 
 def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
     """ONNX element type of every tensor that shape inference can type (best effort)."""
+    from trtq.model import infer_shapes
+
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = infer_shapes(model)  # large initializers typed as inputs there
     except Exception:  # inference is a help: unknown types are handled by the callers
         inferred = model
     g = inferred.graph
