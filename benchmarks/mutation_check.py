@@ -167,8 +167,8 @@ MUTATIONS: list[Mutation] = [
       "        exceeded |= False", ("tests/calib/test_kernels.py",)),
     # ... and tasks that reached different ranges are merged at the widest one
     M("pow2-task-ranges-merged", "trtq/calib/pow2.py",
-      "self.counts[name] += counts if e is None else regrow(counts, self.exponents[name] - e)",
-      "self.counts[name] += counts", ("tests/calib/test_pow2.py",)),
+      "            c = regrow(c, self.exponents[name] - exponent)", "            pass",
+      ("tests/calib/test_pow2.py",)),
     # a stride that divides a row length samples the same columns (EfficientNet's padding column)
     M("pow2-stride-not-a-dim", "trtq/calib/pow2.py", " and all(int(d) % k for d in dims if int(d) > 0):",
       ":", ("tests/calib/test_pow2.py",)),

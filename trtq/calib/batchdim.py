@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import onnx
 
-from trtq.model import infer_shapes
+from trtq.model import infer_shapes, input_specs
 
 log = logging.getLogger(__name__)
 
@@ -23,30 +23,16 @@ def _dims(vi: onnx.ValueInfoProto):
 
 def one_sample_calls(model: onnx.ModelProto) -> bool:
     """Every graph input that takes data declares a fixed leading dim of 1: each call is one sample."""
-    inits = {i.name for i in model.graph.initializer}
-    fed = [vi for vi in model.graph.input if vi.name not in inits]
-    if not fed:
-        return False
-    for vi in fed:
-        dims = _dims(vi)
-        if not dims or not dims[0].HasField("dim_value") or dims[0].dim_value != 1:
-            return False
-    return True
+    specs = input_specs(model)
+    return bool(specs) and all(s.shape and s.shape[0] == 1 for s in specs)
 
 
 def batch_leading(model: onnx.ModelProto, tensors: Sequence[str]) -> set:
     """The ``tensors`` whose inferred leading dim is the inputs' shared symbolic batch dim."""
-    inits = {i.name for i in model.graph.initializer}
-    fed = [vi for vi in model.graph.input if vi.name not in inits]
-    symbols = set()
-    for vi in fed:
-        dims = _dims(vi)
-        if not dims or not dims[0].dim_param:
-            return set()
-        symbols.add(dims[0].dim_param)
-    if len(symbols) != 1:
+    leads = {s.shape[0] if s.shape else None for s in input_specs(model)}
+    if len(leads) != 1 or not isinstance(next(iter(leads)), str):  # one named dim, on every input
         return set()
-    symbol = symbols.pop()
+    symbol = leads.pop()
     try:
         inferred = infer_shapes(model)
     except Exception as e:  # a model shape inference cannot read: nothing is proven

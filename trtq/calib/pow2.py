@@ -107,6 +107,16 @@ class Pow2Histograms:
             self.counts[name] = regrow(self.counts[name], e - old)
             self.exponents[name] = e
 
+    def add(self, name: str, counts: np.ndarray, exponent: Optional[int], zeros: int) -> None:
+        """Add counts taken over ``[0, 2**exponent)`` (None: zeros only, all in bin 0) to ``name``'s:
+        both are brought to the wider of the two ranges (exact: :func:`regrow`)."""
+        c = np.asarray(counts, dtype=np.int64)
+        if exponent is not None:
+            self._raise_to(name, exponent)
+            c = regrow(c, self.exponents[name] - exponent)
+        self.counts[name] = self.counts[name] + c
+        self.zeros[name] += int(zeros)
+
     def _stride(self, name: str, a: np.ndarray) -> tuple[np.ndarray, int]:
         """(rows [R, n], stride): each row one sample, every stride-th element of it counted."""
         if self.hist_elements > 0 and a.ndim >= 1 and (self.one_sample_calls or name in self.batch_leading):
@@ -158,12 +168,8 @@ class Pow2Histograms:
                 tiny[name] = arrays[name]
                 continue
             self.maxima[name] = max(self.maxima[name], *(m for _, _, m, _, _ in parts))
-            reached = [e for _, e, _, _, _ in parts if e is not None]
-            if reached:
-                self._raise_to(name, max(reached))
-            for counts, e, _, zeros, _ in parts:  # a part with no exponent counted zeros only (bin 0)
-                self.counts[name] += counts if e is None else regrow(counts, self.exponents[name] - e)
-                self.zeros[name] += zeros
+            for counts, e, _, zeros, _ in parts:  # each part reached its own range
+                self.add(name, counts, e, zeros)
         return tiny
 
     def _update_two_reads(self, arrays: Mapping[str, np.ndarray]) -> None:
@@ -225,14 +231,6 @@ def merge_into(target: Pow2Histograms, maxima: Mapping[str, float], tops: Mappin
     """Add saved pow2 statistics (another shard's) to ``target``: ranges raised to the larger one."""
     for name in target.counts:
         top = float(tops[name])
-        e = exponent_of(top) - 1 if top > 0 else None  # top = 2**e exactly
-        c = np.asarray(counts[name], dtype=np.int64)
-        if e is not None:
-            mine = target.exponents[name]
-            if mine is not None and mine > e:
-                c = regrow(c, mine - e)
-            else:
-                target._raise_to(name, e)
-        target.counts[name] = target.counts[name] + c
-        target.zeros[name] += int(zeros.get(name, 0))
+        target.add(name, counts[name], exponent_of(top) - 1 if top > 0 else None,  # top = 2**e exactly
+                   zeros.get(name, 0))
         target.maxima[name] = max(target.maxima[name], float(maxima[name]))
