@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from trtq.calib import kernels
+from trtq.calib import kernels, native
 from trtq.calib import pow2 as P
 from trtq.calib import stats as S
 from trtq.calib.batchdim import batch_leading, one_sample_calls
@@ -30,16 +30,24 @@ def _reference(values: np.ndarray, nb: int = NB):
     return np.bincount(k, minlength=nb), top, m, int((a == 0).sum())
 
 
-@pytest.fixture(params=["one-read", "two-reads"])
+@pytest.fixture(params=["native", "numba", "two-reads"])
 def path(request, monkeypatch):
-    """The numba kernel that takes the max and the counts in one read, and the numpy fallback
-    (max first, then counts): the tests hold both to the same references."""
-    if request.param == "one-read":
+    """The compiled kernel and the numba kernel that take the max and the counts in one read, and
+    the numpy fallback (max first, then counts): the tests hold all three to the same references."""
+    monkeypatch.delenv("TRTQ_NO_NATIVE", raising=False)
+    monkeypatch.delenv("TRTQ_NO_NUMBA", raising=False)
+    if request.param == "native":
+        if native.library() is None:
+            pytest.skip("the compiled kernels were not built in this install (no C compiler)")
+        assert kernels.pow2_kernel() is native.pow2_count
+    elif request.param == "numba":
         pytest.importorskip("numba")
-        monkeypatch.delenv("TRTQ_NO_NUMBA", raising=False)
+        monkeypatch.setenv("TRTQ_NO_NATIVE", "1")
         assert kernels.pow2_kernel() is not None
     else:
+        monkeypatch.setenv("TRTQ_NO_NATIVE", "1")
         monkeypatch.setenv("TRTQ_NO_NUMBA", "1")
+        assert kernels.pow2_kernel() is None
     return request.param
 
 
@@ -90,8 +98,9 @@ def test_one_read_regrows_inside_a_row_and_across_tasks(path, monkeypatch, cap):
     assert np.array_equal(h.counts["t"], both) and h.tops["t"] == top2
 
 
-@pytest.mark.skipif(kernels.pow2_kernel() is None, reason="numba not installed")
-def test_one_read_kernel_statuses():
+def test_one_read_kernel_statuses(path):
+    if path == "two-reads":
+        pytest.skip("the numpy fallback has no kernel statuses")
     ok = np.ones((1, 5000), np.float32)
     for bad in (np.nan, np.inf, -np.inf):
         x = ok.copy()

@@ -120,16 +120,28 @@ def test_compute_all_special_tensors_take_the_per_tensor_path():
     assert list(S.compute_all("mse", m, c)) == list(m)
 
 
-def test_level_sums_numba_and_numpy_identical(monkeypatch):
-    if not kernels.numba_enabled():
-        pytest.skip("numba not installed")
+def test_level_sums_identical_on_every_path(monkeypatch):
+    """The compiled kernel, numba and the numpy gather give the same int64 sums."""
+    from trtq.calib import native
+
     rng = np.random.default_rng(5)
     starts = np.sort(rng.integers(0, 2049, (50, 127)), axis=1)
     weights = 2 * np.arange(1, 128) - 1
     p1 = np.cumsum(rng.integers(0, 10 ** 9, (2049, 7)), axis=0)
     p0 = np.cumsum(rng.integers(0, 10 ** 6, (2049, 7)), axis=0)
-    fast = kernels.level_sums(starts, weights, p1, p0)
+    monkeypatch.setenv("TRTQ_NO_NATIVE", "1")
     monkeypatch.setenv("TRTQ_NO_NUMBA", "1")
     slow = kernels.level_sums(starts, weights, p1, p0)
-    assert np.array_equal(fast[0], slow[0]) and np.array_equal(fast[1], slow[1])
     assert np.array_equal(slow[0][3], p1[starts[3]].sum(axis=0))
+    assert np.array_equal(slow[1][3], weights @ p0[starts[3]])
+    ran = []
+    for path, env in (("numba", {"TRTQ_NO_NUMBA": "0"}), ("native", {"TRTQ_NO_NATIVE": "0", "TRTQ_NO_NUMBA": "1"})):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        if (path == "numba" and not kernels.numba_enabled()) or (path == "native" and native.library() is None):
+            continue
+        fast = kernels.level_sums(starts, weights, p1, p0)
+        assert np.array_equal(fast[0], slow[0]) and np.array_equal(fast[1], slow[1]), path
+        ran.append(path)
+    if not ran:
+        pytest.skip("neither numba nor the compiled kernels in this install")

@@ -340,7 +340,8 @@ def _one_pass(run: _Setup, stream: _Stream) -> tuple[Any, Any, Any, Any]:
     leading = batch_leading(run.model, run.tensors) if opts.hist_elements else set()
     hist = Pow2Histograms(run.tensors, opts.num_bins, opts.hist_elements, leading, one_sample_calls(run.model))
     if pow2_kernel() is None:
-        log.info("histograms on the numpy fallback; pip install numba makes this pass faster")
+        log.info("histograms on the numpy fallback; reinstalling trtq where a C compiler is found (or pip "
+                 "install numba) makes this pass faster")
     stream.run("histogram", 1, hist.update_batch, run.batcher)
     run.subsampled = len(hist.strides)
     if opts.hist_elements:
@@ -356,7 +357,7 @@ def _histogram_pass(run: _Setup, stream: _Stream, maxima: dict[str, float], repl
     from trtq.calib.stats import HistogramAccumulator
 
     if not numba_enabled():
-        log.info("histograms on the numpy fallback; pip install numba makes this pass ~2x faster")
+        log.info("histograms on the numpy fallback; pip install numba makes this pass faster")
     hist = HistogramAccumulator(maxima, num_bins=run.opts.num_bins)
     # pass 2 needs every tensor: pass 1's session when it exposes them all, else a new one (the
     # first one freed first, so the peak holds one set of activations)

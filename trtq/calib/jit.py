@@ -10,8 +10,9 @@ turn, so that runs of one bin (a ReLU's zeros) do not serialise on one counter.
 import numba
 import numpy as np
 
+NO_EXPONENT = -(1 << 30)  # pow2_count: only zeros seen so far (kernels.NO_EXPONENT, _native.c's too)
+
 U = np.uint64
-NO_EXPONENT = -(1 << 30)  # pow2_count: only zeros seen so far
 NONFINITE_BITS = 0x7F800000  # |x| bit patterns from here up are Inf or NaN
 SMALLEST_NORMAL_BITS = 0x00800000
 BLOCK = 4096  # elements read for a max, then counted while they are in L1

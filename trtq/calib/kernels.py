@@ -11,7 +11,10 @@
   ~1.1-1.3 ns per element per core on the 2-core CI machine;
 * a numpy fallback on small reused scratch buffers (~5 ns per element).
 
-``TRTQ_NO_NUMBA=1`` forces the fallback (the tests compare the two). Work is split into parts of
+``TRTQ_NO_NUMBA=1`` forces the fallback (the tests compare the two). The one-pass histograms
+(:func:`pow2_kernel`) and the range search's :func:`level_sums` take, in this order, the compiled
+kernels of trtq.calib.native (built at install where a C compiler is found; ``TRTQ_NO_NATIVE=1``
+skips them), numba, numpy; all give the same integers. Work is split into parts of
 at most :data:`PART` elements and run on a thread pool as wide as the usable cores; each part has
 its own counts, summed at the end, so the result is independent of the split and the thread count.
 """
@@ -128,17 +131,28 @@ def _kernel():
 # --------------------------------------------------------------------------------------------
 
 POW2_OK, POW2_NONFINITE, POW2_TINY = 0, 1, 2  # pow2_histogram status
+NO_EXPONENT = -(1 << 30)  # the kernels' exponent for "only zeros so far" (trtq.calib.jit, trtq.calib.native)
 
 
 def pow2_kernel():
-    """The compiled one-pass kernel (trtq.calib.jit.pow2_count), or None (no numba)."""
+    """The one-pass kernel, ``kernel(rows, stride, e0, lanes, min_exp) -> (e, max bits, zeros,
+    status)``: the compiled one (trtq.calib.native) where it was built, else numba's
+    (trtq.calib.jit.pow2_count), else None."""
+    from trtq.calib import native
+
+    if native.library() is not None:
+        return native.pow2_count
     jit = _numba()
-    return None if jit is None else jit.pow2_count
+    if jit is None:
+        return None
+    return lambda rows, stride, e0, lanes, min_exp: jit.pow2_count(rows, rows.view(np.int32), stride, e0,
+                                                                   lanes, min_exp)
 
 
 def pow2_histogram(rows: np.ndarray, stride: int, exponent: Optional[int], num_bins: int,
                    min_exp: int) -> tuple[np.ndarray, Optional[int], float, int, int]:
-    """Max and histogram of float32 ``rows`` ([R, n]) in one read (numba; see trtq.calib.pow2).
+    """Max and histogram of float32 ``rows`` ([R, n]) in one read (:func:`pow2_kernel`; see
+    trtq.calib.pow2).
 
     Every element is read for the max; elements ``0, stride, ...`` of each row are counted over
     ``[0, 2**e)``, ``e`` starting at ``exponent`` (None: only zeros so far) and raised as the
@@ -148,16 +162,17 @@ def pow2_histogram(rows: np.ndarray, stride: int, exponent: Optional[int], num_b
     kernel = pow2_kernel()
     rows = np.ascontiguousarray(rows, dtype=np.float32)
     lanes = np.zeros((4, num_bins), dtype=np.int32)  # a task holds < 2**31 elements
-    none = _numba().NO_EXPONENT
+    none = NO_EXPONENT
     e0 = none if exponent is None else int(exponent)
-    e, top, zeros, status = kernel(rows, rows.view(np.int32), int(stride), e0, lanes, int(min_exp))
+    e, top, zeros, status = kernel(rows, int(stride), e0, lanes, int(min_exp))
     m = float(np.array(top, dtype=np.int32).view(np.float32))
     return lanes.sum(axis=0, dtype=np.int64), (None if e == none else int(e)), m, int(zeros), int(status)
 
 
 def warm_up(one_pass: bool) -> None:
     """Load the kernel a calibration will use, and run it once (numba loads its compiled code on
-    the first call: ~0.25 s, done on a side thread while the session starts)."""
+    the first call: ~0.25 s, done on a side thread while the session starts; the compiled kernels
+    load in about a millisecond)."""
     if one_pass:
         if pow2_kernel() is not None:
             pow2_histogram(np.ones((1, 8), np.float32), 1, None, 16, -100)
@@ -233,14 +248,20 @@ def level_sums(starts: np.ndarray, weights: np.ndarray, p1: np.ndarray,
     """``A[j, t] = sum_k p1[starts[j, k], t]`` and ``B[j, t] = sum_k weights[k] * p0[starts[j, k], t]``
     (prefix sums ``p1``, ``p0``: [bins + 1, tensors]) as exact int64, identical on both paths.
 
-    numba when it imports (``TRTQ_NO_NUMBA`` unset); else a numpy gather."""
-    jit = _numba()
+    The compiled kernel (trtq.calib.native) where it was built; else numba when it imports
+    (``TRTQ_NO_NUMBA`` unset); else a numpy gather."""
+    from trtq.calib import native
+
     starts = np.ascontiguousarray(starts, dtype=np.int64)
     weights = np.ascontiguousarray(weights, dtype=np.int64)
     p1 = np.ascontiguousarray(p1, dtype=np.int64)
     p0 = np.ascontiguousarray(p0, dtype=np.int64)
     a = np.empty((starts.shape[0], p1.shape[1]), dtype=np.int64)
     b = np.empty_like(a)
+    if native.library() is not None:
+        native.level_sums(starts, weights, p1, p0, a, b)
+        return a, b
+    jit = _numba()
     if jit is not None:
         jit.level_sums(starts, weights, p1, p0, a, b)
         return a, b

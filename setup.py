@@ -1,0 +1,7 @@
+"""The compiled kernels (trtq/calib/_native.c) are optional: without a C compiler the install goes
+on and trtq uses numba or numpy instead (trtq.calib.native says which). Everything else is in
+pyproject.toml."""
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("trtq.calib._native", ["trtq/calib/_native.c"], optional=True,
+                             extra_compile_args=["-O3"])])
