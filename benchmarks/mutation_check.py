@@ -155,6 +155,14 @@ MUTATIONS: list[Mutation] = [
     M("pow2-kernel-blocks-on-stride", "trtq/calib/jit.py",
       "return BLOCK - BLOCK % stride if stride <= BLOCK // 4 else stride * 4", "return BLOCK",
       ("tests/calib/test_pow2.py", "tests/calib/test_kernels.py")),
+    # the compiled kernels (trtq/calib/_native.c, rebuilt in the copy): the same three rules
+    M("native-pow2-regrow", "trtq/calib/_native.c", "                            lane[b >> d] += c;",
+      "                            lane[b] += c;", ("tests/calib/test_pow2.py",)),
+    M("native-blocks-on-stride", "trtq/calib/_native.c",
+      "    return stride <= BLOCK / 4 ? BLOCK - BLOCK % stride : stride * 4;", "    return BLOCK;",
+      ("tests/calib/test_pow2.py",)),
+    M("native-level-sums-weights", "trtq/calib/_native.c", "                b[t] += w * r0[t];",
+      "                b[t] += r0[t];", ("tests/calib/test_search.py",)),
     # light shape inference: only weights leave the graph; a Reshape's target keeps its values
     M("infer-shapes-keeps-small-initializers", "trtq/model.py",
       "        return t.data_type in _FLOAT_TENSOR_TYPES and int(np.prod(t.dims, dtype=np.int64)) >= LIGHT_INITIALIZER",
@@ -180,7 +188,7 @@ def copy_tree(dest: Path) -> None:
         src = ROOT / name
         if src.exists():
             shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for name in ("pyproject.toml", "conftest.py", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "conftest.py", "README.md"):
         if (ROOT / name).exists():
             shutil.copy2(ROOT / name, dest / name)
 
@@ -192,6 +200,18 @@ def apply(tree: Path, m: Mutation) -> Optional[str]:
     if count != 1:
         return f"patch found {count} times in {m.path} (expected once)"
     path.write_text(text.replace(m.old, m.new))
+    return None
+
+
+def rebuild(tree: Path) -> Optional[str]:
+    """Compile the patched C kernels in place (the copied library is removed first, so that a
+    failed build cannot leave the unpatched one to test)."""
+    for lib in (tree / "trtq").rglob("_native*.so"):
+        lib.unlink()
+    p = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tree,
+                       capture_output=True, text=True)
+    if p.returncode or not any((tree / "trtq").rglob("_native*.so")):
+        return "the patched trtq/calib/_native.c did not build: " + (p.stderr.strip().splitlines() or [""])[-1][:200]
     return None
 
 
@@ -208,6 +228,10 @@ def run_one(m: Mutation, timeout: float) -> tuple[str, float, str]:
         problem = apply(tree, m)
         if problem:
             return "NO PATCH", 0.0, problem
+        if m.path.endswith(".c"):
+            problem = rebuild(tree)
+            if problem:
+                return "NO BUILD", 0.0, problem
         env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
         t0 = time.perf_counter()
         try:
