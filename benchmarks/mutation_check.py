@@ -155,12 +155,17 @@ MUTATIONS: list[Mutation] = [
     M("pow2-kernel-blocks-on-stride", "trtq/calib/jit.py",
       "return BLOCK - BLOCK % stride if stride <= BLOCK // 4 else stride * 4", "return BLOCK",
       ("tests/calib/test_pow2.py", "tests/calib/test_kernels.py")),
-    # the compiled kernels (trtq/calib/_native.c, rebuilt in the copy): the same three rules
+    # the compiled kernels (trtq/calib/_native.c, rebuilt in the copy): the same rules
     M("native-pow2-regrow", "trtq/calib/_native.c", "                            lane[b >> d] += c;",
       "                            lane[b] += c;", ("tests/calib/test_pow2.py",)),
     M("native-blocks-on-stride", "trtq/calib/_native.c",
       "    return stride <= BLOCK / 4 ? BLOCK - BLOCK % stride : stride * 4;", "    return BLOCK;",
       ("tests/calib/test_pow2.py",)),
+    M("native-histogram-flags-past-top", "trtq/calib/_native.c", "        *exceeded |= y >= exceed_at;\n",
+      "", ("tests/calib/test_kernels.py",)),
+    M("native-histogram-max-of-counted", "trtq/calib/_native.c",
+      "block_max_bits_strided((const int32_t *)(xr + s), len, stride)",
+      "block_max_bits((const int32_t *)(xr + s), len)", ("tests/calib/test_kernels.py",)),
     M("native-level-sums-weights", "trtq/calib/_native.c", "                b[t] += w * r0[t];",
       "                b[t] += r0[t];", ("tests/calib/test_search.py",)),
     # light shape inference: only weights leave the graph; a Reshape's target keeps its values

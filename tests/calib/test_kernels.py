@@ -1,14 +1,15 @@
 """The per-array kernels of trtq.calib.kernels and the I/O-bound collector of trtq.calib.collect.
 
-The numba kernel and the numpy fallback must give the same counts, bit for bit, as a direct numpy
-statement of the binning rule; the collector must return what a plain ONNX Runtime run returns.
+The compiled and the numba kernels and the numpy fallback must give the same counts, bit for bit,
+as a direct numpy statement of the binning rule; the collector must return what a plain ONNX
+Runtime run returns.
 """
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtq.calib import kernels
+from trtq.calib import kernels, native
 from trtq.calib.collect import OrtCollector, select_tensors
 from trtq.calib.stats import AbsMaxAccumulator, HistogramAccumulator
 
@@ -31,15 +32,22 @@ def _arrays():
             "half": heavy[:4099].astype(np.float16), "double": heavy[:5000].astype(np.float64)}
 
 
-@pytest.fixture(params=["numba", "numpy"])
+@pytest.fixture(params=["native", "numba", "numpy"])
 def implementation(request, monkeypatch):
-    if request.param == "numba":
+    monkeypatch.delenv("TRTQ_NO_NATIVE", raising=False)
+    monkeypatch.delenv("TRTQ_NO_NUMBA", raising=False)
+    if request.param == "native":
+        if native.library() is None:
+            pytest.skip("the compiled kernels were not built in this install (no C compiler)")
+        assert kernels.two_pass_kernel() is native.histogram_f32
+    elif request.param == "numba":
         pytest.importorskip("numba")
-        monkeypatch.delenv("TRTQ_NO_NUMBA", raising=False)
-        assert kernels.numba_enabled()
+        monkeypatch.setenv("TRTQ_NO_NATIVE", "1")
+        assert kernels.numba_enabled() and kernels.two_pass_kernel() is not None
     else:
+        monkeypatch.setenv("TRTQ_NO_NATIVE", "1")
         monkeypatch.setenv("TRTQ_NO_NUMBA", "1")
-        assert not kernels.numba_enabled()
+        assert kernels.two_pass_kernel() is None
     return request.param
 
 
@@ -66,6 +74,22 @@ def test_histogram_into_flags(implementation):
         _, flags = kernels.histogram_into(np.array([1.0, bad, 0.25], np.float32), np.float32(8.0),
                                           np.zeros(16, np.int64))
         assert flags & kernels.NONFINITE
+
+
+@pytest.mark.parametrize("stride", [7, 1039, 4289])
+def test_histogram_into_counts_every_stride_th_element_of_each_row(implementation, stride):
+    rng = np.random.default_rng(stride)
+    rows = np.abs(rng.standard_t(3, size=(3, 20011))).astype(np.float32)
+    rows[1, 4] = np.nan  # not counted (4 is no multiple of the stride): no flag, as the rule says
+    rows[2, 5] = 1e9  # nor is this one: nothing past the top among the counted elements
+    picked = rows[:, ::stride]
+    scale = np.float32(NUM_BINS / float(picked.max()))
+    counts = np.zeros(NUM_BINS, np.int64)
+    zeros, flags = kernels.histogram_into(rows, scale, counts, stride)
+    expected, expected_zeros = _reference(picked, scale, NUM_BINS)
+    assert np.array_equal(counts, expected) and zeros == expected_zeros and flags == 0
+    rows[0, 2 * stride] = np.inf  # a counted one is
+    assert kernels.histogram_into(rows, scale, np.zeros(NUM_BINS, np.int64), stride)[1] & kernels.NONFINITE
 
 
 def test_accumulators_split_large_tensors_in_parallel(monkeypatch):

@@ -7,6 +7,9 @@
  *   element is read for the max, elements 0, stride, ... of each row are counted as
  *   floor(|x| * 2**-e * num_bins) in float32 into four int32 lanes, and a block whose max passes
  *   2**e first merges the lanes into the wider range (bin b -> b >> d, exact);
+ * - trtq_histogram_f32 (jit.histogram_f32): the two-pass histograms (entropy, max --save-stats) over
+ *   fixed edges: a block's max of the counted elements first, then its counts, clamped to the last
+ *   bin (and flagged past exceed_at) only where the block reaches it;
  * - trtq_level_sums (jit.level_sums): the gathered prefix sums of the range search (trtq.calib.search).
  *
  * Built as a CPython extension only so that setuptools places it next to the package and Python
@@ -47,6 +50,18 @@ static inline int32_t block_max_bits(const int32_t *bits, int64_t n) {
     int32_t m = 0;
     for (int64_t i = 0; i < n; i++) {
         int32_t v = bits[i] & 0x7FFFFFFF;
+        m = v > m ? v : m;
+    }
+    return m;
+}
+
+/* the same over elements 0, stride, ... of the block */
+static inline int32_t block_max_bits_strided(const int32_t *bits, int64_t n, int64_t stride) {
+    if (stride == 1)
+        return block_max_bits(bits, n);
+    int32_t m = 0;
+    for (int64_t p = 0; p < n; p += stride) {
+        int32_t v = bits[p] & 0x7FFFFFFF;
         m = v > m ? v : m;
     }
     return m;
@@ -124,6 +139,78 @@ HOST_CLONES int trtq_pow2_count(const float *x, int64_t rows, int64_t n, int64_t
     *top_out = top;
     *zeros_out = zeros;
     return status;
+}
+
+/* count_block for int64 lanes: every value of the block known below the last bin */
+static inline int64_t count_block64(const float *seg, int64_t n, int64_t stride, float scale, int64_t *lanes,
+                                    int64_t nb) {
+    int64_t *l0 = lanes, *l1 = lanes + nb, *l2 = lanes + 2 * nb, *l3 = lanes + 3 * nb;
+    int64_t zeros = 0;
+    int64_t p = 0;
+    for (; p + 3 * stride < n; p += 4 * stride) {
+        float y0 = fabsf(seg[p]) * scale;
+        float y1 = fabsf(seg[p + stride]) * scale;
+        float y2 = fabsf(seg[p + 2 * stride]) * scale;
+        float y3 = fabsf(seg[p + 3 * stride]) * scale;
+        zeros += (y0 == 0.0f) + (y1 == 0.0f) + (y2 == 0.0f) + (y3 == 0.0f);
+        l0[(uint32_t)y0]++;
+        l1[(uint32_t)y1]++;
+        l2[(uint32_t)y2]++;
+        l3[(uint32_t)y3]++;
+    }
+    for (; p < n; p += stride) {
+        float y0 = fabsf(seg[p]) * scale;
+        zeros += y0 == 0.0f;
+        l0[(uint32_t)y0]++;
+    }
+    return zeros;
+}
+
+/* a block that reaches the last bin: values past it count there; *exceeded set by any value at or
+ * above exceed_at */
+static inline int64_t count_block_clipped64(const float *seg, int64_t n, int64_t stride, float scale, int64_t *lanes,
+                                            int64_t nb, float exceed_at, int *exceeded) {
+    float flast = (float)(nb - 1);
+    int64_t zeros = 0;
+    uint64_t j = 0;
+    for (int64_t p = 0; p < n; p += stride, j++) {
+        float y = fabsf(seg[p]) * scale;
+        zeros += y == 0.0f;
+        *exceeded |= y >= exceed_at;
+        lanes[(int64_t)(j & 3) * nb + (int64_t)(y < flast ? y : flast)]++;
+    }
+    return zeros;
+}
+
+/* x: float32 [rows, n] (contiguous), elements 0, stride, ... of each row counted as
+ * floor(|x| * scale) into lanes (int64 [4, nb]). out: zeros, exceeded (a value at or above
+ * exceed_at). Returns 1 when a NaN / Inf was met (the counts are then incomplete), else 0. */
+HOST_CLONES int trtq_histogram_f32(const float *x, int64_t rows, int64_t n, float scale, int64_t *lanes, int64_t nb,
+                                   float exceed_at, int64_t stride, int64_t *zeros_out, int32_t *exceeded_out) {
+    float flast = (float)(nb - 1);
+    int64_t zeros = 0;
+    int exceeded = 0, nonfinite = 0;
+    int64_t step = block_step(stride);
+    for (int64_t r = 0; r < rows && !nonfinite; r++) {
+        const float *xr = x + r * n;
+        for (int64_t s = 0; s < n; s += step) {
+            int64_t len = n - s < step ? n - s : step;
+            int32_t m = block_max_bits_strided((const int32_t *)(xr + s), len, stride);
+            if (m >= NONFINITE_BITS) {
+                nonfinite = 1;
+                break;
+            }
+            float top;
+            memcpy(&top, &m, sizeof top);
+            if (top * scale < flast) /* the usual case: no clamp, no flags */
+                zeros += count_block64(xr + s, len, stride, scale, lanes, nb);
+            else
+                zeros += count_block_clipped64(xr + s, len, stride, scale, lanes, nb, exceed_at, &exceeded);
+        }
+    }
+    *zeros_out = zeros;
+    *exceeded_out = exceeded;
+    return nonfinite;
 }
 
 /* a_out[j, t] = sum_k p1[starts[j, k], t]; b_out[j, t] = sum_k weights[k] * p0[starts[j, k], t]

@@ -353,11 +353,12 @@ def _one_pass(run: _Setup, stream: _Stream) -> tuple[Any, Any, Any, Any]:
 def _histogram_pass(run: _Setup, stream: _Stream, maxima: dict[str, float], replay: Any,
                     read_batches: Optional[Path]) -> tuple[Any, Any]:
     """Pass 2: histograms over the fixed edges of ``maxima``; (counts, zeros)."""
-    from trtq.calib.kernels import numba_enabled
+    from trtq.calib.kernels import two_pass_kernel
     from trtq.calib.stats import HistogramAccumulator
 
-    if not numba_enabled():
-        log.info("histograms on the numpy fallback; pip install numba makes this pass faster")
+    if two_pass_kernel() is None:
+        log.info("histograms on the numpy fallback; reinstalling trtq where a C compiler is found (or pip "
+                 "install numba) makes this pass faster")
     hist = HistogramAccumulator(maxima, num_bins=run.opts.num_bins)
     # pass 2 needs every tensor: pass 1's session when it exposes them all, else a new one (the
     # first one freed first, so the peak holds one set of activations)

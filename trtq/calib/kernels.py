@@ -121,9 +121,18 @@ def _numba():
     return _jit
 
 
-def _kernel():
+def two_pass_kernel():
+    """The two-pass kernel, ``kernel(rows, scale, lanes, exceed_at, stride) -> (zeros, non-finite,
+    exceeded)``: the compiled one, else numba's (trtq.calib.jit.histogram_f32), else None."""
+    from trtq.calib import native
+
+    if native.library() is not None:
+        return native.histogram_f32
     jit = _numba()
-    return None if jit is None else jit.histogram_f32
+    if jit is None:
+        return None
+    return lambda rows, scale, lanes, exceed_at, stride: jit.histogram_f32(rows, rows.view(np.int32), scale, lanes,
+                                                                          exceed_at, stride)
 
 
 # --------------------------------------------------------------------------------------------
@@ -176,7 +185,7 @@ def warm_up(one_pass: bool) -> None:
     if one_pass:
         if pow2_kernel() is not None:
             pow2_histogram(np.ones((1, 8), np.float32), 1, None, 16, -100)
-    elif _kernel() is not None:
+    elif two_pass_kernel() is not None:
         histogram_into(np.ones(8, np.float32), np.float32(1.0), np.zeros(16, np.int64))
 
 
@@ -193,20 +202,20 @@ def histogram_into(part: np.ndarray, scale: np.float32, counts: np.ndarray, stri
     scale = np.float32(scale)
     exceed_at = np.float32(num_bins * _EXCEED_TOLERANCE)
     rows = np.ascontiguousarray(part).reshape(part.shape[0] if part.ndim == 2 and stride > 1 else 1, -1)
-    kernel = _kernel()
+    kernel = two_pass_kernel()
     if kernel is not None:
         lanes = np.zeros((4, num_bins), dtype=np.int64)
         zeros = 0
         nonfinite = exceeded = False
         if part.dtype == np.float32:
-            zeros, nonfinite, exceeded = kernel(rows, rows.view(np.int32), scale, lanes, exceed_at, int(stride))
+            zeros, nonfinite, exceeded = kernel(rows, scale, lanes, exceed_at, int(stride))
         else:  # float16 / float64: convert a chunk at a time
             flat = rows[:, ::stride].reshape(-1)
             buf = np.empty(min(_CHUNK, flat.size), np.float32)
             for s in range(0, flat.size, _CHUNK):
                 f = buf[:min(_CHUNK, flat.size - s)]
                 np.copyto(f, flat[s:s + f.size], casting="unsafe")
-                z, nf, ex = kernel(f.reshape(1, -1), f.reshape(1, -1).view(np.int32), scale, lanes, exceed_at, 1)
+                z, nf, ex = kernel(f.reshape(1, -1), scale, lanes, exceed_at, 1)
                 zeros, nonfinite, exceeded = zeros + z, nonfinite or nf, exceeded or ex
         counts += lanes.sum(axis=0)
         return int(zeros), (NONFINITE if nonfinite else 0) | (EXCEEDED if exceeded else 0)

@@ -1,4 +1,5 @@
-"""The compiled kernels (trtq/calib/_native.c), loaded with ctypes.
+"""The compiled kernels (trtq/calib/_native.c), loaded with ctypes: the one-pass and the two-pass
+histograms and the mse search's level sums.
 
 ``pip install`` builds them where a C compiler is found (setup.py marks the extension optional);
 otherwise, or with ``TRTQ_NO_NATIVE=1``, :func:`library` is None and trtq.calib.kernels falls back
@@ -33,6 +34,8 @@ def _load() -> Optional[ctypes.CDLL]:
         return None
     lib.trtq_pow2_count.restype = ctypes.c_int
     lib.trtq_pow2_count.argtypes = [_P, _I64, _I64, _I64, _I32, _P, _I64, _I32, _P, _P, _P]
+    lib.trtq_histogram_f32.restype = ctypes.c_int
+    lib.trtq_histogram_f32.argtypes = [_P, _I64, _I64, ctypes.c_float, _P, _I64, ctypes.c_float, _I64, _P, _P]
     lib.trtq_level_sums.restype = None
     lib.trtq_level_sums.argtypes = [_P, _I64, _I64, _P, _P, _P, _I64, _P, _P]
     return lib
@@ -60,6 +63,18 @@ def pow2_count(rows: np.ndarray, stride: int, e0: int, lanes: np.ndarray, min_ex
                                  lanes.ctypes.data, lanes.shape[1], int(min_exp),
                                  ctypes.byref(e), ctypes.byref(top), ctypes.byref(zeros))
     return e.value, top.value, zeros.value, status
+
+
+def histogram_f32(rows: np.ndarray, scale: np.float32, lanes: np.ndarray, exceed_at: np.float32,
+                  stride: int) -> tuple[int, bool, bool]:
+    """trtq.calib.jit.histogram_f32's contract: ``rows`` float32 [R, n] and ``lanes`` int64
+    [4, num_bins] (updated), both C-contiguous; returns (zeros, non-finite seen, a value at or
+    above ``exceed_at``)."""
+    zeros, exceeded = _I64(), _I32()
+    nonfinite = library().trtq_histogram_f32(rows.ctypes.data, rows.shape[0], rows.shape[1], float(scale),
+                                             lanes.ctypes.data, lanes.shape[1], float(exceed_at), int(stride),
+                                             ctypes.byref(zeros), ctypes.byref(exceeded))
+    return zeros.value, bool(nonfinite), bool(exceeded.value)
 
 
 def level_sums(starts: np.ndarray, weights: np.ndarray, p1: np.ndarray, p0: np.ndarray,
