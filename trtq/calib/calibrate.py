@@ -188,8 +188,8 @@ def run_calibration(
     # the max pass (trtq.calib.derive)
     links = monotone_links(run.model, tensors)
     measured = [t for t in tensors if t not in links]
-    if run.need_hist:  # load numba and the kernel's compiled code while the session starts
-        threading.Thread(target=warm_up, args=(run.one_pass,), name="trtq-numba-warmup", daemon=True).start()
+    if run.need_hist:  # load the kernels (numba: its compiled code, ~0.25 s) while the session starts
+        threading.Thread(target=warm_up, args=(run.one_pass,), name="trtq-kernel-warmup", daemon=True).start()
     # one session for both passes when there are two (every tensor exposed: pass 1 reads the
     # measured ones); the max-only pass exposes only the measured ones. No local reference to it:
     # a pass 2 that needs another frees it first.
