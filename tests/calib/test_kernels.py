@@ -92,6 +92,25 @@ def test_histogram_into_counts_every_stride_th_element_of_each_row(implementatio
     assert kernels.histogram_into(rows, scale, np.zeros(NUM_BINS, np.int64), stride)[1] & kernels.NONFINITE
 
 
+def test_compiled_kernels_refuse_what_they_would_misread():
+    """The C code trusts dtype, layout and indices: the wrappers check them first."""
+    if native.library() is None:
+        pytest.skip("the compiled kernels were not built in this install (no C compiler)")
+    rows = np.ones((2, 64), np.float32)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        native.pow2_count(rows[:, ::2], 1, 0, np.zeros((4, 16), np.int32), -100)  # a strided view
+    with pytest.raises(ValueError, match="float32"):
+        native.pow2_count(rows.astype(np.float64), 1, 0, np.zeros((4, 16), np.int32), -100)
+    with pytest.raises(ValueError, match="int64"):
+        native.histogram_f32(rows, np.float32(1), np.zeros((4, 16), np.int32), np.float32(16), 1)
+    starts, weights = np.zeros((2, 3), np.int64), np.ones(3, np.int64)
+    p = np.zeros((5, 4), np.int64)
+    a, b = np.empty((2, 4), np.int64), np.empty((2, 4), np.int64)
+    native.level_sums(starts, weights, p, p, a, b)
+    with pytest.raises(ValueError, match="out of range"):
+        native.level_sums(starts + 5, weights, p, p, a, b)
+
+
 def test_accumulators_split_large_tensors_in_parallel(monkeypatch):
     """Parts and threads must not change the result: compare with one-part, inline runs."""
     rng = np.random.default_rng(3)

@@ -4,17 +4,17 @@
 * :func:`histogram_into` - add the counts of ``floor(|x| * scale)`` (clipped to the last bin) of
   one array to ``counts``, and report exact zeros, non-finite values and values past the last edge.
 
-``histogram_into`` has two implementations that give bit-identical counts:
+``histogram_into`` (and the one-pass :func:`pow2_histogram`, the range search's :func:`level_sums`)
+have three implementations that give bit-identical results, taken in this order:
 
-* a numba kernel (``pip install numba``, the ``fast`` extra), used when numba imports: per block of
-  4096 elements a vectorised max, then the counts (no clamp where the max is below the last bin),
-  ~1.1-1.3 ns per element per core on the 2-core CI machine;
+* the compiled kernels of trtq.calib.native (built at install where a C compiler is found;
+  ``TRTQ_NO_NATIVE=1`` skips them): per block of 4096 elements a vectorised max, then the counts
+  (no clamp where the max is below the last bin), ~1.1-1.3 ns per element per core on the 2-core
+  CI machine;
+* the same in numba (``pip install numba``, the ``fast`` extra), used when numba imports;
 * a numpy fallback on small reused scratch buffers (~5 ns per element).
 
-``TRTQ_NO_NUMBA=1`` forces the fallback (the tests compare the two). The one-pass histograms
-(:func:`pow2_kernel`) and the range search's :func:`level_sums` take, in this order, the compiled
-kernels of trtq.calib.native (built at install where a C compiler is found; ``TRTQ_NO_NATIVE=1``
-skips them), numba, numpy; all give the same integers. Work is split into parts of
+``TRTQ_NO_NUMBA=1`` skips numba (the tests compare all three). Work is split into parts of
 at most :data:`PART` elements and run on a thread pool as wide as the usable cores; each part has
 its own counts, summed at the end, so the result is independent of the split and the thread count.
 """

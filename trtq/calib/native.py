@@ -5,8 +5,9 @@ histograms and the mse search's level sums.
 otherwise, or with ``TRTQ_NO_NATIVE=1``, :func:`library` is None and trtq.calib.kernels falls back
 to numba, then numpy. They give the same integers as the numba kernels (trtq.calib.jit) at about
 the same speed per element, without numba's import (~0.2 s, ~60 MB) and first call (~0.25 s to
-load its cached machine code, ~35 MB): what a one-pass mse / percentile calibration paid before any
-work. ctypes releases the GIL for the call, so the thread pool runs them side by side.
+load its cached machine code, ~35 MB): what every calibration paid before any work. ctypes
+releases the GIL for the call, so the thread pool runs them side by side. The wrappers check
+dtypes and layout: the C code trusts them.
 """
 import ctypes
 import importlib.util
@@ -54,13 +55,20 @@ def library() -> Optional[ctypes.CDLL]:
     return _lib
 
 
+def _checked(a: np.ndarray, dtype) -> int:
+    if a.dtype != dtype or not a.flags.c_contiguous or a.ndim != 2:
+        raise ValueError(f"compiled kernel: expected a C-contiguous 2-D {np.dtype(dtype).name} array, "
+                         f"got {a.dtype} {a.shape}")
+    return a.ctypes.data
+
+
 def pow2_count(rows: np.ndarray, stride: int, e0: int, lanes: np.ndarray, min_exp: int) -> tuple[int, int, int, int]:
     """trtq.calib.jit.pow2_count's contract: ``rows`` float32 [R, n] C-contiguous, ``lanes`` int32
     [4, num_bins] C-contiguous (updated); returns (e, max bits, zeros, status)."""
     lib = library()
     e, top, zeros = _I32(), _I32(), _I64()
-    status = lib.trtq_pow2_count(rows.ctypes.data, rows.shape[0], rows.shape[1], int(stride), int(e0),
-                                 lanes.ctypes.data, lanes.shape[1], int(min_exp),
+    status = lib.trtq_pow2_count(_checked(rows, np.float32), rows.shape[0], rows.shape[1], int(stride), int(e0),
+                                 _checked(lanes, np.int32), lanes.shape[1], int(min_exp),
                                  ctypes.byref(e), ctypes.byref(top), ctypes.byref(zeros))
     return e.value, top.value, zeros.value, status
 
@@ -71,8 +79,8 @@ def histogram_f32(rows: np.ndarray, scale: np.float32, lanes: np.ndarray, exceed
     [4, num_bins] (updated), both C-contiguous; returns (zeros, non-finite seen, a value at or
     above ``exceed_at``)."""
     zeros, exceeded = _I64(), _I32()
-    nonfinite = library().trtq_histogram_f32(rows.ctypes.data, rows.shape[0], rows.shape[1], float(scale),
-                                             lanes.ctypes.data, lanes.shape[1], float(exceed_at), int(stride),
+    nonfinite = library().trtq_histogram_f32(_checked(rows, np.float32), rows.shape[0], rows.shape[1], float(scale),
+                                             _checked(lanes, np.int64), lanes.shape[1], float(exceed_at), int(stride),
                                              ctypes.byref(zeros), ctypes.byref(exceeded))
     return zeros.value, bool(nonfinite), bool(exceeded.value)
 
@@ -80,5 +88,12 @@ def histogram_f32(rows: np.ndarray, scale: np.float32, lanes: np.ndarray, exceed
 def level_sums(starts: np.ndarray, weights: np.ndarray, p1: np.ndarray, p0: np.ndarray,
                a_out: np.ndarray, b_out: np.ndarray) -> None:
     """trtq.calib.jit.level_sums's contract; every array int64 and C-contiguous."""
-    library().trtq_level_sums(starts.ctypes.data, starts.shape[0], starts.shape[1], weights.ctypes.data,
-                              p1.ctypes.data, p0.ctypes.data, p1.shape[1], a_out.ctypes.data, b_out.ctypes.data)
+    if weights.dtype != np.int64 or not weights.flags.c_contiguous or weights.shape != (starts.shape[1],):
+        raise ValueError("compiled kernel: weights must be C-contiguous int64, one per column of starts")
+    if p0.shape != p1.shape or a_out.shape != b_out.shape or a_out.shape != (starts.shape[0], p1.shape[1]):
+        raise ValueError("compiled kernel: level_sums shapes do not match")
+    if starts.size and (starts.min() < 0 or starts.max() >= p1.shape[0]):
+        raise ValueError("compiled kernel: level_sums starts out of range")
+    library().trtq_level_sums(_checked(starts, np.int64), starts.shape[0], starts.shape[1], weights.ctypes.data,
+                              _checked(p1, np.int64), _checked(p0, np.int64), p1.shape[1],
+                              _checked(a_out, np.int64), _checked(b_out, np.int64))
