@@ -111,6 +111,19 @@ def test_compiled_kernels_refuse_what_they_would_misread():
         native.level_sums(starts + 5, weights, p, p, a, b)
 
 
+def test_compiled_kernels_from_another_version_are_not_used(monkeypatch, caplog):
+    """An editable install not rebuilt after a pull keeps an old library: trtq must not call it."""
+    if native.library() is None:
+        pytest.skip("the compiled kernels were not built in this install (no C compiler)")
+    monkeypatch.setattr(native, "VERSION", native.VERSION + 1)
+    monkeypatch.setattr(native, "_state", "untried")
+    monkeypatch.setattr(native, "_lib", None)
+    with caplog.at_level("WARNING", logger="trtq.calib.native"):
+        assert native.library() is None
+    assert "pip install -e ." in caplog.text
+    assert kernels.pow2_kernel() is not native.pow2_count
+
+
 def test_accumulators_split_large_tensors_in_parallel(monkeypatch):
     """Parts and threads must not change the result: compare with one-part, inline runs."""
     rng = np.random.default_rng(3)

@@ -41,6 +41,15 @@ enum { POW2_OK = 0, POW2_NONFINITE = 1, POW2_TINY = 2 };
 #define HOST_CLONES
 #endif
 
+/* the three entry points are looked up by name (ctypes) */
+#if defined(_WIN32)
+#define EXPORT __declspec(dllexport)
+#elif defined(__GNUC__)
+#define EXPORT __attribute__((visibility("default")))
+#else
+#define EXPORT
+#endif
+
 static int64_t block_step(int64_t stride) {
     return stride <= BLOCK / 4 ? BLOCK - BLOCK % stride : stride * 4;
 }
@@ -93,7 +102,7 @@ static inline int64_t count_block(const float *seg, int64_t n, int64_t stride, f
 /* x: float32 [rows, n] (contiguous); lanes: int32 [4, nb], zero or holding counts over 2**e0.
  * out: e, max bits, zeros. Returns POW2_OK, POW2_NONFINITE (a NaN / Inf: the rest is incomplete)
  * or POW2_TINY (the range would stay below 2**min_exp). */
-HOST_CLONES int trtq_pow2_count(const float *x, int64_t rows, int64_t n, int64_t stride, int32_t e0, int32_t *lanes,
+EXPORT HOST_CLONES int trtq_pow2_count(const float *x, int64_t rows, int64_t n, int64_t stride, int32_t e0, int32_t *lanes,
                     int64_t nb, int32_t min_exp, int32_t *e_out, int32_t *top_out, int64_t *zeros_out) {
     int32_t e = e0;
     float scale = e == NO_EXPONENT ? 0.0f : (float)ldexp((double)nb, -e);
@@ -185,7 +194,7 @@ static inline int64_t count_block_clipped64(const float *seg, int64_t n, int64_t
 /* x: float32 [rows, n] (contiguous), elements 0, stride, ... of each row counted as
  * floor(|x| * scale) into lanes (int64 [4, nb]). out: zeros, exceeded (a value at or above
  * exceed_at). Returns 1 when a NaN / Inf was met (the counts are then incomplete), else 0. */
-HOST_CLONES int trtq_histogram_f32(const float *x, int64_t rows, int64_t n, float scale, int64_t *lanes, int64_t nb,
+EXPORT HOST_CLONES int trtq_histogram_f32(const float *x, int64_t rows, int64_t n, float scale, int64_t *lanes, int64_t nb,
                                    float exceed_at, int64_t stride, int64_t *zeros_out, int32_t *exceeded_out) {
     float flast = (float)(nb - 1);
     int64_t zeros = 0;
@@ -215,7 +224,7 @@ HOST_CLONES int trtq_histogram_f32(const float *x, int64_t rows, int64_t n, floa
 
 /* a_out[j, t] = sum_k p1[starts[j, k], t]; b_out[j, t] = sum_k weights[k] * p0[starts[j, k], t]
  * (int64; p1, p0: [rows, tensors], starts: [J, K], all contiguous) */
-void trtq_level_sums(const int64_t *starts, int64_t nj, int64_t nk, const int64_t *weights, const int64_t *p1,
+EXPORT void trtq_level_sums(const int64_t *starts, int64_t nj, int64_t nk, const int64_t *weights, const int64_t *p1,
                      const int64_t *p0, int64_t nt, int64_t *a_out, int64_t *b_out) {
     memset(a_out, 0, (size_t)(nj * nt) * sizeof(int64_t));
     memset(b_out, 0, (size_t)(nj * nt) * sizeof(int64_t));
@@ -231,6 +240,10 @@ void trtq_level_sums(const int64_t *starts, int64_t nj, int64_t nk, const int64_
         }
     }
 }
+
+/* the interface's version: trtq.calib.native refuses a library built from another one (an editable
+ * install not rebuilt after a pull); raise it with any change of a signature or a rule */
+EXPORT int trtq_native_version(void) { return 1; }
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "see trtq.calib.native", -1,
                                     NULL, NULL, NULL, NULL, NULL};

@@ -11,12 +11,15 @@ dtypes and layout: the C code trusts them.
 """
 import ctypes
 import importlib.util
+import logging
 import os
 import threading
 from typing import Optional
 
 import numpy as np
 
+log = logging.getLogger(__name__)
+VERSION = 1  # _native.c's trtq_native_version(): the interface these wrappers call
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
 _state = "untried"  # "untried" | "ok" | "missing"
@@ -31,14 +34,19 @@ def _load() -> Optional[ctypes.CDLL]:
         return None
     try:
         lib = ctypes.CDLL(spec.origin)
-    except OSError:
+        built = lib.trtq_native_version()
+        if built != VERSION:
+            log.warning("the compiled kernels were built from another trtq (interface %s, this one %s); "
+                        "using numba / numpy. Rebuild them: pip install -e . (in the checkout)", built, VERSION)
+            return None
+        lib.trtq_pow2_count.restype = ctypes.c_int
+        lib.trtq_pow2_count.argtypes = [_P, _I64, _I64, _I64, _I32, _P, _I64, _I32, _P, _P, _P]
+        lib.trtq_histogram_f32.restype = ctypes.c_int
+        lib.trtq_histogram_f32.argtypes = [_P, _I64, _I64, ctypes.c_float, _P, _I64, ctypes.c_float, _I64, _P, _P]
+        lib.trtq_level_sums.restype = None
+        lib.trtq_level_sums.argtypes = [_P, _I64, _I64, _P, _P, _P, _I64, _P, _P]
+    except (OSError, AttributeError):  # not loadable here, or built from another version of the file
         return None
-    lib.trtq_pow2_count.restype = ctypes.c_int
-    lib.trtq_pow2_count.argtypes = [_P, _I64, _I64, _I64, _I32, _P, _I64, _I32, _P, _P, _P]
-    lib.trtq_histogram_f32.restype = ctypes.c_int
-    lib.trtq_histogram_f32.argtypes = [_P, _I64, _I64, ctypes.c_float, _P, _I64, ctypes.c_float, _I64, _P, _P]
-    lib.trtq_level_sums.restype = None
-    lib.trtq_level_sums.argtypes = [_P, _I64, _I64, _P, _P, _P, _I64, _P, _P]
     return lib
 
 
