@@ -3,6 +3,8 @@
 References are written here independently: bins computed in float64 over the final range, every
 k-th element of each sample taken by plain slicing, primes found by trial division.
 """
+import importlib.util
+import json
 import math
 
 import numpy as np
@@ -283,3 +285,24 @@ def test_calibrate_on_photos_subsamples_and_keeps_caches_batch_independent(trtq,
     assert json.loads((tmp_path / "full.cache.json").read_text())["collection"]["histograms"]["subsampled_tensors"] == 0
     r = trtq(["calibrate", "-c", sample_config, "--hist-elements", "-1", "-o", tmp_path / "neg.cache"])
     assert r.code == 2 and "--hist-elements" in r.err and not (tmp_path / "neg.cache").exists()
+
+
+def test_calibrate_records_its_kernels_and_each_writes_the_same_cache(trtq, sample_config, tmp_path, monkeypatch):
+    """The provenance names the kernels a run used ("compiled", "numba", "numpy"); the caches agree."""
+    paths = [("numpy", {"TRTQ_NO_NATIVE": "1", "TRTQ_NO_NUMBA": "1"})]
+    if importlib.util.find_spec("numba") is not None:
+        paths.append(("numba", {"TRTQ_NO_NATIVE": "1", "TRTQ_NO_NUMBA": "0"}))
+    if native.library() is not None:
+        paths.append(("compiled", {"TRTQ_NO_NATIVE": "0", "TRTQ_NO_NUMBA": "0"}))
+    caches = []
+    for name, env in paths:
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        for method in ("mse", "entropy"):
+            out = tmp_path / f"{name}-{method}.cache"
+            r = trtq(["calibrate", "-c", sample_config, "--limit", "10", "--method", method, "-o", out])
+            assert r.code == 0, r
+            assert json.loads((tmp_path / f"{out.name}.json").read_text())["collection"]["kernels"] == name
+            caches.append((method, out.read_bytes()))
+    for method in ("mse", "entropy"):
+        assert len({c for m, c in caches if m == method}) == 1

@@ -221,6 +221,10 @@ def run_calibration(
     if run.one_pass:
         provenance["collection"]["histograms"] = {"edges": "pow2", "hist_elements": opts.hist_elements,
                                                   "subsampled_tensors": run.subsampled}
+    if run.need_hist:
+        from trtq.calib.kernels import implementation
+
+        provenance["collection"]["kernels"] = implementation()  # same results on each; for timings
     out = Path(opts.output)
     stats_path = Path(opts.save_stats) if opts.save_stats else None
     if write:

@@ -121,6 +121,16 @@ def _numba():
     return _jit
 
 
+def implementation() -> str:
+    """Which kernels the histograms run on: "compiled", "numba" or "numpy" (same results; the
+    provenance records it, for timings)."""
+    from trtq.calib import native
+
+    if native.library() is not None:
+        return "compiled"
+    return "numba" if _numba() is not None else "numpy"
+
+
 def two_pass_kernel():
     """The two-pass kernel, ``kernel(rows, scale, lanes, exceed_at, stride) -> (zeros, non-finite,
     exceeded)``: the compiled one, else numba's (trtq.calib.jit.histogram_f32), else None."""
