@@ -1,4 +1,5 @@
 """The CLI contract: one-line errors, exit codes, nothing written on failure."""
+import os
 import subprocess
 import sys
 
@@ -23,6 +24,13 @@ def test_help_does_not_import_heavy_modules():
 def test_module_entry_point_and_version():
     r = subprocess.run([sys.executable, "-m", "trtq", "--version"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("trtq, version ")
+    from trtq.calib import native
+
+    if native.library() is not None:
+        assert r.stdout.rstrip().endswith("(histogram kernels: compiled)")
+    env = dict(os.environ, TRTQ_NO_NATIVE="1", TRTQ_NO_NUMBA="1")
+    r = subprocess.run([sys.executable, "-m", "trtq", "--version"], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and r.stdout.rstrip().endswith("(histogram kernels: numpy)")
 
 
 @pytest.mark.parametrize("cmd", ["calibrate", "quantize", "compare", "build", "bench", "inspect-cache"])

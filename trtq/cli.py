@@ -423,8 +423,19 @@ class _ProgressLine:
 # ------------------------------------------------------------------------------------------------
 
 
+def _print_version(ctx: click.Context, _param, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from trtq.calib.kernels import implementation
+
+    # the kernels: "numpy" on an install that built no compiled kernels and has no numba (slower)
+    click.echo(f"trtq, version {__version__} (histogram kernels: {implementation()})")
+    ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(__version__, "--version", prog_name="trtq")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the version and the histogram kernels this install uses (compiled, numba or numpy).")
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv: debug, tracebacks).")
 @click.option("-q", "--quiet", is_flag=True, help="Only print errors on stderr.")
 @click.pass_context
