@@ -16,7 +16,8 @@ and the table prints wall time and peak RSS next to the goals of issue 13: calib
 <= 3x inference, its peak RSS <= 1.5x inference's plus the histogram state (tensors x 2048 bins x 8
 bytes, printed). Start-up and imports are inside every case alike.
 
-``--qdq`` adds ``trtq-mse-qdq`` (``--tensors qdq``: only the activations trtq quantize places Q/DQ
+``--numba`` adds ``numba-mse`` (``TRTQ_NO_NATIVE=1``: the numba kernels instead of the compiled
+ones, same caches). ``--qdq`` adds ``trtq-mse-qdq`` (``--tensors qdq``: only the activations trtq quantize places Q/DQ
 on, all an explicit build reads). ``--repeats N`` runs every case N times (median wall time,
 largest peak RSS): the inference floor moves by 20-40% between single runs on a shared 2-core box.
 ``--hist-all`` adds ``trtq-mse-all`` (one pass, every element histogrammed: ``--hist-elements 0``);
@@ -28,6 +29,7 @@ batches after its probe, and ``trtq-mse-b1`` forced to one sample per call with 
 histograms the mse case saved.
 """
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -124,7 +126,7 @@ for rep in range(3):
 """
 
 
-def repeated(cmd, a: argparse.Namespace, cwd=None) -> "common.Measured":
+def repeated(cmd, a: argparse.Namespace, cwd=None, env=None) -> "common.Measured":
     """``cmd`` run ``a.repeats`` times, each in a fresh process: the median wall time and the
     largest peak RSS (the first failed run as it is, if any)."""
     import dataclasses
@@ -132,7 +134,7 @@ def repeated(cmd, a: argparse.Namespace, cwd=None) -> "common.Measured":
 
     runs = []
     for _ in range(max(1, a.repeats)):
-        m = common.run_measured(cmd, a.timeout, cwd=cwd)
+        m = common.run_measured(cmd, a.timeout, cwd=cwd, env=env)
         if m.status != "ok":
             return m
         runs.append(m)
@@ -194,6 +196,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--batch1", action="store_true", help="also PP-OCR cls with a fixed batch of 1")
     ap.add_argument("--search", action="store_true", help="time the range search alone, old vs new")
     ap.add_argument("--main-python", help="also run mse with this Python's trtq (e.g. main's venv), side by side")
+    ap.add_argument("--numba", action="store_true",
+                    help="also run mse on numba's kernels, not the compiled ones (TRTQ_NO_NATIVE=1), side by side")
     ap.add_argument("--qdq", action="store_true",
                     help="also run mse with --tensors qdq (only the activations quantize places Q/DQ on)")
     ap.add_argument("--hist-all", action="store_true",
@@ -220,6 +224,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         runs = [("trtq-" + m, m, batch, ()) for m in a.methods.split(",")]
         if a.main_python:
             runs.insert(0, ("main-mse", "mse", batch, ()))
+        if a.numba:
+            runs.insert(0, ("numba-mse", "mse", batch, ()))
         if a.qdq:
             runs.append(("trtq-mse-qdq", "mse", batch, ("--tensors", "qdq")))
         if a.hist_all:
@@ -233,8 +239,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             if case == "trtq-mse":
                 extra = ("--save-stats", str(a.work / f"{name}.npz"))
             python = a.main_python if case == "main-mse" else sys.executable
+            env = dict(os.environ, TRTQ_NO_NATIVE="1") if case == "numba-mse" else None
             m = repeated(_trtq(model, data, method, b, out, extra, python), a,
-                         cwd=Path(a.main_python).parents[2] if case == "main-mse" else None)
+                         cwd=Path(a.main_python).parents[2] if case == "main-mse" else None, env=env)
             worst = max(worst, int(_row("", "", case, m, base, a.timeout, rss_goal, judge=method == "mse")))
         if a.search and (a.work / f"{name}.npz").exists():
             r = common.run_measured([sys.executable, "-c", _SEARCH, str(a.work / f"{name}.npz")], a.timeout)
