@@ -9,6 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.calib.kernel_paths import require_kernels
 from trtq.calib import kernels, native
 from trtq.calib.collect import OrtCollector, select_tensors
 from trtq.calib.stats import AbsMaxAccumulator, HistogramAccumulator
@@ -34,19 +35,12 @@ def _arrays():
 
 @pytest.fixture(params=["native", "numba", "numpy"])
 def implementation(request, monkeypatch):
-    monkeypatch.delenv("TRTQ_NO_NATIVE", raising=False)
-    monkeypatch.delenv("TRTQ_NO_NUMBA", raising=False)
+    require_kernels(monkeypatch, "compiled" if request.param == "native" else request.param)
     if request.param == "native":
-        if native.library() is None:
-            pytest.skip("the compiled kernels were not built in this install (no C compiler)")
         assert kernels.two_pass_kernel() is native.histogram_f32
     elif request.param == "numba":
-        pytest.importorskip("numba")
-        monkeypatch.setenv("TRTQ_NO_NATIVE", "1")
         assert kernels.numba_enabled() and kernels.two_pass_kernel() is not None
     else:
-        monkeypatch.setenv("TRTQ_NO_NATIVE", "1")
-        monkeypatch.setenv("TRTQ_NO_NUMBA", "1")
         assert kernels.two_pass_kernel() is None
     return request.param
 

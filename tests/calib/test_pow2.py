@@ -3,7 +3,6 @@
 References are written here independently: bins computed in float64 over the final range, every
 k-th element of each sample taken by plain slicing, primes found by trial division.
 """
-import importlib.util
 import json
 import math
 
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from tests.calib.kernel_paths import require_kernels, use_kernels
 from trtq.calib import kernels, native
 from trtq.calib import pow2 as P
 from trtq.calib import stats as S
@@ -36,19 +36,12 @@ def _reference(values: np.ndarray, nb: int = NB):
 def path(request, monkeypatch):
     """The compiled kernel and the numba kernel that take the max and the counts in one read, and
     the numpy fallback (max first, then counts): the tests hold all three to the same references."""
-    monkeypatch.delenv("TRTQ_NO_NATIVE", raising=False)
-    monkeypatch.delenv("TRTQ_NO_NUMBA", raising=False)
+    require_kernels(monkeypatch, {"native": "compiled", "two-reads": "numpy"}.get(request.param, request.param))
     if request.param == "native":
-        if native.library() is None:
-            pytest.skip("the compiled kernels were not built in this install (no C compiler)")
         assert kernels.pow2_kernel() is native.pow2_count
     elif request.param == "numba":
-        pytest.importorskip("numba")
-        monkeypatch.setenv("TRTQ_NO_NATIVE", "1")
         assert kernels.pow2_kernel() is not None
     else:
-        monkeypatch.setenv("TRTQ_NO_NATIVE", "1")
-        monkeypatch.setenv("TRTQ_NO_NUMBA", "1")
         assert kernels.pow2_kernel() is None
     return request.param
 
@@ -289,15 +282,10 @@ def test_calibrate_on_photos_subsamples_and_keeps_caches_batch_independent(trtq,
 
 def test_calibrate_records_its_kernels_and_each_writes_the_same_cache(trtq, sample_config, tmp_path, monkeypatch):
     """The provenance names the kernels a run used ("compiled", "numba", "numpy"); the caches agree."""
-    paths = [("numpy", {"TRTQ_NO_NATIVE": "1", "TRTQ_NO_NUMBA": "1"})]
-    if importlib.util.find_spec("numba") is not None:
-        paths.append(("numba", {"TRTQ_NO_NATIVE": "1", "TRTQ_NO_NUMBA": "0"}))
-    if native.library() is not None:
-        paths.append(("compiled", {"TRTQ_NO_NATIVE": "0", "TRTQ_NO_NUMBA": "0"}))
     caches = []
-    for name, env in paths:
-        for key, value in env.items():
-            monkeypatch.setenv(key, value)
+    for name in ("numpy", "numba", "compiled"):
+        if not use_kernels(monkeypatch, name):
+            continue
         for method in ("mse", "entropy"):
             out = tmp_path / f"{name}-{method}.cache"
             r = trtq(["calibrate", "-c", sample_config, "--limit", "10", "--method", method, "-o", out])

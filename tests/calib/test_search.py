@@ -4,6 +4,7 @@ rounding, same chosen amax, on random and on real activation histograms."""
 import numpy as np
 import pytest
 
+from tests.calib.kernel_paths import use_kernels
 from trtq.calib import kernels, search
 from trtq.calib import stats as S
 
@@ -122,23 +123,18 @@ def test_compute_all_special_tensors_take_the_per_tensor_path():
 
 def test_level_sums_identical_on_every_path(monkeypatch):
     """The compiled kernel, numba and the numpy gather give the same int64 sums."""
-    from trtq.calib import native
-
     rng = np.random.default_rng(5)
     starts = np.sort(rng.integers(0, 2049, (50, 127)), axis=1)
     weights = 2 * np.arange(1, 128) - 1
     p1 = np.cumsum(rng.integers(0, 10 ** 9, (2049, 7)), axis=0)
     p0 = np.cumsum(rng.integers(0, 10 ** 6, (2049, 7)), axis=0)
-    monkeypatch.setenv("TRTQ_NO_NATIVE", "1")
-    monkeypatch.setenv("TRTQ_NO_NUMBA", "1")
+    use_kernels(monkeypatch, "numpy")
     slow = kernels.level_sums(starts, weights, p1, p0)
     assert np.array_equal(slow[0][3], p1[starts[3]].sum(axis=0))
     assert np.array_equal(slow[1][3], weights @ p0[starts[3]])
     ran = []
-    for path, env in (("numba", {"TRTQ_NO_NUMBA": "0"}), ("native", {"TRTQ_NO_NATIVE": "0", "TRTQ_NO_NUMBA": "1"})):
-        for k, v in env.items():
-            monkeypatch.setenv(k, v)
-        if (path == "numba" and not kernels.numba_enabled()) or (path == "native" and native.library() is None):
+    for path in ("numba", "compiled"):
+        if not use_kernels(monkeypatch, path):
             continue
         fast = kernels.level_sums(starts, weights, p1, p0)
         assert np.array_equal(fast[0], slow[0]) and np.array_equal(fast[1], slow[1]), path
