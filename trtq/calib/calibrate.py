@@ -139,6 +139,10 @@ class _Setup:
     subsampled: int = 0  # tensors histogrammed on a stride (one-pass runs)
 
 
+_NUMPY_FALLBACK = ("histograms on the numpy fallback; reinstalling trtq where a C compiler is found (or pip "
+                   "install numba) makes this pass faster")
+
+
 class _Stream:
     """Runs the collector over one pass's batches, reporting progress; counts the last pass."""
 
@@ -344,8 +348,7 @@ def _one_pass(run: _Setup, stream: _Stream) -> tuple[Any, Any, Any, Any]:
     leading = batch_leading(run.model, run.tensors) if opts.hist_elements else set()
     hist = Pow2Histograms(run.tensors, opts.num_bins, opts.hist_elements, leading, one_sample_calls(run.model))
     if pow2_kernel() is None:
-        log.info("histograms on the numpy fallback; reinstalling trtq where a C compiler is found (or pip "
-                 "install numba) makes this pass faster")
+        log.info(_NUMPY_FALLBACK)
     stream.run("histogram", 1, hist.update_batch, run.batcher)
     run.subsampled = len(hist.strides)
     if opts.hist_elements:
@@ -361,8 +364,7 @@ def _histogram_pass(run: _Setup, stream: _Stream, maxima: dict[str, float], repl
     from trtq.calib.stats import HistogramAccumulator
 
     if two_pass_kernel() is None:
-        log.info("histograms on the numpy fallback; reinstalling trtq where a C compiler is found (or pip "
-                 "install numba) makes this pass faster")
+        log.info(_NUMPY_FALLBACK)
     hist = HistogramAccumulator(maxima, num_bins=run.opts.num_bins)
     # pass 2 needs every tensor: pass 1's session when it exposes them all, else a new one (the
     # first one freed first, so the peak holds one set of activations)

@@ -131,18 +131,24 @@ def implementation() -> str:
     return "numba" if _numba() is not None else "numpy"
 
 
-def two_pass_kernel():
-    """The two-pass kernel, ``kernel(rows, scale, lanes, exceed_at, stride) -> (zeros, non-finite,
-    exceeded)``: the compiled one, else numba's (trtq.calib.jit.histogram_f32), else None."""
+def _kernel(name: str):
+    """The kernel ``name`` of trtq.calib.native where it was built, else numba's (trtq.calib.jit,
+    handed the rows' int32 view it takes after the rows), else None."""
     from trtq.calib import native
 
     if native.library() is not None:
-        return native.histogram_f32
+        return getattr(native, name)
     jit = _numba()
     if jit is None:
         return None
-    return lambda rows, scale, lanes, exceed_at, stride: jit.histogram_f32(rows, rows.view(np.int32), scale, lanes,
-                                                                          exceed_at, stride)
+    kernel = getattr(jit, name)
+    return lambda rows, *rest: kernel(rows, rows.view(np.int32), *rest)
+
+
+def two_pass_kernel():
+    """The two-pass kernel, ``kernel(rows, scale, lanes, exceed_at, stride) -> (zeros, non-finite,
+    exceeded)``: compiled, numba's or None (:func:`_kernel`)."""
+    return _kernel("histogram_f32")
 
 
 # --------------------------------------------------------------------------------------------
@@ -155,17 +161,8 @@ NO_EXPONENT = -(1 << 30)  # the kernels' exponent for "only zeros so far" (trtq.
 
 def pow2_kernel():
     """The one-pass kernel, ``kernel(rows, stride, e0, lanes, min_exp) -> (e, max bits, zeros,
-    status)``: the compiled one (trtq.calib.native) where it was built, else numba's
-    (trtq.calib.jit.pow2_count), else None."""
-    from trtq.calib import native
-
-    if native.library() is not None:
-        return native.pow2_count
-    jit = _numba()
-    if jit is None:
-        return None
-    return lambda rows, stride, e0, lanes, min_exp: jit.pow2_count(rows, rows.view(np.int32), stride, e0,
-                                                                   lanes, min_exp)
+    status)``: compiled, numba's or None (:func:`_kernel`)."""
+    return _kernel("pow2_count")
 
 
 def pow2_histogram(rows: np.ndarray, stride: int, exponent: Optional[int], num_bins: int,
