@@ -76,28 +76,37 @@ static inline int32_t block_max_bits_strided(const int32_t *bits, int64_t n, int
     return m;
 }
 
-static inline int64_t count_block(const float *seg, int64_t n, int64_t stride, float scale, int32_t *lanes, int64_t nb) {
-    int32_t *l0 = lanes, *l1 = lanes + nb, *l2 = lanes + 2 * nb, *l3 = lanes + 3 * nb;
-    int64_t zeros = 0;
-    int64_t p = 0;
-    for (; p + 3 * stride < n; p += 4 * stride) {
-        float y0 = fabsf(seg[p]) * scale;
-        float y1 = fabsf(seg[p + stride]) * scale;
-        float y2 = fabsf(seg[p + 2 * stride]) * scale;
-        float y3 = fabsf(seg[p + 3 * stride]) * scale;
-        zeros += (y0 == 0.0f) + (y1 == 0.0f) + (y2 == 0.0f) + (y3 == 0.0f);
-        l0[(uint32_t)y0]++;
-        l1[(uint32_t)y1]++;
-        l2[(uint32_t)y2]++;
-        l3[(uint32_t)y3]++;
+/* add floor(|x| * scale) of elements 0, stride, ... of a block to four lanes in turn (so that runs
+ * of one bin do not serialise on one counter), every value known below the last bin; returns the
+ * exact zeros among them. Two lane types: int32 for the one-pass kernel (a task holds < 2**31
+ * elements, as numba's), int64 for the two-pass one. */
+#define DEFINE_COUNT_BLOCK(NAME, LANE)                                                                  \
+    static inline int64_t NAME(const float *seg, int64_t n, int64_t stride, float scale, LANE *lanes,  \
+                               int64_t nb) {                                                            \
+        LANE *l0 = lanes, *l1 = lanes + nb, *l2 = lanes + 2 * nb, *l3 = lanes + 3 * nb;                 \
+        int64_t zeros = 0;                                                                              \
+        int64_t p = 0;                                                                                  \
+        for (; p + 3 * stride < n; p += 4 * stride) {                                                   \
+            float y0 = fabsf(seg[p]) * scale;                                                           \
+            float y1 = fabsf(seg[p + stride]) * scale;                                                  \
+            float y2 = fabsf(seg[p + 2 * stride]) * scale;                                              \
+            float y3 = fabsf(seg[p + 3 * stride]) * scale;                                              \
+            zeros += (y0 == 0.0f) + (y1 == 0.0f) + (y2 == 0.0f) + (y3 == 0.0f);                         \
+            l0[(uint32_t)y0]++;                                                                         \
+            l1[(uint32_t)y1]++;                                                                         \
+            l2[(uint32_t)y2]++;                                                                         \
+            l3[(uint32_t)y3]++;                                                                         \
+        }                                                                                               \
+        for (; p < n; p += stride) {                                                                    \
+            float y0 = fabsf(seg[p]) * scale;                                                           \
+            zeros += y0 == 0.0f;                                                                        \
+            l0[(uint32_t)y0]++;                                                                         \
+        }                                                                                               \
+        return zeros;                                                                                   \
     }
-    for (; p < n; p += stride) {
-        float y0 = fabsf(seg[p]) * scale;
-        zeros += y0 == 0.0f;
-        l0[(uint32_t)y0]++;
-    }
-    return zeros;
-}
+
+DEFINE_COUNT_BLOCK(count_block, int32_t)
+DEFINE_COUNT_BLOCK(count_block64, int64_t)
 
 /* x: float32 [rows, n] (contiguous); lanes: int32 [4, nb], zero or holding counts over 2**e0.
  * out: e, max bits, zeros. Returns POW2_OK, POW2_NONFINITE (a NaN / Inf: the rest is incomplete)
@@ -148,31 +157,6 @@ EXPORT HOST_CLONES int trtq_pow2_count(const float *x, int64_t rows, int64_t n, 
     *top_out = top;
     *zeros_out = zeros;
     return status;
-}
-
-/* count_block for int64 lanes: every value of the block known below the last bin */
-static inline int64_t count_block64(const float *seg, int64_t n, int64_t stride, float scale, int64_t *lanes,
-                                    int64_t nb) {
-    int64_t *l0 = lanes, *l1 = lanes + nb, *l2 = lanes + 2 * nb, *l3 = lanes + 3 * nb;
-    int64_t zeros = 0;
-    int64_t p = 0;
-    for (; p + 3 * stride < n; p += 4 * stride) {
-        float y0 = fabsf(seg[p]) * scale;
-        float y1 = fabsf(seg[p + stride]) * scale;
-        float y2 = fabsf(seg[p + 2 * stride]) * scale;
-        float y3 = fabsf(seg[p + 3 * stride]) * scale;
-        zeros += (y0 == 0.0f) + (y1 == 0.0f) + (y2 == 0.0f) + (y3 == 0.0f);
-        l0[(uint32_t)y0]++;
-        l1[(uint32_t)y1]++;
-        l2[(uint32_t)y2]++;
-        l3[(uint32_t)y3]++;
-    }
-    for (; p < n; p += stride) {
-        float y0 = fabsf(seg[p]) * scale;
-        zeros += y0 == 0.0f;
-        l0[(uint32_t)y0]++;
-    }
-    return zeros;
 }
 
 /* a block that reaches the last bin: values past it count there; *exceeded set by any value at or
