@@ -134,6 +134,16 @@ def test_zero_tensor_then_values_and_tiny_ranges(path):
     assert np.array_equal(h.counts["t"], counts) and h.tops["t"] == top
 
 
+def test_a_range_below_the_float32_counting_range_stays_exact_in_later_batches(path):
+    # a first batch of 5e-38 leaves the range at 2**-124; later batches of zeros and of values
+    # under that range must still count (the scale 64 * 2**124 is no float32)
+    batches = [np.full((2, 5), 5e-38, np.float32), np.zeros((3, 5000), np.float32),
+               np.array([[0.0, 2e-38, -4e-38]], np.float32)]
+    h = _fold(batches)
+    counts, top, _, zeros = _reference(np.concatenate([b.reshape(-1) for b in batches]))
+    assert np.array_equal(h.counts["t"], counts) and h.tops["t"] == top and h.zeros["t"] == zeros == 15001
+
+
 def test_non_finite_and_a_non_power_of_two_bin_count_are_refused(path):
     with pytest.raises(DataError, match="non-finite"):
         _fold([np.array([1.0, np.nan], np.float32)])

@@ -132,7 +132,9 @@ class Pow2Histograms:
         if unknown is not None:
             raise ValueError(f"tensor '{unknown}' is not collected")
         fused = kernels.pow2_kernel() is not None
-        one_read = {n: a for n, a in arrays.items() if fused and np.asarray(a).dtype == np.float32}
+        # a range already below 2**_MIN_EXP has no float32 scale: those tensors keep the float64 path
+        one_read = {n: a for n, a in arrays.items() if fused and np.asarray(a).dtype == np.float32
+                    and (self.exponents[n] is None or self.exponents[n] >= _MIN_EXP)}
         rest = {n: a for n, a in arrays.items() if n not in one_read}
         if one_read:
             rest.update(self._update_one_read(one_read))
