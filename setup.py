@@ -3,5 +3,5 @@ on and trtq uses numba or numpy instead (trtq.calib.native says which). Everythi
 pyproject.toml."""
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("trtq.calib._native", ["trtq/calib/_native.c"], optional=True,
+setup(ext_modules=[Extension("trtq.calib._native", ["trtq/calib/_native.c", "trtq/calib/_ingraph.c"], optional=True,
                              extra_compile_args=["-O3"])])

@@ -17,7 +17,10 @@ and the table prints wall time and peak RSS next to the goals of issue 13: calib
 bytes, printed). Start-up and imports are inside every case alike.
 
 ``--numba`` adds ``numba-mse`` (``TRTQ_NO_NATIVE=1``: the numba kernels instead of the compiled
-ones, same caches). ``--qdq`` adds ``trtq-mse-qdq`` (``--tensors qdq``: only the activations trtq quantize places Q/DQ
+ones, same caches). ``--outputs`` adds ``outputs-mse`` (``--collect outputs``: every activation
+exposed as an ONNX Runtime output and histogrammed after the call, the collection before the
+in-graph statistics; same caches).
+``--qdq`` adds ``trtq-mse-qdq`` (``--tensors qdq``: only the activations trtq quantize places Q/DQ
 on, all an explicit build reads). ``--repeats N`` runs every case N times (median wall time,
 largest peak RSS): the inference floor moves by 20-40% between single runs on a shared 2-core box.
 ``--hist-all`` adds ``trtq-mse-all`` (one pass, every element histogrammed: ``--hist-elements 0``);
@@ -198,6 +201,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--main-python", help="also run mse with this Python's trtq (e.g. main's venv), side by side")
     ap.add_argument("--numba", action="store_true",
                     help="also run mse on numba's kernels, not the compiled ones (TRTQ_NO_NATIVE=1), side by side")
+    ap.add_argument("--outputs", action="store_true",
+                    help="also run mse with --collect outputs (activations exposed as outputs), side by side")
     ap.add_argument("--qdq", action="store_true",
                     help="also run mse with --tensors qdq (only the activations quantize places Q/DQ on)")
     ap.add_argument("--hist-all", action="store_true",
@@ -226,6 +231,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             runs.insert(0, ("main-mse", "mse", batch, ()))
         if a.numba:
             runs.insert(0, ("numba-mse", "mse", batch, ()))
+        if a.outputs:
+            runs.insert(0, ("outputs-mse", "mse", batch, ("--collect", "outputs")))
         if a.qdq:
             runs.append(("trtq-mse-qdq", "mse", batch, ("--tensors", "qdq")))
         if a.hist_all:

@@ -50,7 +50,7 @@ def test_usage_errors_exit_2(trtq, tmp_path):
     assert r.code == 2
     assert r.err.strip() == ("trtq: error: unknown config key 'calibrate.metod'; valid keys here: method, percentile, "
                              "num_bins, tensors, output, trt_version, backend, providers, save_stats, max_memory, "
-                             "hist_elements")
+                             "hist_elements, collect")
     r = trtq(["calibrate", "--config", tmp_path / "missing.yaml"])
     assert r.code == 2 and "config file not found" in r.err
     r = trtq(["calibrate"])

@@ -471,6 +471,10 @@ _calibration = _option_group(
     click.option("--hist-elements", type=int, metavar="N",
                  help="mse/percentile: histogram at most N elements of each tensor per sample, a fixed "
                       "stride (default 65536; 0: every element). The max always sees every element."),
+    click.option("--collect", type=click.Choice(["auto", "in-graph", "outputs"]),
+                 help="mse/percentile: take the statistics inside ONNX Runtime as each tensor is made "
+                      "(in-graph: inference's memory, no activation copied out; needs the compiled kernels and "
+                      "the CPU provider) or from tensors exposed as outputs (default auto: in-graph where it runs)."),
     click.option("--tensors", multiple=True, metavar="NAMES",
                  help="Only these tensors (comma-separated or repeated); 'qdq': only the activations trtq "
                       "quantize places Q/DQ on (explicit builds; ~15-50% of the tensors, up to 2x faster; the "
@@ -502,7 +506,7 @@ _sharding = _option_group(
 def _calibrate_overrides(model: Optional[str], calib: _Flags) -> dict[str, Any]:
     overrides = {f"calibrate.{key}": getattr(calib, key)
                  for key in ("method", "percentile", "num_bins", "output", "trt_version", "backend", "save_stats",
-                             "max_memory", "hist_elements")}
+                             "max_memory", "hist_elements", "collect")}
     overrides.update({"model": model, "calibrate.tensors": _split_csv(calib.tensors) or None,
                       "calibrate.providers": list(calib.providers) or None})
     return overrides

@@ -60,8 +60,10 @@ def test_budgets_give_the_same_cache(trtq, sample_model, sample_images, tmp_path
     a = np.load(tmp_path / "ref.npz")
     for size in ("80M", "12M"):
         out = tmp_path / f"{size}.cache"
+        # --collect outputs: the budget bounds exposed activations (mse's default, in-graph, has none;
+        # so for mse this also holds the two collections to the same statistics)
         r = trtq(_sample_args(sample_model, sample_images, out, "--method", method, "--max-memory", size,
-                              "--save-stats", tmp_path / f"{size}.npz"))
+                              "--save-stats", tmp_path / f"{size}.npz", "--collect", "outputs"))
         assert r.code == 0, r
         assert ref.read_bytes() == out.read_bytes()
         b = np.load(tmp_path / f"{size}.npz")
@@ -86,7 +88,8 @@ def test_rows_within():
 @pytest.mark.parametrize("size,needle", [("2X", "must be a size such as 2G"), ("0", "must be positive"),
                                          ("1K", "raise --max-memory to at least")])
 def test_max_memory_errors_are_one_line_exit_2(trtq, sample_model, sample_images, tmp_path, size, needle):
-    r = trtq(_sample_args(sample_model, sample_images, tmp_path / "c.cache", "--max-memory", size))
+    r = trtq(_sample_args(sample_model, sample_images, tmp_path / "c.cache", "--max-memory", size, "--collect",
+                          "outputs"))
     assert r.code == 2, r
     assert needle in r.err and len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err
     assert not (tmp_path / "c.cache").exists()

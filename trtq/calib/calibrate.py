@@ -137,6 +137,7 @@ class _Setup:
     feed_mode: Optional[str] = None  # a fixed-batch-1 model: "batched" or "per-sample" (trtq.calib.widen)
     one_pass: bool = False  # mse / percentile: power-of-two histograms in one pass (trtq.calib.pow2)
     subsampled: int = 0  # tensors histogrammed on a stride (one-pass runs)
+    collect_mode: str = "outputs"  # "in-graph" (trtq.calib.ingraph) or "outputs" (trtq.calib.collect)
 
 
 _NUMPY_FALLBACK = ("histograms on the numpy fallback; reinstalling trtq where a C compiler is found (or pip "
@@ -198,12 +199,15 @@ def run_calibration(
     # measured ones); the max-only pass exposes only the measured ones. No local reference to it:
     # a pass 2 that needs another frees it first.
     two_passes = run.need_hist and run.given is None and not run.one_pass
-    stream = _Stream(_collector(run, measured if run.given is None and not run.need_hist else tensors),
-                     run.batcher, progress, 2 if two_passes else 1)
+    hist, collector = _one_pass_collector(run) if run.one_pass else (None, None)
+    if collector is None:
+        collector = _collector(run, measured if run.given is None and not run.need_hist else tensors)
+    stream = _Stream(collector, run.batcher, progress, 2 if two_passes else 1)
+    del collector  # the stream holds it
     started = time.perf_counter()
     tops = None
     if run.one_pass:
-        maxima, counts, zeros, tops = _one_pass(run, stream)
+        maxima, counts, zeros, tops = _one_pass(run, stream, hist)
     else:
         maxima, counts, zeros = _passes(run, stream, links, keep_batches if write else None, keep_batches)
     if run.shard_pass == "ranges":  # a pass-1 shard: maxima only, histograms come in pass 2
@@ -218,7 +222,8 @@ def run_calibration(
 
     provenance = build_provenance(cfg, run.model_path, run.specs, run.batcher, stream.samples, run.trt_version,
                                   run.algorithm, amax)
-    provenance["collection"] = {"tensor_groups": run.tensor_groups, "rows_per_call": run.rows_per_call,
+    provenance["collection"] = {"mode": run.collect_mode,
+                                "tensor_groups": run.tensor_groups, "rows_per_call": run.rows_per_call,
                                 "fixed_batch_1": run.feed_mode,
                                 # which tensors: all, a --tensors list, or "qdq" (what quantize reads)
                                 "tensors": selection or ("listed" if opts.tensors else "all")}
@@ -291,6 +296,10 @@ def _prepare(cfg: TrtqConfig, shard: Optional[tuple[int, int]], ranges: Optional
     from trtq.calib.pow2 import is_pow2
 
     run.one_pass = opts.method in ("mse", "percentile") and is_pow2(int(opts.num_bins))
+    if opts.collect == "in-graph" and not run.one_pass:
+        raise UsageError(f"--collect in-graph takes the one-pass statistics of mse / percentile (power-of-two "
+                         f"--num-bins); --method {opts.method} with {opts.num_bins} bins has two passes",
+                         "drop --collect (or pass --collect outputs)")
     if shard is not None or ranges is not None:
         from trtq.calib.shard import prepare_shard
 
@@ -338,18 +347,50 @@ def _passes(run: _Setup, stream: _Stream, links: Any, write_batches: Optional[Pa
         return (maxima, *_histogram_pass(run, stream, maxima, replay, read_batches))
 
 
-def _one_pass(run: _Setup, stream: _Stream) -> tuple[Any, Any, Any, Any]:
-    """mse / percentile: power-of-two histograms in one pass; (maxima, counts, zeros, tops)."""
+def _one_pass_collector(run: _Setup) -> tuple[Any, Any]:
+    """The one pass's histograms, and the in-graph collector (trtq.calib.ingraph) that fills them
+    when ``--collect`` allows it and it runs here (else None: the outputs collector)."""
     from trtq.calib.batchdim import batch_leading, one_sample_calls
-    from trtq.calib.kernels import pow2_kernel
     from trtq.calib.pow2 import Pow2Histograms
+    from trtq.errors import ModelError
 
     opts = run.opts
     leading = batch_leading(run.model, run.tensors) if opts.hist_elements else set()
     hist = Pow2Histograms(run.tensors, opts.num_bins, opts.hist_elements, leading, one_sample_calls(run.model))
-    if pow2_kernel() is None:
-        log.info(_NUMPY_FALLBACK)
-    stream.run("histogram", 1, hist.update_batch, run.batcher)
+    if opts.collect == "outputs":
+        return hist, None
+    from trtq.calib import ingraph
+
+    why = ingraph.unavailable(opts.providers)
+    if why is None:
+        try:
+            from trtq.calib.groups import batch_dim_free
+
+            collector = ingraph.InGraphCollector(run.model, hist, leading, opts.providers,
+                                                 free_batch=batch_dim_free(run.model, dict(run.batcher.shapes)))
+            run.collect_mode = "in-graph"
+            return hist, collector
+        except ModelError as e:
+            why = e.message
+    if opts.collect == "in-graph":
+        raise UsageError(f"--collect in-graph cannot run here: {why}", "pass --collect outputs (or auto)")
+    log.info("statistics from exposed outputs: %s", why)
+    return hist, None
+
+
+def _one_pass(run: _Setup, stream: _Stream, hist: Any) -> tuple[Any, Any, Any, Any]:
+    """mse / percentile: power-of-two histograms in one pass; (maxima, counts, zeros, tops)."""
+    from trtq.calib.kernels import pow2_kernel
+
+    opts = run.opts
+    if run.collect_mode == "in-graph":  # ONNX Runtime folds each batch in as it runs
+        stream.run("histogram", 1, lambda _part: None, run.batcher)
+        stream.collector.finish()
+        stream.collector.close()
+    else:
+        if pow2_kernel() is None:
+            log.info(_NUMPY_FALLBACK)
+        stream.run("histogram", 1, hist.update_batch, run.batcher)
     run.subsampled = len(hist.strides)
     if opts.hist_elements:
         log.info("%d of %d tensors histogrammed on a stride (at most %d elements per sample); %d whole",

@@ -92,11 +92,12 @@ class GroupedCollector:
         from trtq.calib.budget import plan_groups, rows_per_call, tensor_bytes
 
         self.batch = batch = next((int(s[0]) for s in input_shapes.values() if len(s)), 1)
+        self.free = batch_dim_free(model, input_shapes)  # padding rows of a last batch are not run
         sizes = tensor_bytes(model, tensors, input_shapes)
         self.rows_per_call = batch
         total = sum(sizes.values())
         rows, target = rows_per_call(total, batch, budget, slice_at)
-        if split_rows and rows < batch and _batch_dim_free(model, input_shapes):
+        if split_rows and rows < batch and self.free:
             self.rows_per_call = rows
             sizes = tensor_bytes(model, tensors, {n: (self.rows_per_call,) + tuple(s[1:])
                                                   for n, s in input_shapes.items()})
@@ -120,6 +121,11 @@ class GroupedCollector:
         """Each group's activations for each slice of ``rows_per_call`` rows (padding rows past
         ``valid`` are not run), valid until the next one is produced."""
         rows = next((a.shape[0] for a in arrays.values() if a.ndim), 0)
+        if self.free and valid is not None and valid < rows:
+            # a free batch dim: the last batch runs its samples only. Its padding rows repeat the
+            # last sample; the statistics leave them out of batch-sized tensors anyway, but a
+            # tensor whose batch axis is not the first (attention's [3, N, ...]) would count them
+            arrays, rows, valid = {n: a[:valid] for n, a in arrays.items()}, int(valid), None
         if rows <= self.rows_per_call:
             for collector in self._collectors:
                 yield collector.run(arrays, valid)
@@ -141,7 +147,7 @@ class GroupedCollector:
         return {name: np.concatenate(v) if sliced else v[-1] for name, v in pieces.items()}
 
 
-def _batch_dim_free(model: onnx.ModelProto, input_shapes: dict) -> bool:
+def batch_dim_free(model: onnx.ModelProto, input_shapes: dict) -> bool:
     """Every fed input's leading dim is the batch's and not fixed by the model (so a slice of rows
     runs)."""
     declared = {vi.name: vi for vi in model.graph.input}

@@ -19,7 +19,7 @@ from typing import Optional
 import numpy as np
 
 log = logging.getLogger(__name__)
-VERSION = 1  # _native.c's trtq_native_version(): the interface these wrappers call
+VERSION = 2  # _native.c's trtq_native_version(): the interface these wrappers call
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
 _state = "untried"  # "untried" | "ok" | "missing"
@@ -45,6 +45,18 @@ def _load() -> Optional[ctypes.CDLL]:
         lib.trtq_histogram_f32.argtypes = [_P, _I64, _I64, ctypes.c_float, _P, _I64, ctypes.c_float, _I64, _P, _P]
         lib.trtq_level_sums.restype = None
         lib.trtq_level_sums.argtypes = [_P, _I64, _I64, _P, _P, _P, _I64, _P, _P]
+        # the ONNX Runtime operator's collections (trtq.calib.ingraph)
+        lib.trtq_ingraph_create.restype = _I32
+        lib.trtq_ingraph_create.argtypes = [_I64, _I64, _I64, _I32, _P]
+        lib.trtq_ingraph_free.restype = None
+        lib.trtq_ingraph_free.argtypes = [_I32]
+        lib.trtq_ingraph_set_run.restype = _I32
+        lib.trtq_ingraph_set_run.argtypes = [_I32, _I64, _I64]
+        lib.trtq_ingraph_read.restype = _I32
+        lib.trtq_ingraph_read.argtypes = [_I32, _I64, _P, _P, _P, _P, _P, _P]
+        lib.trtq_ingraph_parallel.restype = _I32
+        lib.trtq_ingraph_first_error.restype = _I64
+        lib.trtq_ingraph_first_error.argtypes = [_I32]
     except (OSError, AttributeError):  # not loadable here, or built from another version of the file
         return None
     return lib

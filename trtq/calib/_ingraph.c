@@ -1,0 +1,562 @@
+/* trtq.calib._native, part 2: the one-pass statistics as an ONNX Runtime custom operator.
+ *
+ * trtq.calib.ingraph puts one node of the operator (domain ai.trtq.calib, type Pow2Stats) after
+ * each activation to calibrate, and hands this library to ONNX Runtime
+ * (SessionOptions.register_custom_ops_library). Each node then folds its input into the
+ * power-of-two histogram of its slot (trtq_pow2_count, _native.c) while the tensor is still in
+ * cache, and ONNX Runtime frees or reuses the tensor as in plain inference: no activation is
+ * exposed as a graph output, copied back or held for a whole batch. The counts follow the rules of
+ * trtq.calib.pow2.Pow2Histograms exactly (rows past the batch's valid ones left out, the
+ * per-sample stride, exact merges of ranges), so the statistics are the same integers.
+ *
+ * ONNX Runtime's C API is used through the table it hands to RegisterCustomOps, by slot number
+ * (the table only ever grows at its end; the numbers below are those of API version 16, checked
+ * against ONNX Runtime 1.16 to 1.32). No ONNX Runtime header or library is needed to build.
+ *
+ * Threading: collections are created and freed by Python between sessions (never while one runs);
+ * each node writes only its own slot; ONNX Runtime runs one node at a time here (sequential
+ * executor), a node spreading its tensor over ONNX Runtime's threads (ParallelFor, API >= 17).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(_WIN32)
+#define EXPORT __declspec(dllexport)
+#elif defined(__GNUC__)
+#define EXPORT __attribute__((visibility("default")))
+#else
+#define EXPORT
+#endif
+
+#define NO_EXPONENT (-(1 << 30))
+#define NONFINITE_BITS 0x7F800000
+#define MIN_EXP (-100) /* trtq.calib.pow2._MIN_EXP / _MAX_EXP */
+#define MAX_EXP 128
+#define TASK_ELEMENTS (1 << 18) /* elements read per parallel task */
+#define MAX_TASKS 256
+#define MAX_COLLECTIONS 64
+
+enum { POW2_OK = 0, POW2_NONFINITE = 1, POW2_TINY = 2, NO_MEMORY = 3 };
+
+/* _native.c */
+int trtq_pow2_count(const float *x, int64_t rows, int64_t n, int64_t stride, int32_t e0, int32_t *lanes, int64_t nb,
+                    int32_t min_exp, int32_t *e_out, int32_t *top_out, int64_t *zeros_out);
+
+/* ---------------------------------------------------------------------------------------------
+ * collections: one per calibration session, one slot per calibrated tensor
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    int32_t e;       /* counts cover [0, 2**e); NO_EXPONENT: only zeros so far */
+    int32_t status;  /* POW2_NONFINITE once a NaN / Inf was met, NO_MEMORY (sticky) */
+    int32_t leading; /* leading dim is the batch (trtq.calib.batchdim): subsampled per sample */
+    double max;      /* max |x| (a float32 value) */
+    int64_t zeros;
+    int64_t stride; /* the last stride taken (1: every element) */
+    int64_t *counts;
+} slot_t;
+
+typedef struct {
+    int64_t nb, cap, nslots;
+    int32_t one_sample;   /* each call holds one sample: every tensor subsampled as one row */
+    int64_t batch, valid; /* of the coming run: rows of batch-sized tensors past `valid` are padding */
+    slot_t *slots;
+} collection_t;
+
+static collection_t *collections[MAX_COLLECTIONS];
+
+static void free_collection(collection_t *c) {
+    if (c == NULL)
+        return;
+    if (c->slots != NULL)
+        for (int64_t i = 0; i < c->nslots; i++)
+            free(c->slots[i].counts);
+    free(c->slots);
+    free(c);
+}
+
+/* a collection of `nslots` histograms of `nb` bins (leading: nslots flags); returns its id (> 0),
+ * or 0 when out of memory or ids */
+EXPORT int32_t trtq_ingraph_create(int64_t nslots, int64_t nb, int64_t cap, int32_t one_sample,
+                                   const int32_t *leading) {
+    int32_t id = 0;
+    for (int32_t i = 1; i < MAX_COLLECTIONS && id == 0; i++)
+        if (collections[i] == NULL)
+            id = i;
+    if (id == 0 || nslots < 1 || nb < 1)
+        return 0;
+    collection_t *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return 0;
+    c->nb = nb, c->cap = cap, c->nslots = nslots, c->one_sample = one_sample;
+    c->slots = calloc((size_t)nslots, sizeof *c->slots);
+    if (c->slots == NULL) {
+        free_collection(c);
+        return 0;
+    }
+    for (int64_t i = 0; i < nslots; i++) {
+        slot_t *s = &c->slots[i];
+        s->e = NO_EXPONENT;
+        s->leading = leading[i];
+        s->stride = 1;
+        s->counts = calloc((size_t)nb, sizeof(int64_t));
+        if (s->counts == NULL) {
+            free_collection(c);
+            return 0;
+        }
+    }
+    collections[id] = c;
+    return id;
+}
+
+EXPORT void trtq_ingraph_free(int32_t id) {
+    if (id > 0 && id < MAX_COLLECTIONS) {
+        free_collection(collections[id]);
+        collections[id] = NULL;
+    }
+}
+
+static collection_t *lookup(int64_t id) {
+    return id > 0 && id < MAX_COLLECTIONS ? collections[id] : NULL;
+}
+
+/* the next run's batch rows and how many of them are samples (the rest repeat the last one) */
+EXPORT int32_t trtq_ingraph_set_run(int32_t id, int64_t batch, int64_t valid) {
+    collection_t *c = lookup(id);
+    if (c == NULL)
+        return -1;
+    c->batch = batch, c->valid = valid;
+    return 0;
+}
+
+/* a slot's statistics; returns -1 for an unknown id or slot */
+EXPORT int32_t trtq_ingraph_read(int32_t id, int64_t slot, int64_t *counts, int32_t *e, double *max, int64_t *zeros,
+                                 int64_t *stride, int32_t *status) {
+    collection_t *c = lookup(id);
+    if (c == NULL || slot < 0 || slot >= c->nslots)
+        return -1;
+    slot_t *s = &c->slots[slot];
+    memcpy(counts, s->counts, (size_t)c->nb * sizeof(int64_t));
+    *e = s->e, *max = s->max, *zeros = s->zeros, *stride = s->stride, *status = s->status;
+    return 0;
+}
+
+/* the first slot whose status is not OK, -1 when none (-2: unknown id); checked after each run */
+EXPORT int64_t trtq_ingraph_first_error(int32_t id) {
+    collection_t *c = lookup(id);
+    if (c == NULL)
+        return -2;
+    for (int64_t i = 0; i < c->nslots; i++)
+        if (c->slots[i].status != POW2_OK)
+            return i;
+    return -1;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * folding one tensor into a slot (the rules of trtq.calib.pow2)
+ * ------------------------------------------------------------------------------------------- */
+
+/* counts over [0, 2**from) -> over [0, 2**to), to >= from (pow2.regrow) */
+static void regrow(int64_t *counts, int64_t nb, int32_t d) {
+    if (d <= 0)
+        return;
+    if (d > 62)
+        d = 62;
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t v = counts[b];
+        counts[b] = 0;
+        counts[b >> d] += v;
+    }
+}
+
+static void raise_to(slot_t *s, int64_t nb, int32_t e) {
+    if (s->e == NO_EXPONENT)
+        s->e = e; /* only zeros so far: they stay in bin 0 */
+    else if (e > s->e) {
+        regrow(s->counts, nb, e - s->e);
+        s->e = e;
+    }
+}
+
+/* pow2.stride_for: 1, or the smallest prime k with ceil(elements / k) <= cap dividing no dim */
+static int64_t stride_for(int64_t elements, int64_t cap, const int64_t *dims, size_t ndims) {
+    if (cap <= 0 || elements <= cap)
+        return 1;
+    int64_t k = (elements + cap - 1) / cap;
+    if (k < 2)
+        k = 2;
+    for (;; k++) {
+        int ok = 1;
+        for (int64_t p = 2; p * p <= k && ok; p++)
+            ok = k % p != 0;
+        for (size_t i = 0; i < ndims && ok; i++)
+            ok = dims[i] <= 0 || dims[i] % k != 0;
+        if (ok)
+            return k;
+    }
+}
+
+typedef struct {
+    const float *x;
+    int64_t rows, n, stride;
+    int32_t e0, e, top, status;
+    int64_t nb, zeros;
+    int32_t *lanes; /* [4, nb] */
+} task_t;
+
+static void run_task(void *data, size_t i) {
+    task_t *t = (task_t *)data + i;
+    t->status = trtq_pow2_count(t->x, t->rows, t->n, t->stride, t->e0, t->lanes, t->nb, MIN_EXP, &t->e, &t->top,
+                                &t->zeros);
+}
+
+/* exponent_of(m): smallest e with m < 2**e */
+static int32_t exponent_of(double m) {
+    int e;
+    frexp(m, &e);
+    return e;
+}
+
+/* pow2.Pow2Histograms._update_two_reads for one tensor: ranges below the float32 counting range */
+static void fold_float64(slot_t *s, int64_t nb, const float *x, int64_t used, int64_t rows, int64_t n, int64_t k) {
+    const int32_t *bits = (const int32_t *)x;
+    int32_t top = 0;
+    for (int64_t i = 0; i < used; i++) {
+        int32_t v = bits[i] & 0x7FFFFFFF;
+        top = v > top ? v : top;
+    }
+    if (top >= NONFINITE_BITS) {
+        s->status = POW2_NONFINITE;
+        return;
+    }
+    float m;
+    memcpy(&m, &top, sizeof m);
+    if ((double)m > s->max)
+        s->max = (double)m;
+    if (m > 0.0f)
+        raise_to(s, nb, exponent_of((double)m));
+    int32_t e = s->e;
+    float flast = (float)(nb - 1);
+    float scale = e >= MIN_EXP && e <= MAX_EXP ? (float)ldexp((double)nb, -e) : 0.0f;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < n; j += k) {
+            float v = fabsf(x[r * n + j]);
+            int64_t b;
+            if (e == NO_EXPONENT) {
+                b = 0, s->zeros++;
+            } else if (e >= MIN_EXP && e <= MAX_EXP) {
+                float y = v * scale;
+                s->zeros += y == 0.0f;
+                b = (int64_t)(y < flast ? y : flast);
+            } else {
+                double y = ldexp((double)v, -e) * (double)nb;
+                s->zeros += v == 0.0f;
+                b = y < (double)(nb - 1) ? (int64_t)y : nb - 1;
+            }
+            s->counts[b]++;
+        }
+}
+
+typedef void (*parallel_for_fn)(void *ctx, void (*fn)(void *, size_t), size_t total, void *data);
+
+/* fold x (float32, dims) into slot s of c; `parallel` runs tasks side by side (or NULL) */
+static void fold(collection_t *c, slot_t *s, const float *x, const int64_t *dims, size_t ndims,
+                 parallel_for_fn parallel, void *ctx) {
+    if (s->status != POW2_OK)
+        return;
+    int64_t size = 1;
+    for (size_t i = 0; i < ndims; i++)
+        size *= dims[i];
+    int64_t lead = ndims > 0 ? dims[0] : 1;
+    int64_t used = size;
+    if (ndims > 0 && lead == c->batch && c->valid < c->batch && lead > 0) { /* collect.OrtCollector.run */
+        lead = c->valid;
+        used = size / dims[0] * lead;
+    }
+    if (used <= 0)
+        return;
+    int64_t rows = 1, n = used, k = 1;
+    if (c->cap > 0 && ndims >= 1 && (c->one_sample || s->leading)) { /* Pow2Histograms._stride */
+        int64_t r = c->one_sample ? 1 : lead;
+        int64_t sample_dims[16];
+        size_t nd = 0;
+        for (size_t i = c->one_sample ? 0 : 1; i < ndims && nd < 16; i++)
+            sample_dims[nd++] = i == 0 ? lead : dims[i];
+        int64_t kk = stride_for(used / r, c->cap, sample_dims, nd);
+        if (kk > 1)
+            rows = r, n = used / r, k = kk, s->stride = kk;
+    }
+    if (s->e != NO_EXPONENT && s->e < MIN_EXP) {
+        fold_float64(s, c->nb, x, used, rows, n, k);
+        return;
+    }
+    /* tasks: whole rows when strided (the stride restarts on each row), else any cut */
+    task_t tasks[MAX_TASKS];
+    int64_t ntasks, per;
+    if (k == 1) {
+        per = TASK_ELEMENTS;
+        ntasks = (used + per - 1) / per;
+        if (ntasks > MAX_TASKS)
+            per = (used + MAX_TASKS - 1) / MAX_TASKS, ntasks = (used + per - 1) / per;
+    } else {
+        per = TASK_ELEMENTS / n > 1 ? TASK_ELEMENTS / n : 1; /* rows per task */
+        ntasks = (rows + per - 1) / per;
+        if (ntasks > MAX_TASKS)
+            per = (rows + MAX_TASKS - 1) / MAX_TASKS, ntasks = (rows + per - 1) / per;
+    }
+    int64_t nb = c->nb;
+    int32_t *lanes = calloc((size_t)(ntasks * 4 * nb), sizeof(int32_t));
+    if (lanes == NULL) {
+        s->status = NO_MEMORY;
+        return;
+    }
+    for (int64_t t = 0; t < ntasks; t++) {
+        task_t *tk = &tasks[t];
+        if (k == 1) {
+            int64_t start = t * per, len = used - start < per ? used - start : per;
+            tk->x = x + start, tk->rows = 1, tk->n = len;
+        } else {
+            int64_t r0 = t * per, nr = rows - r0 < per ? rows - r0 : per;
+            tk->x = x + r0 * n, tk->rows = nr, tk->n = n;
+        }
+        tk->stride = k, tk->e0 = s->e, tk->nb = nb, tk->lanes = lanes + t * 4 * nb;
+    }
+    if (parallel != NULL && ntasks > 1)
+        parallel(ctx, run_task, (size_t)ntasks, tasks);
+    else
+        for (int64_t t = 0; t < ntasks; t++)
+            run_task(tasks, (size_t)t);
+    int tiny = 0;
+    for (int64_t t = 0; t < ntasks; t++) {
+        if (tasks[t].status == POW2_NONFINITE) {
+            s->status = POW2_NONFINITE;
+            free(lanes);
+            return;
+        }
+        tiny |= tasks[t].status == POW2_TINY;
+    }
+    if (tiny) {
+        free(lanes);
+        fold_float64(s, nb, x, used, rows, n, k);
+        return;
+    }
+    for (int64_t t = 0; t < ntasks; t++) { /* Pow2Histograms.add, each task at its own range */
+        task_t *tk = &tasks[t];
+        float m;
+        memcpy(&m, &tk->top, sizeof m);
+        if ((double)m > s->max)
+            s->max = (double)m;
+        int32_t d = 0;
+        if (tk->e != NO_EXPONENT) {
+            raise_to(s, nb, tk->e);
+            d = s->e - tk->e;
+        }
+        if (d > 62)
+            d = 62;
+        for (int j = 0; j < 4; j++)
+            for (int64_t b = 0; b < nb; b++)
+                s->counts[b >> d] += tk->lanes[j * nb + b];
+        s->zeros += tk->zeros;
+    }
+    free(lanes);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the ONNX Runtime operator
+ * ------------------------------------------------------------------------------------------- */
+
+typedef void *status_t; /* OrtStatus* */
+typedef const void *const *api_t; /* the OrtApi table, by slot */
+
+/* slots of the OrtApi table used here (0-based) */
+#define API_CREATE_STATUS 0
+#define API_CREATE_CUSTOM_OP_DOMAIN 26
+#define API_CUSTOM_OP_DOMAIN_ADD 27
+#define API_ADD_CUSTOM_OP_DOMAIN 28
+#define API_GET_TENSOR_MUTABLE_DATA 51
+#define API_GET_TENSOR_ELEMENT_TYPE 60
+#define API_GET_DIMENSIONS_COUNT 61
+#define API_GET_DIMENSIONS 62
+#define API_GET_TENSOR_TYPE_AND_SHAPE 65
+#define API_KERNEL_INFO_GET_ATTRIBUTE_INT64 86
+#define API_KERNEL_CONTEXT_GET_INPUT 90
+#define API_KERNEL_CONTEXT_GET_OUTPUT 91
+#define API_RELEASE_STATUS 93
+#define API_RELEASE_TENSOR_TYPE_AND_SHAPE_INFO 99
+#define API_KERNEL_CONTEXT_PARALLEL_FOR 274 /* API version 17 */
+
+#define ORT_FAIL 1
+#define ORT_INVALID_ARGUMENT 2
+#define TYPE_FLOAT 1
+#define API_VERSION 16
+
+typedef status_t (*create_status_fn)(int code, const char *msg);
+typedef void (*release_status_fn)(status_t);
+typedef status_t (*create_domain_fn)(const char *, void **);
+typedef status_t (*domain_add_fn)(void *, const void *);
+typedef status_t (*add_domain_fn)(void *, void *);
+typedef status_t (*mutable_data_fn)(void *, void **);
+typedef status_t (*element_type_fn)(const void *, int *);
+typedef status_t (*dims_count_fn)(const void *, size_t *);
+typedef status_t (*dims_fn)(const void *, int64_t *, size_t);
+typedef status_t (*type_and_shape_fn)(const void *, void **);
+typedef void (*release_info_fn)(void *);
+typedef status_t (*attr_int64_fn)(const void *, const char *, int64_t *);
+typedef status_t (*get_input_fn)(const void *, size_t, const void **);
+typedef status_t (*get_output_fn)(void *, size_t, const int64_t *, size_t, void **);
+typedef status_t (*ort_parallel_for_fn)(const void *, void (*)(void *, size_t), size_t, size_t, void *);
+
+#define CALL(api, slot, type) ((type)(api)[slot])
+
+static api_t ort_api;        /* the table of the runtime that loaded this library */
+static int has_parallel_for; /* its API version is >= 17 */
+
+typedef struct {
+    int64_t collection, slot;
+} kernel_t;
+
+/* the OrtCustomOp of API version 16: a version number, then its callbacks in order */
+typedef struct {
+    uint32_t version;
+    void *(*create_kernel)(const void *, const void *, const void *);
+    const char *(*get_name)(const void *);
+    const char *(*get_execution_provider_type)(const void *);
+    int (*get_input_type)(const void *, size_t);
+    size_t (*get_input_type_count)(const void *);
+    int (*get_output_type)(const void *, size_t);
+    size_t (*get_output_type_count)(const void *);
+    void (*kernel_compute)(void *, void *);
+    void (*kernel_destroy)(void *);
+    int (*get_input_characteristic)(const void *, size_t);
+    int (*get_output_characteristic)(const void *, size_t);
+    int (*get_input_memory_type)(const void *, size_t);
+    int (*get_variadic_input_min_arity)(const void *);
+    int (*get_variadic_input_homogeneity)(const void *);
+    int (*get_variadic_output_min_arity)(const void *);
+    int (*get_variadic_output_homogeneity)(const void *);
+    status_t (*create_kernel_v2)(const void *, const void *, const void *, void **);
+    status_t (*kernel_compute_v2)(void *, void *);
+} custom_op_t;
+
+static status_t fail(int code, const char *msg) { return CALL(ort_api, API_CREATE_STATUS, create_status_fn)(code, msg); }
+
+static status_t create_kernel(const void *op, const void *api, const void *info, void **out) {
+    (void)op, (void)api;
+    kernel_t k;
+    status_t st = CALL(ort_api, API_KERNEL_INFO_GET_ATTRIBUTE_INT64, attr_int64_fn)(info, "collection", &k.collection);
+    if (st == NULL)
+        st = CALL(ort_api, API_KERNEL_INFO_GET_ATTRIBUTE_INT64, attr_int64_fn)(info, "slot", &k.slot);
+    if (st != NULL)
+        return st;
+    collection_t *c = lookup(k.collection);
+    if (c == NULL || k.slot < 0 || k.slot >= c->nslots)
+        return fail(ORT_INVALID_ARGUMENT, "trtq Pow2Stats: unknown collection or slot (built for another session)");
+    kernel_t *kp = malloc(sizeof *kp);
+    if (kp == NULL)
+        return fail(ORT_FAIL, "trtq Pow2Stats: out of memory");
+    *kp = k;
+    *out = kp;
+    return NULL;
+}
+
+static void parallel_via_ort(void *ctx, void (*fn)(void *, size_t), size_t total, void *data) {
+    status_t st = CALL(ort_api, API_KERNEL_CONTEXT_PARALLEL_FOR, ort_parallel_for_fn)(ctx, fn, total, 0, data);
+    if (st != NULL) { /* no pool after all: run them here */
+        CALL(ort_api, API_RELEASE_STATUS, release_status_fn)(st);
+        for (size_t i = 0; i < total; i++)
+            fn(data, i);
+    }
+}
+
+static status_t compute(void *kernel, void *ctx) {
+    kernel_t *k = kernel;
+    collection_t *c = lookup(k->collection);
+    if (c == NULL || k->slot >= c->nslots)
+        return fail(ORT_INVALID_ARGUMENT, "trtq Pow2Stats: the collection was freed");
+    const void *input;
+    void *output, *info, *data;
+    status_t st = CALL(ort_api, API_KERNEL_CONTEXT_GET_INPUT, get_input_fn)(ctx, 0, &input);
+    if (st != NULL)
+        return st;
+    st = CALL(ort_api, API_GET_TENSOR_TYPE_AND_SHAPE, type_and_shape_fn)(input, &info);
+    if (st != NULL)
+        return st;
+    int type = 0;
+    size_t ndims = 0;
+    int64_t dims[16];
+    st = CALL(ort_api, API_GET_TENSOR_ELEMENT_TYPE, element_type_fn)(info, &type);
+    if (st == NULL)
+        st = CALL(ort_api, API_GET_DIMENSIONS_COUNT, dims_count_fn)(info, &ndims);
+    if (st == NULL && ndims > 16)
+        st = fail(ORT_INVALID_ARGUMENT, "trtq Pow2Stats: more than 16 dims");
+    if (st == NULL)
+        st = CALL(ort_api, API_GET_DIMENSIONS, dims_fn)(info, dims, ndims);
+    CALL(ort_api, API_RELEASE_TENSOR_TYPE_AND_SHAPE_INFO, release_info_fn)(info);
+    if (st != NULL)
+        return st;
+    if (type != TYPE_FLOAT)
+        return fail(ORT_INVALID_ARGUMENT, "trtq Pow2Stats: input is not float32");
+    st = CALL(ort_api, API_GET_TENSOR_MUTABLE_DATA, mutable_data_fn)((void *)input, &data);
+    if (st != NULL)
+        return st;
+    int64_t one = 1;
+    st = CALL(ort_api, API_KERNEL_CONTEXT_GET_OUTPUT, get_output_fn)(ctx, 0, &one, 1, &output);
+    if (st != NULL)
+        return st;
+    void *out_data;
+    st = CALL(ort_api, API_GET_TENSOR_MUTABLE_DATA, mutable_data_fn)(output, &out_data);
+    if (st != NULL)
+        return st;
+    *(float *)out_data = 0.0f;
+    fold(c, &c->slots[k->slot], (const float *)data, dims, ndims, has_parallel_for ? parallel_via_ort : NULL, ctx);
+    return NULL;
+}
+
+static void destroy_kernel(void *kernel) { free(kernel); }
+static const char *op_name(const void *op) { (void)op; return "Pow2Stats"; }
+static const char *op_provider(const void *op) { (void)op; return NULL; /* CPU */ }
+static int op_type(const void *op, size_t i) { (void)op, (void)i; return TYPE_FLOAT; }
+static size_t op_one(const void *op) { (void)op; return 1; }
+static int op_zero(const void *op, size_t i) { (void)op, (void)i; return 0; /* required; default memory */ }
+static int op_arity(const void *op) { (void)op; return 1; }
+
+static custom_op_t pow2_stats_op = {
+    API_VERSION, NULL, op_name, op_provider, op_type, op_one, op_type, op_one,
+    NULL, /* KernelCompute NULL: ONNX Runtime 1.16 takes the V2 callbacks only then */
+    destroy_kernel, op_zero, op_zero, op_zero, op_arity, op_arity, op_arity, op_arity, create_kernel, compute,
+};
+
+static void *domain; /* created once, kept for the life of the process (sessions point at it) */
+
+/* called by ONNX Runtime when Python registers this library with a SessionOptions */
+EXPORT status_t RegisterCustomOps(void *options, const void *api_base) {
+    typedef api_t (*get_api_fn)(uint32_t);
+    typedef const char *(*version_fn)(void);
+    const void *const *base = api_base; /* OrtApiBase: GetApi, GetVersionString */
+    api_t api = ((get_api_fn)base[0])(API_VERSION);
+    if (api == NULL)
+        return NULL; /* older than 1.16: nothing is registered, and the session refuses the nodes */
+    ort_api = api;
+    const char *v = ((version_fn)base[1])();
+    int major = 0, minor = 0;
+    if (v != NULL)
+        major = atoi(v), minor = strchr(v, '.') != NULL ? atoi(strchr(v, '.') + 1) : 0;
+    has_parallel_for = major > 1 || (major == 1 && minor >= 17);
+    status_t st;
+    if (domain == NULL) {
+        void *d = NULL;
+        st = CALL(api, API_CREATE_CUSTOM_OP_DOMAIN, create_domain_fn)("ai.trtq.calib", &d);
+        if (st != NULL)
+            return st;
+        st = CALL(api, API_CUSTOM_OP_DOMAIN_ADD, domain_add_fn)(d, &pow2_stats_op);
+        if (st != NULL)
+            return st;
+        domain = d;
+    }
+    return CALL(api, API_ADD_CUSTOM_OP_DOMAIN, add_domain_fn)(options, domain);
+}
+
+/* 1 when the runtime that registered the operator spreads a tensor over its threads (API >= 17) */
+EXPORT int32_t trtq_ingraph_parallel(void) { return has_parallel_for; }
