@@ -34,7 +34,7 @@
 #define NONFINITE_BITS 0x7F800000
 #define MIN_EXP (-100) /* trtq.calib.pow2._MIN_EXP / _MAX_EXP */
 #define MAX_EXP 128
-#define TASK_ELEMENTS (1 << 18) /* elements read per parallel task */
+#define TASK_ELEMENTS (1 << 16) /* elements read per parallel task */
 #define MAX_TASKS 256
 #define MAX_COLLECTIONS 64
 

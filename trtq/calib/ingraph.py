@@ -107,6 +107,9 @@ class InGraphCollector:
             # alive (EfficientNet-Lite0, 128 samples: 1.43 GB, 3.5 s); by priority, then graph order, each
             # runs right after its tensor's producer (450 MB, 2.3 s; inference alone 317 MB, 0.8 s)
             opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+            # the memory pattern (one block planned from the first run) held 460-560 MB where
+            # allocating per run holds ~400 (EfficientNet-Lite0, --tensors qdq); same speed
+            opts.enable_mem_pattern = False
             opts.register_custom_ops_library(lib._name)
             blob = _with_stats_nodes(model, self.tensors, self._id).SerializeToString()
             self.session = ort.InferenceSession(blob, opts, providers=list(providers) or ["CPUExecutionProvider"])
