@@ -168,6 +168,22 @@ MUTATIONS: list[Mutation] = [
       "block_max_bits((const int32_t *)(xr + s), len)", ("tests/calib/test_kernels.py",)),
     M("native-level-sums-weights", "trtq/calib/_native.c", "                b[t] += w * r0[t];",
       "                b[t] += r0[t];", ("tests/calib/test_search.py",)),
+    # the in-graph statistics operator (trtq/calib/_ingraph.c): the same rules as Pow2Histograms
+    M("ingraph-padding-rows", "trtq/calib/_ingraph.c",
+      "if (ndims > 0 && lead == c->batch && c->valid < c->batch && lead > 0)", "if (0)",
+      ("tests/calib/test_ingraph.py",)),
+    M("ingraph-stride-not-a-dim", "trtq/calib/_ingraph.c", "            ok = dims[i] <= 0 || dims[i] % k != 0;",
+      "            ok = 1;", ("tests/calib/test_ingraph.py",)),
+    M("ingraph-task-ranges-merged", "trtq/calib/_ingraph.c", "            d = s->e - tk->e;", "            d = 0;",
+      ("tests/calib/test_ingraph.py",)),
+    M("ingraph-float64-below-range", "trtq/calib/_ingraph.c", "    if (s->e != NO_EXPONENT && s->e < MIN_EXP) {",
+      "    if (0) {", ("tests/calib/test_ingraph.py",)),
+    M("ingraph-tiny-recount", "trtq/calib/_ingraph.c", "    if (tiny) {", "    if (0) {",
+      ("tests/calib/test_ingraph.py",)),
+    # ... and a free batch dim runs no padding rows (attention's [3, N, ...] tensors)
+    M("ingraph-no-padding-rows-run", "trtq/calib/ingraph.py",
+      "        if self.free_batch and valid is not None and valid < batch:", "        if False:",
+      ("tests/calib/test_ingraph.py",)),
     # light shape inference: only weights leave the graph; a Reshape's target keeps its values
     M("infer-shapes-keeps-small-initializers", "trtq/model.py",
       "        return t.data_type in _FLOAT_TENSOR_TYPES and int(np.prod(t.dims, dtype=np.int64)) >= LIGHT_INITIALIZER",

@@ -25,13 +25,13 @@ def _compiled(monkeypatch):
     require_kernels(monkeypatch, "compiled")
 
 
-def _model(batch="N", cast_double=False) -> onnx.ModelProto:
-    """x[batch,4,6,6] -> Conv -> Relu -> Mul; Transpose(1,0,2,3) of it (leading dim 4: the batch's
+def _model(batch="N", cast_double=False, hw=6) -> onnx.ModelProto:
+    """x[batch,4,hw,hw] -> Conv -> Relu -> Mul; Transpose(1,0,2,3) of it (leading dim 4: the batch's
     size in the tests, but not the batch); Reshape that folds the batch; optionally a float64 Cast."""
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype(np.float32), "w")
     k = numpy_helper.from_array(np.array([0.5], np.float32), "k")
-    shape = numpy_helper.from_array(np.array([-1, 36], np.int64), "shape")
+    shape = numpy_helper.from_array(np.array([-1, hw * hw], np.int64), "shape")
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("Mul", ["r", "k"], ["m"]),
@@ -43,7 +43,7 @@ def _model(batch="N", cast_double=False) -> onnx.ModelProto:
         nodes += [helper.make_node("Cast", ["m"], ["d"], to=TensorProto.DOUBLE),
                   helper.make_node("Abs", ["d"], ["a"])]
         outputs.append(helper.make_tensor_value_info("a", TensorProto.DOUBLE, None))
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4, 6, 6])],
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4, hw, hw])],
                               outputs, initializer=[w, k, shape])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
@@ -113,6 +113,18 @@ def test_a_free_batch_dim_runs_no_padding_rows():
     b.update_batch(OrtCollector(model, tensors).run({"x": x[:3]}))
     _assert_same(a, b)
     assert a.counts["t"].sum() == 4 * 3 * 36
+
+
+def test_tensors_split_over_threads_merge_at_the_widest_range():
+    """Tensors past 64K elements run as several tasks on ONNX Runtime's threads, each from the
+    slot's range up to its own max; the merge must raise every task to the widest one."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((4, 4, 100, 100)).astype(np.float32)
+    x[2:] *= np.float32(1000.0)  # the later tasks reach ~10 binades higher than the first ones
+    for cap in (0, 9000):
+        a, b = _both(_model(hw=100), [(x * np.float32(0.01), 4), (x, 4)], cap)
+        _assert_same(a, b)
+        assert a.counts["x"].sum() == (2 * x.size if not cap else 8 * -(-40000 // a.strides["x"]))
 
 
 def test_one_sample_per_call_model_is_subsampled_as_the_outputs_collector():
