@@ -488,8 +488,9 @@ _calibration = _option_group(
     click.option("--save-stats", type=click.Path(dir_okay=False),
                  help="Also save max + histograms (.npz) for --from-stats."),
     click.option("--max-memory", metavar="SIZE",
-                 help="Memory one batch of collected activations may take, e.g. 2G or 512M; more runs "
-                      "ONNX Runtime once per group of tensors (default: 1/4 of available memory)."),
+                 help="Memory one batch of exposed activations may take (entropy, max, --collect outputs), e.g. "
+                      "2G or 512M; more runs ONNX Runtime once per group of tensors (default: 1/4 of available "
+                      "memory)."),
 )
 
 _sharding = _option_group(
