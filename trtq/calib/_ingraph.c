@@ -22,27 +22,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(_WIN32)
-#define EXPORT __declspec(dllexport)
-#elif defined(__GNUC__)
-#define EXPORT __attribute__((visibility("default")))
-#else
-#define EXPORT
-#endif
+#include "_native.h"
 
-#define NO_EXPONENT (-(1 << 30))
-#define NONFINITE_BITS 0x7F800000
 #define MIN_EXP (-100) /* trtq.calib.pow2._MIN_EXP / _MAX_EXP */
 #define MAX_EXP 128
 #define TASK_ELEMENTS (1 << 16) /* elements read per parallel task */
 #define MAX_TASKS 256
 #define MAX_COLLECTIONS 64
 
-enum { POW2_OK = 0, POW2_NONFINITE = 1, POW2_TINY = 2, NO_MEMORY = 3 };
-
-/* _native.c */
-int trtq_pow2_count(const float *x, int64_t rows, int64_t n, int64_t stride, int32_t e0, int32_t *lanes, int64_t nb,
-                    int32_t min_exp, int32_t *e_out, int32_t *top_out, int64_t *zeros_out);
+#define NO_MEMORY 3 /* a slot's status besides POW2_OK / POW2_NONFINITE */
 
 /* ---------------------------------------------------------------------------------------------
  * collections: one per calibration session, one slot per calibrated tensor

@@ -21,12 +21,10 @@
 #include <stdint.h>
 #include <string.h>
 
-#define BLOCK 4096
-#define NONFINITE_BITS 0x7F800000
-#define SMALLEST_NORMAL_BITS 0x00800000
-#define NO_EXPONENT (-(1 << 30))
+#include "_native.h"
 
-enum { POW2_OK = 0, POW2_NONFINITE = 1, POW2_TINY = 2 };
+#define BLOCK 4096
+#define SMALLEST_NORMAL_BITS 0x00800000
 
 /* x86-64's baseline (SSE2) has no int32 max instruction: the block max would take four
  * instructions per vector. GCC / clang on glibc compile the kernel for SSE4.1 and AVX2 too and
@@ -39,15 +37,6 @@ enum { POW2_OK = 0, POW2_NONFINITE = 1, POW2_TINY = 2 };
 #endif
 #ifndef HOST_CLONES
 #define HOST_CLONES
-#endif
-
-/* the three entry points are looked up by name (ctypes) */
-#if defined(_WIN32)
-#define EXPORT __declspec(dllexport)
-#elif defined(__GNUC__)
-#define EXPORT __attribute__((visibility("default")))
-#else
-#define EXPORT
 #endif
 
 static int64_t block_step(int64_t stride) {
