@@ -4,6 +4,7 @@ The compiled and the numba kernels and the numpy fallback must give the same cou
 as a direct numpy statement of the binning rule; the collector must return what a plain ONNX
 Runtime run returns.
 """
+import logging
 import numpy as np
 import onnx
 import pytest
@@ -110,6 +111,8 @@ def test_compiled_kernels_from_another_version_are_not_used(monkeypatch, caplog)
     if native.library() is None:
         pytest.skip("the compiled kernels were not built in this install (no C compiler)")
     monkeypatch.setattr(native, "VERSION", native.VERSION + 1)
+    # a CLI test earlier in the process stops "trtq" records at its own handler; caplog listens at the root
+    monkeypatch.setattr(logging.getLogger("trtq"), "propagate", True)
     monkeypatch.setattr(native, "_state", "untried")
     monkeypatch.setattr(native, "_lib", None)
     with caplog.at_level("WARNING", logger="trtq.calib.native"):
