@@ -4,6 +4,7 @@ trtq uses numba or numpy, and exposed outputs, instead (trtq.calib.native says w
 else is in pyproject.toml."""
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("trtq.calib._native", ["trtq/calib/_native.c", "trtq/calib/_ingraph.c"], optional=True,
-                             depends=["trtq/calib/_native.h"],
+setup(ext_modules=[Extension("trtq.calib._native", ["trtq/calib/_native.c", "trtq/calib/_ingraph.c",
+                                                   "trtq/calib/_ingraph_fold.c"], optional=True,
+                             depends=["trtq/calib/_native.h", "trtq/calib/_ingraph.h"],
                              extra_compile_args=["-O3"])])

@@ -17,9 +17,9 @@ and the table prints wall time and peak RSS next to the goals of issue 13: calib
 bytes, printed). Start-up and imports are inside every case alike.
 
 ``--numba`` adds ``numba-mse`` (``TRTQ_NO_NATIVE=1``: the numba kernels instead of the compiled
-ones, same caches). ``--outputs`` adds ``outputs-mse`` (``--collect outputs``: every activation
+ones, same caches). ``--outputs`` adds ``outputs-METHOD`` (``--collect outputs``: every activation
 exposed as an ONNX Runtime output and histogrammed after the call, the collection before the
-in-graph statistics; same caches).
+in-graph statistics; same caches) before each method's run.
 ``--qdq`` adds ``trtq-mse-qdq`` (``--tensors qdq``: only the activations trtq quantize places Q/DQ
 on, all an explicit build reads). ``--repeats N`` runs every case N times (median wall time,
 largest peak RSS): the inference floor moves by 20-40% between single runs on a shared 2-core box.
@@ -202,7 +202,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--numba", action="store_true",
                     help="also run mse on numba's kernels, not the compiled ones (TRTQ_NO_NATIVE=1), side by side")
     ap.add_argument("--outputs", action="store_true",
-                    help="also run mse with --collect outputs (activations exposed as outputs), side by side")
+                    help="also run each method with --collect outputs (activations exposed as outputs), side by side")
     ap.add_argument("--qdq", action="store_true",
                     help="also run mse with --tensors qdq (only the activations quantize places Q/DQ on)")
     ap.add_argument("--hist-all", action="store_true",
@@ -231,8 +231,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             runs.insert(0, ("main-mse", "mse", batch, ()))
         if a.numba:
             runs.insert(0, ("numba-mse", "mse", batch, ()))
-        if a.outputs:
-            runs.insert(0, ("outputs-mse", "mse", batch, ("--collect", "outputs")))
+        if a.outputs:  # each method's exposed-outputs run just before its default (in-graph) one
+            for i, m in reversed(list(enumerate(a.methods.split(",")))):
+                runs.insert(i, (f"outputs-{m}", m, batch, ("--collect", "outputs")))
         if a.qdq:
             runs.append(("trtq-mse-qdq", "mse", batch, ("--tensors", "qdq")))
         if a.hist_all:

@@ -472,9 +472,9 @@ _calibration = _option_group(
                  help="mse/percentile: histogram at most N elements of each tensor per sample, a fixed "
                       "stride (default 65536; 0: every element). The max always sees every element."),
     click.option("--collect", type=click.Choice(["auto", "in-graph", "outputs"]),
-                 help="mse/percentile: take the statistics inside ONNX Runtime as each tensor is made "
-                      "(in-graph: inference's memory, no activation copied out; needs the compiled kernels and "
-                      "the CPU provider) or from tensors exposed as outputs (default auto: in-graph where it runs)."),
+                 help="Take the statistics inside ONNX Runtime as each tensor is made (in-graph: inference's "
+                      "memory, no activation copied out; needs the compiled kernels and the CPU provider) or from "
+                      "tensors exposed as outputs (default auto: in-graph where it runs)."),
     click.option("--tensors", multiple=True, metavar="NAMES",
                  help="Only these tensors (comma-separated or repeated); 'qdq': only the activations trtq "
                       "quantize places Q/DQ on (explicit builds; ~15-50% of the tensors, up to 2x faster; the "
@@ -488,9 +488,9 @@ _calibration = _option_group(
     click.option("--save-stats", type=click.Path(dir_okay=False),
                  help="Also save max + histograms (.npz) for --from-stats."),
     click.option("--max-memory", metavar="SIZE",
-                 help="Memory one batch of exposed activations may take (entropy, max, --collect outputs), e.g. "
-                      "2G or 512M; more runs ONNX Runtime once per group of tensors (default: 1/4 of available "
-                      "memory)."),
+                 help="Memory one batch of exposed activations may take (--collect outputs, or where in-graph "
+                      "cannot run), e.g. 2G or 512M; more runs ONNX Runtime once per group of tensors (default: "
+                      "1/4 of available memory)."),
 )
 
 _sharding = _option_group(

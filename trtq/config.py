@@ -125,9 +125,9 @@ class CalibrateOptions:
     # mse / percentile: elements of each tensor histogrammed per sample (a fixed prime stride past
     # this many; the max is over every element); 0 histograms every element (trtq.calib.pow2)
     hist_elements: int = 65536
-    # mse / percentile: where the statistics are taken. in-graph: by trtq's operator inside ONNX
-    # Runtime as each tensor is made (trtq.calib.ingraph; compiled kernels, CPU provider); outputs:
-    # every tensor exposed as a graph output and histogrammed after the call; auto: in-graph where it runs
+    # where the statistics are taken. in-graph: by trtq's operator inside ONNX Runtime as each tensor
+    # is made (trtq.calib.ingraph; compiled kernels, CPU provider); outputs: every tensor exposed as a
+    # graph output and histogrammed after the call; auto: in-graph where it runs
     collect: Literal["auto", "in-graph", "outputs"] = "auto"
 
     def resolved(self) -> "CalibrateOptions":

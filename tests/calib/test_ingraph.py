@@ -17,6 +17,7 @@ from trtq.calib import ingraph
 from trtq.calib.batchdim import batch_leading, one_sample_calls
 from trtq.calib.collect import OrtCollector, select_tensors
 from trtq.calib.pow2 import Pow2Histograms
+from trtq.calib.stats import AbsMaxAccumulator, HistogramAccumulator
 from trtq.errors import DataError, ModelError
 
 
@@ -53,14 +54,23 @@ def _histograms(model, tensors, cap):
     return Pow2Histograms(tensors, 64, cap, leading, one_sample_calls(model)), leading
 
 
+def _collector(model, hist, leading, **kw):
+    return ingraph.InGraphCollector(model, list(hist.counts), hist.num_bins, hist_elements=hist.hist_elements,
+                                    leading=leading, one_sample=hist.one_sample_calls, **kw)
+
+
+def _run(collector, batches):
+    for x, valid in batches:
+        list(collector.run_groups({"x": x}, valid))
+
+
 def _both(model, batches, cap=0):
     """(in-graph, outputs) histograms of ``batches`` ([(array, valid)])."""
     tensors = select_tensors(model)
     a, leading = _histograms(model, tensors, cap)
-    collector = ingraph.InGraphCollector(model, a, leading)
-    for x, valid in batches:
-        list(collector.run_groups({"x": x}, valid))
-    collector.finish()
+    collector = _collector(model, a, leading)
+    _run(collector, batches)
+    collector.fill_pow2(a)
     collector.close()
     b, _ = _histograms(model, tensors, cap)
     outputs = OrtCollector(model, tensors)
@@ -105,9 +115,9 @@ def test_a_free_batch_dim_runs_no_padding_rows():
     x = rng.standard_normal((4, 4, 6, 6)).astype(np.float32)
     tensors = select_tensors(model)
     a, leading = _histograms(model, tensors, 0)
-    collector = ingraph.InGraphCollector(model, a, leading, free_batch=True)
-    list(collector.run_groups({"x": x}, 3))
-    collector.finish()
+    collector = _collector(model, a, leading, free_batch=True)
+    _run(collector, [(x, 3)])
+    collector.fill_pow2(a)
     collector.close()
     b, _ = _histograms(model, tensors, 0)
     b.update_batch(OrtCollector(model, tensors).run({"x": x[:3]}))
@@ -157,9 +167,8 @@ def test_a_session_that_does_not_take_the_operator_is_a_model_error():
     model = _model(cast_double=True)  # 'd', 'a' are float64: the operator takes float32
     tensors = select_tensors(model)
     assert "d" in tensors
-    h, leading = _histograms(model, tensors, 0)
     with pytest.raises(ModelError, match="does not run the in-graph statistics"):
-        ingraph.InGraphCollector(model, h, leading)
+        ingraph.InGraphCollector(model, tensors, 64)
 
 
 def test_nodes_follow_their_producers():
@@ -169,6 +178,84 @@ def test_nodes_follow_their_producers():
     assert [o.name for o in model.graph.output] == ["trtq_stats_0", "trtq_stats_1", "trtq_stats_2"]
     stats = [n for n in model.graph.node if n.op_type == ingraph.OP]
     assert {(a.name, a.i) for a in stats[2].attribute} == {("collection", 5), ("slot", 2)}
+
+
+def _two_passes(model, batches, num_bins=50):
+    """(in-graph, outputs) (AbsMaxAccumulator, HistogramAccumulator) of entropy's two passes; the
+    in-graph collector runs both in one session, as calibrate does."""
+    tensors = select_tensors(model)
+    collector = ingraph.InGraphCollector(model, tensors, num_bins)
+    collector.start_extremes()
+    _run(collector, batches)
+    ext_a = AbsMaxAccumulator()
+    collector.fill_extremes(ext_a)
+    hist_a = HistogramAccumulator(ext_a.maxima, num_bins)
+    collector.start_histograms(hist_a.maxima)
+    _run(collector, batches[::-1])  # pass 2 in another order: the data "changed" for nobody
+    collector.fill_histograms(hist_a)
+    collector.close()
+    outputs = OrtCollector(model, tensors)
+    ext_b = AbsMaxAccumulator()
+    for x, valid in batches:
+        ext_b.update_batch(outputs.run({"x": x}, valid))
+    hist_b = HistogramAccumulator(ext_b.maxima, num_bins)
+    for x, valid in batches[::-1]:
+        hist_b.update_batch(outputs.run({"x": x}, valid))
+    return (ext_a, hist_a), (ext_b, hist_b)
+
+
+def _assert_same_two_passes(a, b):
+    (ext_a, hist_a), (ext_b, hist_b) = a, b
+    assert ext_a.maxima == ext_b.maxima and ext_a.extremes == ext_b.extremes
+    assert hist_a.exceeded == hist_b.exceeded and hist_a.zeros == hist_b.zeros
+    for name, c in hist_b.counts.items():
+        assert np.array_equal(hist_a.counts[name], c), name
+
+
+def test_two_passes_match_the_outputs_collector():
+    """entropy / max: signed extremes, then counts over [0, max] in float32 clamped to the last bin
+    (a value equal to the max lands there), padding rows left out of both passes."""
+    rng = np.random.default_rng(7)
+    batches = [(rng.standard_normal((4, 4, 6, 6)).astype(np.float32) * 3.0 ** i, 4) for i in range(3)]
+    last = rng.standard_normal((4, 4, 6, 6)).astype(np.float32)
+    last[3] = -1e6  # padding: in neither pass
+    batches.append((last, 2))
+    a, b = _two_passes(_model(), batches)
+    _assert_same_two_passes(a, b)
+    assert a[0].extremes["x"][0] > -1e5 and a[1].counts["c"].sum() == 3 * 4 * 4 * 36 + 2 * 4 * 36
+
+
+def test_two_passes_special_ranges_and_values_past_the_range():
+    """A tensor that is 0 in pass 1 (range 0: everything in bin 0, anything else past the range), a
+    range so small that bins / max is no float32 (the float64 path), and pass 2 data above pass 1's
+    max (flagged, counted in the last bin)."""
+    model = _model()
+    tensors = select_tensors(model)
+    x = np.random.default_rng(8).standard_normal((4, 4, 6, 6)).astype(np.float32)
+    for first, second in ((np.zeros_like(x), x), (x * np.float32(1e-37), x * np.float32(1e-37)), (x, x * 2)):
+        collector = ingraph.InGraphCollector(model, tensors, 64)
+        collector.start_extremes()
+        _run(collector, [(first, 4)])
+        ext = AbsMaxAccumulator()
+        collector.fill_extremes(ext)
+        hist_a = HistogramAccumulator(ext.maxima, 64)
+        collector.start_histograms(hist_a.maxima)
+        _run(collector, [(second, 4)])
+        collector.fill_histograms(hist_a)
+        collector.close()
+        hist_b = HistogramAccumulator(ext.maxima, 64)
+        hist_b.update_batch(OrtCollector(model, tensors).run({"x": second}))
+        assert hist_a.exceeded == hist_b.exceeded and hist_a.zeros == hist_b.zeros
+        for name, c in hist_b.counts.items():
+            assert np.array_equal(hist_a.counts[name], c), name
+    assert hist_a.exceeded  # the last case: pass 2 went past pass 1's range
+
+
+def test_two_passes_refuse_a_nan():
+    x = np.ones((4, 4, 6, 6), np.float32)
+    x[0, 0, 0, 0] = np.inf
+    with pytest.raises(DataError, match="non-finite values .* in activation 'x'"):
+        _two_passes(_model(), [(x, 4)])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -183,7 +270,7 @@ def _calibrate(trtq, model, data, out: Path, *extra, preprocess=("--preprocess",
     return out.read_bytes(), np.load(out.with_suffix(".npz")), json.loads(Path(f"{out}.json").read_text())
 
 
-@pytest.mark.parametrize("method", ["mse", "percentile"])
+@pytest.mark.parametrize("method", ["mse", "percentile", "entropy", "max"])
 def test_cli_caches_and_statistics_match(trtq, sample_model, sample_images, tmp_path, method):
     args = ("--method", method, "--limit", "7", "--batch-size", "4")  # a padded last batch
     cache_a, stats_a, prov_a = _calibrate(trtq, sample_model, sample_images, tmp_path / "a.cache", *args)
@@ -191,20 +278,19 @@ def test_cli_caches_and_statistics_match(trtq, sample_model, sample_images, tmp_
                                           "--collect", "outputs")
     assert prov_a["collection"]["mode"] == "in-graph" and prov_b["collection"]["mode"] == "outputs"
     assert cache_a == cache_b
-    for key in ("counts", "maxima", "zeros", "tops"):
-        assert np.array_equal(stats_a[key], stats_b[key]), key
+    for key in stats_b.files:
+        if key != "header":
+            assert np.array_equal(stats_a[key], stats_b[key]), key
 
 
 def test_cli_refusals_and_fallback(trtq, sample_model, sample_images, tmp_path, monkeypatch):
     out = tmp_path / "c.cache"
     base = ["calibrate", "--model", sample_model, "--data", sample_images, "--preprocess", "imagenet", "--limit", "4",
             "-o", out]
-    r = trtq([*base, "--method", "entropy", "--collect", "in-graph"])
-    assert r.code == 2 and "--collect in-graph takes the one-pass statistics" in r.err
-    assert len(r.err.strip().splitlines()) == 1 and not out.exists()
     monkeypatch.setenv("TRTQ_NO_NATIVE", "1")  # no compiled kernels: no operator
     r = trtq([*base, "--collect", "in-graph"])
     assert r.code == 2 and "compiled kernels are not built" in r.err and not out.exists()
+    assert len(r.err.strip().splitlines()) == 1
     r = trtq(base)  # auto: the outputs collector
     assert r.code == 0, r
     assert json.loads(Path(f"{out}.json").read_text())["collection"]["mode"] == "outputs"

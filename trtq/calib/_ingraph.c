@@ -1,4 +1,4 @@
-/* trtq.calib._native, part 2: the one-pass statistics as an ONNX Runtime custom operator.
+/* trtq.calib._native, part 2: calibration statistics as an ONNX Runtime custom operator.
  *
  * trtq.calib.ingraph puts one node of the operator (domain ai.trtq.calib, type Pow2Stats) after
  * each activation to calibrate, and hands this library to ONNX Runtime
@@ -23,35 +23,13 @@
 #include <string.h>
 
 #include "_native.h"
+#include "_ingraph.h"
 
-#define MIN_EXP (-100) /* trtq.calib.pow2._MIN_EXP / _MAX_EXP */
-#define MAX_EXP 128
-#define TASK_ELEMENTS (1 << 16) /* elements read per parallel task */
-#define MAX_TASKS 256
 #define MAX_COLLECTIONS 64
-
-#define NO_MEMORY 3 /* a slot's status besides POW2_OK / POW2_NONFINITE */
 
 /* ---------------------------------------------------------------------------------------------
  * collections: one per calibration session, one slot per calibrated tensor
  * ------------------------------------------------------------------------------------------- */
-
-typedef struct {
-    int32_t e;       /* counts cover [0, 2**e); NO_EXPONENT: only zeros so far */
-    int32_t status;  /* POW2_NONFINITE once a NaN / Inf was met, NO_MEMORY (sticky) */
-    int32_t leading; /* leading dim is the batch (trtq.calib.batchdim): subsampled per sample */
-    double max;      /* max |x| (a float32 value) */
-    int64_t zeros;
-    int64_t stride; /* the last stride taken (1: every element) */
-    int64_t *counts;
-} slot_t;
-
-typedef struct {
-    int64_t nb, cap, nslots;
-    int32_t one_sample;   /* each call holds one sample: every tensor subsampled as one row */
-    int64_t batch, valid; /* of the coming run: rows of batch-sized tensors past `valid` are padding */
-    slot_t *slots;
-} collection_t;
 
 static collection_t *collections[MAX_COLLECTIONS];
 
@@ -142,213 +120,57 @@ EXPORT int64_t trtq_ingraph_first_error(int32_t id) {
     return -1;
 }
 
-/* ---------------------------------------------------------------------------------------------
- * folding one tensor into a slot (the rules of trtq.calib.pow2)
- * ------------------------------------------------------------------------------------------- */
-
-/* counts over [0, 2**from) -> over [0, 2**to), to >= from (pow2.regrow) */
-static void regrow(int64_t *counts, int64_t nb, int32_t d) {
-    if (d <= 0)
-        return;
-    if (d > 62)
-        d = 62;
-    for (int64_t b = 0; b < nb; b++) {
-        int64_t v = counts[b];
-        counts[b] = 0;
-        counts[b >> d] += v;
+/* the mode of the coming runs (MODE_*); every slot's statistics start again */
+EXPORT int32_t trtq_ingraph_set_mode(int32_t id, int32_t mode) {
+    collection_t *c = lookup(id);
+    if (c == NULL || mode < MODE_POW2 || mode > MODE_FIXED)
+        return -1;
+    c->mode = mode;
+    for (int64_t i = 0; i < c->nslots; i++) {
+        slot_t *s = &c->slots[i];
+        int64_t *counts = s->counts;
+        int32_t leading = s->leading;
+        memset(counts, 0, (size_t)c->nb * sizeof(int64_t));
+        memset(s, 0, sizeof *s);
+        s->counts = counts, s->leading = leading, s->e = NO_EXPONENT, s->stride = 1;
     }
+    return 0;
 }
 
-static void raise_to(slot_t *s, int64_t nb, int32_t e) {
-    if (s->e == NO_EXPONENT)
-        s->e = e; /* only zeros so far: they stay in bin 0 */
-    else if (e > s->e) {
-        regrow(s->counts, nb, e - s->e);
-        s->e = e;
-    }
+/* MODE_FIXED: a slot's range, the pass-1 max; its bins as HistogramAccumulator sets them */
+EXPORT int32_t trtq_ingraph_set_range(int32_t id, int64_t slot, double range) {
+    collection_t *c = lookup(id);
+    if (c == NULL || slot < 0 || slot >= c->nslots || !(range >= 0.0) || isinf(range))
+        return -1;
+    slot_t *s = &c->slots[slot];
+    double scale = range > 0.0 ? (double)c->nb / range : 0.0;
+    s->range = range;
+    s->fixed = range == 0.0 ? FIXED_RANGE_ZERO : scale < 1e38 ? FIXED_SCALED : FIXED_FLOAT64;
+    s->scale = (float)scale;
+    return 0;
 }
 
-/* pow2.stride_for: 1, or the smallest prime k with ceil(elements / k) <= cap dividing no dim */
-static int64_t stride_for(int64_t elements, int64_t cap, const int64_t *dims, size_t ndims) {
-    if (cap <= 0 || elements <= cap)
-        return 1;
-    int64_t k = (elements + cap - 1) / cap;
-    if (k < 2)
-        k = 2;
-    for (;; k++) {
-        int ok = 1;
-        for (int64_t p = 2; p * p <= k && ok; p++)
-            ok = k % p != 0;
-        for (size_t i = 0; i < ndims && ok; i++)
-            ok = dims[i] <= 0 || dims[i] % k != 0;
-        if (ok)
-            return k;
-    }
+/* MODE_EXTREMES: a slot's signed min and max (seen 0: no element yet) */
+EXPORT int32_t trtq_ingraph_read_extremes(int32_t id, int64_t slot, double *lo, double *hi, int32_t *seen,
+                                          int32_t *status) {
+    collection_t *c = lookup(id);
+    if (c == NULL || slot < 0 || slot >= c->nslots)
+        return -1;
+    slot_t *s = &c->slots[slot];
+    *lo = s->lo, *hi = s->hi, *seen = s->seen, *status = s->status;
+    return 0;
 }
 
-typedef struct {
-    const float *x;
-    int64_t rows, n, stride;
-    int32_t e0, e, top, status;
-    int64_t nb, zeros;
-    int32_t *lanes; /* [4, nb] */
-} task_t;
-
-static void run_task(void *data, size_t i) {
-    task_t *t = (task_t *)data + i;
-    t->status = trtq_pow2_count(t->x, t->rows, t->n, t->stride, t->e0, t->lanes, t->nb, MIN_EXP, &t->e, &t->top,
-                                &t->zeros);
-}
-
-/* exponent_of(m): smallest e with m < 2**e */
-static int32_t exponent_of(double m) {
-    int e;
-    frexp(m, &e);
-    return e;
-}
-
-/* pow2.Pow2Histograms._update_two_reads for one tensor: ranges below the float32 counting range */
-static void fold_float64(slot_t *s, int64_t nb, const float *x, int64_t used, int64_t rows, int64_t n, int64_t k) {
-    const int32_t *bits = (const int32_t *)x;
-    int32_t top = 0;
-    for (int64_t i = 0; i < used; i++) {
-        int32_t v = bits[i] & 0x7FFFFFFF;
-        top = v > top ? v : top;
-    }
-    if (top >= NONFINITE_BITS) {
-        s->status = POW2_NONFINITE;
-        return;
-    }
-    float m;
-    memcpy(&m, &top, sizeof m);
-    if ((double)m > s->max)
-        s->max = (double)m;
-    if (m > 0.0f)
-        raise_to(s, nb, exponent_of((double)m));
-    int32_t e = s->e;
-    float flast = (float)(nb - 1);
-    float scale = e >= MIN_EXP && e <= MAX_EXP ? (float)ldexp((double)nb, -e) : 0.0f;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t j = 0; j < n; j += k) {
-            float v = fabsf(x[r * n + j]);
-            int64_t b;
-            if (e == NO_EXPONENT) {
-                b = 0, s->zeros++;
-            } else if (e >= MIN_EXP && e <= MAX_EXP) {
-                float y = v * scale;
-                s->zeros += y == 0.0f;
-                b = (int64_t)(y < flast ? y : flast);
-            } else {
-                double y = ldexp((double)v, -e) * (double)nb;
-                s->zeros += v == 0.0f;
-                b = y < (double)(nb - 1) ? (int64_t)y : nb - 1;
-            }
-            s->counts[b]++;
-        }
-}
-
-typedef void (*parallel_for_fn)(void *ctx, void (*fn)(void *, size_t), size_t total, void *data);
-
-/* fold x (float32, dims) into slot s of c; `parallel` runs tasks side by side (or NULL) */
-static void fold(collection_t *c, slot_t *s, const float *x, const int64_t *dims, size_t ndims,
-                 parallel_for_fn parallel, void *ctx) {
-    if (s->status != POW2_OK)
-        return;
-    int64_t size = 1;
-    for (size_t i = 0; i < ndims; i++)
-        size *= dims[i];
-    int64_t lead = ndims > 0 ? dims[0] : 1;
-    int64_t used = size;
-    if (ndims > 0 && lead == c->batch && c->valid < c->batch && lead > 0) { /* collect.OrtCollector.run */
-        lead = c->valid;
-        used = size / dims[0] * lead;
-    }
-    if (used <= 0)
-        return;
-    int64_t rows = 1, n = used, k = 1;
-    if (c->cap > 0 && ndims >= 1 && (c->one_sample || s->leading)) { /* Pow2Histograms._stride */
-        int64_t r = c->one_sample ? 1 : lead;
-        int64_t sample_dims[16];
-        size_t nd = 0;
-        for (size_t i = c->one_sample ? 0 : 1; i < ndims && nd < 16; i++)
-            sample_dims[nd++] = i == 0 ? lead : dims[i];
-        int64_t kk = stride_for(used / r, c->cap, sample_dims, nd);
-        if (kk > 1)
-            rows = r, n = used / r, k = kk, s->stride = kk;
-    }
-    if (s->e != NO_EXPONENT && s->e < MIN_EXP) {
-        fold_float64(s, c->nb, x, used, rows, n, k);
-        return;
-    }
-    /* tasks: whole rows when strided (the stride restarts on each row), else any cut */
-    task_t tasks[MAX_TASKS];
-    int64_t ntasks, per;
-    if (k == 1) {
-        per = TASK_ELEMENTS;
-        ntasks = (used + per - 1) / per;
-        if (ntasks > MAX_TASKS)
-            per = (used + MAX_TASKS - 1) / MAX_TASKS, ntasks = (used + per - 1) / per;
-    } else {
-        per = TASK_ELEMENTS / n > 1 ? TASK_ELEMENTS / n : 1; /* rows per task */
-        ntasks = (rows + per - 1) / per;
-        if (ntasks > MAX_TASKS)
-            per = (rows + MAX_TASKS - 1) / MAX_TASKS, ntasks = (rows + per - 1) / per;
-    }
-    int64_t nb = c->nb;
-    int32_t *lanes = calloc((size_t)(ntasks * 4 * nb), sizeof(int32_t));
-    if (lanes == NULL) {
-        s->status = NO_MEMORY;
-        return;
-    }
-    for (int64_t t = 0; t < ntasks; t++) {
-        task_t *tk = &tasks[t];
-        if (k == 1) {
-            int64_t start = t * per, len = used - start < per ? used - start : per;
-            tk->x = x + start, tk->rows = 1, tk->n = len;
-        } else {
-            int64_t r0 = t * per, nr = rows - r0 < per ? rows - r0 : per;
-            tk->x = x + r0 * n, tk->rows = nr, tk->n = n;
-        }
-        tk->stride = k, tk->e0 = s->e, tk->nb = nb, tk->lanes = lanes + t * 4 * nb;
-    }
-    if (parallel != NULL && ntasks > 1)
-        parallel(ctx, run_task, (size_t)ntasks, tasks);
-    else
-        for (int64_t t = 0; t < ntasks; t++)
-            run_task(tasks, (size_t)t);
-    int tiny = 0;
-    for (int64_t t = 0; t < ntasks; t++) {
-        if (tasks[t].status == POW2_NONFINITE) {
-            s->status = POW2_NONFINITE;
-            free(lanes);
-            return;
-        }
-        tiny |= tasks[t].status == POW2_TINY;
-    }
-    if (tiny) {
-        free(lanes);
-        fold_float64(s, nb, x, used, rows, n, k);
-        return;
-    }
-    for (int64_t t = 0; t < ntasks; t++) { /* Pow2Histograms.add, each task at its own range */
-        task_t *tk = &tasks[t];
-        float m;
-        memcpy(&m, &tk->top, sizeof m);
-        if ((double)m > s->max)
-            s->max = (double)m;
-        int32_t d = 0;
-        if (tk->e != NO_EXPONENT) {
-            raise_to(s, nb, tk->e);
-            d = s->e - tk->e;
-        }
-        if (d > 62)
-            d = 62;
-        for (int j = 0; j < 4; j++)
-            for (int64_t b = 0; b < nb; b++)
-                s->counts[b >> d] += tk->lanes[j * nb + b];
-        s->zeros += tk->zeros;
-    }
-    free(lanes);
+/* MODE_FIXED: a slot's counts, zeros and whether a value passed its range */
+EXPORT int32_t trtq_ingraph_read_fixed(int32_t id, int64_t slot, int64_t *counts, int64_t *zeros, int32_t *exceeded,
+                                       int32_t *status) {
+    collection_t *c = lookup(id);
+    if (c == NULL || slot < 0 || slot >= c->nslots)
+        return -1;
+    slot_t *s = &c->slots[slot];
+    memcpy(counts, s->counts, (size_t)c->nb * sizeof(int64_t));
+    *zeros = s->zeros, *exceeded = s->exceeded, *status = s->status;
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -498,7 +320,8 @@ static status_t compute(void *kernel, void *ctx) {
     if (st != NULL)
         return st;
     *(float *)out_data = 0.0f;
-    fold(c, &c->slots[k->slot], (const float *)data, dims, ndims, has_parallel_for ? parallel_via_ort : NULL, ctx);
+    ingraph_fold(c, &c->slots[k->slot], (const float *)data, dims, ndims,
+                 has_parallel_for ? parallel_via_ort : NULL, ctx);
     return NULL;
 }
 

@@ -26,18 +26,6 @@
 #define BLOCK 4096
 #define SMALLEST_NORMAL_BITS 0x00800000
 
-/* x86-64's baseline (SSE2) has no int32 max instruction: the block max would take four
- * instructions per vector. GCC / clang on glibc compile the kernel for SSE4.1 and AVX2 too and
- * pick one when the library loads (on Python 3.11, 2 cores: rec's strided counts 113 -> 92 ms per
- * batch of 8, level with numba, which compiles for the host CPU). */
-#if defined(__x86_64__) && defined(__has_attribute)
-#if __has_attribute(target_clones) && defined(__GLIBC__)
-#define HOST_CLONES __attribute__((target_clones("avx2", "sse4.1", "default")))
-#endif
-#endif
-#ifndef HOST_CLONES
-#define HOST_CLONES
-#endif
 
 static int64_t block_step(int64_t stride) {
     return stride <= BLOCK / 4 ? BLOCK - BLOCK % stride : stride * 4;
@@ -216,7 +204,7 @@ EXPORT void trtq_level_sums(const int64_t *starts, int64_t nj, int64_t nk, const
 
 /* the interface's version: trtq.calib.native refuses a library built from another one (an editable
  * install not rebuilt after a pull); raise it with any change of a signature or a rule */
-EXPORT int trtq_native_version(void) { return 2; }
+EXPORT int trtq_native_version(void) { return 3; }
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "see trtq.calib.native", -1,
                                     NULL, NULL, NULL, NULL, NULL};

@@ -138,6 +138,7 @@ class _Setup:
     one_pass: bool = False  # mse / percentile: power-of-two histograms in one pass (trtq.calib.pow2)
     subsampled: int = 0  # tensors histogrammed on a stride (one-pass runs)
     collect_mode: str = "outputs"  # "in-graph" (trtq.calib.ingraph) or "outputs" (trtq.calib.collect)
+    leading: set = field(default_factory=set)  # one pass: tensors whose leading dim is the batch (subsampled)
 
 
 _NUMPY_FALLBACK = ("histograms on the numpy fallback; reinstalling trtq where a C compiler is found (or pip "
@@ -199,9 +200,11 @@ def run_calibration(
     # measured ones); the max-only pass exposes only the measured ones. No local reference to it:
     # a pass 2 that needs another frees it first.
     two_passes = run.need_hist and run.given is None and not run.one_pass
-    hist, collector = _one_pass_collector(run) if run.one_pass else (None, None)
+    session_tensors = measured if run.given is None and not run.need_hist else tensors
+    hist = _pow2_histograms(run) if run.one_pass else None
+    collector = _ingraph_collector(run, session_tensors)
     if collector is None:
-        collector = _collector(run, measured if run.given is None and not run.need_hist else tensors)
+        collector = _collector(run, session_tensors)
     stream = _Stream(collector, run.batcher, progress, 2 if two_passes else 1)
     del collector  # the stream holds it
     started = time.perf_counter()
@@ -296,10 +299,6 @@ def _prepare(cfg: TrtqConfig, shard: Optional[tuple[int, int]], ranges: Optional
     from trtq.calib.pow2 import is_pow2
 
     run.one_pass = opts.method in ("mse", "percentile") and is_pow2(int(opts.num_bins))
-    if opts.collect == "in-graph" and not run.one_pass:
-        raise UsageError(f"--collect in-graph takes the one-pass statistics of mse / percentile (power-of-two "
-                         f"--num-bins); --method {opts.method} with {opts.num_bins} bins has two passes",
-                         "drop --collect (or pass --collect outputs)")
     if shard is not None or ranges is not None:
         from trtq.calib.shard import prepare_shard
 
@@ -336,7 +335,12 @@ def _passes(run: _Setup, stream: _Stream, links: Any, write_batches: Optional[Pa
             def update(arrays: dict) -> None:
                 maxima_acc.update_batch({n: a for n, a in arrays.items() if n not in skip})
 
-            stream.run("max", 1, update, source)
+            if run.collect_mode == "in-graph":  # ONNX Runtime's nodes take the extremes as it runs
+                stream.collector.start_extremes()
+                stream.run("max", 1, _nothing, source)
+                stream.collector.fill_extremes(maxima_acc, skip)
+            else:
+                stream.run("max", 1, update, source)
             derived = derive_extremes(maxima_acc.extremes, links)
             maxima_acc.add_derived({name: abs_max(derived[name]) for name in links})
             maxima = maxima_acc.maxima
@@ -347,35 +351,44 @@ def _passes(run: _Setup, stream: _Stream, links: Any, write_batches: Optional[Pa
         return (maxima, *_histogram_pass(run, stream, maxima, replay, read_batches))
 
 
-def _one_pass_collector(run: _Setup) -> tuple[Any, Any]:
-    """The one pass's histograms, and the in-graph collector (trtq.calib.ingraph) that fills them
-    when ``--collect`` allows it and it runs here (else None: the outputs collector)."""
+def _pow2_histograms(run: _Setup) -> Any:
+    """The one pass's histograms (trtq.calib.pow2), empty."""
     from trtq.calib.batchdim import batch_leading, one_sample_calls
     from trtq.calib.pow2 import Pow2Histograms
+
+    opts = run.opts
+    run.leading = batch_leading(run.model, run.tensors) if opts.hist_elements else set()
+    return Pow2Histograms(run.tensors, opts.num_bins, opts.hist_elements, run.leading, one_sample_calls(run.model))
+
+
+def _ingraph_collector(run: _Setup, tensors: list[str]) -> Any:
+    """The in-graph collector (trtq.calib.ingraph) over ``tensors`` when ``--collect`` allows it
+    and it runs here; else None (the outputs collector)."""
     from trtq.errors import ModelError
 
     opts = run.opts
-    leading = batch_leading(run.model, run.tensors) if opts.hist_elements else set()
-    hist = Pow2Histograms(run.tensors, opts.num_bins, opts.hist_elements, leading, one_sample_calls(run.model))
     if opts.collect == "outputs":
-        return hist, None
+        return None
     from trtq.calib import ingraph
+    from trtq.calib.batchdim import one_sample_calls
+    from trtq.calib.groups import batch_dim_free
 
     why = ingraph.unavailable(opts.providers)
     if why is None:
         try:
-            from trtq.calib.groups import batch_dim_free
-
-            collector = ingraph.InGraphCollector(run.model, hist, leading, opts.providers,
-                                                 free_batch=batch_dim_free(run.model, dict(run.batcher.shapes)))
+            collector = ingraph.InGraphCollector(
+                run.model, tensors, opts.num_bins, opts.providers,
+                free_batch=batch_dim_free(run.model, dict(run.batcher.shapes)),
+                hist_elements=opts.hist_elements if run.one_pass else 0, leading=run.leading,
+                one_sample=run.one_pass and one_sample_calls(run.model))
             run.collect_mode = "in-graph"
-            return hist, collector
+            return collector
         except ModelError as e:
             why = e.message
     if opts.collect == "in-graph":
         raise UsageError(f"--collect in-graph cannot run here: {why}", "pass --collect outputs (or auto)")
     log.info("statistics from exposed outputs: %s", why)
-    return hist, None
+    return None
 
 
 def _one_pass(run: _Setup, stream: _Stream, hist: Any) -> tuple[Any, Any, Any, Any]:
@@ -384,8 +397,8 @@ def _one_pass(run: _Setup, stream: _Stream, hist: Any) -> tuple[Any, Any, Any, A
 
     opts = run.opts
     if run.collect_mode == "in-graph":  # ONNX Runtime folds each batch in as it runs
-        stream.run("histogram", 1, lambda _part: None, run.batcher)
-        stream.collector.finish()
+        stream.run("histogram", 1, _nothing, run.batcher)
+        stream.collector.fill_pow2(hist)
         stream.collector.close()
     else:
         if pow2_kernel() is None:
@@ -412,7 +425,7 @@ def _histogram_pass(run: _Setup, stream: _Stream, maxima: dict[str, float], repl
     if run.given is None:
         if list(stream.collector.tensors) != list(run.tensors):
             stream.collector = None
-            stream.collector = _collector(run, run.tensors)
+            stream.collector = _ingraph_collector(run, run.tensors) or _collector(run, run.tensors)
         source = replay.second()
     else:
         source = None
@@ -421,13 +434,23 @@ def _histogram_pass(run: _Setup, stream: _Stream, maxima: dict[str, float], repl
 
             source = open_batches(Path(read_batches), run.batcher)
         source = run.batcher if source is None else source
-    stream.run("histogram", stream.stages, hist.update_batch, source)
+    if run.collect_mode == "in-graph":
+        stream.collector.start_histograms(hist.maxima)
+        stream.run("histogram", stream.stages, _nothing, source)
+        stream.collector.fill_histograms(hist)
+        stream.collector.close()
+    else:
+        stream.run("histogram", stream.stages, hist.update_batch, source)
     if hist.exceeded:
         log.warning(
             "%d tensor(s) had values above their first-pass max in the second pass (data not "
             "deterministic?): %s; they were counted in the last bin",
             len(hist.exceeded), ", ".join(sorted(hist.exceeded)[:5]))
     return hist.counts, hist.zeros
+
+
+def _nothing(_part: Any) -> None:
+    """The per-batch update of an in-graph pass: ONNX Runtime's nodes did it."""
 
 
 def _write_run(run: _Setup, out: Path, stats_path: Optional[Path], provenance: dict, amax: dict[str, float],

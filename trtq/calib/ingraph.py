@@ -1,33 +1,36 @@
-"""mse / percentile statistics computed inside ONNX Runtime (``--collect in-graph``).
+"""Calibration statistics computed inside ONNX Runtime (``--collect in-graph``, the default).
 
 The outputs collector (trtq.calib.collect) exposes every calibrated tensor as a graph output: ONNX
 Runtime must keep each one for the whole call, write it to memory and hand it back, and the
 histograms read it again from memory afterwards. Here instead one node of trtq's own operator
 (``ai.trtq.calib.Pow2Stats``, trtq/calib/_ingraph.c, in the compiled kernels' library) reads each
-tensor right after the node that made it, folds it into its power-of-two histogram and returns
-a one-element dummy; ONNX Runtime then frees or reuses the tensor as in inference. Peak memory is
-inference's plus the histograms, and each activation is read while it is still in cache.
+tensor right after the node that made it, folds it into its slot and returns a one-element dummy;
+ONNX Runtime then frees or reuses the tensor as in inference. Peak memory is inference's plus the
+statistics, and each activation is read while it is still in cache.
 
-The operator follows trtq.calib.pow2.Pow2Histograms' rules (padding rows of the last batch left
-out, the per-sample stride, exact range merges): the counts, maxima and zeros, and so the cache,
-are the same integers as the outputs collector's (tests/calib/test_ingraph.py). A node reading a
-tensor keeps ONNX Runtime from fusing it away just as a graph output does.
+A slot takes what the Python accumulator it stands in for would: mse / percentile's power-of-two
+histograms (trtq.calib.pow2.Pow2Histograms: padding rows of the last batch left out, the
+per-sample stride, exact range merges), or entropy / max's two passes in the same session, signed
+extremes (stats.AbsMaxAccumulator) then counts over ``[0, max]`` (stats.HistogramAccumulator).
+The statistics, and so the cache, are the same integers as the outputs collector's
+(tests/calib/test_ingraph.py). A node reading a tensor keeps ONNX Runtime from fusing it away just
+as a graph output does.
 
-Used for mse / percentile on the CPU provider with the compiled kernels built; anything else, or a
-session that will not load the operator (a tensor that is not float32, an ONNX Runtime older than
-1.16), takes the outputs collector.
+Used on the CPU provider with the compiled kernels built; otherwise, or when ONNX Runtime will not
+load the operator (a tensor that is not float32, an ONNX Runtime older than 1.16), calibration
+takes the outputs collector.
 """
 import ctypes
 import logging
 from typing import Optional
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 import onnx
 
 from trtq.calib import native
 from trtq.calib.pow2 import Pow2Histograms
-from trtq.calib.stats import nonfinite_error
+from trtq.calib.stats import AbsMaxAccumulator, HistogramAccumulator, nonfinite_error
 from trtq.errors import ModelError
 
 log = logging.getLogger(__name__)
@@ -35,7 +38,8 @@ log = logging.getLogger(__name__)
 DOMAIN = "ai.trtq.calib"
 OP = "Pow2Stats"
 _NO_EXPONENT = -(1 << 30)
-_NONFINITE, _NO_MEMORY = 1, 3
+_NONFINITE, _NO_MEMORY = 1, 3  # slot statuses (_ingraph.h)
+_MODE_EXTREMES, _MODE_FIXED = 1, 2  # _ingraph.h MODE_*
 
 
 def unavailable(providers: Sequence[str]) -> Optional[str]:
@@ -81,22 +85,24 @@ def _with_stats_nodes(model: onnx.ModelProto, tensors: Sequence[str], collection
 
 
 class InGraphCollector:
-    """An ONNX Runtime session that folds each batch's activations into ``hist`` (a fresh
-    :class:`Pow2Histograms` whose tensors it calibrates) as it runs; :meth:`finish` copies the
-    result into ``hist``. Raises ModelError when ONNX Runtime does not take the operator (the
-    caller then uses the outputs collector)."""
+    """An ONNX Runtime session whose statistics nodes fold each batch's activations of ``tensors``
+    in as it runs, one slot per tensor. It starts in the one-pass mode (power-of-two histograms,
+    :meth:`fill_pow2`); :meth:`start_extremes` / :meth:`start_histograms` switch it to the two
+    passes of entropy and max (:meth:`fill_extremes`, :meth:`fill_histograms`). Raises ModelError
+    when ONNX Runtime does not take the operator (the caller then uses the outputs collector)."""
 
-    def __init__(self, model: onnx.ModelProto, hist: Pow2Histograms, leading: set, providers: Sequence[str] = (),
-                 free_batch: bool = False):
+    def __init__(self, model: onnx.ModelProto, tensors: Sequence[str], num_bins: int, providers: Sequence[str] = (),
+                 free_batch: bool = False, hist_elements: int = 0, leading: Collection[str] = (),
+                 one_sample: bool = False):
         import onnxruntime as ort
 
         lib = native.library()
-        self.hist, self.tensors = hist, list(hist.counts)
+        self.tensors, self.num_bins = list(tensors), int(num_bins)
         self.free_batch = free_batch  # the model takes any batch: padding rows are not run (as groups.py)
         flags = np.array([t in leading for t in self.tensors], dtype=np.int32)
         self._lib = lib
-        self._id = lib.trtq_ingraph_create(len(self.tensors), hist.num_bins, hist.hist_elements,
-                                           int(hist.one_sample_calls), flags.ctypes.data)
+        self._id = lib.trtq_ingraph_create(len(self.tensors), self.num_bins, int(hist_elements), int(one_sample),
+                                           flags.ctypes.data)
         if self._id <= 0:
             raise ModelError("could not allocate the in-graph statistics", "pass --collect outputs")
         try:
@@ -115,8 +121,7 @@ class InGraphCollector:
             self.session = ort.InferenceSession(blob, opts, providers=list(providers) or ["CPUExecutionProvider"])
         except Exception as e:
             self.close()
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ModelError(f"ONNX Runtime does not run the in-graph statistics: {first}",
+            raise ModelError(f"ONNX Runtime does not run the in-graph statistics: {_first_line(e)}",
                              "pass --collect outputs") from None
         self.providers = self.session.get_providers()
         self.input_names = [i.name for i in self.session.get_inputs()]
@@ -132,32 +137,74 @@ class InGraphCollector:
         try:
             self.session.run(self._outputs, feeds)
         except Exception as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ModelError(f"ONNX Runtime failed to run the model: {first}", "check the input shapes") from None
-        if self._lib.trtq_ingraph_first_error(self._id) != -1:
-            self.finish()  # raises for the tensor
+            raise ModelError(f"ONNX Runtime failed to run the model: {_first_line(e)}",
+                             "check the input shapes") from None
+        slot = self._lib.trtq_ingraph_first_error(self._id)
+        if slot != -1:
+            self._raise_for(slot)
         yield from ()
 
-    def finish(self) -> None:
-        """Copy the statistics into ``hist``; DataError for a tensor that held a NaN / Inf."""
-        h = self.hist
-        counts = np.zeros(h.num_bins, dtype=np.int64)
+    def _raise_for(self, slot: int) -> None:
+        """DataError for a slot that met a NaN / Inf (MemoryError when it had no memory to count)."""
+        if slot < 0:
+            raise RuntimeError("in-graph statistics: the collection is gone")
+        ext = [ctypes.c_double(), ctypes.c_double(), ctypes.c_int32(), ctypes.c_int32()]
+        self._check(self._lib.trtq_ingraph_read_extremes(self._id, slot, *map(ctypes.byref, ext)), slot, ext[3])
+
+    def _check(self, rc: int, slot: int, status) -> None:
+        if rc:
+            raise RuntimeError("in-graph statistics: the collection is gone")
+        if status.value == _NONFINITE:
+            raise nonfinite_error(self.tensors[slot])
+        if status.value == _NO_MEMORY:
+            raise MemoryError(f"in-graph statistics: no memory to count '{self.tensors[slot]}'")
+
+    def fill_pow2(self, hist: Pow2Histograms) -> None:
+        """One pass: copy the power-of-two histograms into ``hist`` (made for the same tensors)."""
+        counts = np.zeros(self.num_bins, dtype=np.int64)
         e, top, zeros, stride, status = (ctypes.c_int32(), ctypes.c_double(), ctypes.c_int64(), ctypes.c_int64(),
                                          ctypes.c_int32())
         for slot, name in enumerate(self.tensors):
-            if self._lib.trtq_ingraph_read(self._id, slot, counts.ctypes.data, ctypes.byref(e), ctypes.byref(top),
-                                           ctypes.byref(zeros), ctypes.byref(stride), ctypes.byref(status)):
-                raise RuntimeError("in-graph statistics: the collection is gone")
-            if status.value == _NONFINITE:
-                raise nonfinite_error(name)
-            if status.value == _NO_MEMORY:
-                raise MemoryError(f"in-graph statistics: no memory to count '{name}'")
-            h.counts[name] = counts.copy()
-            h.exponents[name] = None if e.value == _NO_EXPONENT else int(e.value)
-            h.maxima[name] = float(top.value)
-            h.zeros[name] = int(zeros.value)
+            self._check(self._lib.trtq_ingraph_read(self._id, slot, counts.ctypes.data, ctypes.byref(e),
+                                                    ctypes.byref(top), ctypes.byref(zeros), ctypes.byref(stride),
+                                                    ctypes.byref(status)), slot, status)
+            hist.counts[name] = counts.copy()
+            hist.exponents[name] = None if e.value == _NO_EXPONENT else int(e.value)
+            hist.maxima[name] = float(top.value)
+            hist.zeros[name] = int(zeros.value)
             if stride.value > 1:
-                h.strides[name] = int(stride.value)
+                hist.strides[name] = int(stride.value)
+
+    def start_extremes(self) -> None:
+        """Pass 1 of entropy / max: the following runs take each tensor's signed min and max."""
+        self._lib.trtq_ingraph_set_mode(self._id, _MODE_EXTREMES)
+
+    def fill_extremes(self, acc: AbsMaxAccumulator, skip: Collection[str] = ()) -> None:
+        """Fold pass 1's extremes into ``acc`` (as its ``update_batch`` would), ``skip`` left out."""
+        lo, hi, seen, status = ctypes.c_double(), ctypes.c_double(), ctypes.c_int32(), ctypes.c_int32()
+        for slot, name in enumerate(self.tensors):
+            self._check(self._lib.trtq_ingraph_read_extremes(self._id, slot, ctypes.byref(lo), ctypes.byref(hi),
+                                                             ctypes.byref(seen), ctypes.byref(status)), slot, status)
+            if name in skip:
+                continue
+            acc.add_extremes(name, (lo.value, hi.value) if seen.value else None)
+
+    def start_histograms(self, maxima: Mapping[str, float]) -> None:
+        """Pass 2: the following runs count each tensor over ``[0, maxima[name]]``."""
+        self._lib.trtq_ingraph_set_mode(self._id, _MODE_FIXED)
+        for slot, name in enumerate(self.tensors):
+            if self._lib.trtq_ingraph_set_range(self._id, slot, float(maxima[name])):
+                raise RuntimeError(f"in-graph statistics: bad range {maxima[name]} for '{name}'")
+
+    def fill_histograms(self, hist: HistogramAccumulator) -> None:
+        """Add pass 2's counts, zeros and past-the-range flags to ``hist``."""
+        counts = np.zeros(self.num_bins, dtype=np.int64)
+        zeros, exceeded, status = ctypes.c_int64(), ctypes.c_int32(), ctypes.c_int32()
+        for slot, name in enumerate(self.tensors):
+            self._check(self._lib.trtq_ingraph_read_fixed(self._id, slot, counts.ctypes.data, ctypes.byref(zeros),
+                                                          ctypes.byref(exceeded), ctypes.byref(status)),
+                        slot, status)
+            hist.add_counts(name, counts, int(zeros.value), bool(exceeded.value))
 
     def close(self) -> None:
         if getattr(self, "_id", 0) > 0:
@@ -167,3 +214,8 @@ class InGraphCollector:
 
     def __del__(self):
         self.close()
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

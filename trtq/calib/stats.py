@@ -115,6 +115,14 @@ class AbsMaxAccumulator:
         """Signed ``(min, max)`` per tensor that had any element."""
         return dict(self._ext)
 
+    def add_extremes(self, name: str, extremes: Optional[tuple[float, float]]) -> None:
+        """Signed ``(min, max)`` of a tensor taken elsewhere (trtq.calib.ingraph's operator); None:
+        the tensor had no element."""
+        if extremes is None:
+            self._max.setdefault(name, 0.0)
+        else:
+            self._fold(name, max(extremes[1], -extremes[0]), extremes)
+
     def add_derived(self, amax: Mapping[str, float]) -> None:
         """Maxima known without measuring (see trtq.calib.derive); kept in the given order."""
         for name, m in amax.items():
@@ -196,6 +204,13 @@ class HistogramAccumulator:
             self._zeros[name] += zeros
             if flags & kernels.EXCEEDED:
                 self.exceeded.add(name)
+
+    def add_counts(self, name: str, counts: np.ndarray, zeros: int, exceeded: bool) -> None:
+        """Counts taken elsewhere over this tensor's edges (trtq.calib.ingraph's operator)."""
+        self._counts[name] += counts
+        self._zeros[name] += int(zeros)
+        if exceeded:
+            self.exceeded.add(name)
 
     def _update_special(self, name: str, a: np.ndarray) -> None:
         """Max 0 (everything in bin 0), or a max so small that num_bins / max overflows float32."""
