@@ -88,24 +88,18 @@ static collection_t *lookup(int64_t id) {
     return id > 0 && id < MAX_COLLECTIONS ? collections[id] : NULL;
 }
 
+/* slot `slot` of collection `id` (and the collection in *c), or NULL for an unknown one */
+static slot_t *slot_of(int32_t id, int64_t slot, collection_t **c) {
+    *c = lookup(id);
+    return *c != NULL && slot >= 0 && slot < (*c)->nslots ? &(*c)->slots[slot] : NULL;
+}
+
 /* the next run's batch rows and how many of them are samples (the rest repeat the last one) */
 EXPORT int32_t trtq_ingraph_set_run(int32_t id, int64_t batch, int64_t valid) {
     collection_t *c = lookup(id);
     if (c == NULL)
         return -1;
     c->batch = batch, c->valid = valid;
-    return 0;
-}
-
-/* a slot's statistics; returns -1 for an unknown id or slot */
-EXPORT int32_t trtq_ingraph_read(int32_t id, int64_t slot, int64_t *counts, int32_t *e, double *max, int64_t *zeros,
-                                 int64_t *stride, int32_t *status) {
-    collection_t *c = lookup(id);
-    if (c == NULL || slot < 0 || slot >= c->nslots)
-        return -1;
-    slot_t *s = &c->slots[slot];
-    memcpy(counts, s->counts, (size_t)c->nb * sizeof(int64_t));
-    *e = s->e, *max = s->max, *zeros = s->zeros, *stride = s->stride, *status = s->status;
     return 0;
 }
 
@@ -139,10 +133,10 @@ EXPORT int32_t trtq_ingraph_set_mode(int32_t id, int32_t mode) {
 
 /* MODE_FIXED: a slot's range, the pass-1 max; its bins as HistogramAccumulator sets them */
 EXPORT int32_t trtq_ingraph_set_range(int32_t id, int64_t slot, double range) {
-    collection_t *c = lookup(id);
-    if (c == NULL || slot < 0 || slot >= c->nslots || !(range >= 0.0) || isinf(range))
+    collection_t *c;
+    slot_t *s = slot_of(id, slot, &c);
+    if (s == NULL || !(range >= 0.0) || isinf(range))
         return -1;
-    slot_t *s = &c->slots[slot];
     double scale = range > 0.0 ? (double)c->nb / range : 0.0;
     s->range = range;
     s->fixed = range == 0.0 ? FIXED_RANGE_ZERO : scale < 1e38 ? FIXED_SCALED : FIXED_FLOAT64;
@@ -150,26 +144,14 @@ EXPORT int32_t trtq_ingraph_set_range(int32_t id, int64_t slot, double range) {
     return 0;
 }
 
-/* MODE_EXTREMES: a slot's signed min and max (seen 0: no element yet) */
-EXPORT int32_t trtq_ingraph_read_extremes(int32_t id, int64_t slot, double *lo, double *hi, int32_t *seen,
-                                          int32_t *status) {
-    collection_t *c = lookup(id);
-    if (c == NULL || slot < 0 || slot >= c->nslots)
+/* a slot's statistics (the counts: num_bins int64) in every mode; -1 for an unknown id or slot */
+EXPORT int32_t trtq_ingraph_read(int32_t id, int64_t slot, int64_t *counts, ingraph_stats_t *out) {
+    collection_t *c;
+    slot_t *s = slot_of(id, slot, &c);
+    if (s == NULL)
         return -1;
-    slot_t *s = &c->slots[slot];
-    *lo = s->lo, *hi = s->hi, *seen = s->seen, *status = s->status;
-    return 0;
-}
-
-/* MODE_FIXED: a slot's counts, zeros and whether a value passed its range */
-EXPORT int32_t trtq_ingraph_read_fixed(int32_t id, int64_t slot, int64_t *counts, int64_t *zeros, int32_t *exceeded,
-                                       int32_t *status) {
-    collection_t *c = lookup(id);
-    if (c == NULL || slot < 0 || slot >= c->nslots)
-        return -1;
-    slot_t *s = &c->slots[slot];
     memcpy(counts, s->counts, (size_t)c->nb * sizeof(int64_t));
-    *zeros = s->zeros, *exceeded = s->exceeded, *status = s->status;
+    *out = (ingraph_stats_t){s->zeros, s->stride, s->max, s->lo, s->hi, s->e, s->status, s->seen, s->exceeded};
     return 0;
 }
 

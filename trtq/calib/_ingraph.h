@@ -42,6 +42,13 @@ typedef struct {
     slot_t *slots;
 } collection_t;
 
+/* what trtq_ingraph_read hands Python besides the counts (trtq.calib.ingraph._Stats: same layout) */
+typedef struct {
+    int64_t zeros, stride;
+    double max, lo, hi;
+    int32_t e, status, seen, exceeded;
+} ingraph_stats_t;
+
 /* runs fn(data, 0 .. total - 1), maybe side by side (ONNX Runtime's ParallelFor) */
 typedef void (*parallel_for_fn)(void *ctx, void (*fn)(void *, size_t), size_t total, void *data);
 

@@ -204,7 +204,7 @@ EXPORT void trtq_level_sums(const int64_t *starts, int64_t nj, int64_t nk, const
 
 /* the interface's version: trtq.calib.native refuses a library built from another one (an editable
  * install not rebuilt after a pull); raise it with any change of a signature or a rule */
-EXPORT int trtq_native_version(void) { return 3; }
+EXPORT int trtq_native_version(void) { return 4; }
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "see trtq.calib.native", -1,
                                     NULL, NULL, NULL, NULL, NULL};

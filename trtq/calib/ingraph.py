@@ -141,39 +141,37 @@ class InGraphCollector:
                              "check the input shapes") from None
         slot = self._lib.trtq_ingraph_first_error(self._id)
         if slot != -1:
-            self._raise_for(slot)
+            if slot < 0:
+                raise RuntimeError("in-graph statistics: the collection is gone")
+            self._read(slot, np.zeros(self.num_bins, dtype=np.int64))  # raises for that tensor
         yield from ()
 
-    def _raise_for(self, slot: int) -> None:
-        """DataError for a slot that met a NaN / Inf (MemoryError when it had no memory to count)."""
-        if slot < 0:
+    def _read(self, slot: int, counts: np.ndarray) -> "_Stats":
+        """Slot ``slot``'s statistics (its counts into ``counts``); DataError for a NaN / Inf met."""
+        stats = _Stats()
+        if self._lib.trtq_ingraph_read(self._id, slot, counts.ctypes.data, ctypes.byref(stats)):
             raise RuntimeError("in-graph statistics: the collection is gone")
-        ext = [ctypes.c_double(), ctypes.c_double(), ctypes.c_int32(), ctypes.c_int32()]
-        self._check(self._lib.trtq_ingraph_read_extremes(self._id, slot, *map(ctypes.byref, ext)), slot, ext[3])
-
-    def _check(self, rc: int, slot: int, status) -> None:
-        if rc:
-            raise RuntimeError("in-graph statistics: the collection is gone")
-        if status.value == _NONFINITE:
+        if stats.status == _NONFINITE:
             raise nonfinite_error(self.tensors[slot])
-        if status.value == _NO_MEMORY:
+        if stats.status == _NO_MEMORY:
             raise MemoryError(f"in-graph statistics: no memory to count '{self.tensors[slot]}'")
+        return stats
+
+    def _slots(self):
+        """(name, counts, stats) of every slot, in order (one counts buffer, refilled)."""
+        counts = np.zeros(self.num_bins, dtype=np.int64)
+        for slot, name in enumerate(self.tensors):
+            yield name, counts, self._read(slot, counts)
 
     def fill_pow2(self, hist: Pow2Histograms) -> None:
         """One pass: copy the power-of-two histograms into ``hist`` (made for the same tensors)."""
-        counts = np.zeros(self.num_bins, dtype=np.int64)
-        e, top, zeros, stride, status = (ctypes.c_int32(), ctypes.c_double(), ctypes.c_int64(), ctypes.c_int64(),
-                                         ctypes.c_int32())
-        for slot, name in enumerate(self.tensors):
-            self._check(self._lib.trtq_ingraph_read(self._id, slot, counts.ctypes.data, ctypes.byref(e),
-                                                    ctypes.byref(top), ctypes.byref(zeros), ctypes.byref(stride),
-                                                    ctypes.byref(status)), slot, status)
+        for name, counts, st in self._slots():
             hist.counts[name] = counts.copy()
-            hist.exponents[name] = None if e.value == _NO_EXPONENT else int(e.value)
-            hist.maxima[name] = float(top.value)
-            hist.zeros[name] = int(zeros.value)
-            if stride.value > 1:
-                hist.strides[name] = int(stride.value)
+            hist.exponents[name] = None if st.e == _NO_EXPONENT else int(st.e)
+            hist.maxima[name] = float(st.max)
+            hist.zeros[name] = int(st.zeros)
+            if st.stride > 1:
+                hist.strides[name] = int(st.stride)
 
     def start_extremes(self) -> None:
         """Pass 1 of entropy / max: the following runs take each tensor's signed min and max."""
@@ -181,13 +179,9 @@ class InGraphCollector:
 
     def fill_extremes(self, acc: AbsMaxAccumulator, skip: Collection[str] = ()) -> None:
         """Fold pass 1's extremes into ``acc`` (as its ``update_batch`` would), ``skip`` left out."""
-        lo, hi, seen, status = ctypes.c_double(), ctypes.c_double(), ctypes.c_int32(), ctypes.c_int32()
-        for slot, name in enumerate(self.tensors):
-            self._check(self._lib.trtq_ingraph_read_extremes(self._id, slot, ctypes.byref(lo), ctypes.byref(hi),
-                                                             ctypes.byref(seen), ctypes.byref(status)), slot, status)
-            if name in skip:
-                continue
-            acc.add_extremes(name, (lo.value, hi.value) if seen.value else None)
+        for name, _, st in self._slots():
+            if name not in skip:
+                acc.add_extremes(name, (st.lo, st.hi) if st.seen else None)
 
     def start_histograms(self, maxima: Mapping[str, float]) -> None:
         """Pass 2: the following runs count each tensor over ``[0, maxima[name]]``."""
@@ -198,13 +192,8 @@ class InGraphCollector:
 
     def fill_histograms(self, hist: HistogramAccumulator) -> None:
         """Add pass 2's counts, zeros and past-the-range flags to ``hist``."""
-        counts = np.zeros(self.num_bins, dtype=np.int64)
-        zeros, exceeded, status = ctypes.c_int64(), ctypes.c_int32(), ctypes.c_int32()
-        for slot, name in enumerate(self.tensors):
-            self._check(self._lib.trtq_ingraph_read_fixed(self._id, slot, counts.ctypes.data, ctypes.byref(zeros),
-                                                          ctypes.byref(exceeded), ctypes.byref(status)),
-                        slot, status)
-            hist.add_counts(name, counts, int(zeros.value), bool(exceeded.value))
+        for name, counts, st in self._slots():
+            hist.add_counts(name, counts, int(st.zeros), bool(st.exceeded))
 
     def close(self) -> None:
         if getattr(self, "_id", 0) > 0:
@@ -213,7 +202,20 @@ class InGraphCollector:
             self._id = 0
 
     def __del__(self):
-        self.close()
+        # at interpreter exit (a run stopped by a signal) ctypes or a module may be gone already; no
+        # contextlib here for the same reason
+        try:  # noqa: SIM105
+            self.close()
+        except Exception:
+            pass
+
+
+class _Stats(ctypes.Structure):
+    """_ingraph.h's ingraph_stats_t."""
+
+    _fields_ = [("zeros", ctypes.c_int64), ("stride", ctypes.c_int64), ("max", ctypes.c_double),
+                ("lo", ctypes.c_double), ("hi", ctypes.c_double), ("e", ctypes.c_int32), ("status", ctypes.c_int32),
+                ("seen", ctypes.c_int32), ("exceeded", ctypes.c_int32)]
 
 
 def _first_line(e: Exception) -> str:

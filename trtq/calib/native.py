@@ -19,7 +19,7 @@ from typing import Optional
 import numpy as np
 
 log = logging.getLogger(__name__)
-VERSION = 3  # _native.c's trtq_native_version(): the interface these wrappers call
+VERSION = 4  # _native.c's trtq_native_version(): the interface these wrappers call
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
 _state = "untried"  # "untried" | "ok" | "missing"
@@ -53,7 +53,7 @@ def _load() -> Optional[ctypes.CDLL]:
         lib.trtq_ingraph_set_run.restype = _I32
         lib.trtq_ingraph_set_run.argtypes = [_I32, _I64, _I64]
         lib.trtq_ingraph_read.restype = _I32
-        lib.trtq_ingraph_read.argtypes = [_I32, _I64, _P, _P, _P, _P, _P, _P]
+        lib.trtq_ingraph_read.argtypes = [_I32, _I64, _P, _P]
         lib.trtq_ingraph_parallel.restype = _I32
         lib.trtq_ingraph_first_error.restype = _I64
         lib.trtq_ingraph_first_error.argtypes = [_I32]
@@ -61,10 +61,6 @@ def _load() -> Optional[ctypes.CDLL]:
         lib.trtq_ingraph_set_mode.argtypes = [_I32, _I32]
         lib.trtq_ingraph_set_range.restype = _I32
         lib.trtq_ingraph_set_range.argtypes = [_I32, _I64, ctypes.c_double]
-        lib.trtq_ingraph_read_extremes.restype = _I32
-        lib.trtq_ingraph_read_extremes.argtypes = [_I32, _I64, _P, _P, _P, _P]
-        lib.trtq_ingraph_read_fixed.restype = _I32
-        lib.trtq_ingraph_read_fixed.argtypes = [_I32, _I64, _P, _P, _P, _P]
     except (OSError, AttributeError):  # not loadable here, or built from another version of the file
         return None
     return lib
