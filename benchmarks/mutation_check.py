@@ -180,7 +180,7 @@ MUTATIONS: list[Mutation] = [
       "    if (0) {", ("tests/calib/test_ingraph.py",)),
     M("ingraph-tiny-recount", "trtq/calib/_ingraph_fold.c", "    if (tiny) {", "    if (0) {",
       ("tests/calib/test_ingraph.py",)),
-    M("ingraph-extremes-min", "trtq/calib/_ingraph_fold.c", "        lo = x[i] < lo ? x[i] : lo;\n", "",
+    M("ingraph-extremes-min", "trtq/calib/_ingraph_fold.c", "        kmin = k < kmin ? k : kmin;\n", "",
       ("tests/calib/test_ingraph.py",)),
     M("ingraph-range-zero-flags", "trtq/calib/_ingraph_fold.c", "        s->exceeded |= nonzero > 0;\n", "",
       ("tests/calib/test_ingraph.py",)),
