@@ -21,6 +21,25 @@
 #define TASK_ELEMENTS (1 << 16) /* elements read per parallel task */
 #define MAX_TASKS 256
 
+/* units (elements or rows) per task for `total` units: `per` each, fewer than `most` tasks (the
+ * per-task size grows past that); returns the task count and sets *per_out */
+static int64_t split(int64_t total, int64_t per, int64_t most, int64_t *per_out) {
+    int64_t n = (total + per - 1) / per;
+    if (n > most)
+        per = (total + most - 1) / most, n = (total + per - 1) / per;
+    *per_out = per;
+    return n;
+}
+
+/* fn(tasks, 0 .. n - 1): side by side where a ParallelFor is given and there is more than one */
+static void run_tasks(parallel_for_fn parallel, void *ctx, void (*fn)(void *, size_t), int64_t n, void *tasks) {
+    if (parallel != NULL && n > 1)
+        parallel(ctx, fn, (size_t)n, tasks);
+    else
+        for (int64_t t = 0; t < n; t++)
+            fn(tasks, (size_t)t);
+}
+
 /* counts over [0, 2**from) -> over [0, 2**to), to >= from (pow2.regrow) */
 static void regrow(int64_t *counts, int64_t nb, int32_t d) {
     if (d <= 0)
@@ -142,18 +161,9 @@ static void fold_pow2(collection_t *c, slot_t *s, const float *x, const int64_t 
     }
     /* tasks: whole rows when strided (the stride restarts on each row), else any cut */
     task_t tasks[MAX_TASKS];
-    int64_t ntasks, per;
-    if (k == 1) {
-        per = TASK_ELEMENTS;
-        ntasks = (used + per - 1) / per;
-        if (ntasks > MAX_TASKS)
-            per = (used + MAX_TASKS - 1) / MAX_TASKS, ntasks = (used + per - 1) / per;
-    } else {
-        per = TASK_ELEMENTS / n > 1 ? TASK_ELEMENTS / n : 1; /* rows per task */
-        ntasks = (rows + per - 1) / per;
-        if (ntasks > MAX_TASKS)
-            per = (rows + MAX_TASKS - 1) / MAX_TASKS, ntasks = (rows + per - 1) / per;
-    }
+    int64_t per; /* elements, or whole rows when strided */
+    int64_t ntasks = k == 1 ? split(used, TASK_ELEMENTS, MAX_TASKS, &per)
+                            : split(rows, TASK_ELEMENTS / n > 1 ? TASK_ELEMENTS / n : 1, MAX_TASKS, &per);
     int64_t nb = c->nb;
     int32_t *lanes = calloc((size_t)(ntasks * 4 * nb), sizeof(int32_t));
     if (lanes == NULL) {
@@ -171,11 +181,7 @@ static void fold_pow2(collection_t *c, slot_t *s, const float *x, const int64_t 
         }
         tk->stride = k, tk->e0 = s->e, tk->nb = nb, tk->lanes = lanes + t * 4 * nb;
     }
-    if (parallel != NULL && ntasks > 1)
-        parallel(ctx, run_task, (size_t)ntasks, tasks);
-    else
-        for (int64_t t = 0; t < ntasks; t++)
-            run_task(tasks, (size_t)t);
+    run_tasks(parallel, ctx, run_task, ntasks, tasks);
     int tiny = 0;
     for (int64_t t = 0; t < ntasks; t++) {
         if (tasks[t].status == POW2_NONFINITE) {
@@ -239,16 +245,10 @@ static HOST_CLONES void run_extremes_task(void *data, size_t i) {
 /* MODE_EXTREMES: signed min and max of every element (stats.batch_extremes) */
 static void fold_extremes(slot_t *s, const float *x, int64_t used, parallel_for_fn parallel, void *ctx) {
     extremes_task_t tasks[MAX_TASKS];
-    int64_t per = TASK_ELEMENTS, ntasks = (used + per - 1) / per;
-    if (ntasks > MAX_TASKS)
-        per = (used + MAX_TASKS - 1) / MAX_TASKS, ntasks = (used + per - 1) / per;
+    int64_t per, ntasks = split(used, TASK_ELEMENTS, MAX_TASKS, &per);
     for (int64_t t = 0; t < ntasks; t++)
         tasks[t] = (extremes_task_t){x + t * per, used - t * per < per ? used - t * per : per, 0, 0, 0};
-    if (parallel != NULL && ntasks > 1)
-        parallel(ctx, run_extremes_task, (size_t)ntasks, tasks);
-    else
-        for (int64_t t = 0; t < ntasks; t++)
-            run_extremes_task(tasks, (size_t)t);
+    run_tasks(parallel, ctx, run_extremes_task, ntasks, tasks);
     int32_t top = 0, kmin = INT32_MAX, kmax = INT32_MIN;
     for (int64_t t = 0; t < ntasks; t++) {
         top = tasks[t].top > top ? tasks[t].top : top;
@@ -317,9 +317,8 @@ static void fold_fixed(slot_t *s, int64_t nb, const float *x, int64_t used, para
         fold_fixed_special(s, nb, x, used);
         return;
     }
-    int64_t per = TASK_ELEMENTS, ntasks = (used + per - 1) / per;
-    if (ntasks > MAX_TASKS / 4) /* int64 lanes: at most 64 tasks' worth (16 MiB at 2048 bins) */
-        per = (used + MAX_TASKS / 4 - 1) / (MAX_TASKS / 4), ntasks = (used + per - 1) / per;
+    /* int64 lanes: at most 64 tasks' worth (16 MiB at 2048 bins) */
+    int64_t per, ntasks = split(used, TASK_ELEMENTS, MAX_TASKS / 4, &per);
     fixed_task_t tasks[MAX_TASKS / 4];
     int64_t *lanes = calloc((size_t)(ntasks * 4 * nb), sizeof(int64_t));
     if (lanes == NULL) {
@@ -332,11 +331,7 @@ static void fold_fixed(slot_t *s, int64_t nb, const float *x, int64_t used, para
         tasks[t] = (fixed_task_t){x + start, used - start < per ? used - start : per, nb, 0, s->scale, exceed_at,
                                   0, 0, lanes + t * 4 * nb};
     }
-    if (parallel != NULL && ntasks > 1)
-        parallel(ctx, run_fixed_task, (size_t)ntasks, tasks);
-    else
-        for (int64_t t = 0; t < ntasks; t++)
-            run_fixed_task(tasks, (size_t)t);
+    run_tasks(parallel, ctx, run_fixed_task, ntasks, tasks);
     for (int64_t t = 0; t < ntasks; t++)
         if (tasks[t].nonfinite) {
             s->status = POW2_NONFINITE;
