@@ -94,9 +94,9 @@ class AbsMaxAccumulator:
         """Fold one batch of activations in; the tensors are reduced in parallel."""
         for name, array in arrays.items():
             if np.asarray(array).size == 0:
-                self._max.setdefault(name, 0.0)
-        for name, (lo, hi) in batch_extremes(arrays).items():
-            self._fold(name, max(hi, -lo), (lo, hi))
+                self.add_extremes(name, None)
+        for name, extremes in batch_extremes(arrays).items():
+            self.add_extremes(name, extremes)
 
     def _fold(self, name: str, m: float, ext: Optional[tuple[float, float]]) -> None:
         prev = self._max.get(name)
@@ -116,8 +116,8 @@ class AbsMaxAccumulator:
         return dict(self._ext)
 
     def add_extremes(self, name: str, extremes: Optional[tuple[float, float]]) -> None:
-        """Signed ``(min, max)`` of a tensor taken elsewhere (trtq.calib.ingraph's operator); None:
-        the tensor had no element."""
+        """Fold one tensor's signed ``(min, max)`` in (from :meth:`update_batch`, or trtq.calib.ingraph's
+        operator); None: the tensor had no element."""
         if extremes is None:
             self._max.setdefault(name, 0.0)
         else:
@@ -200,13 +200,10 @@ class HistogramAccumulator:
             if flags & kernels.NONFINITE:
                 raise nonfinite_error(name)
         for (name, _), (c, zeros, flags) in zip(tasks, results):
-            self._counts[name] += c
-            self._zeros[name] += zeros
-            if flags & kernels.EXCEEDED:
-                self.exceeded.add(name)
+            self.add_counts(name, c, zeros, bool(flags & kernels.EXCEEDED))
 
     def add_counts(self, name: str, counts: np.ndarray, zeros: int, exceeded: bool) -> None:
-        """Counts taken elsewhere over this tensor's edges (trtq.calib.ingraph's operator)."""
+        """Add counts over this tensor's edges (from :meth:`update_batch`, or trtq.calib.ingraph's operator)."""
         self._counts[name] += counts
         self._zeros[name] += int(zeros)
         if exceeded:
