@@ -187,8 +187,8 @@ MUTATIONS: list[Mutation] = [
     M("ingraph-fixed-past-range-flagged", "trtq/calib/_ingraph_fold.c",
       "        s->exceeded |= tasks[t].exceeded;\n", "", ("tests/calib/test_ingraph.py",)),
     # ... and a free batch dim runs no padding rows (attention's [3, N, ...] tensors)
-    M("ingraph-no-padding-rows-run", "trtq/calib/ingraph.py",
-      "        if self.free_batch and valid is not None and valid < batch:", "        if False:",
+    M("no-padding-rows-run", "trtq/calib/groups.py",
+      "    if free and valid is not None and valid < rows:", "    if False:",
       ("tests/calib/test_ingraph.py",)),
     # light shape inference: only weights leave the graph; a Reshape's target keeps its values
     M("infer-shapes-keeps-small-initializers", "trtq/model.py",

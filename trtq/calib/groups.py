@@ -120,12 +120,8 @@ class GroupedCollector:
     def run_groups(self, arrays: dict[str, np.ndarray], valid: Optional[int] = None) -> Any:
         """Each group's activations for each slice of ``rows_per_call`` rows (padding rows past
         ``valid`` are not run), valid until the next one is produced."""
+        arrays, valid = without_padding(arrays, valid, self.free)
         rows = next((a.shape[0] for a in arrays.values() if a.ndim), 0)
-        if self.free and valid is not None and valid < rows:
-            # a free batch dim: the last batch runs its samples only. Its padding rows repeat the
-            # last sample; the statistics leave them out of batch-sized tensors anyway, but a
-            # tensor whose batch axis is not the first (attention's [3, N, ...]) would count them
-            arrays, rows, valid = {n: a[:valid] for n, a in arrays.items()}, int(valid), None
         if rows <= self.rows_per_call:
             for collector in self._collectors:
                 yield collector.run(arrays, valid)
@@ -145,6 +141,17 @@ class GroupedCollector:
             for name, value in part.items():
                 pieces.setdefault(name, []).append(np.array(value) if sliced else value)
         return {name: np.concatenate(v) if sliced else v[-1] for name, v in pieces.items()}
+
+
+def without_padding(arrays: dict[str, np.ndarray], valid: Optional[int], free: bool) -> tuple[dict, Optional[int]]:
+    """``(arrays, valid)``, a padded last batch cut to its ``valid`` samples (``valid`` then None)
+    where the model's batch dim is ``free``. Its padding rows repeat the last sample; the
+    statistics leave them out of batch-sized tensors anyway, but a tensor whose batch axis is not
+    the first (attention's [3, N, ...]) would count them. Both collectors run batches through it."""
+    rows = next((a.shape[0] for a in arrays.values() if a.ndim), 0)
+    if free and valid is not None and valid < rows:
+        return {n: a[:valid] for n, a in arrays.items()}, None
+    return arrays, valid
 
 
 def batch_dim_free(model: onnx.ModelProto, input_shapes: dict) -> bool:

@@ -29,6 +29,8 @@ import numpy as np
 import onnx
 
 from trtq.calib import native
+from trtq.calib.collect import _first_line
+from trtq.calib.kernels import NO_EXPONENT
 from trtq.calib.pow2 import Pow2Histograms
 from trtq.calib.stats import AbsMaxAccumulator, HistogramAccumulator, nonfinite_error
 from trtq.errors import ModelError
@@ -37,7 +39,6 @@ log = logging.getLogger(__name__)
 
 DOMAIN = "ai.trtq.calib"
 OP = "Pow2Stats"
-_NO_EXPONENT = -(1 << 30)
 _NONFINITE, _NO_MEMORY = 1, 3  # slot statuses (_ingraph.h)
 _MODE_EXTREMES, _MODE_FIXED = 1, 2  # _ingraph.h MODE_*
 
@@ -129,9 +130,10 @@ class InGraphCollector:
 
     def run_groups(self, arrays: dict, valid: Optional[int] = None):
         """Run one batch (the statistics are folded in as it runs); yields nothing to histogram."""
+        from trtq.calib.groups import without_padding
+
+        arrays, valid = without_padding(arrays, valid, self.free_batch)
         batch = next(iter(arrays.values())).shape[0] if arrays else 0
-        if self.free_batch and valid is not None and valid < batch:
-            arrays, batch = {n: a[:valid] for n, a in arrays.items()}, int(valid)
         self._lib.trtq_ingraph_set_run(self._id, int(batch), int(batch if valid is None else valid))
         feeds = {name: np.ascontiguousarray(arrays[name]) for name in self.input_names}
         try:
@@ -167,7 +169,7 @@ class InGraphCollector:
         """One pass: copy the power-of-two histograms into ``hist`` (made for the same tensors)."""
         for name, counts, st in self._slots():
             hist.counts[name] = counts.copy()
-            hist.exponents[name] = None if st.e == _NO_EXPONENT else int(st.e)
+            hist.exponents[name] = None if st.e == NO_EXPONENT else int(st.e)
             hist.maxima[name] = float(st.max)
             hist.zeros[name] = int(st.zeros)
             if st.stride > 1:
@@ -217,7 +219,3 @@ class _Stats(ctypes.Structure):
                 ("lo", ctypes.c_double), ("hi", ctypes.c_double), ("e", ctypes.c_int32), ("status", ctypes.c_int32),
                 ("seen", ctypes.c_int32), ("exceeded", ctypes.c_int32)]
 
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
