@@ -704,10 +704,14 @@ _quantizing = _option_group(
                  help="Leave float the N layers that add the most error alone (ranked as compare --per-layer "
                       "does, on the data)."),
     click.option("--samples", type=int,
-                 help="Calibration samples --bias-correction, gptq rounding and --float-layers read (default 128)."),
+                 help="Calibration samples --equalize, --bias-correction, gptq rounding and --float-layers read "
+                      "(default 128)."),
     click.option("--center-activations", is_flag=True, default=None,
                  help="Shift ReLU/Clip outputs that feed quantized Conv/Gemm to use both halves of INT8 "
                       "(half the step; an exact rewrite of biases, clip bounds and pad values)."),
+    click.option("--equalize", is_flag=True, default=None,
+                 help="Even out the channel ranges of Conv inputs on the data (an exact rewrite of the "
+                      "weights around them; needs --data or a config with data)."),
 )
 
 
@@ -718,7 +722,8 @@ _quantizing = _option_group(
 @click.option("--cache", type=_IN_PATH, required=True, help="calibration.cache (trtq, TensorRT or ONNX Runtime).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Q/DQ model path (default MODEL.qdq.onnx).")
 @_quantizing
-@_data_source("Data for --bias-correction, --weight-rounding gptq and --float-layers, as for calibrate.",
+@_data_source("Data for --equalize, --bias-correction, --weight-rounding gptq and --float-layers, as for "
+              "calibrate.",
               "Preprocessing preset for --data.")
 def quantize(common, model, cache, output, quantizing, source):
     """Write an explicit Q/DQ ONNX model (TensorRT 8.6/10/11 ready) from a calibration cache."""

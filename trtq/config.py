@@ -152,8 +152,9 @@ class QuantizeOptions:
     bias_correction: bool = False  # subtract the weight-rounding mean shift from biases (needs data)
     weight_rounding: WeightRounding = "nearest"  # gptq: levels that minimise each layer's output error (needs data)
     float_layers: int = 0  # leave this many of the most error-adding layers float (ranked on data)
-    samples: int = 128  # calibration samples bias correction, gptq rounding and float_layers read
+    samples: int = 128  # calibration samples equalize, bias correction, gptq rounding and float_layers read
     center_activations: bool = False  # shift ReLU/Clip outputs so symmetric INT8 uses both halves
+    equalize: bool = False  # even out the channel ranges of Conv inputs (exact float rewrite; needs data)
 
 
 @dataclass(frozen=True)

@@ -175,6 +175,7 @@ def per_layer_sensitivity(
     providers: Sequence[str] | None = None,
     progress: LayerProgress | None = None,
     task_options: Any = None,
+    producers: Mapping[str, Any] | None = None,
 ) -> list[LayerRow]:
     """Rank the layers ``quantize_model`` quantizes by the error each one causes.
 
@@ -182,6 +183,9 @@ def per_layer_sensitivity(
     for :func:`~trtq.compare.compare_models`. Returns rows sorted worst first, cut to ``top``.
     With ``task_options`` (a ``CompareOptions``) each row also carries the task metric of its
     worst output, and rows are ranked by it first (SQNR breaks ties); without, by SQNR.
+    ``producers``: what makes each output, for the task inference (default: ``model``'s own,
+    :func:`~trtq.compare.tasks.output_producers`; a caller that rewrote the graph passes the
+    original's: an opset upgrade turns a Softmax output into a Reshape's).
     """
     _check_arguments(mode, top, limit)
     from trtq.config import QuantizeOptions
@@ -209,7 +213,7 @@ def per_layer_sensitivity(
             log.info("per-layer analysis uses the first %d samples (set a limit to change)",
                      DEFAULT_SAMPLES)
 
-    producers = output_producers(model)
+    producers = output_producers(model) if producers is None else producers
 
     def measure(candidate_model: Any, label: str) -> list[OutputMetrics]:
         accs = {n: OutputAccumulator(n) for n in names}

@@ -75,7 +75,7 @@ def build_engine(
         network_model, quant_info = _prequantized_network_model(model, prequantized, recipe)
     elif recipe.quantize:
         network_model, quant_info = _quantized_network_model(trt, model, table, recipe, quantize_options,
-                                                             data_options)
+                                                             data_options, cache_path)
     else:
         network_model, quant_info = None, {}
     del model
@@ -129,9 +129,10 @@ def _prequantized_network_model(model: Any, prequantized: Any, recipe: Any) -> t
 
 
 def _quantized_network_model(trt: Any, model: Any, table: Any, recipe: Any, qopts: QuantizeOptions,
-                             data_options: DataOptions) -> tuple[Any, dict[str, Any]]:
+                             data_options: DataOptions, cache_path: Optional[Path]) -> tuple[Any, dict[str, Any]]:
     """The FP32 model quantized with the cache's amax for the installed TensorRT."""
-    from trtq.pipeline.quantize import quantize_for, warn_float_grouped_convs
+    from trtq.calib.cache import read_provenance
+    from trtq.pipeline.quantize import quantize_for, remeasure_from, warn_float_grouped_convs
 
     centring_off = compat.centring_in_engines(trt) if qopts.center_activations else None
     if centring_off:
@@ -140,7 +141,10 @@ def _quantized_network_model(trt: Any, model: Any, table: Any, recipe: Any, qopt
         qopts = dataclasses.replace(qopts, center_activations=False)
     if recipe.quantizer_fp16 != qopts.fp16 and recipe.quantizer_fp16:
         qopts = dataclasses.replace(qopts, fp16=True)
-    qresult = quantize_for(model, table.amax, qopts, data_options, str(compat.version_of(trt)))
+    remeasure = None
+    if qopts.equalize and cache_path:
+        remeasure = remeasure_from(read_provenance(cache_path), table.algorithm)
+    qresult = quantize_for(model, table.amax, qopts, data_options, str(compat.version_of(trt)), remeasure)
     if compat.float_grouped_conv_is_unsafe(trt):
         warn_float_grouped_convs(str(compat.version_of(trt)), qresult)
     return qresult.model, _quantize_summary(qresult)
@@ -223,5 +227,6 @@ def explicit_only_settings(q: QuantizeOptions) -> list[str]:
     """The quantize.* settings a build of the Q/DQ model would use that differ from their defaults
     (an implicit build has no Q/DQ model, so it cannot honour them)."""
     default = QuantizeOptions()
-    keys = ("exclude", "per_channel", "bias_correction", "weight_rounding", "float_layers", "center_activations")
+    keys = ("exclude", "per_channel", "bias_correction", "weight_rounding", "float_layers", "center_activations",
+            "equalize")
     return [f"quantize.{k}" for k in keys if getattr(q, k) != getattr(default, k)]

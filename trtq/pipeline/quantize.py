@@ -12,8 +12,8 @@ from trtq.fileio import atomic_path
 log = logging.getLogger(__name__)
 
 # the notes the text output shows
-DATA_STEP_NOTES = ("float layers", "centred activations", "centring in engine form", "weight rounding",
-                   "bias correction")
+DATA_STEP_NOTES = ("equalized channels", "float layers", "centred activations", "centring in engine form",
+                   "weight rounding", "bias correction")
 
 
 def quantized_model(model_path: Path, cache_path: Path, options: QuantizeOptions, data=None):
@@ -27,25 +27,58 @@ def quantized_model(model_path: Path, cache_path: Path, options: QuantizeOptions
 
     model = load_model(model_path)
     table = read_cache(Path(cache_path))
-    check_cache_for_model(Path(cache_path), Path(model_path), options.allow_stale, table.amax)
-    result = quantize_for(model, table.amax, options, data, table.trt_version)
+    provenance = check_cache_for_model(Path(cache_path), Path(model_path), options.allow_stale, table.amax)
+    result = quantize_for(model, table.amax, options, data, table.trt_version,
+                          remeasure_from(provenance, table.algorithm))
     refuse_nothing_quantized(result, Path(model_path))
     if compat.float_grouped_conv_is_unsafe_for(table.trt_version):
         warn_float_grouped_convs(table.trt_version, result)
     return result
 
 
-def quantize_for(model, amax: Mapping[str, float], options: QuantizeOptions, data, trt_version: Optional[str]):
+def quantize_for(model, amax: Mapping[str, float], options: QuantizeOptions, data, trt_version: Optional[str],
+                 remeasure=None):
     """``quantize_model`` as quantize and build run it: the sample batches of ``data`` (DataOptions)
-    that the data-driven steps read, the ``float_layers`` choice, and for a TensorRT 8 target
-    (``trt_version``) the consumers of float grouped Convs left float too."""
+    that the data-driven steps read, the equalized model (``options.equalize``; ``remeasure``, a
+    :class:`~trtq.quantize.equalize.Remeasure`: how its scaled tensors get their amax, default
+    mse), the ``float_layers`` choice, and for a TensorRT 8 target (``trt_version``) the consumers
+    of float grouped Convs left float too."""
     from trtq.quantize import quantize_model
     from trtq.trt import compat
 
     batches = sample_batches(model, options, data)
-    return quantize_model(model, amax, options, data=batches,
-                          float_grouped_consumers=compat.float_grouped_conv_is_unsafe_for(trt_version),
-                          keep_float=choose_float_layers(model, amax, options, batches))
+    notes, producers = [], None
+    if options.equalize:
+        from trtq.compare.tasks import output_producers
+        from trtq.quantize.equalize import Remeasure, equalize_model
+
+        producers = output_producers(model)  # the ranking's task inference reads the user's graph
+        model, amax, notes = equalize_model(model, amax, batches, remeasure or Remeasure())
+    result = quantize_model(model, amax, options, data=batches,
+                            float_grouped_consumers=compat.float_grouped_conv_is_unsafe_for(trt_version),
+                            keep_float=choose_float_layers(model, amax, options, batches, producers))
+    result.notes[:0] = notes
+    return result
+
+
+def remeasure_from(provenance, algorithm: Optional[str] = None):
+    """How :func:`quantize_for` re-measures what it equalizes: the cache's calibration method from
+    its provenance; for a cache without one, what its header's algorithm computes (MinMax: max,
+    EntropyCalibration: entropy), else mse (trtq's default)."""
+    from trtq.quantize.equalize import Remeasure
+
+    default = Remeasure()
+    method = (provenance or {}).get("method")
+    if isinstance(method, dict) and isinstance(method.get("name"), str):
+        return Remeasure(method["name"], float(method.get("percentile", default.percentile)),
+                         int(method.get("num_bins", default.num_bins)))
+    if algorithm in _COMPUTED_BY:
+        return Remeasure(_COMPUTED_BY[algorithm])
+    return default
+
+
+# what a cache without provenance was computed by, from its header
+_COMPUTED_BY = {"MinMaxCalibration": "max", "EntropyCalibration": "entropy", "EntropyCalibration2": "entropy"}
 
 
 def refuse_nothing_quantized(result, model_path: Path) -> None:
@@ -75,12 +108,14 @@ def refuse_nothing_quantized(result, model_path: Path) -> None:
 RANK_SAMPLES = 64  # samples the float_layers ranking runs each layer on (at most)
 
 
-def choose_float_layers(fp32, amax: Mapping[str, float], options: QuantizeOptions, data) -> dict[str, str]:
+def choose_float_layers(fp32, amax: Mapping[str, float], options: QuantizeOptions, data,
+                        producers=None) -> dict[str, str]:
     """The ``options.float_layers`` layers that cost the most when quantized alone, ranked as
     ``compare --per-layer`` ranks them: by the task metric of the task each output's shape implies
     (top-1 agreement, detection F1, sequence agreement, ...; SQNR breaks ties, and ranks alone for
     raw outputs), nearest rounding; name -> reason. Empty when the options ask for none or there is
-    no data. Passed to ``quantize_model(keep_float=...)``.
+    no data. Passed to ``quantize_model(keep_float=...)``. ``producers``: as for
+    :func:`~trtq.compare.sensitivity.per_layer_sensitivity`.
 
     Measured (PP-OCRv4 rec, 200 Chinese lines, benchmarks/bench_rec_lines.py): 8 float layers by
     the CTC sequence agreement 0.805 against 0.765 by SQNR; EfficientNet-Lite0's worst four layers
@@ -95,7 +130,7 @@ def choose_float_layers(fp32, amax: Mapping[str, float], options: QuantizeOption
     base = dataclasses.replace(options, float_layers=0, bias_correction=False, weight_rounding="nearest")
     limit = min(options.samples, RANK_SAMPLES)
     rows = per_layer_sensitivity(fp32, amax, base, data, mode="only", top=options.float_layers, limit=limit,
-                                 task_options=CompareOptions())
+                                 task_options=CompareOptions(), producers=producers)
     return {r.node: f"float_layers: {_alone(r)} quantized alone, among the {options.float_layers} worst"
             for r in rows}
 
@@ -108,7 +143,8 @@ def _alone(row) -> str:
 
 
 def needs_data(options: QuantizeOptions) -> bool:
-    return options.bias_correction or options.weight_rounding != "nearest" or options.float_layers > 0
+    return (options.bias_correction or options.weight_rounding != "nearest" or options.float_layers > 0
+            or options.equalize)
 
 
 def sample_batches(model, options: QuantizeOptions, data):
@@ -126,7 +162,7 @@ def sample_batches(model, options: QuantizeOptions, data):
     from trtq.model import input_specs
 
     if data is None or not data.inputs:
-        what = ("bias correction" if options.bias_correction
+        what = ("equalize" if options.equalize else "bias correction" if options.bias_correction
                 else f"{options.weight_rounding} weight rounding" if options.weight_rounding != "nearest"
                 else "float_layers")
         raise UsageError(f"{what} needs calibration data",
