@@ -17,8 +17,8 @@
 #                                Q/DQ model, 64 rendered pages): FP16, explicit and implicit INT8 engines,
 #                                detection F1 against FP32 ONNX Runtime (trtq compare), latency, ~3 min
 #                                at YOLO_OPT=0 (the default; builds at level 3 do not fit a call)
-#   rec                          PP-OCRv4 rec (stage .gpu-stage/r1, r2: benchmarks/gpu/prepare_rec.sh): FP16
-#                                and two explicit INT8 engines at 8x3x48x320, sequence agreement with FP32
+#   rec                          PP-OCRv4 rec (stage .gpu-stage/r1-r4: benchmarks/gpu/prepare_rec.sh): FP16
+#                                and five explicit INT8 engines at 8x3x48x320, sequence agreement with FP32
 #                                ONNX Runtime on 200 Chinese lines (trtq compare --task ctc), latency
 S=/tmp/stage; E=/tmp/eng; PY=/opt/trtq-rig/bin/python
 export PYTHONPATH=/opt/trtq-rig/site39${PYTHONPATH:+:$PYTHONPATH}  # for subprocesses started with sys.executable
@@ -67,25 +67,26 @@ case $step in
     $PY -m trtq bench --duration 3 $Y/fp16.plan $Y/implicit.plan $Y/explicit.plan > "$OUT/yolo-bench.txt" 2>&1
     echo "bench rc $?"; tail -6 "$OUT/yolo-bench.txt";;
   rec)
-    # PP-OCRv4 rec (stage .gpu-stage/r1 and r2 from benchmarks/gpu/prepare_rec.sh): an FP16 engine and
-    # explicit INT8 engines of the mse and gptq + 16 float layers Q/DQ models, all at 8x3x48x320 and
+    # PP-OCRv4 rec (stage .gpu-stage/r1 to r4 from benchmarks/gpu/prepare_rec.sh): an FP16 engine
+    # and explicit INT8 engines of the Q/DQ models (mse, gptq + 16 float layers, each also with
+    # --equalize: emse, egbf16; and --equalize + gptq + 24 float layers: egbf24), all at 8x3x48x320 and
     # REC_OPT (default 0: at level 3 the three parallel builds did not finish in a 10-minute call;
     # level 0 took 170 s with the scoring); sequence agreement with FP32 ONNX Runtime on 200 lines
     M=$S/rec.onnx; R=/tmp/eng/r; O="--opt-level ${REC_OPT:-0} --override-input-shape x=8x3x48x320"; mkdir -p $R
     [ -f $R/fp16.plan ] || $PY -m trtq build --model $M --precision fp16 $O -o $R/fp16.plan -q > $OUT/rec-build-fp16.log 2>&1 &
-    for n in mse gbf16; do
+    for n in mse gbf16 emse egbf16 egbf24; do
       [ -f $R/$n.plan ] || $PY -m trtq build --model $S/rec.$n.qdq.onnx --fp16 $O -o $R/$n.plan > $OUT/rec-build-$n.log 2>&1 &
     done
     wait
-    for e in fp16 mse gbf16; do
+    for e in fp16 mse gbf16 emse egbf16 egbf24; do
       $PY -m trtq compare --reference $M --candidate $R/$e.plan --data $S/reclines.npy --task ctc --batch-size 8 \
           > "$OUT/rec-$e.txt" 2>&1; echo "$e rc $?"; grep -E "sequence agreement" "$OUT/rec-$e.txt" | head -1
     done
-    for n in mse gbf16; do
+    for n in mse gbf16 emse egbf16 egbf24; do
       $PY -m trtq compare --reference $M --candidate $S/rec.$n.qdq.onnx --data $S/reclines.npy --task ctc --batch-size 8 \
           > "$OUT/rec-$n-ort.txt" 2>&1; echo "$n ORT rc $?"; grep -E "sequence agreement" "$OUT/rec-$n-ort.txt" | head -1
     done
-    $PY -m trtq bench --duration 3 $R/fp16.plan $R/mse.plan $R/gbf16.plan > "$OUT/rec-bench.txt" 2>&1
+    $PY -m trtq bench --duration 3 $R/fp16.plan $R/mse.plan $R/gbf16.plan $R/emse.plan $R/egbf16.plan $R/egbf24.plan > "$OUT/rec-bench.txt" 2>&1
     echo "bench rc $?"; tail -5 "$OUT/rec-bench.txt";;
   *) echo "unknown step $step"; exit 2;;
 esac
