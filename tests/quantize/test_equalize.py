@@ -269,3 +269,13 @@ def test_remeasure_follows_the_cache():
     assert remeasure_from({}, "EntropyCalibration2") == Remeasure("entropy")
     assert remeasure_from(None, "LegacyCalibration") == Remeasure("mse")
     assert remeasure_from(None, "unknown") == Remeasure()
+
+
+def test_nothing_to_equalize_is_said_and_changes_nothing():
+    model = _model("affine", "depthwise", clip=True)  # the only candidate reads a Clip
+    batches = _batches(1)
+    amax = activation_amax(model, [b.arrays for b in batches])
+    out, new_amax, notes = equalize_model(model, amax, batches, Remeasure("max"))
+    assert notes[-1].startswith("equalized channels of 0 Conv inputs: none is made by ops")
+    assert new_amax == amax
+    assert [n.input for n in out.graph.node] == [n.input for n in prepare_model(model)[0].graph.node]

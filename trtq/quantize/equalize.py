@@ -240,9 +240,13 @@ def equalize_model(model: onnx.ModelProto, amax: Mapping[str, float], batches, h
             new = {t: float(compute_amax(how.method, counts[t], top[t], how.percentile, zeros[t]))
                    for t in remeasured}
     depthwise = sum(eq.depthwise for eq in done)
-    notes.append(f"equalized channels of {len(done)} Conv inputs ({depthwise} depthwise, {len(done) - depthwise} "
-                 f"other) of {len(found)} found; amax of {len(new)} scaled tensors re-measured ({how.method}) "
-                 f"on {ranges.samples} samples")
+    if not found:
+        notes.append("equalized channels of 0 Conv inputs: none is made by ops that can take per-channel "
+                     "factors (a Conv, BatchNorm or constant Mul, through Add / Sub constants, Relu or pooling)")
+    else:
+        notes.append(f"equalized channels of {len(done)} Conv inputs ({depthwise} depthwise, "
+                     f"{len(done) - depthwise} other) of {len(found)} found; amax of {len(new)} scaled tensors "
+                     f"re-measured ({how.method}) on {ranges.samples} samples")
     return prepared, {**amax, **new}, notes
 
 
