@@ -14,15 +14,17 @@ resized to the model's input) are run, each case alone in a fresh subprocess:
 
 and the table prints wall time and peak RSS next to the goals of issue 13: calibrate's mse wall time
 <= 3x inference, its peak RSS <= 1.5x inference's plus the histogram state (tensors x 2048 bins x 8
-bytes, printed). Start-up and imports are inside every case alike.
+bytes, printed). Start-up and imports are inside every case alike; trtq's modules are byte-compiled
+first, as an install leaves them.
 
 ``--numba`` adds ``numba-mse`` (``TRTQ_NO_NATIVE=1``: the numba kernels instead of the compiled
 ones, same caches). ``--outputs`` adds ``outputs-METHOD`` (``--collect outputs``: every activation
 exposed as an ONNX Runtime output and histogrammed after the call, the collection before the
 in-graph statistics; same caches) before each method's run.
 ``--qdq`` adds ``trtq-mse-qdq`` (``--tensors qdq``: only the activations trtq quantize places Q/DQ
-on, all an explicit build reads). ``--repeats N`` runs every case N times (median wall time,
-largest peak RSS): the inference floor moves by 20-40% between single runs on a shared 2-core box.
+on, all an explicit build reads). ``--repeats N`` runs every case N times, in rounds of one run of each
+case (median wall time, largest peak RSS): the inference floor moves by 20-40% between single runs
+on a shared 2-core box, and a slow minute then hits every case alike.
 ``--hist-all`` adds ``trtq-mse-all`` (one pass, every element histogrammed: ``--hist-elements 0``);
 ``--max-memory SIZE`` adds a ``trtq-mse-SIZE`` case (tensor groups); ``--batch1`` adds PP-OCR cls
 re-declared with a fixed batch of 1 (``pp-ocr-cls-b1``: inference one image per call, trtq fed in
@@ -129,20 +131,28 @@ for rep in range(3):
 """
 
 
-def repeated(cmd, a: argparse.Namespace, cwd=None, env=None) -> "common.Measured":
-    """``cmd`` run ``a.repeats`` times, each in a fresh process: the median wall time and the
-    largest peak RSS (the first failed run as it is, if any)."""
+def interleaved(jobs, a: argparse.Namespace) -> list["common.Measured"]:
+    """Each job ``(cmd, cwd, env)`` run ``a.repeats`` times, each in a fresh process, one round of
+    every job after the other (so a slow minute of the machine hits all cases alike): per job the
+    median wall time and the largest peak RSS (its first failed run as it is, if any)."""
     import dataclasses
     import statistics
 
-    runs = []
+    runs: list[list] = [[] for _ in jobs]
+    failed: dict[int, common.Measured] = {}
     for _ in range(max(1, a.repeats)):
-        m = common.run_measured(cmd, a.timeout, cwd=cwd, env=env)
-        if m.status != "ok":
-            return m
-        runs.append(m)
-    return dataclasses.replace(runs[0], seconds=statistics.median(r.seconds for r in runs),
-                               peak_rss=max(r.peak_rss for r in runs))
+        for i, (cmd, cwd, env) in enumerate(jobs):
+            if i in failed:
+                continue
+            m = common.run_measured(cmd, a.timeout, cwd=cwd, env=env)
+            if m.status != "ok":
+                failed[i] = m
+            else:
+                runs[i].append(m)
+    return [failed[i] if i in failed else
+            dataclasses.replace(r[0], seconds=statistics.median(x.seconds for x in r),
+                                peak_rss=max(x.peak_rss for x in r))
+            for i, r in enumerate(runs)]
 
 
 def tensor_count(model: Path) -> int:
@@ -185,6 +195,17 @@ def _trtq(model, data, method, batch, out, extra=(), python=sys.executable):
     return cmd + (["--batch-size", str(batch)] if batch != 1 else [])
 
 
+def _byte_compiled(python: str) -> None:
+    """Byte-compile the trtq that ``python`` imports, as an install leaves it: pip compiles a wheel's
+    modules, and an editable install writes them on first import, unless PYTHONDONTWRITEBYTECODE is
+    set (as on the box these numbers come from), which charged every timed run ~60 ms of compiling
+    that the inference case, reading numpy's and onnxruntime's compiled modules, does not pay."""
+    import subprocess
+
+    code = "import compileall, os, trtq; compileall.compile_dir(os.path.dirname(trtq.__file__), quiet=1)"
+    subprocess.run([python, "-c", code], check=True)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, default=ROOT / ".bench" / "cost")
@@ -214,6 +235,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not cases:
         print("no model installed: pip install --no-deps rapidocr-onnxruntime")
         return 1
+    for python in {sys.executable, a.main_python or sys.executable}:
+        _byte_compiled(python)
     print(f"{'model':20s} {'tensors':>7s} {'case':16s} {'wall s':>7s} {'x infer':>8s} {'peak MB':>8s} "
           f"{'RSS goal MB':>11s}  goal")
     worst = 0
@@ -222,10 +245,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         count = min(a.samples, YOLO_SAMPLES) if shape[1] >= 1024 else a.samples
         data = photos_as_npy(a.work / f"{name}.npy", shape, count)
         n_tensors = tensor_count(model)
-        rss_goal = None
-        base = repeated([sys.executable, "-c", _INFER, str(model), str(data), str(batch)], a)
-        _row(name, str(n_tensors), "inference", base, base, a.timeout)
-        rss_goal = 1.5 * base.peak_rss / 2**20 + n_tensors * BINS * 8 / 2**20
         runs = [("trtq-" + m, m, batch, ()) for m in a.methods.split(",")]
         if a.main_python:
             runs.insert(0, ("main-mse", "mse", batch, ()))
@@ -242,14 +261,19 @@ def main(argv: Optional[list[str]] = None) -> int:
             runs.append((f"trtq-mse-{a.max_memory}", "mse", batch, ("--max-memory", a.max_memory)))
         if batch == 1 and name.endswith("-b1"):
             runs.append(("trtq-mse-b1", "mse", 1, ("--batch-size", "1")))
+        jobs = [([sys.executable, "-c", _INFER, str(model), str(data), str(batch)], None, None)]
         for case, method, b, extra in runs:
             out = a.work / f"{name}.{case}.cache"
-            if case == "trtq-mse":
+            if case == "trtq-mse" and a.search:  # writing the statistics is not part of calibrating
                 extra = ("--save-stats", str(a.work / f"{name}.npz"))
             python = a.main_python if case == "main-mse" else sys.executable
             env = dict(os.environ, TRTQ_NO_NATIVE="1") if case == "numba-mse" else None
-            m = repeated(_trtq(model, data, method, b, out, extra, python), a,
-                         cwd=Path(a.main_python).parents[2] if case == "main-mse" else None, env=env)
+            jobs.append((_trtq(model, data, method, b, out, extra, python),
+                         Path(a.main_python).parents[2] if case == "main-mse" else None, env))
+        base, *measured = interleaved(jobs, a)
+        _row(name, str(n_tensors), "inference", base, base, a.timeout)
+        rss_goal = 1.5 * base.peak_rss / 2**20 + n_tensors * BINS * 8 / 2**20
+        for (case, method, _, _), m in zip(runs, measured):
             worst = max(worst, int(_row("", "", case, m, base, a.timeout, rss_goal, judge=method == "mse")))
         if a.search and (a.work / f"{name}.npz").exists():
             r = common.run_measured([sys.executable, "-c", _SEARCH, str(a.work / f"{name}.npz")], a.timeout)
