@@ -18,6 +18,7 @@ from trtq.config import QuantizeOptions
 from trtq.quantize import quantize_model
 from trtq.quantize.equalize import FLOOR, Remeasure, apply_equalization, channel_factors, equalize_model, \
     find_equalizations
+from trtq.quantize.edit import InitializerEditor
 from trtq.quantize.graph import GraphIndex
 from trtq.quantize.prepare import prepare_model
 
@@ -99,7 +100,7 @@ def test_the_rewrite_keeps_the_function(producer, reader):
     eq = found[0]
     assert eq.depthwise == (reader == "depthwise")
     s = np.random.default_rng(2).uniform(0.01, 1.0, C)
-    apply_equalization(prepared, eq, s)
+    apply_equalization(InitializerEditor(prepared), eq, s)
     onnx.checker.check_model(prepared)
     feeds = _batches(1)[0].arrays
     want, got = run(model, feeds)[0], run(prepared, feeds)[0]
@@ -114,7 +115,7 @@ def test_scalar_and_per_channel_constants_fold(shape):
     model = _model("affine", "depthwise", const_shape=shape)
     prepared, _ = prepare_model(model)
     (eq,) = find_equalizations(GraphIndex(prepared))
-    apply_equalization(prepared, eq, np.linspace(0.05, 1.0, C))
+    apply_equalization(InitializerEditor(prepared), eq, np.linspace(0.05, 1.0, C))
     feeds = _batches(1)[0].arrays
     want = run(model, feeds)[0]
     np.testing.assert_allclose(run(prepared, feeds)[0], want, rtol=2e-4, atol=2e-5 * np.abs(want).max())

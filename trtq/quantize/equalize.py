@@ -153,9 +153,9 @@ def _column_ranges(weight: np.ndarray, channels: int) -> np.ndarray:
     return w.max(axis=(1, 3)).reshape(channels)
 
 
-def apply_equalization(model: onnx.ModelProto, eq: Equalization, s: np.ndarray) -> None:
-    """Rewrite ``model`` (in place) to carry ``eq.tensor / s``; new initializers, never shared ones."""
-    edit = InitializerEditor(model)
+def apply_equalization(edit: InitializerEditor, eq: Equalization, s: np.ndarray) -> None:
+    """Rewrite the model ``edit`` edits (in place) to carry ``eq.tensor / s``; new initializers,
+    never shared ones."""
     inv = (1.0 / s)
     for node_name, slot in eq.folds:
         node = edit.nodes[node_name]
@@ -214,16 +214,16 @@ def equalize_model(model: onnx.ModelProto, amax: Mapping[str, float], batches, h
 
     prepared, notes = prepare_model(model)
     found = find_equalizations(GraphIndex(prepared))
-    ranges = _ChannelRanges(sorted({t for eq in found for t in eq.scaled}))
+    ranges = _ChannelRanges([eq.tensor for eq in found])  # the factors read the Conv inputs' ranges only
     if found:
         observe(prepared, [ranges], batches, providers)
+    edit = InitializerEditor(prepared)
     done = []
     for eq in found:
-        weight = InitializerEditor(prepared).array(_node(prepared, eq.conv).input[1])
-        s = channel_factors(ranges.values[eq.tensor], weight, eq.depthwise)
+        s = channel_factors(ranges.values[eq.tensor], edit.array(edit.nodes[eq.conv].input[1]), eq.depthwise)
         if np.all(s == 1.0):
             continue
-        apply_equalization(prepared, eq, s)
+        apply_equalization(edit, eq, s)
         done.append(eq)
     remeasured = sorted(t for eq in done for t in eq.scaled if t in amax)
     new = {}
@@ -248,10 +248,6 @@ def equalize_model(model: onnx.ModelProto, amax: Mapping[str, float], batches, h
                      f"{len(done) - depthwise} other) of {len(found)} found; amax of {len(new)} scaled tensors "
                      f"re-measured ({how.method}) on {ranges.samples} samples")
     return prepared, {**amax, **new}, notes
-
-
-def _node(model: onnx.ModelProto, name: str) -> onnx.NodeProto:
-    return next(n for n in model.graph.node if n.name == name)
 
 
 class _ChannelRanges:
