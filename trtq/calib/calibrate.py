@@ -202,11 +202,7 @@ def run_calibration(
     two_passes = run.need_hist and run.given is None and not run.one_pass
     session_tensors = measured if run.given is None and not run.need_hist else tensors
     hist = _pow2_histograms(run) if run.one_pass else None
-    collector = _ingraph_collector(run, session_tensors)
-    if collector is None:
-        collector = _collector(run, session_tensors)
-    stream = _Stream(collector, run.batcher, progress, 2 if two_passes else 1)
-    del collector  # the stream holds it
+    stream = _Stream(_any_collector(run, session_tensors), run.batcher, progress, 2 if two_passes else 1)
     started = time.perf_counter()
     tops = None
     if run.one_pass:
@@ -361,6 +357,11 @@ def _pow2_histograms(run: _Setup) -> Any:
     return Pow2Histograms(run.tensors, opts.num_bins, opts.hist_elements, run.leading, one_sample_calls(run.model))
 
 
+def _any_collector(run: _Setup, tensors: list[str]) -> Any:
+    """The in-graph collector where it runs, else the outputs collector (``--collect``)."""
+    return _ingraph_collector(run, tensors) or _collector(run, tensors)
+
+
 def _ingraph_collector(run: _Setup, tensors: list[str]) -> Any:
     """The in-graph collector (trtq.calib.ingraph) over ``tensors`` when ``--collect`` allows it
     and it runs here; else None (the outputs collector)."""
@@ -425,7 +426,7 @@ def _histogram_pass(run: _Setup, stream: _Stream, maxima: dict[str, float], repl
     if run.given is None:
         if list(stream.collector.tensors) != list(run.tensors):
             stream.collector = None
-            stream.collector = _ingraph_collector(run, run.tensors) or _collector(run, run.tensors)
+            stream.collector = _any_collector(run, run.tensors)
         source = replay.second()
     else:
         source = None
