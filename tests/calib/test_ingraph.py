@@ -126,8 +126,8 @@ def test_a_free_batch_dim_runs_no_padding_rows():
 
 
 def test_tensors_split_over_threads_merge_at_the_widest_range():
-    """Tensors past 64K elements run as several tasks on ONNX Runtime's threads, each from the
-    slot's range up to its own max; the merge must raise every task to the widest one."""
+    """Tensors past 16K elements run as several pieces on ONNX Runtime's threads, each thread's
+    counts from the slot's range up to its own max; the merge must raise each to the widest one."""
     rng = np.random.default_rng(6)
     x = rng.standard_normal((4, 4, 100, 100)).astype(np.float32)
     x[2:] *= np.float32(1000.0)  # the later tasks reach ~10 binades higher than the first ones
@@ -135,6 +135,24 @@ def test_tensors_split_over_threads_merge_at_the_widest_range():
         a, b = _both(_model(hw=100), [(x * np.float32(0.01), 4), (x, 4)], cap)
         _assert_same(a, b)
         assert a.counts["x"].sum() == (2 * x.size if not cap else 8 * -(-40000 // a.strides["x"]))
+
+
+def test_pieces_below_the_counting_range_and_a_late_nan_in_a_tensor_of_many_pieces():
+    """A tensor of ~10 pieces (16K elements each) counted by whichever threads take them: pieces
+    whose values sit below the float32 counting range next to normal ones, a later batch wholly
+    below it, then normal again, must give the outputs collector's integers; a NaN in the last
+    piece must still be found."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((4, 4, 100, 100)).astype(np.float32)
+    low = x.copy()
+    low[:2] *= np.float32(1e-39)  # the first pieces alone would be below 2**-100
+    for cap in (0, 9000):
+        a, b = _both(_model(hw=100), [(x * np.float32(1e-39), 4), (low, 4), (x, 4)], cap)
+        _assert_same(a, b)
+        assert a.maxima["x"] > 1
+    x[3, 3, 99, 99] = np.nan
+    with pytest.raises(DataError, match="non-finite values .* in activation 'x'"):
+        _both(_model(hw=100), [(x, 4)])
 
 
 def test_one_sample_per_call_model_is_subsampled_as_the_outputs_collector():

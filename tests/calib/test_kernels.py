@@ -106,6 +106,43 @@ def test_compiled_kernels_refuse_what_they_would_misread():
         native.level_sums(starts + 5, weights, p, p, a, b)
 
 
+def test_compiled_avx2_and_scalar_loops_count_the_same():
+    """Where the CPU has AVX2 the compiled kernels count whole blocks eight at a time; the scalar
+    loops (every other CPU) must give the same integers, and both those of the rule, on every
+    length (the vector loop leaves up to seven to the scalar one) and on zeros, -0.0 and values
+    that land on a bin edge."""
+    if native.library() is None:
+        pytest.skip("the compiled kernels were not built in this install (no C compiler)")
+    if not native.use_simd(True):
+        pytest.skip("this CPU has no AVX2: the scalar loops are the only ones")
+    rng = np.random.default_rng(11)
+    x = np.abs(rng.standard_t(2, size=(1, 70001))).astype(np.float32)
+    x[0, ::5] = 0.0
+    x[0, 1::7] = -0.0
+    x[0, 2::9] = np.float32(0.25)  # exactly on an edge at every range from 2**-1 up
+    x[0, 0] = 3.0
+    try:
+        for n in (1, 7, 8, 9, 4095, 4096, 4103, 70001):
+            row = np.ascontiguousarray(x[:, :n])
+            results = []
+            for simd in (True, False):
+                assert native.use_simd(simd) == simd
+                lanes = np.zeros((4, NUM_BINS), np.int32)
+                e, top, zeros, status = native.pow2_count(row, 1, -(1 << 30), lanes, -100)
+                lanes64 = np.zeros((4, NUM_BINS), np.int64)  # the two-pass kernel, over [0, max]
+                scale = np.float32(NUM_BINS / float(row.max()))
+                zeros2, _, _ = native.histogram_f32(row, scale, lanes64, np.float32(NUM_BINS * 1.000001), 1)
+                results.append((e, top, zeros, status, zeros2, lanes.sum(axis=0), lanes64.sum(axis=0)))
+            (a, b) = results
+            assert a[:5] == b[:5] and np.array_equal(a[5], b[5]) and np.array_equal(a[6], b[6]), n
+            expected, expected_zeros = _reference(row, np.float32(NUM_BINS * 2.0 ** -a[0]), NUM_BINS)
+            assert np.array_equal(a[5], expected) and a[2] == expected_zeros and a[3] == 0, n
+            expected, expected_zeros = _reference(row, scale, NUM_BINS)
+            assert np.array_equal(a[6], expected) and a[4] == expected_zeros, n
+    finally:
+        native.use_simd(True)
+
+
 def test_compiled_kernels_from_another_version_are_not_used(monkeypatch, caplog):
     """An editable install not rebuilt after a pull keeps an old library: trtq must not call it."""
     if native.library() is None:

@@ -39,6 +39,8 @@ static void free_collection(collection_t *c) {
     if (c->slots != NULL)
         for (int64_t i = 0; i < c->nslots; i++)
             free(c->slots[i].counts);
+    for (int i = 0; i < MAX_WORKERS; i++)
+        free(c->workers[i].lanes);
     free(c->slots);
     free(c);
 }
@@ -253,8 +255,8 @@ static status_t create_kernel(const void *op, const void *api, const void *info,
     return NULL;
 }
 
-static void parallel_via_ort(void *ctx, void (*fn)(void *, size_t), size_t total, void *data) {
-    status_t st = CALL(ort_api, API_KERNEL_CONTEXT_PARALLEL_FOR, ort_parallel_for_fn)(ctx, fn, total, 0, data);
+static void parallel_via_ort(void *ctx, void (*fn)(void *, size_t), size_t total, size_t batches, void *data) {
+    status_t st = CALL(ort_api, API_KERNEL_CONTEXT_PARALLEL_FOR, ort_parallel_for_fn)(ctx, fn, total, batches, data);
     if (st != NULL) { /* no pool after all: run them here */
         CALL(ort_api, API_RELEASE_STATUS, release_status_fn)(st);
         for (size_t i = 0; i < total; i++)

@@ -34,12 +34,24 @@ typedef struct {
     int64_t *counts;
 } slot_t;
 
+/* MODE_POW2: one thread's counts while a node folds its tensor (_ingraph_fold.c): every piece the
+ * thread takes adds to them, at their own range, and the node merges them into the slot */
+typedef struct {
+    int32_t *lanes; /* int32 [4, nb], all zero between nodes */
+    int32_t e, top, status;
+    int64_t zeros;
+} worker_t;
+
+#define MAX_WORKERS 256
+
 typedef struct {
     int64_t nb, cap, nslots;
     int32_t one_sample;   /* each call holds one sample: every tensor subsampled as one row */
     int32_t mode;         /* MODE_* */
     int64_t batch, valid; /* of the coming run: rows of batch-sized tensors past `valid` are padding */
     slot_t *slots;
+    worker_t workers[MAX_WORKERS]; /* the threads of the node running now, in the order they came */
+    int32_t nworkers;
 } collection_t;
 
 /* what trtq_ingraph_read hands Python besides the counts (trtq.calib.ingraph._Stats: same layout) */
@@ -49,8 +61,10 @@ typedef struct {
     int32_t e, status, seen, exceeded;
 } ingraph_stats_t;
 
-/* runs fn(data, 0 .. total - 1), maybe side by side (ONNX Runtime's ParallelFor) */
-typedef void (*parallel_for_fn)(void *ctx, void (*fn)(void *, size_t), size_t total, void *data);
+/* runs fn(data, 0 .. total - 1), maybe side by side (ONNX Runtime's ParallelFor): in `batches`
+ * runs of consecutive calls, each on one thread (so at most that many threads), or as ONNX Runtime
+ * picks for 0 */
+typedef void (*parallel_for_fn)(void *ctx, void (*fn)(void *, size_t), size_t total, size_t batches, void *data);
 
 /* fold a float32 tensor of `dims` into slot s of c, by c's mode (_ingraph_fold.c) */
 void ingraph_fold(collection_t *c, slot_t *s, const float *x, const int64_t *dims, size_t ndims,

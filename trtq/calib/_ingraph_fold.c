@@ -16,9 +16,20 @@
 #include "_native.h"
 #include "_ingraph.h"
 
+#if defined(_MSC_VER)
+#include <intrin.h>
+#define THREAD_LOCAL __declspec(thread)
+#define FETCH_ADD(p, v) _InterlockedExchangeAdd((volatile long *)(p), (v))
+#define FETCH_ADD64(p, v) _InterlockedExchangeAdd64((volatile __int64 *)(p), (v))
+#else
+#define THREAD_LOCAL __thread
+#define FETCH_ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_RELAXED)
+#define FETCH_ADD64 FETCH_ADD
+#endif
+
 #define MIN_EXP (-100) /* trtq.calib.pow2._MIN_EXP / _MAX_EXP */
 #define MAX_EXP 128
-#define TASK_ELEMENTS (1 << 16) /* elements read per parallel task */
+#define TASK_ELEMENTS (1 << 16) /* elements read per parallel task (MODE_EXTREMES, MODE_FIXED) */
 #define MAX_TASKS 256
 
 /* units (elements or rows) per task for `total` units: `per` each, fewer than `most` tasks (the
@@ -31,10 +42,12 @@ static int64_t split(int64_t total, int64_t per, int64_t most, int64_t *per_out)
     return n;
 }
 
-/* fn(tasks, 0 .. n - 1): side by side where a ParallelFor is given and there is more than one */
-static void run_tasks(parallel_for_fn parallel, void *ctx, void (*fn)(void *, size_t), int64_t n, void *tasks) {
+/* fn(tasks, 0 .. n - 1): side by side where a ParallelFor is given and there is more than one
+ * (`batches`: see parallel_for_fn) */
+static void run_tasks(parallel_for_fn parallel, void *ctx, void (*fn)(void *, size_t), int64_t n, size_t batches,
+                      void *tasks) {
     if (parallel != NULL && n > 1)
-        parallel(ctx, fn, (size_t)n, tasks);
+        parallel(ctx, fn, (size_t)n, batches, tasks);
     else
         for (int64_t t = 0; t < n; t++)
             fn(tasks, (size_t)t);
@@ -78,20 +91,6 @@ static int64_t stride_for(int64_t elements, int64_t cap, const int64_t *dims, si
         if (ok)
             return k;
     }
-}
-
-typedef struct {
-    const float *x;
-    int64_t rows, n, stride;
-    int32_t e0, e, top, status;
-    int64_t nb, zeros;
-    int32_t *lanes; /* [4, nb] */
-} task_t;
-
-static void run_task(void *data, size_t i) {
-    task_t *t = (task_t *)data + i;
-    t->status = trtq_pow2_count(t->x, t->rows, t->n, t->stride, t->e0, t->lanes, t->nb, MIN_EXP, &t->e, &t->top,
-                                &t->zeros);
 }
 
 /* exponent_of(m): smallest e with m < 2**e */
@@ -141,6 +140,116 @@ static void fold_float64(slot_t *s, int64_t nb, const float *x, int64_t used, in
         }
 }
 
+/* MODE_POW2, one node: the tensor cut into pieces, each counted by whichever thread takes it into
+ * that thread's worker (its lanes and range grow as trtq_pow2_count's do); pieces are small, so
+ * that both threads of a 2-core machine share even a 100k-element tensor, and the merge costs one
+ * set of lanes per thread, not per piece */
+typedef struct {
+    const float *x;
+    int64_t rows, n, stride; /* the tensor as rows of n (one row unless strided) */
+    int64_t per;             /* elements a piece, or whole rows a piece when strided */
+    collection_t *c;
+    uint64_t node;   /* this node's run (tells a thread's earlier claim from one of this node) */
+    int32_t e0;      /* the slot's range: where a worker starts */
+    int32_t overflow; /* more threads than MAX_WORKERS came (then the node runs again, alone) */
+} pow2_job_t;
+
+static THREAD_LOCAL uint64_t my_node; /* the node run this thread last claimed a worker for */
+static THREAD_LOCAL int32_t my_worker;
+static uint64_t node_runs;            /* one number per node run, in any session */
+#define NEXT_NODE() (FETCH_ADD64(&node_runs, 1) + 1)
+
+/* this thread's worker for the job's node: claimed on its first piece; NULL when none is left */
+static worker_t *claim(pow2_job_t *j) {
+    if (my_node != j->node) {
+        int32_t w = FETCH_ADD(&j->c->nworkers, 1);
+        if (w >= MAX_WORKERS)
+            return NULL;
+        worker_t *wk = &j->c->workers[w];
+        if (wk->lanes == NULL) /* kept for the collection's life, zero between nodes */
+            wk->lanes = calloc((size_t)(4 * j->c->nb), sizeof(int32_t));
+        wk->status = wk->lanes == NULL ? NO_MEMORY : POW2_OK;
+        wk->e = j->e0, wk->top = 0, wk->zeros = 0;
+        my_node = j->node, my_worker = w;
+    }
+    return &j->c->workers[my_worker];
+}
+
+static void run_piece(void *data, size_t i) {
+    pow2_job_t *j = data;
+    worker_t *w = claim(j);
+    if (w == NULL) {
+        j->overflow = 1;
+        return;
+    }
+    if (w->status != POW2_OK)
+        return;
+    int64_t first = (int64_t)i * j->per;
+    const float *x;
+    int64_t rows, n;
+    if (j->stride == 1) { /* a cut of the one row */
+        x = j->x + first, rows = 1, n = j->n - first < j->per ? j->n - first : j->per;
+    } else { /* whole rows: the stride restarts on each */
+        x = j->x + first * j->n, rows = j->rows - first < j->per ? j->rows - first : j->per, n = j->n;
+    }
+    int32_t e, top;
+    int64_t zeros;
+    w->status = trtq_pow2_count(x, rows, n, j->stride, w->e, w->lanes, j->c->nb, MIN_EXP, &e, &top, &zeros);
+    w->e = e, w->top = top > w->top ? top : w->top, w->zeros += zeros;
+}
+
+/* the highest bin a worker's lanes can hold: that of its max at its range */
+static int64_t top_bin(const worker_t *w, int64_t nb) {
+    if (w->e == NO_EXPONENT || w->e < MIN_EXP || w->e > MAX_EXP)
+        return nb - 1;
+    float m;
+    memcpy(&m, &w->top, sizeof m);
+    float y = m * (float)ldexp((double)nb, -w->e);
+    return y < (float)(nb - 1) ? (int64_t)y : nb - 1;
+}
+
+/* the workers of a node into slot s (Pow2Histograms.add, each at its own range); their lanes are
+ * left zero. Returns POW2_OK, or the first trouble a worker met (its counts are then dropped) */
+static int32_t merge_workers(collection_t *c, slot_t *s, int keep) {
+    int32_t n = c->nworkers < MAX_WORKERS ? c->nworkers : MAX_WORKERS, trouble = POW2_OK;
+    int64_t nb = c->nb;
+    for (int32_t i = 0; i < n; i++) {
+        worker_t *w = &c->workers[i];
+        if (w->status != POW2_OK && trouble == POW2_OK)
+            trouble = w->status;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        worker_t *w = &c->workers[i];
+        if (w->lanes == NULL)
+            continue;
+        int64_t last = w->status == POW2_OK ? top_bin(w, nb) : nb - 1;
+        int32_t d = 0;
+        if (keep && trouble == POW2_OK) {
+            float m;
+            memcpy(&m, &w->top, sizeof m);
+            if ((double)m > s->max)
+                s->max = (double)m;
+            if (w->e != NO_EXPONENT) {
+                raise_to(s, nb, w->e);
+                d = s->e - w->e;
+            }
+            d = d > 62 ? 62 : d;
+            s->zeros += w->zeros;
+        }
+        for (int j = 0; j < 4; j++) {
+            int32_t *lane = w->lanes + j * nb;
+            if (keep && trouble == POW2_OK)
+                for (int64_t b = 0; b <= last; b++)
+                    s->counts[b >> d] += lane[b];
+            memset(lane, 0, (size_t)(last + 1) * sizeof(int32_t));
+        }
+    }
+    c->nworkers = 0;
+    return trouble;
+}
+
+#define PIECE_ELEMENTS (1 << 14) /* elements a piece (rows of at least this many when strided) */
+
 /* MODE_POW2: the first `used` elements of x (`lead` rows of dims[0]) */
 static void fold_pow2(collection_t *c, slot_t *s, const float *x, const int64_t *dims, size_t ndims, int64_t lead,
                       int64_t used, parallel_for_fn parallel, void *ctx) {
@@ -159,62 +268,28 @@ static void fold_pow2(collection_t *c, slot_t *s, const float *x, const int64_t 
         fold_float64(s, c->nb, x, used, rows, n, k);
         return;
     }
-    /* tasks: whole rows when strided (the stride restarts on each row), else any cut */
-    task_t tasks[MAX_TASKS];
-    int64_t per; /* elements, or whole rows when strided */
-    int64_t ntasks = k == 1 ? split(used, TASK_ELEMENTS, MAX_TASKS, &per)
-                            : split(rows, TASK_ELEMENTS / n > 1 ? TASK_ELEMENTS / n : 1, MAX_TASKS, &per);
-    int64_t nb = c->nb;
-    int32_t *lanes = calloc((size_t)(ntasks * 4 * nb), sizeof(int32_t));
-    if (lanes == NULL) {
-        s->status = NO_MEMORY;
-        return;
+    pow2_job_t job = {x, rows, n, k, 0, c, NEXT_NODE(), s->e, 0};
+    int64_t pieces;
+    if (k == 1) {
+        job.per = PIECE_ELEMENTS;
+        pieces = (n + job.per - 1) / job.per;
+    } else {
+        job.per = PIECE_ELEMENTS / n > 1 ? PIECE_ELEMENTS / n : 1;
+        pieces = (rows + job.per - 1) / job.per;
     }
-    for (int64_t t = 0; t < ntasks; t++) {
-        task_t *tk = &tasks[t];
-        if (k == 1) {
-            int64_t start = t * per, len = used - start < per ? used - start : per;
-            tk->x = x + start, tk->rows = 1, tk->n = len;
-        } else {
-            int64_t r0 = t * per, nr = rows - r0 < per ? rows - r0 : per;
-            tk->x = x + r0 * n, tk->rows = nr, tk->n = n;
-        }
-        tk->stride = k, tk->e0 = s->e, tk->nb = nb, tk->lanes = lanes + t * 4 * nb;
+    c->nworkers = 0;
+    /* at most MAX_WORKERS runs of pieces, so at most that many threads claim a worker */
+    run_tasks(parallel, ctx, run_piece, pieces, (size_t)(pieces < MAX_WORKERS ? pieces : MAX_WORKERS), &job);
+    if (job.overflow) { /* more threads than runs after all: drop it all, count again on this thread */
+        merge_workers(c, s, 0);
+        job.node = NEXT_NODE(), job.overflow = 0;
+        run_tasks(NULL, ctx, run_piece, pieces, 0, &job);
     }
-    run_tasks(parallel, ctx, run_task, ntasks, tasks);
-    int tiny = 0;
-    for (int64_t t = 0; t < ntasks; t++) {
-        if (tasks[t].status == POW2_NONFINITE) {
-            s->status = POW2_NONFINITE;
-            free(lanes);
-            return;
-        }
-        tiny |= tasks[t].status == POW2_TINY;
-    }
-    if (tiny) {
-        free(lanes);
-        fold_float64(s, nb, x, used, rows, n, k);
-        return;
-    }
-    for (int64_t t = 0; t < ntasks; t++) { /* Pow2Histograms.add, each task at its own range */
-        task_t *tk = &tasks[t];
-        float m;
-        memcpy(&m, &tk->top, sizeof m);
-        if ((double)m > s->max)
-            s->max = (double)m;
-        int32_t d = 0;
-        if (tk->e != NO_EXPONENT) {
-            raise_to(s, nb, tk->e);
-            d = s->e - tk->e;
-        }
-        if (d > 62)
-            d = 62;
-        for (int j = 0; j < 4; j++)
-            for (int64_t b = 0; b < nb; b++)
-                s->counts[b >> d] += tk->lanes[j * nb + b];
-        s->zeros += tk->zeros;
-    }
-    free(lanes);
+    int32_t trouble = merge_workers(c, s, 1);
+    if (trouble == POW2_TINY)
+        fold_float64(s, c->nb, x, used, rows, n, k);
+    else if (trouble != POW2_OK)
+        s->status = trouble;
 }
 
 
@@ -248,7 +323,7 @@ static void fold_extremes(slot_t *s, const float *x, int64_t used, parallel_for_
     int64_t per, ntasks = split(used, TASK_ELEMENTS, MAX_TASKS, &per);
     for (int64_t t = 0; t < ntasks; t++)
         tasks[t] = (extremes_task_t){x + t * per, used - t * per < per ? used - t * per : per, 0, 0, 0};
-    run_tasks(parallel, ctx, run_extremes_task, ntasks, tasks);
+    run_tasks(parallel, ctx, run_extremes_task, ntasks, 0, tasks);
     int32_t top = 0, kmin = INT32_MAX, kmax = INT32_MIN;
     for (int64_t t = 0; t < ntasks; t++) {
         top = tasks[t].top > top ? tasks[t].top : top;
@@ -331,7 +406,7 @@ static void fold_fixed(slot_t *s, int64_t nb, const float *x, int64_t used, para
         tasks[t] = (fixed_task_t){x + start, used - start < per ? used - start : per, nb, 0, s->scale, exceed_at,
                                   0, 0, lanes + t * 4 * nb};
     }
-    run_tasks(parallel, ctx, run_fixed_task, ntasks, tasks);
+    run_tasks(parallel, ctx, run_fixed_task, ntasks, 0, tasks);
     for (int64_t t = 0; t < ntasks; t++)
         if (tasks[t].nonfinite) {
             s->status = POW2_NONFINITE;

@@ -85,6 +85,65 @@ static inline int32_t block_max_bits_strided(const int32_t *bits, int64_t n, int
 DEFINE_COUNT_BLOCK(count_block, int32_t)
 DEFINE_COUNT_BLOCK(count_block64, int64_t)
 
+/* count_block / count_block64 of a whole block (stride 1) on AVX2: eight bins from one multiply
+ * and one convert, taken out of the register two at a time (no trip through memory) and added to
+ * the lanes in turn; the same integers as the scalar loops, at about 1.7x their speed on an EPYC
+ * (the counting is most of what mse calibration adds to inference on PP-OCR cls, issue 13). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_COUNT_AVX2 1
+
+#define DEFINE_COUNT_BLOCK_AVX2(NAME, LANE, SCALAR)                                                      \
+    __attribute__((target("avx2"))) static int64_t NAME(const float *seg, int64_t n, float scale, LANE *lanes, \
+                                                        int64_t nb) {                                          \
+        LANE *l0 = lanes, *l1 = lanes + nb, *l2 = lanes + 2 * nb, *l3 = lanes + 3 * nb;                        \
+        const __m256 s = _mm256_set1_ps(scale);                                                                \
+        const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));                           \
+        __m256i zeros8 = _mm256_setzero_si256(); /* minus the zeros per position (a block < 2**31) */          \
+        int64_t p = 0;                                                                                         \
+        for (; p + 8 <= n; p += 8) {                                                                           \
+            __m256 y = _mm256_mul_ps(_mm256_and_ps(_mm256_loadu_ps(seg + p), magnitude), s);                   \
+            __m256 is_zero = _mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_EQ_OQ);                                \
+            zeros8 = _mm256_add_epi32(zeros8, _mm256_castps_si256(is_zero));                                   \
+            __m256i b = _mm256_cvttps_epi32(y);                                                                \
+            __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);                       \
+            uint64_t b01 = (uint64_t)_mm_cvtsi128_si64(lo), b23 = (uint64_t)_mm_extract_epi64(lo, 1);          \
+            uint64_t b45 = (uint64_t)_mm_cvtsi128_si64(hi), b67 = (uint64_t)_mm_extract_epi64(hi, 1);          \
+            l0[(uint32_t)b01]++, l1[b01 >> 32]++, l2[(uint32_t)b23]++, l3[b23 >> 32]++;                        \
+            l0[(uint32_t)b45]++, l1[b45 >> 32]++, l2[(uint32_t)b67]++, l3[b67 >> 32]++;                        \
+        }                                                                                                      \
+        int32_t z[8];                                                                                          \
+        _mm256_storeu_si256((__m256i *)z, zeros8);                                                             \
+        int64_t zeros = 0;                                                                                     \
+        for (int i = 0; i < 8; i++)                                                                            \
+            zeros -= z[i];                                                                                     \
+        return zeros + (p < n ? SCALAR(seg + p, n - p, 1, scale, lanes, nb) : 0);                              \
+    }
+
+DEFINE_COUNT_BLOCK_AVX2(count_block_avx2, int32_t, count_block)
+DEFINE_COUNT_BLOCK_AVX2(count_block64_avx2, int64_t, count_block64)
+
+static int use_avx2 = -1; /* -1: not yet asked (a benign race: every thread finds the same answer) */
+
+static int cpu_has_avx2(void) {
+    if (use_avx2 < 0)
+        use_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+    return use_avx2;
+}
+#endif
+
+/* tests only: on = 0 makes the kernels take the scalar loops, 1 the AVX2 ones where the CPU has
+ * them; returns 1 when the AVX2 loops are now in use (trtq.calib.native.use_simd) */
+EXPORT int trtq_native_simd(int on) {
+#ifdef HAVE_COUNT_AVX2
+    use_avx2 = on ? (__builtin_cpu_supports("avx2") ? 1 : 0) : 0;
+    return use_avx2;
+#else
+    (void)on;
+    return 0;
+#endif
+}
+
 /* x: float32 [rows, n] (contiguous); lanes: int32 [4, nb], zero or holding counts over 2**e0.
  * out: e, max bits, zeros. Returns POW2_OK, POW2_NONFINITE (a NaN / Inf: the rest is incomplete)
  * or POW2_TINY (the range would stay below 2**min_exp). */
@@ -127,6 +186,12 @@ EXPORT HOST_CLONES int trtq_pow2_count(const float *x, int64_t rows, int64_t n, 
                 e = em;
                 scale = (float)ldexp((double)nb, -e);
             }
+#ifdef HAVE_COUNT_AVX2
+            if (stride == 1 && cpu_has_avx2()) {
+                zeros += count_block_avx2(xr + s, len, scale, lanes, nb);
+                continue;
+            }
+#endif
             zeros += count_block(xr + s, len, stride, scale, lanes, nb);
         }
     }
@@ -172,10 +237,17 @@ EXPORT HOST_CLONES int trtq_histogram_f32(const float *x, int64_t rows, int64_t 
             }
             float top;
             memcpy(&top, &m, sizeof top);
-            if (top * scale < flast) /* the usual case: no clamp, no flags */
+            if (top * scale < flast) { /* the usual case: no clamp, no flags */
+#ifdef HAVE_COUNT_AVX2
+                if (stride == 1 && cpu_has_avx2()) {
+                    zeros += count_block64_avx2(xr + s, len, scale, lanes, nb);
+                    continue;
+                }
+#endif
                 zeros += count_block64(xr + s, len, stride, scale, lanes, nb);
-            else
+            } else {
                 zeros += count_block_clipped64(xr + s, len, stride, scale, lanes, nb, exceed_at, &exceeded);
+            }
         }
     }
     *zeros_out = zeros;
@@ -204,7 +276,7 @@ EXPORT void trtq_level_sums(const int64_t *starts, int64_t nj, int64_t nk, const
 
 /* the interface's version: trtq.calib.native refuses a library built from another one (an editable
  * install not rebuilt after a pull); raise it with any change of a signature or a rule */
-EXPORT int trtq_native_version(void) { return 4; }
+EXPORT int trtq_native_version(void) { return 5; }
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "see trtq.calib.native", -1,
                                     NULL, NULL, NULL, NULL, NULL};

@@ -19,7 +19,7 @@ from typing import Optional
 import numpy as np
 
 log = logging.getLogger(__name__)
-VERSION = 4  # _native.c's trtq_native_version(): the interface these wrappers call
+VERSION = 5  # _native.c's trtq_native_version(): the interface these wrappers call
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
 _state = "untried"  # "untried" | "ok" | "missing"
@@ -43,6 +43,8 @@ def _load() -> Optional[ctypes.CDLL]:
         lib.trtq_pow2_count.argtypes = [_P, _I64, _I64, _I64, _I32, _P, _I64, _I32, _P, _P, _P]
         lib.trtq_histogram_f32.restype = ctypes.c_int
         lib.trtq_histogram_f32.argtypes = [_P, _I64, _I64, ctypes.c_float, _P, _I64, ctypes.c_float, _I64, _P, _P]
+        lib.trtq_native_simd.restype = ctypes.c_int
+        lib.trtq_native_simd.argtypes = [ctypes.c_int]
         lib.trtq_level_sums.restype = None
         lib.trtq_level_sums.argtypes = [_P, _I64, _I64, _P, _P, _P, _I64, _P, _P]
         # the ONNX Runtime operator's collections (trtq.calib.ingraph)
@@ -77,6 +79,12 @@ def library() -> Optional[ctypes.CDLL]:
                 _lib = _load()
                 _state = "ok" if _lib is not None else "missing"
     return _lib
+
+
+def use_simd(on: bool) -> bool:
+    """Tests only: the scalar loops (False) or the AVX2 ones where the CPU has them (True, the
+    default); returns whether the AVX2 loops are now in use."""
+    return bool(library().trtq_native_simd(int(on)))
 
 
 def _checked(a: np.ndarray, dtype) -> int:
