@@ -99,14 +99,21 @@ def mse_amax_many(counts: Sequence[np.ndarray], maxima: Sequence[float], start_b
     m = np.asarray(maxima, dtype=np.float64)
     totals = c.sum(axis=1)
     ok = (m > 0) & (totals > 0) & np.array([mse_fits(int(n), c.shape[1]) for n in totals], dtype=bool)
+    from trtq.calib.kernels import parallel_map
+
+    def search(part: np.ndarray) -> list[float]:
+        js, err = mse_errors_many(c[part], m[part], start_bin)
+        return [float(js[i] * (m[r] / c.shape[1])) for r, i in zip(part, first_min_rel(err))]
+
     out: list = [None] * len(c)
     idx = np.flatnonzero(ok)
-    for lo in range(0, idx.size, 64):  # bounded temporaries: [64, candidates]
-        part = idx[lo:lo + 64]
-        js, err = mse_errors_many(c[part], m[part], start_bin)
-        best = first_min_rel(err)
-        for r, i in zip(part, best):
-            out[r] = float(js[i] * (m[r] / c.shape[1]))
+    # parts of at most 32 tensors side by side on the cores (the gathers run in C without the GIL,
+    # and so do numpy's larger operations), each with temporaries of [32, candidates]: PP-OCR cls's
+    # 235 tensors 55 -> 33 ms on 2 cores, in no more memory than one part of 64 at a time took
+    parts = np.array_split(idx, -(-idx.size // 32)) if idx.size else []
+    for part, found in zip(parts, parallel_map(search, parts)):
+        for r, a in zip(part, found):
+            out[r] = a
     return out
 
 

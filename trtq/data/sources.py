@@ -13,15 +13,15 @@ import threading
 from collections import OrderedDict
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 from collections.abc import Sequence
 
 import numpy as np
-from PIL import Image, ImageOps
-
 from trtq.config import InputSource, PreprocessOptions
-from trtq.data.preprocess import Preprocessor
 from trtq.errors import ConfigError, DataError
+
+if TYPE_CHECKING:  # PIL and the preprocessing are imported where images are read (not for .npy data)
+    from PIL import Image
 import contextlib
 
 log = logging.getLogger(__name__)
@@ -185,8 +185,10 @@ def _reason(e: BaseException) -> str:
     return text or type(e).__name__
 
 
-def decode_image(path: str) -> Image.Image:
+def decode_image(path: str) -> "Image.Image":
     """Fully decode ``path`` (truncation is detected) and apply its EXIF orientation."""
+    from PIL import Image, ImageOps
+
     from trtq.fileio import non_regular_kind
 
     kind = non_regular_kind(path)
@@ -245,6 +247,8 @@ class ImageSource:
         self.sample_shape = tuple(sample_shape)
         self.dtype = _target_dtype(input_name, dtype)
         self.key = f"data.inputs.{input_name}.preprocess"
+        from trtq.data.preprocess import Preprocessor
+
         self.preprocess = Preprocessor(preprocess, self.key)
         if self.preprocess.dtype != self.dtype and not np.can_cast(self.preprocess.dtype, self.dtype, "same_kind"):
             raise DataError(
