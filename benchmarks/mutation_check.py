@@ -203,6 +203,15 @@ MUTATIONS: list[Mutation] = [
     M("no-padding-rows-run", "trtq/calib/groups.py",
       "    if free and valid is not None and valid < rows:", "    if False:",
       ("tests/calib/test_ingraph.py",)),
+    # zero-padded tensors from the tensor they pad: the zeros added, at the input's sampling rate
+    M("padded-zeros-added", "trtq/calib/padded.py", "        counts[name][0] += extra\n        zeros[name] = int(",
+      "        zeros[name] = int(", ("tests/calib/test_padded.py",)),
+    M("padded-pow2-zeros-added", "trtq/calib/padded.py", "        counts[name][0] += extra\n        zeros[name] = zeros[src]",
+      "        zeros[name] = zeros[src]", ("tests/calib/test_padded.py",)),
+    M("padded-sampled-rate", "trtq/calib/padded.py", "extra = int(samples) * -(-link.zeros_per_sample // k)",
+      "extra = int(samples) * link.zeros_per_sample", ("tests/calib/test_padded.py",)),
+    M("padded-batch-axis", "trtq/calib/padded.py", "if pads is None or pads[0] or pads[rank]:",
+      "if pads is None:", ("tests/calib/test_padded.py",)),
     # channel equalization (quantize --equalize): only exact rewrites, re-measured amax, the user's task
     M("equalize-one-reader-only", "trtq/quantize/equalize.py",
       "        if node is None or index.fan_out(name) != 1 or index.elem_type(name) not in (None, FLOAT):",

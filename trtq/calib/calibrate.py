@@ -139,6 +139,12 @@ class _Setup:
     subsampled: int = 0  # tensors histogrammed on a stride (one-pass runs)
     collect_mode: str = "outputs"  # "in-graph" (trtq.calib.ingraph) or "outputs" (trtq.calib.collect)
     leading: set = field(default_factory=set)  # one pass: tensors whose leading dim is the batch (subsampled)
+    padded: dict = field(default_factory=dict)  # zero-padded outputs taken from their input (trtq.calib.padded)
+
+    @property
+    def counted(self) -> list[str]:
+        """The tensors the collector runs: all but the zero-padded outputs."""
+        return [t for t in self.tensors if t not in self.padded]
 
 
 _NUMPY_FALLBACK = ("histograms on the numpy fallback; reinstalling trtq where a C compiler is found (or pip "
@@ -193,14 +199,14 @@ def run_calibration(
     # Relu/Clip outputs whose range follows from their input's are not exposed by ONNX Runtime in
     # the max pass (trtq.calib.derive)
     links = monotone_links(run.model, tensors)
-    measured = [t for t in tensors if t not in links]
+    measured = [t for t in run.counted if t not in links]
     if run.need_hist:  # load the kernels (numba: its compiled code, ~0.25 s) while the session starts
         threading.Thread(target=warm_up, args=(run.one_pass,), name="trtq-kernel-warmup", daemon=True).start()
     # one session for both passes when there are two (every tensor exposed: pass 1 reads the
     # measured ones); the max-only pass exposes only the measured ones. No local reference to it:
     # a pass 2 that needs another frees it first.
     two_passes = run.need_hist and run.given is None and not run.one_pass
-    session_tensors = measured if run.given is None and not run.need_hist else tensors
+    session_tensors = measured if run.given is None and not run.need_hist else run.counted
     hist = _pow2_histograms(run) if run.one_pass else None
     stream = _Stream(_any_collector(run, session_tensors), run.batcher, progress, 2 if two_passes else 1)
     started = time.perf_counter()
@@ -225,7 +231,9 @@ def run_calibration(
                                 "tensor_groups": run.tensor_groups, "rows_per_call": run.rows_per_call,
                                 "fixed_batch_1": run.feed_mode,
                                 # which tensors: all, a --tensors list, or "qdq" (what quantize reads)
-                                "tensors": selection or ("listed" if opts.tensors else "all")}
+                                "tensors": selection or ("listed" if opts.tensors else "all"),
+                                # zero-padded outputs whose statistics came from their inputs
+                                "padded_from_input": len(run.padded)}
     if run.one_pass:
         provenance["collection"]["histograms"] = {"edges": "pow2", "hist_elements": opts.hist_elements,
                                                   "subsampled_tensors": run.subsampled}
@@ -295,6 +303,12 @@ def _prepare(cfg: TrtqConfig, shard: Optional[tuple[int, int]], ranges: Optional
     from trtq.calib.pow2 import is_pow2
 
     run.one_pass = opts.method in ("mse", "percentile") and is_pow2(int(opts.num_bins))
+    from trtq.calib.padded import pad_links
+
+    run.padded = pad_links(run.model, tensors, run.batcher.shapes)
+    if run.padded:
+        log.info("%d zero-padded tensor(s) take their statistics from the tensor they pad (not run)",
+                 len(run.padded))
     if shard is not None or ranges is not None:
         from trtq.calib.shard import prepare_shard
 
@@ -326,7 +340,7 @@ def _passes(run: _Setup, stream: _Stream, links: Any, write_batches: Optional[Pa
                 from trtq.calib.batchfile import write_through
 
                 source = write_through(source, Path(write_batches), run.batcher)
-            skip = set(links)  # derived below, exactly; the session may expose them too
+            skip = set(links) | set(run.padded)  # derived below, exactly; the session may expose links
 
             def update(arrays: dict) -> None:
                 maxima_acc.update_batch({n: a for n, a in arrays.items() if n not in skip})
@@ -337,8 +351,9 @@ def _passes(run: _Setup, stream: _Stream, links: Any, write_batches: Optional[Pa
                 stream.collector.fill_extremes(maxima_acc, skip)
             else:
                 stream.run("max", 1, update, source)
-            derived = derive_extremes(maxima_acc.extremes, links)
-            maxima_acc.add_derived({name: abs_max(derived[name]) for name in links})
+            padded = {name: link.source for name, link in run.padded.items()}
+            derived = derive_extremes(maxima_acc.extremes, links, padded)
+            maxima_acc.add_derived({name: abs_max(derived[name]) for name in [*links, *padded]})
             maxima = maxima_acc.maxima
         else:
             maxima = run.given  # pass 2 of a shard: the merged ranges of pass 1
@@ -405,6 +420,11 @@ def _one_pass(run: _Setup, stream: _Stream, hist: Any) -> tuple[Any, Any, Any, A
         if pow2_kernel() is None:
             log.info(_NUMPY_FALLBACK)
         stream.run("histogram", 1, hist.update_batch, run.batcher)
+    if run.padded:
+        from trtq.calib.padded import derive_pow2
+
+        derive_pow2(run.padded, hist.maxima, hist.counts, hist.zeros, hist.exponents, hist.strides, stream.samples)
+        hist.strides.update({n: hist.strides[p.source] for n, p in run.padded.items() if p.source in hist.strides})
     run.subsampled = len(hist.strides)
     if opts.hist_elements:
         log.info("%d of %d tensors histogrammed on a stride (at most %d elements per sample); %d whole",
@@ -424,9 +444,9 @@ def _histogram_pass(run: _Setup, stream: _Stream, maxima: dict[str, float], repl
     # pass 2 needs every tensor: pass 1's session when it exposes them all, else a new one (the
     # first one freed first, so the peak holds one set of activations)
     if run.given is None:
-        if list(stream.collector.tensors) != list(run.tensors):
+        if list(stream.collector.tensors) != run.counted:
             stream.collector = None
-            stream.collector = _any_collector(run, run.tensors)
+            stream.collector = _any_collector(run, run.counted)
         source = replay.second()
     else:
         source = None
@@ -447,7 +467,12 @@ def _histogram_pass(run: _Setup, stream: _Stream, maxima: dict[str, float], repl
             "%d tensor(s) had values above their first-pass max in the second pass (data not "
             "deterministic?): %s; they were counted in the last bin",
             len(hist.exceeded), ", ".join(sorted(hist.exceeded)[:5]))
-    return hist.counts, hist.zeros
+    counts, zeros = hist.counts, hist.zeros  # copies
+    if run.padded:
+        from trtq.calib.padded import derive_counts
+
+        derive_counts(run.padded, counts, zeros, stream.samples)
+    return counts, zeros
 
 
 def _nothing(_part: Any) -> None:

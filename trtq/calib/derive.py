@@ -66,17 +66,23 @@ def monotone_links(model, tensors: Iterable[str]) -> Links:
     return links
 
 
-def derive_extremes(extremes: Mapping[str, tuple[float, float]], links: Links) -> dict[str, tuple[float, float]]:
-    """``(min, max)`` of every linked output from its input's (chains such as Relu -> Clip resolve
-    in any order)."""
+def derive_extremes(extremes: Mapping[str, tuple[float, float]], links: Links,
+                    padded: Optional[Mapping[str, str]] = None) -> dict[str, tuple[float, float]]:
+    """``(min, max)`` of every linked output from its input's, and of every zero-padded output
+    (``padded``: output -> input, trtq.calib.padded) from its input's with 0 included; chains such
+    as Relu -> Pad -> Clip resolve in any order."""
     out = dict(extremes)
     pending = dict(links)
+    pending.update({name: (src, None, None) for name, src in (padded or {}).items()})
     while pending:
         progressed = False
         for name, (src, lo, hi) in list(pending.items()):
             if src in out:
                 a, b = out[src]
-                out[name] = (min(max(a, lo), hi), min(max(b, lo), hi))
+                if lo is None:  # zeros added
+                    out[name] = (min(a, 0.0), max(b, 0.0))
+                else:
+                    out[name] = (min(max(a, lo), hi), min(max(b, lo), hi))
                 del pending[name]
                 progressed = True
         if not progressed:
