@@ -10,6 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.calib.kernel_paths import require_kernels
 from trtq.calib import padded
 from trtq.calib.padded import PadLink, pad_links
 from trtq.model import calibratable_tensors
@@ -119,6 +120,8 @@ def _measured(monkeypatch):
 @pytest.mark.parametrize("collect", ["in-graph", "outputs"])
 @pytest.mark.parametrize("method", [("mse", "--hist-elements", "0"), ("entropy",), ("max",), ("percentile",)])
 def test_every_element_counted_gives_the_cache_of_measuring_them(trtq, tmp_path, monkeypatch, method, collect):
+    if collect == "in-graph":
+        require_kernels(monkeypatch, "compiled")  # the in-graph operator is part of them
     args = ("--method", *method, "--collect", collect)
     cache, stats, prov = _calibrate(trtq, tmp_path, _model(), "derived", *args)
     assert prov["collection"]["padded_from_input"] == 2
@@ -152,6 +155,8 @@ def test_a_session_runs_no_padded_tensor(monkeypatch, tmp_path):
     """The reason for the rule: the collector's session neither runs a statistics node on nor
     exposes a padded tensor, so ONNX Runtime may fold the Pad into the Conv."""
     from trtq.calib import ingraph
+
+    require_kernels(monkeypatch, "compiled")
 
     seen = []
     real = ingraph.InGraphCollector.__init__
