@@ -175,3 +175,20 @@ def test_a_session_runs_no_padded_tensor(monkeypatch, tmp_path):
               "-q", "--batch-size", "4"])
     assert e.value.code in (0, None)
     assert seen and all("p" not in t and "q" not in t and "r" in t and "c" in t for t in seen)
+
+
+@pytest.mark.parametrize("method", ["entropy", "mse"])
+def test_shards_of_a_padded_model_merge_to_the_single_run(trtq, tmp_path, method):
+    """Each shard derives its padded tensors from its own samples (the zeros add up across shards):
+    the merged statistics are the single run's, on a stride (mse) and over [0, max] (entropy)."""
+    from tests.calib.test_shard import _sharded
+    from trtq.calib.stats import load_stats
+
+    extra = ("--hist-elements", "50") if method == "mse" else ()
+    _calibrate(trtq, tmp_path, _model(), "single", "--method", method, *extra)
+    stats = _sharded(trtq, tmp_path / "m.onnx", tmp_path / "x.npy", tmp_path / "shards", 2, *extra,
+                     batch_sizes=(4, 3), method=method)
+    single, merged = load_stats(tmp_path / "single.npz"), load_stats(stats)
+    assert merged.maxima == single.maxima and merged.zeros == single.zeros
+    assert all(np.array_equal(merged.counts[n], single.counts[n]) for n in single.counts)
+    assert single.zeros["p"] > single.zeros["r"]
