@@ -441,12 +441,8 @@ def _histogram_pass(run: _Setup, stream: _Stream, maxima: dict[str, float], repl
     if two_pass_kernel() is None:
         log.info(_NUMPY_FALLBACK)
     hist = HistogramAccumulator(maxima, num_bins=run.opts.num_bins)
-    # pass 2 needs every tensor: pass 1's session when it exposes them all, else a new one (the
-    # first one freed first, so the peak holds one set of activations)
+    # pass 2 runs in pass 1's session: run_calibration gave it every counted tensor when there are two
     if run.given is None:
-        if list(stream.collector.tensors) != run.counted:
-            stream.collector = None
-            stream.collector = _any_collector(run, run.counted)
         source = replay.second()
     else:
         source = None
