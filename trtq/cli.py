@@ -935,8 +935,9 @@ def build(common, model, cache, output, engine, exclude, allow_stale):
     )
     md = result.metadata
     source = ", Q/DQ from the model" if (md.get("quantize") or {}).get("source") == "model" else ""
+    steps = "".join(f"steps      {note}\n" for note in (md.get("quantize") or {}).get("steps") or ())
     text = (f"built {out} in {result.seconds:.1f} s\n"
-            f"precision  {md.get('precision')} ({md.get('mode', '')}{source})\n"
+            f"precision  {md.get('precision')} ({md.get('mode', '')}{source})\n{steps}"
             f"tensorrt   {md.get('tensorrt_version')} on {md.get('gpu_name')} (sm {md.get('compute_capability')})\n"
             f"metadata   {out}.json")
     _emit(st, {"plan": str(out), "seconds": round(result.seconds, 3), "metadata": md}, text)

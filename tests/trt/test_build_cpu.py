@@ -296,3 +296,34 @@ def test_cli_build_qdq_model_with_cache_is_one_line_exit_2(tmp_path, qat_model, 
     lines = r.err.strip().splitlines()
     assert len(lines) == 1 and "already has Q/DQ nodes" in lines[0] and "drop --cache" in lines[0]
     assert not (tmp_path / "q.plan").exists()
+
+
+def test_explicit_build_reports_what_its_data_steps_did(tmp_path, sample_config, trtq):
+    """build runs quantize's data steps itself (quantize.equalize, float layers): their notes go to
+    the engine metadata's quantize section (and the build's text), as trtq quantize prints them.
+    TensorRT itself is not needed for this part: a stand-in with 8.6's names."""
+    import dataclasses
+
+    import onnx
+
+    from tests.trt.fakes import fake_trt
+    from trtq.config import QuantizeOptions, load_config
+    from trtq.pipeline.build import _quantized_network_model, _read_cache
+    from trtq.trt import compat
+
+    cache = tmp_path / "c.cache"
+    r = trtq(["calibrate", "--config", sample_config, "--limit", "16", "-o", cache, "-q"])
+    assert r.code == 0, r
+    cfg = load_config(sample_config)
+    data = dataclasses.replace(cfg.data, limit=16)
+    trt = fake_trt("8.6.0")
+    table, _ = _read_cache(cache, cfg.model, False)
+
+    def summary(options):
+        return _quantized_network_model(trt, onnx.load(str(cfg.model)), table,
+                                        compat.plan_build(trt, "int8", "explicit"), options, data, cache)[1]
+
+    steps = summary(QuantizeOptions(equalize=True, float_layers=2))["steps"]
+    assert [s.split(":")[0].split(" ")[:2] for s in steps] == [["equalized", "channels"], ["float", "layers"]], steps
+    plain = summary(QuantizeOptions())
+    assert "steps" not in plain and plain["quantized"] > 0

@@ -132,7 +132,7 @@ def _quantized_network_model(trt: Any, model: Any, table: Any, recipe: Any, qopt
                              data_options: DataOptions, cache_path: Optional[Path]) -> tuple[Any, dict[str, Any]]:
     """The FP32 model quantized with the cache's amax for the installed TensorRT."""
     from trtq.calib.cache import read_provenance
-    from trtq.pipeline.quantize import quantize_for, remeasure_from, warn_float_grouped_convs
+    from trtq.pipeline.quantize import DATA_STEP_NOTES, quantize_for, remeasure_from, warn_float_grouped_convs
 
     centring_off = compat.centring_in_engines(trt) if qopts.center_activations else None
     if centring_off:
@@ -147,12 +147,19 @@ def _quantized_network_model(trt: Any, model: Any, table: Any, recipe: Any, qopt
     qresult = quantize_for(model, table.amax, qopts, data_options, str(compat.version_of(trt)), remeasure)
     if compat.float_grouped_conv_is_unsafe(trt):
         warn_float_grouped_convs(str(compat.version_of(trt)), qresult)
-    return qresult.model, _quantize_summary(qresult)
+    summary = _quantize_summary(qresult)
+    # what the data steps did (equalized channels, float layers chosen, ...), as trtq quantize says it
+    steps = [note for note in qresult.notes if note.startswith(DATA_STEP_NOTES)]
+    for note in steps:
+        log.info("%s", note)
+    if steps:
+        summary["steps"] = steps
+    return qresult.model, summary
 
 
-def _quantize_summary(result: Any) -> dict[str, int]:
+def _quantize_summary(result: Any) -> dict[str, Any]:
     """Counts from a QuantizeResult (quantized nodes, nodes left float, amax the cache lacked)."""
-    out: dict[str, int] = {}
+    out: dict[str, Any] = {}
     for attr in ("quantized", "left_float", "missing_amax"):
         value = getattr(result, attr, None)
         if isinstance(value, (list, tuple, dict, set)):
