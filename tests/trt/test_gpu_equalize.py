@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from tests.quantize.test_equalize import _batches, _model
-from tests.trt.models import activation_amax, cosine, gpu_build_options, ort_run, rel_max_err, write_trt_cache
+from tests.trt.models import TACTICS, activation_amax, cosine, gpu_build_options, ort_run, rel_max_err, write_trt_cache
 from trtq.config import DataOptions, InputSource, ProfileShapes, QuantizeOptions
 
 pytestmark = pytest.mark.gpu
@@ -20,7 +20,7 @@ def _sqnr(ref, out):
     return 10 * np.log10(np.sum(ref.astype(np.float64) ** 2) / np.sum((ref - out).astype(np.float64) ** 2))
 
 
-def test_equalized_engine_matches_its_qdq_model_and_beats_the_plain_one(tmp_path):
+def test_equalized_engine_matches_its_qdq_model_and_beats_the_plain_one(tmp_path, trtq):
     from trtq.pipeline.build import build_engine
     from trtq.quantize import quantize_model
     from trtq.quantize.equalize import Remeasure, equalize_model
@@ -41,8 +41,10 @@ def test_equalized_engine_matches_its_qdq_model_and_beats_the_plain_one(tmp_path
     plain_plan = build_engine(path, tmp_path / "plain.plan", opts, cache_path=cache).plan_path
     np.save(tmp_path / "x.npy", np.concatenate([b.arrays["x"] for b in batches]))
     data = DataOptions(inputs={"x": InputSource(npy=(str(tmp_path / "x.npy"),))}, batch_size=4)
-    built = build_engine(path, tmp_path / "built.plan", opts, cache_path=cache,
-                         quantize_options=QuantizeOptions(equalize=True), data_options=data).plan_path
+    result = build_engine(path, tmp_path / "built.plan", opts, cache_path=cache,
+                          quantize_options=QuantizeOptions(equalize=True), data_options=data)
+    built = result.plan_path
+    assert [s for s in result.metadata["quantize"]["steps"] if s.startswith("equalized channels")], result.metadata
     x = _batches(1, seed=9)[0].arrays["x"]
     ref = ort_run(path, {"x": x})["out"]
     twin = ort_run(qdq, {"x": x})["out"]
@@ -55,3 +57,11 @@ def test_equalized_engine_matches_its_qdq_model_and_beats_the_plain_one(tmp_path
     assert rel_max_err(y, twin) <= 5e-2 and cosine(y, twin) >= 0.999, (rel_max_err(y, twin), cosine(y, twin))
     assert _sqnr(ref, y) > _sqnr(ref, y_plain) + 3.0, (_sqnr(ref, y), _sqnr(ref, y_plain))
     assert rel_max_err(y_built, twin) <= 5e-2 and cosine(y_built, twin) >= 0.999
+    # the CLI says what the data step did, from a config's quantize: section
+    config = tmp_path / "eq.yaml"
+    config.write_text(f"model: {path}\ndata:\n  inputs:\n    x:\n      npy: [{tmp_path / 'x.npy'}]\n"
+                      "  batch_size: 4\nquantize:\n  equalize: true\n")
+    r = trtq(["build", "--config", config, "--cache", cache, "-o", tmp_path / "cli.plan", "--opt-level", "0",
+              "--workspace-mb", "512", "--tactic-sources", ",".join(TACTICS)])
+    assert r.code == 0, r
+    assert "steps      equalized channels" in r.out, r.out
