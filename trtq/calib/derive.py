@@ -15,12 +15,13 @@ import numpy as np
 Links = dict[str, tuple[str, float, float]]
 
 
-def _constants(graph) -> dict[str, np.ndarray]:
+def _constants(graph, only: Optional[set] = None) -> dict[str, np.ndarray]:
+    """Initializers and Constant outputs as arrays (``only``: just these names, not every weight)."""
     from onnx import numpy_helper
 
-    values = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    values = {i.name: numpy_helper.to_array(i) for i in graph.initializer if only is None or i.name in only}
     for node in graph.node:
-        if node.op_type == "Constant" and node.output:
+        if node.op_type == "Constant" and node.output and (only is None or node.output[0] in only):
             for attr in node.attribute:
                 if attr.name == "value":
                     values[node.output[0]] = numpy_helper.to_array(attr.t)
@@ -55,7 +56,8 @@ def _bounds(node, values) -> Optional[tuple[float, float]]:
 def monotone_links(model, tensors: Iterable[str]) -> Links:
     """Calibrated outputs of Relu / constant-bound Clip nodes whose input is calibrated too."""
     wanted = set(tensors)
-    values = _constants(model.graph)
+    bounds_from = {name for n in model.graph.node if n.op_type == "Clip" for name in n.input[1:] if name}
+    values = _constants(model.graph, bounds_from)
     links: Links = {}
     for node in model.graph.node:
         if not node.input or not node.output or node.input[0] not in wanted or node.output[0] not in wanted:

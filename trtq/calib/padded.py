@@ -89,7 +89,8 @@ def pad_links(model, tensors: Iterable[str], input_shapes: Mapping[str, Sequence
         t = vi.type.tensor_type
         if t.HasField("shape"):
             dims[vi.name] = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
-    values, opset = _constants(model.graph), _opset(model)
+    needed = {name for n in candidates for name in n.input[1:] if name}
+    values, opset = _constants(model.graph, needed), _opset(model)
     links: dict[str, PadLink] = {}
     for node in candidates:
         shape = dims.get(node.input[0])
