@@ -198,7 +198,10 @@ MUTATIONS: list[Mutation] = [
     M("ingraph-range-zero-flags", "trtq/calib/_ingraph_fold.c", "        s->exceeded |= nonzero > 0;\n", "",
       ("tests/calib/test_ingraph.py",)),
     M("ingraph-fixed-past-range-flagged", "trtq/calib/_ingraph_fold.c",
-      "        s->exceeded |= tasks[t].exceeded;\n", "", ("tests/calib/test_ingraph.py",)),
+      "            s->exceeded |= w->exceeded;\n", "", ("tests/calib/test_ingraph.py",)),
+    M("ingraph-fixed-worker-trouble", "trtq/calib/_ingraph_fold.c",
+      "        if (c->workers[i].status != POW2_OK && trouble == POW2_OK)", "        if (0)",
+      ("tests/calib/test_ingraph.py",)),
     # ... and a free batch dim runs no padding rows (attention's [3, N, ...] tensors)
     M("no-padding-rows-run", "trtq/calib/groups.py",
       "    if free and valid is not None and valid < rows:", "    if False:",

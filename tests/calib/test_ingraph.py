@@ -243,6 +243,24 @@ def test_two_passes_match_the_outputs_collector():
     assert a[0].extremes["x"][0] > -1e5 and a[1].counts["c"].sum() == 3 * 4 * 4 * 36 + 2 * 4 * 36
 
 
+def test_two_passes_of_tensors_in_many_pieces_match_the_outputs_collector():
+    """Pass 2 of a 160K-element tensor runs in ~10 pieces over ONNX Runtime's threads, each thread
+    counting into its own int64 lanes; a NaN in its last piece is still found."""
+    rng = np.random.default_rng(9)
+    batches = [(rng.standard_normal((4, 4, 100, 100)).astype(np.float32) * 2.0 ** i, 4) for i in range(2)]
+    a, b = _two_passes(_model(hw=100), batches)
+    _assert_same_two_passes(a, b)
+    assert a[1].counts["x"].sum() == 2 * 4 * 4 * 100 * 100
+    model = _model(hw=100)
+    collector = ingraph.InGraphCollector(model, select_tensors(model), 50)
+    collector.start_histograms(a[0].maxima)  # pass 2 alone: the NaN is its to find
+    x = batches[1][0].copy()
+    x[3, 3, 99, 99] = np.nan
+    with pytest.raises(DataError, match="non-finite values .* in activation 'x'"):
+        _run(collector, [batches[0], (x, 4)])
+    collector.close()
+
+
 def test_two_passes_special_ranges_and_values_past_the_range():
     """A tensor that is 0 in pass 1 (range 0: everything in bin 0, anything else past the range), a
     range so small that bins / max is no float32 (the float64 path), and pass 2 data above pass 1's

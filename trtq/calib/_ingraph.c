@@ -40,7 +40,7 @@ static void free_collection(collection_t *c) {
         for (int64_t i = 0; i < c->nslots; i++)
             free(c->slots[i].counts);
     for (int i = 0; i < MAX_WORKERS; i++)
-        free(c->workers[i].lanes);
+        free(c->workers[i].lanes), free(c->workers[i].lanes64);
     free(c->slots);
     free(c);
 }

@@ -34,11 +34,13 @@ typedef struct {
     int64_t *counts;
 } slot_t;
 
-/* MODE_POW2: one thread's counts while a node folds its tensor (_ingraph_fold.c): every piece the
- * thread takes adds to them, at their own range, and the node merges them into the slot */
+/* one thread's counts while a node folds its tensor (_ingraph_fold.c): every piece the thread
+ * takes adds to them (MODE_POW2 at their own range, MODE_FIXED over the slot's), and the node merges
+ * them into the slot */
 typedef struct {
-    int32_t *lanes; /* int32 [4, nb], all zero between nodes */
-    int32_t e, top, status;
+    int32_t *lanes;   /* MODE_POW2: int32 [4, nb], all zero between nodes */
+    int64_t *lanes64; /* MODE_FIXED: int64 [4, nb], all zero between nodes */
+    int32_t e, top, status, exceeded;
     int64_t zeros;
 } worker_t;
 

@@ -29,7 +29,7 @@
 
 #define MIN_EXP (-100) /* trtq.calib.pow2._MIN_EXP / _MAX_EXP */
 #define MAX_EXP 128
-#define TASK_ELEMENTS (1 << 16) /* elements read per parallel task (MODE_EXTREMES, MODE_FIXED) */
+#define TASK_ELEMENTS (1 << 16) /* elements read per parallel task (MODE_EXTREMES) */
 #define MAX_TASKS 256
 
 /* units (elements or rows) per task for `total` units: `per` each, fewer than `most` tasks (the
@@ -140,18 +140,24 @@ static void fold_float64(slot_t *s, int64_t nb, const float *x, int64_t used, in
         }
 }
 
-/* MODE_POW2, one node: the tensor cut into pieces, each counted by whichever thread takes it into
- * that thread's worker (its lanes and range grow as trtq_pow2_count's do); pieces are small, so
- * that both threads of a 2-core machine share even a 100k-element tensor, and the merge costs one
- * set of lanes per thread, not per piece */
+/* One node's tensor cut into pieces, each counted by whichever thread takes it into that thread's
+ * worker; pieces are small, so that both threads of a 2-core machine share even a 100K-element
+ * tensor, and the merge costs one set of lanes per thread, not per piece. What every job starts
+ * with: */
 typedef struct {
+    collection_t *c;
+    uint64_t node;    /* this node's run (tells a thread's earlier claim from one of this node) */
+    int32_t e0;       /* MODE_POW2: the slot's range, where a worker starts */
+    int32_t wide;     /* MODE_FIXED: the workers count into int64 lanes */
+    int32_t overflow; /* more threads than MAX_WORKERS came (then the node runs again, alone) */
+} node_run_t;
+
+/* MODE_POW2: the lanes and range of a worker grow as trtq_pow2_count's do */
+typedef struct {
+    node_run_t run;
     const float *x;
     int64_t rows, n, stride; /* the tensor as rows of n (one row unless strided) */
     int64_t per;             /* elements a piece, or whole rows a piece when strided */
-    collection_t *c;
-    uint64_t node;   /* this node's run (tells a thread's earlier claim from one of this node) */
-    int32_t e0;      /* the slot's range: where a worker starts */
-    int32_t overflow; /* more threads than MAX_WORKERS came (then the node runs again, alone) */
 } pow2_job_t;
 
 static THREAD_LOCAL uint64_t my_node; /* the node run this thread last claimed a worker for */
@@ -159,27 +165,30 @@ static THREAD_LOCAL int32_t my_worker;
 static uint64_t node_runs;            /* one number per node run, in any session */
 #define NEXT_NODE() (FETCH_ADD64(&node_runs, 1) + 1)
 
-/* this thread's worker for the job's node: claimed on its first piece; NULL when none is left */
-static worker_t *claim(pow2_job_t *j) {
-    if (my_node != j->node) {
-        int32_t w = FETCH_ADD(&j->c->nworkers, 1);
+/* this thread's worker for the node: claimed on its first piece; NULL when none is left */
+static worker_t *claim(node_run_t *r) {
+    if (my_node != r->node) {
+        int32_t w = FETCH_ADD(&r->c->nworkers, 1);
         if (w >= MAX_WORKERS)
             return NULL;
-        worker_t *wk = &j->c->workers[w];
-        if (wk->lanes == NULL) /* kept for the collection's life, zero between nodes */
-            wk->lanes = calloc((size_t)(4 * j->c->nb), sizeof(int32_t));
-        wk->status = wk->lanes == NULL ? NO_MEMORY : POW2_OK;
-        wk->e = j->e0, wk->top = 0, wk->zeros = 0;
-        my_node = j->node, my_worker = w;
+        worker_t *wk = &r->c->workers[w];
+        size_t n = (size_t)(4 * r->c->nb);
+        if (r->wide && wk->lanes64 == NULL) /* kept for the collection's life, zero between nodes */
+            wk->lanes64 = calloc(n, sizeof(int64_t));
+        else if (!r->wide && wk->lanes == NULL)
+            wk->lanes = calloc(n, sizeof(int32_t));
+        wk->status = (r->wide ? (void *)wk->lanes64 : (void *)wk->lanes) == NULL ? NO_MEMORY : POW2_OK;
+        wk->e = r->e0, wk->top = 0, wk->zeros = 0, wk->exceeded = 0;
+        my_node = r->node, my_worker = w;
     }
-    return &j->c->workers[my_worker];
+    return &r->c->workers[my_worker];
 }
 
 static void run_piece(void *data, size_t i) {
     pow2_job_t *j = data;
-    worker_t *w = claim(j);
+    worker_t *w = claim(&j->run);
     if (w == NULL) {
-        j->overflow = 1;
+        j->run.overflow = 1;
         return;
     }
     if (w->status != POW2_OK)
@@ -194,7 +203,7 @@ static void run_piece(void *data, size_t i) {
     }
     int32_t e, top;
     int64_t zeros;
-    w->status = trtq_pow2_count(x, rows, n, j->stride, w->e, w->lanes, j->c->nb, MIN_EXP, &e, &top, &zeros);
+    w->status = trtq_pow2_count(x, rows, n, j->stride, w->e, w->lanes, j->run.c->nb, MIN_EXP, &e, &top, &zeros);
     w->e = e, w->top = top > w->top ? top : w->top, w->zeros += zeros;
 }
 
@@ -250,6 +259,22 @@ static int32_t merge_workers(collection_t *c, slot_t *s, int keep) {
 
 #define PIECE_ELEMENTS (1 << 14) /* elements a piece (rows of at least this many when strided) */
 
+typedef int32_t (*merge_fn)(collection_t *c, slot_t *s, int keep);
+
+/* the job's pieces on ONNX Runtime's threads, in at most MAX_WORKERS runs so that at most that many
+ * threads claim a worker, then merged (`merge`); returns what the merge found */
+static int32_t run_node(collection_t *c, slot_t *s, node_run_t *r, void (*piece)(void *, size_t), int64_t pieces,
+                        void *job, merge_fn merge, parallel_for_fn parallel, void *ctx) {
+    c->nworkers = 0;
+    run_tasks(parallel, ctx, piece, pieces, (size_t)(pieces < MAX_WORKERS ? pieces : MAX_WORKERS), job);
+    if (r->overflow) { /* more threads than runs after all: drop it all, count again on this thread */
+        merge(c, s, 0);
+        r->node = NEXT_NODE(), r->overflow = 0;
+        run_tasks(NULL, ctx, piece, pieces, 0, job);
+    }
+    return merge(c, s, 1);
+}
+
 /* MODE_POW2: the first `used` elements of x (`lead` rows of dims[0]) */
 static void fold_pow2(collection_t *c, slot_t *s, const float *x, const int64_t *dims, size_t ndims, int64_t lead,
                       int64_t used, parallel_for_fn parallel, void *ctx) {
@@ -268,7 +293,7 @@ static void fold_pow2(collection_t *c, slot_t *s, const float *x, const int64_t 
         fold_float64(s, c->nb, x, used, rows, n, k);
         return;
     }
-    pow2_job_t job = {x, rows, n, k, 0, c, NEXT_NODE(), s->e, 0};
+    pow2_job_t job = {{c, NEXT_NODE(), s->e, 0, 0}, x, rows, n, k, 0};
     int64_t pieces;
     if (k == 1) {
         job.per = PIECE_ELEMENTS;
@@ -277,15 +302,7 @@ static void fold_pow2(collection_t *c, slot_t *s, const float *x, const int64_t 
         job.per = PIECE_ELEMENTS / n > 1 ? PIECE_ELEMENTS / n : 1;
         pieces = (rows + job.per - 1) / job.per;
     }
-    c->nworkers = 0;
-    /* at most MAX_WORKERS runs of pieces, so at most that many threads claim a worker */
-    run_tasks(parallel, ctx, run_piece, pieces, (size_t)(pieces < MAX_WORKERS ? pieces : MAX_WORKERS), &job);
-    if (job.overflow) { /* more threads than runs after all: drop it all, count again on this thread */
-        merge_workers(c, s, 0);
-        job.node = NEXT_NODE(), job.overflow = 0;
-        run_tasks(NULL, ctx, run_piece, pieces, 0, &job);
-    }
-    int32_t trouble = merge_workers(c, s, 1);
+    int32_t trouble = run_node(c, s, &job.run, run_piece, pieces, &job, merge_workers, parallel, ctx);
     if (trouble == POW2_TINY)
         fold_float64(s, c->nb, x, used, rows, n, k);
     else if (trouble != POW2_OK)
@@ -345,18 +362,55 @@ static void fold_extremes(slot_t *s, const float *x, int64_t used, parallel_for_
     s->seen = 1;
 }
 
+/* MODE_FIXED: every worker counts its pieces over the slot's fixed range */
 typedef struct {
+    node_run_t run;
     const float *x;
-    int64_t n, nb, zeros;
+    int64_t n;
     float scale, exceed_at;
-    int32_t exceeded, nonfinite;
-    int64_t *lanes; /* [4, nb] */
-} fixed_task_t;
+} fixed_job_t;
 
-static void run_fixed_task(void *data, size_t i) {
-    fixed_task_t *t = (fixed_task_t *)data + i;
-    t->nonfinite = trtq_histogram_f32(t->x, 1, t->n, t->scale, t->lanes, t->nb, t->exceed_at, 1, &t->zeros,
-                                      &t->exceeded);
+static void run_fixed_piece(void *data, size_t i) {
+    fixed_job_t *j = data;
+    worker_t *w = claim(&j->run);
+    if (w == NULL) {
+        j->run.overflow = 1;
+        return;
+    }
+    if (w->status != POW2_OK)
+        return;
+    int64_t first = (int64_t)i * PIECE_ELEMENTS, len = j->n - first < PIECE_ELEMENTS ? j->n - first : PIECE_ELEMENTS;
+    int64_t zeros;
+    int32_t exceeded;
+    if (trtq_histogram_f32(j->x + first, 1, len, j->scale, w->lanes64, j->run.c->nb, j->exceed_at, 1, &zeros,
+                           &exceeded))
+        w->status = POW2_NONFINITE;
+    w->zeros += zeros, w->exceeded |= exceeded;
+}
+
+/* the workers of a MODE_FIXED node into slot s; their lanes are left zero. Returns POW2_OK, or the
+ * first trouble a worker met (the node's counts are then dropped) */
+static int32_t merge_fixed(collection_t *c, slot_t *s, int keep) {
+    int32_t n = c->nworkers < MAX_WORKERS ? c->nworkers : MAX_WORKERS, trouble = POW2_OK;
+    int64_t nb = c->nb;
+    for (int32_t i = 0; i < n; i++)
+        if (c->workers[i].status != POW2_OK && trouble == POW2_OK)
+            trouble = c->workers[i].status;
+    for (int32_t i = 0; i < n; i++) {
+        worker_t *w = &c->workers[i];
+        if (w->lanes64 == NULL)
+            continue;
+        if (keep && trouble == POW2_OK) {
+            for (int j = 0; j < 4; j++)
+                for (int64_t b = 0; b < nb; b++)
+                    s->counts[b] += w->lanes64[j * nb + b];
+            s->zeros += w->zeros;
+            s->exceeded |= w->exceeded;
+        }
+        memset(w->lanes64, 0, (size_t)(4 * nb) * sizeof(int64_t));
+    }
+    c->nworkers = 0;
+    return trouble;
 }
 
 /* MODE_FIXED, a range of 0 or one whose scale is no float32 (HistogramAccumulator._update_special) */
@@ -387,39 +441,18 @@ static void fold_fixed_special(slot_t *s, int64_t nb, const float *x, int64_t us
 }
 
 /* MODE_FIXED: floor(|x| * scale) in float32, clamped to the last bin (kernels.histogram_into) */
-static void fold_fixed(slot_t *s, int64_t nb, const float *x, int64_t used, parallel_for_fn parallel, void *ctx) {
+static void fold_fixed(collection_t *c, slot_t *s, const float *x, int64_t used, parallel_for_fn parallel,
+                       void *ctx) {
     if (s->fixed != FIXED_SCALED) {
-        fold_fixed_special(s, nb, x, used);
+        fold_fixed_special(s, c->nb, x, used);
         return;
     }
-    /* int64 lanes: at most 64 tasks' worth (16 MiB at 2048 bins) */
-    int64_t per, ntasks = split(used, TASK_ELEMENTS, MAX_TASKS / 4, &per);
-    fixed_task_t tasks[MAX_TASKS / 4];
-    int64_t *lanes = calloc((size_t)(ntasks * 4 * nb), sizeof(int64_t));
-    if (lanes == NULL) {
-        s->status = NO_MEMORY;
-        return;
-    }
-    float exceed_at = (float)((double)nb * (1.0 + 1e-6)); /* kernels._EXCEED_TOLERANCE */
-    for (int64_t t = 0; t < ntasks; t++) {
-        int64_t start = t * per;
-        tasks[t] = (fixed_task_t){x + start, used - start < per ? used - start : per, nb, 0, s->scale, exceed_at,
-                                  0, 0, lanes + t * 4 * nb};
-    }
-    run_tasks(parallel, ctx, run_fixed_task, ntasks, 0, tasks);
-    for (int64_t t = 0; t < ntasks; t++)
-        if (tasks[t].nonfinite) {
-            s->status = POW2_NONFINITE;
-            free(lanes);
-            return;
-        }
-    for (int64_t t = 0; t < ntasks; t++) {
-        for (int64_t j = 0; j < 4 * nb; j++)
-            s->counts[j % nb] += tasks[t].lanes[j];
-        s->zeros += tasks[t].zeros;
-        s->exceeded |= tasks[t].exceeded;
-    }
-    free(lanes);
+    float exceed_at = (float)((double)c->nb * (1.0 + 1e-6)); /* kernels._EXCEED_TOLERANCE */
+    fixed_job_t job = {{c, NEXT_NODE(), 0, 1, 0}, x, used, s->scale, exceed_at};
+    int64_t pieces = (used + PIECE_ELEMENTS - 1) / PIECE_ELEMENTS;
+    int32_t trouble = run_node(c, s, &job.run, run_fixed_piece, pieces, &job, merge_fixed, parallel, ctx);
+    if (trouble != POW2_OK)
+        s->status = trouble;
 }
 
 void ingraph_fold(collection_t *c, slot_t *s, const float *x, const int64_t *dims, size_t ndims,
@@ -440,7 +473,7 @@ void ingraph_fold(collection_t *c, slot_t *s, const float *x, const int64_t *dim
     if (c->mode == MODE_EXTREMES)
         fold_extremes(s, x, used, parallel, ctx);
     else if (c->mode == MODE_FIXED)
-        fold_fixed(s, c->nb, x, used, parallel, ctx);
+        fold_fixed(c, s, x, used, parallel, ctx);
     else
         fold_pow2(c, s, x, dims, ndims, lead, used, parallel, ctx);
 }
