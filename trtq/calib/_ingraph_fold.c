@@ -165,12 +165,15 @@ static THREAD_LOCAL int32_t my_worker;
 static uint64_t node_runs;            /* one number per node run, in any session */
 #define NEXT_NODE() (FETCH_ADD64(&node_runs, 1) + 1)
 
-/* this thread's worker for the node: claimed on its first piece; NULL when none is left */
+/* this thread's worker for the node, claimed on its first piece; NULL when the piece is not to be
+ * counted: no worker was left (the node is marked to run again, alone) or the worker met trouble */
 static worker_t *claim(node_run_t *r) {
     if (my_node != r->node) {
         int32_t w = FETCH_ADD(&r->c->nworkers, 1);
-        if (w >= MAX_WORKERS)
+        if (w >= MAX_WORKERS) {
+            r->overflow = 1;
             return NULL;
+        }
         worker_t *wk = &r->c->workers[w];
         size_t n = (size_t)(4 * r->c->nb);
         if (r->wide && wk->lanes64 == NULL) /* kept for the collection's life, zero between nodes */
@@ -181,17 +184,22 @@ static worker_t *claim(node_run_t *r) {
         wk->e = r->e0, wk->top = 0, wk->zeros = 0, wk->exceeded = 0;
         my_node = r->node, my_worker = w;
     }
-    return &r->c->workers[my_worker];
+    worker_t *wk = &r->c->workers[my_worker];
+    return wk->status == POW2_OK ? wk : NULL;
+}
+
+/* the first trouble any of the node's workers met, POW2_OK when none */
+static int32_t first_trouble(const collection_t *c, int32_t n) {
+    for (int32_t i = 0; i < n; i++)
+        if (c->workers[i].status != POW2_OK)
+            return c->workers[i].status;
+    return POW2_OK;
 }
 
 static void run_piece(void *data, size_t i) {
     pow2_job_t *j = data;
     worker_t *w = claim(&j->run);
-    if (w == NULL) {
-        j->run.overflow = 1;
-        return;
-    }
-    if (w->status != POW2_OK)
+    if (w == NULL)
         return;
     int64_t first = (int64_t)i * j->per;
     const float *x;
@@ -220,13 +228,8 @@ static int64_t top_bin(const worker_t *w, int64_t nb) {
 /* the workers of a node into slot s (Pow2Histograms.add, each at its own range); their lanes are
  * left zero. Returns POW2_OK, or the first trouble a worker met (its counts are then dropped) */
 static int32_t merge_workers(collection_t *c, slot_t *s, int keep) {
-    int32_t n = c->nworkers < MAX_WORKERS ? c->nworkers : MAX_WORKERS, trouble = POW2_OK;
+    int32_t n = c->nworkers < MAX_WORKERS ? c->nworkers : MAX_WORKERS, trouble = first_trouble(c, n);
     int64_t nb = c->nb;
-    for (int32_t i = 0; i < n; i++) {
-        worker_t *w = &c->workers[i];
-        if (w->status != POW2_OK && trouble == POW2_OK)
-            trouble = w->status;
-    }
     for (int32_t i = 0; i < n; i++) {
         worker_t *w = &c->workers[i];
         if (w->lanes == NULL)
@@ -373,11 +376,7 @@ typedef struct {
 static void run_fixed_piece(void *data, size_t i) {
     fixed_job_t *j = data;
     worker_t *w = claim(&j->run);
-    if (w == NULL) {
-        j->run.overflow = 1;
-        return;
-    }
-    if (w->status != POW2_OK)
+    if (w == NULL)
         return;
     int64_t first = (int64_t)i * PIECE_ELEMENTS, len = j->n - first < PIECE_ELEMENTS ? j->n - first : PIECE_ELEMENTS;
     int64_t zeros;
@@ -391,11 +390,8 @@ static void run_fixed_piece(void *data, size_t i) {
 /* the workers of a MODE_FIXED node into slot s; their lanes are left zero. Returns POW2_OK, or the
  * first trouble a worker met (the node's counts are then dropped) */
 static int32_t merge_fixed(collection_t *c, slot_t *s, int keep) {
-    int32_t n = c->nworkers < MAX_WORKERS ? c->nworkers : MAX_WORKERS, trouble = POW2_OK;
+    int32_t n = c->nworkers < MAX_WORKERS ? c->nworkers : MAX_WORKERS, trouble = first_trouble(c, n);
     int64_t nb = c->nb;
-    for (int32_t i = 0; i < n; i++)
-        if (c->workers[i].status != POW2_OK && trouble == POW2_OK)
-            trouble = c->workers[i].status;
     for (int32_t i = 0; i < n; i++) {
         worker_t *w = &c->workers[i];
         if (w->lanes64 == NULL)

@@ -202,9 +202,8 @@ def run_calibration(
     measured = [t for t in run.counted if t not in links]
     if run.need_hist:  # load the kernels (numba: its compiled code, ~0.25 s) while the session starts
         threading.Thread(target=warm_up, args=(run.one_pass,), name="trtq-kernel-warmup", daemon=True).start()
-    # one session for both passes when there are two (every tensor exposed: pass 1 reads the
-    # measured ones); the max-only pass exposes only the measured ones. No local reference to it:
-    # a pass 2 that needs another frees it first.
+    # one session for both passes when there are two (every counted tensor: pass 1 reads the
+    # measured ones); the max-only pass runs only the measured ones
     two_passes = run.need_hist and run.given is None and not run.one_pass
     session_tensors = measured if run.given is None and not run.need_hist else run.counted
     hist = _pow2_histograms(run) if run.one_pass else None
@@ -424,7 +423,6 @@ def _one_pass(run: _Setup, stream: _Stream, hist: Any) -> tuple[Any, Any, Any, A
         from trtq.calib.padded import derive_pow2
 
         derive_pow2(run.padded, hist.maxima, hist.counts, hist.zeros, hist.exponents, hist.strides, stream.samples)
-        hist.strides.update({n: hist.strides[p.source] for n, p in run.padded.items() if p.source in hist.strides})
     run.subsampled = len(hist.strides)
     if opts.hist_elements:
         log.info("%d of %d tensors histogrammed on a stride (at most %d elements per sample); %d whole",

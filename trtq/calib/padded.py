@@ -107,12 +107,14 @@ def pad_links(model, tensors: Iterable[str], input_shapes: Mapping[str, Sequence
 
 
 def derive_pow2(links: Mapping[str, PadLink], maxima: dict, counts: dict, zeros: dict, exponents: dict,
-                strides: Mapping[str, int], samples: int) -> None:
+                strides: dict, samples: int) -> None:
     """One-pass statistics (trtq.calib.pow2.Pow2Histograms' dicts, updated in place) of every
     linked output from its source's: same max and range, the padding zeros added to bin 0 at the
-    source's per-sample stride."""
+    source's per-sample stride, which the output is then recorded with too."""
     for name, link in links.items():  # graph order: a source that is padded itself comes first
         src, k = link.source, int(strides.get(link.source, 1))
+        if src in strides:
+            strides[name] = k
         extra = int(samples) * -(-link.zeros_per_sample // k)
         maxima[name], exponents[name] = maxima[src], exponents[src]
         counts[name] = counts[src].copy()
