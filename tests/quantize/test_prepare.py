@@ -257,3 +257,40 @@ def test_random_ops_are_never_folded():
 
     prepared, notes = prepare_model(model)
     assert [n.op_type for n in prepared.graph.node] == ["RandomNormal", "Add"] and not notes
+
+
+def test_folded_scalars_stay_scalars():
+    """ViT-style position-embedding arithmetic: scalar constants combined, unsqueezed and
+    concatenated with a 1-D constant into a Reshape target. A scalar folded into shape (1,)
+    made the Concat's inputs of different ranks: a model ONNX Runtime cannot load."""
+    rng = np.random.default_rng(3)
+    grid = init("grid", np.array(4, np.int64))  # 0-d, as torch exports a size
+    two = init("two", np.array(2, np.int64))
+    lead = init("lead", np.array([1], np.int64))
+    chans = init("chans", np.array([32], np.int64))
+    w = init("w", rng.standard_normal((32, 32)).astype(np.float32))
+    pos = init("pos", rng.standard_normal((1, 16, 32)).astype(np.float32))
+    model = make_model(
+        [
+            helper.make_node("Mul", ["grid", "two"], ["side"], name="side_mul"),  # scalar * scalar
+            helper.make_node("Div", ["side", "two"], ["half"], name="half_div"),
+            helper.make_node("Mul", ["half", "half"], ["tokens"], name="tokens_mul"),
+            helper.make_node("Unsqueeze", ["tokens", "axes0"], ["tokens1"], name="tokens_unsq"),
+            helper.make_node("Concat", ["lead", "tokens1", "chans"], ["target"], name="target_cat", axis=0),
+            helper.make_node("Reshape", ["x", "target"], ["xr"], name="to_tokens"),
+            helper.make_node("Add", ["xr", "pos"], ["xp"], name="add_pos"),
+            helper.make_node("MatMul", ["xp", "w"], ["y"], name="proj"),
+        ],
+        [value("x", [1, 32, 4, 4])], [value("y", [1, 16, 32])],
+        [grid, two, lead, chans, w, pos, init("axes0", np.array([0], np.int64))],
+    )
+    from trtq.quantize.prepare import prepare_model
+
+    prepared, _ = prepare_model(model)
+    target = {i.name: i for i in prepared.graph.initializer}["target"]
+    assert list(target.dims) == [3]  # Concat of three 1-D pieces, not of mixed ranks
+    result, _ = quantize_checked(model)  # the full checker passes
+    assert result.quantized == ["proj"], result.left_float
+    feeds = random_feeds(model)
+    np.testing.assert_allclose(run(prepared, feeds)[0], run(model, feeds)[0], rtol=1e-6, atol=1e-5)
+    assert run(result.model, feeds)[0].shape == (1, 16, 32)

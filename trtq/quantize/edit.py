@@ -23,7 +23,7 @@ class InitializerEditor:
         return numpy_helper.to_array(self.inits[name])
 
     def set(self, name: str, arr: np.ndarray) -> None:
-        self.inits[name].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        self.inits[name].CopyFrom(numpy_helper.from_array(np.asarray(arr, order="C"), name))
 
     def new(self, base: str, arr: np.ndarray) -> str:
         """Add ``arr`` as an initializer named ``base`` (or ``base_2``, ... if taken); its name."""
@@ -32,7 +32,7 @@ class InitializerEditor:
             k += 1
             name = f"{base}_{k}"
         self.taken.add(name)
-        self.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        self.graph.initializer.append(numpy_helper.from_array(np.asarray(arr, order="C"), name))
         self.inits[name] = self.graph.initializer[-1]  # append copies: keep the graph's own message
         return name
 

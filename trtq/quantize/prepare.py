@@ -261,7 +261,7 @@ def _fold_constants(graph: onnx.GraphProto, notes: list[str], opset: int) -> Non
             keep.append(node)
             continue
         for name, value in zip(outputs, values):
-            tensor = numpy_helper.from_array(np.ascontiguousarray(value), name)
+            tensor = numpy_helper.from_array(np.asarray(value, order="C"), name)
             graph.initializer.append(tensor)
             inits[name] = tensor
         for i in inputs:
