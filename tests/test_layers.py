@@ -99,7 +99,7 @@ MAX_FLOORS = 7
 # top-level modules of trtq/ that are core (they import only core) and the command line
 CORE_MODULES = {"trtq", "trtq.errors", "trtq.fileio", "trtq.config", "trtq.model", "trtq.interrupt",
                 "trtq.outputs", "trtq.qdq_info", "trtq.input_override", "trtq.numbers",
-                "trtq.closing"}
+                "trtq.closing", "trtq.model_check"}
 CLI_MODULES = {"trtq.cli", "trtq.__main__"}
 
 

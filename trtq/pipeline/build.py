@@ -78,6 +78,16 @@ def build_engine(
                                                              data_options, cache_path)
     else:
         network_model, quant_info = None, {}
+    rewritten = (recipe.quantize and prequantized is None) or bool(
+        quant_info.get("folded_int32_biases") or quant_info.get("fp16_rest"))
+    if network_model is not None and rewritten:  # trtq made or changed it: TensorRT gets it checked
+        from trtq.model_check import check_produced_model
+        from trtq.pipeline.quantize import check_batch
+
+        min_shapes = {name: shapes[0] for name, shapes in profiles.items()}
+        check_produced_model(network_model, f"the Q/DQ model built from {model_path.name}",
+                             check_batch(network_model, data_options, min_shapes or fallback),
+                             model if network_model is not model else None)
     del model
     return build_plan(trt, recipe, network_model, model_path, output, options, profiles, table=table,
                       cache_path=cache_path, quant_info=quant_info, started=t0)

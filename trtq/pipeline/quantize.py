@@ -20,6 +20,11 @@ def quantized_model(model_path: Path, cache_path: Path, options: QuantizeOptions
     """Read model and cache, refuse a stale cache, and return the QuantizeResult (not saved).
 
     ``data`` (DataOptions) feeds the data-driven steps (bias correction, gptq rounding) the options ask for."""
+    return _quantized(model_path, cache_path, options, data)[0]
+
+
+def _quantized(model_path: Path, cache_path: Path, options: QuantizeOptions, data):
+    """(QuantizeResult, the FP32 model, the input shapes the cache was calibrated with)."""
     from trtq.calib.cache import read_cache
     from trtq.calib.freshness import check_cache_for_model
     from trtq.model import load_model
@@ -33,7 +38,8 @@ def quantized_model(model_path: Path, cache_path: Path, options: QuantizeOptions
     refuse_nothing_quantized(result, Path(model_path))
     if compat.float_grouped_conv_is_unsafe_for(table.trt_version):
         warn_float_grouped_convs(table.trt_version, result)
-    return result
+    shapes = ((provenance or {}).get("data") or {}).get("shapes")
+    return result, model, shapes if isinstance(shapes, dict) else None
 
 
 def quantize_for(model, amax: Mapping[str, float], options: QuantizeOptions, data, trt_version: Optional[str],
@@ -171,21 +177,48 @@ def sample_batches(model, options: QuantizeOptions, data):
     return Batcher(dataclasses.replace(data, limit=limit), input_specs(model))
 
 
-def save_model(model, output: Path) -> None:
-    """Check and write an ONNX model atomically (external data is not used: Q/DQ adds little)."""
+def save_model(model, output: Path, feeds=None, original=None, what: Optional[str] = None) -> None:
+    """Check an ONNX model trtq made (:func:`trtq.model_check.check_produced_model`: the full
+    checker and one ONNX Runtime run on ``feeds``, default a synthetic batch) and write it
+    atomically (external data is not used: Q/DQ adds little). ``original``: the model it was made
+    from."""
     import onnx
 
-    try:
-        onnx.checker.check_model(model)
-    except Exception as e:  # a bug in the rewrite, not a user error: say so plainly
-        raise ModelError(f"the quantized model fails the ONNX checker: {str(e).splitlines()[0]}",
-                         "report this with the model; try --exclude on the op involved") from None
+    from trtq.model_check import check_produced_model
+
+    check_produced_model(model, what or f"{Path(output).name}", feeds, original)
     from trtq.interrupt import held_for_outputs
 
     # the model is the command's one output: a signal once it is being put in place is dropped (it
     # is complete, exit 0), never an exit 143 with the new model already written over the old one
     with held_for_outputs(), atomic_path(output) as tmp:
         onnx.save(model, str(tmp))
+
+
+def check_batch(model, data, shapes=None):
+    """The batch a produced model is test-run on: the first sample of ``data`` (DataOptions) at
+    ``model``'s inputs where data is given and readable, else a synthetic batch at ``shapes`` (the
+    shapes the cache was calibrated with) or the declared ones."""
+    import dataclasses
+
+    from trtq.errors import TrtqError
+    from trtq.model_check import synthetic_feeds
+
+    if data is not None and data.inputs:
+        from trtq.data.batcher import Batcher
+        from trtq.model import input_specs
+
+        try:
+            batch = next(iter(Batcher(dataclasses.replace(data, limit=1), input_specs(model))), None)
+        except TrtqError as e:
+            log.info("the produced model is test-run on a synthetic batch: the data is not usable (%s)", e)
+            batch = None
+        if batch is not None:
+            return dict(batch.arrays)
+    try:
+        return synthetic_feeds(model, shapes)
+    except (TypeError, ValueError):  # shapes of another form in an old provenance: the declared ones
+        return synthetic_feeds(model)
 
 
 def warn_float_grouped_convs(trt_version: str, result) -> list[str]:
@@ -222,8 +255,9 @@ def _warn_tensorrt8_float_convs(result) -> None:
 
 
 def quantize_file(model_path: Path, cache_path: Path, output: Path, options: QuantizeOptions, data=None):
-    result = quantized_model(model_path, cache_path, options, data)
-    save_model(result.model, output)
+    result, fp32, shapes = _quantized(model_path, cache_path, options, data)
+    save_model(result.model, output, check_batch(result.model, data, shapes), fp32,
+               f"the Q/DQ model of {Path(model_path).name}")
     for note in result.notes:
         if note.startswith(DATA_STEP_NOTES):
             log.info("%s", note)
