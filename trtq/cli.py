@@ -740,7 +740,7 @@ def quantize(common, model, cache, output, quantizing, source):
     out = Path(cfg.quantize.output) if cfg.quantize.output else Path(cfg.model).with_suffix(".qdq.onnx")
     _check_outputs(cfg, config_path, [("output model", str(out))],
                    ("cache", str(cache)), ("cache provenance", f"{cache}.json"))
-    result = quantize_file(Path(cfg.model), Path(cache), out, cfg.quantize, cfg.data)
+    result = quantize_file(Path(cfg.model), Path(cache), out, cfg.quantize, cfg.data, cfg.compare)
     data = result.to_dict()
     data["output"] = str(out)
     lines = [f"quantized   {len(result.quantized)} nodes -> {out}"]
@@ -823,6 +823,13 @@ _task = _option_group(
     click.option("--nms-iou", type=float, help="detect: NMS IoU threshold, per class (default 0.45)."),
     click.option("--mask-threshold", type=float,
                  help="segment: a one-channel map's mask is value > this (default 0.5)."),
+    click.option("--layout", type=click.Choice(["NTC", "TNC", "NCHW", "NHWC"], case_sensitive=False),
+                 help="Where the graph does not say: ctc NTC or TNC (batch axis), segment NCHW or NHWC."),
+    click.option("--scores", help="detect, split heads: the score outputs, comma-separated (one per stride)."),
+    click.option("--boxes", help="detect, split heads: the box outputs paired in order with --scores."),
+    click.option("--box-format", type=click.Choice(["auto", "dfl", "ltrb", "xyxy", "cxcywh"]),
+                 help="detect, split heads: dfl distributions (auto for 4 x (reg_max+1) values), ltrb distances "
+                      "in strides from the anchor point, or xyxy / cxcywh input pixels."),
 )
 
 
@@ -851,7 +858,8 @@ def compare(common, reference, candidate, source, batching, min_agreement, min_c
         "compare.per_layer": layers.per_layer, "compare.limit": batching.limit, "compare.semantics": semantics,
         "compare.task": task.task, "compare.detect_format": task.detect_format,
         "compare.score_threshold": task.score_threshold, "compare.nms_iou": task.nms_iou,
-        "compare.mask_threshold": task.mask_threshold,
+        "compare.mask_threshold": task.mask_threshold, "compare.layout": task.layout,
+        "compare.scores": task.scores, "compare.boxes": task.boxes, "compare.box_format": task.box_format,
         **_data_overrides(batching),
     })
     cfg = _apply_data_flags(cfg, source)

@@ -171,6 +171,12 @@ class CompareOptions:
     score_threshold: float = 0.25  # detect: a detection's least score
     nms_iou: float = 0.45  # detect: NMS drops a box overlapping a better one of its class by more
     mask_threshold: float = 0.5  # segment, one-channel maps: mask = value > this
+    # where the graph does not say: ctc NTC / TNC (batch axis), segment NCHW / NHWC (class axis)
+    layout: Literal["auto", "NTC", "TNC", "NCHW", "NHWC", "ntc", "tnc", "nchw", "nhwc"] = "auto"
+    # split detector heads (per-stride score and box maps), paired in order, and how boxes are written
+    scores: tuple[str, ...] = field(default=(), metadata={"csv": True})
+    boxes: tuple[str, ...] = field(default=(), metadata={"csv": True})
+    box_format: Literal["auto", "dfl", "ltrb", "xyxy", "cxcywh"] = "auto"
 
 
 # --------------------------------------------------------------------------------------------

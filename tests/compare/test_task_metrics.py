@@ -235,11 +235,15 @@ def test_v5_rows_with_objectness_and_the_box_score_split():
     assert m["score_sqnr_db"] == pytest.approx(10 * np.log10(score_energy / score_noise))
 
 
-def test_no_detections_on_either_side_agree():
+def test_no_reference_detections_is_no_verdict():
+    """Nothing detected on the reference: F1 has nothing to measure (it was 1.0, which a score map
+    misread as a YOLO head reported for every candidate)."""
     ref = yolo_v8([], [])
     acc = DetectAccumulator(Layout(True, False), 0.25, 0.45)
     acc.update(ref, ref)
-    assert acc.metrics()["f1"] == 1.0 and acc.metrics()["reference_detections"] == 0
+    m = acc.metrics()
+    assert m["f1"] is None and m["precision"] is None and m["recall"] is None
+    assert m["reference_detections"] == 0 and "no detection above score 0.25" in m["undefined"]
 
 
 def _iou(a, b):

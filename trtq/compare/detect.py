@@ -14,7 +14,9 @@ NMS per class at ``nms_iou`` (at most :data:`MAX_DETECTIONS` a sample, from the
 detection of the same sample and class with IoU >= :data:`MATCH_IOU` (each reference detection
 matches once; candidates taken best score first, each to its highest-IoU free reference box).
 precision = matches / candidate detections, recall = matches / reference detections, F1 their
-harmonic mean; all three are 1.0 when neither side detects anything.
+harmonic mean. With no reference detection at all there is nothing to agree with: F1, precision
+and recall are None and ``undefined`` says why (never 1.0 for an output on which nothing was
+detected, which is what a score map misread as a YOLO head looks like).
 """
 from __future__ import annotations
 
@@ -119,12 +121,12 @@ def match_count(ref: Detections, cand: Detections, iou: float = MATCH_IOU) -> in
     return matched
 
 
-def prf(matched: int, ref_count: int, cand_count: int) -> tuple[float, float, float]:
-    """(precision, recall, F1); 1.0 each when neither side has a detection."""
-    if ref_count == 0 and cand_count == 0:
-        return 1.0, 1.0, 1.0
+def prf(matched: int, ref_count: int, cand_count: int) -> tuple[float | None, float | None, float | None]:
+    """(precision, recall, F1); None each when the reference has no detection."""
+    if ref_count == 0:
+        return None, None, None
     precision = matched / cand_count if cand_count else 0.0
-    recall = matched / ref_count if ref_count else 0.0
+    recall = matched / ref_count
     return precision, recall, 2.0 * matched / (ref_count + cand_count)
 
 
@@ -155,7 +157,12 @@ class DetectAccumulator:
 
     def metrics(self) -> dict[str, Any]:
         precision, recall, f1 = prf(self.matched, self.ref_count, self.cand_count)
+        out: dict[str, Any] = {}
+        if f1 is None:
+            out["undefined"] = (f"the reference made no detection above score {self.score_threshold:g} "
+                                "(lower --score-threshold, or check --task)")
         return {
+            **out,
             "f1": f1,
             "precision": precision,
             "recall": recall,

@@ -2,9 +2,13 @@
 
 Batches are anything with ``index``, ``arrays`` (input name -> array, axis 0 = samples) and
 ``valid`` (rows ``valid:`` are padding), i.e. ``trtq.data.batcher.Batch``. Each runner gets the
-arrays for its own inputs; outputs are compared on rows ``[:valid]`` only. An output whose
-axis 0 is not the batch axis (its length differs from the batch's) is compared whole, as one
-sample per batch.
+arrays for its own inputs; outputs are compared on rows ``[:valid]`` only, batch axis first.
+
+Which axis of an output is the batch (:func:`plan_outputs`, on the first batch): the one a task
+``layout`` states (``--layout TNC``), else the one the graph's shape inference gives the inputs'
+batch dim, else the only axis as long as the batch, else axis 0 when it is as long; an output with
+no such axis is compared whole, as one sample per batch. A ``[T, N, C]`` output reaches the metrics
+as ``[N, T, C]``.
 """
 from __future__ import annotations
 
@@ -111,8 +115,11 @@ def feeds_for(runner: Any, arrays: Mapping[str, np.ndarray]) -> dict[str, np.nda
 
 
 def valid_outputs(outputs: Mapping[str, np.ndarray], names: Sequence[str], rows: int,
-                  valid: int, side: str, runner: Any) -> dict[str, np.ndarray]:
-    """Rows ``[:valid]`` of each named output (whole output if axis 0 is not the batch)."""
+                  valid: int, side: str, runner: Any, axes: Mapping[str, int | None] | None = None
+                  ) -> dict[str, np.ndarray]:
+    """Rows ``[:valid]`` of each named output along its batch axis (``axes``; default axis 0 where
+    it is as long as the batch), moved to the front; the whole output as one sample when it has no
+    batch axis."""
     out = {}
     for name in names:
         if name not in outputs:
@@ -121,11 +128,68 @@ def valid_outputs(outputs: Mapping[str, np.ndarray], names: Sequence[str], rows:
                 "returned: " + ", ".join(sorted(outputs)),
             )
         arr = np.asarray(outputs[name])
-        if arr.ndim >= 1 and arr.shape[0] == rows:
-            out[name] = arr[:valid]
+        axis = axes.get(name) if axes is not None else (0 if arr.ndim >= 1 and arr.shape[0] == rows else None)
+        if axis is not None and arr.ndim > axis and arr.shape[axis] == rows:
+            out[name] = np.moveaxis(arr, axis, 0)[:valid] if axis else arr[:valid]
         else:
             out[name] = arr[None] if valid else arr[:0]
     return out
+
+
+@dataclasses.dataclass
+class OutputPlan:
+    """How each output is read (see the module doc): its batch axis, and its split-head siblings."""
+
+    names: list[str]
+    axes: dict[str, int | None]
+    siblings: dict[str, list[str]]
+
+    def valid(self, outputs: Mapping[str, np.ndarray], rows: int, valid: int, side: str,
+              runner: Any) -> dict[str, np.ndarray]:
+        return valid_outputs(outputs, self.names, rows, valid, side, runner, self.axes)
+
+
+def _batch_axis(shape: Sequence[int], rows: int, stated: int | None, inferred: int | None) -> int | None:
+    for axis in (stated, inferred):
+        if axis is not None and axis < len(shape) and shape[axis] == rows:
+            return axis
+    matching = [i for i, d in enumerate(shape) if d == rows]
+    if len(matching) == 1 or (matching and matching[0] == 0):
+        return matching[0]
+    return None
+
+
+def plan_outputs(outputs: Mapping[str, np.ndarray], names: Sequence[str], rows: int,
+                 origins: Mapping[str, Any], settings: TaskSettings) -> OutputPlan:
+    """The :class:`OutputPlan` for these outputs of a batch of ``rows`` rows (the first batch)."""
+    from trtq.compare.tasks import sibling_heads
+
+    axes = {}
+    shapes = {}
+    for name in names:
+        shape = np.shape(outputs[name]) if name in outputs else ()
+        origin = origins.get(name)
+        axes[name] = _batch_axis(shape, rows, settings.batch_axis_of(len(shape)),
+                                 getattr(origin, "batch_axis", None))
+        if axes[name] is not None:
+            shapes[name] = (rows,) + tuple(d for i, d in enumerate(shape) if i != axes[name])
+    return OutputPlan(list(names), axes, sibling_heads(shapes))
+
+
+def _batch_first(origin: Any, axis: int | None) -> Any:
+    """``origin`` with its class axis counted as the output reaches the tasks (batch axis first)."""
+    from trtq.compare.tasks import as_origin
+
+    origin = as_origin(origin)
+    if origin is None or not axis or origin.class_axis is None:
+        return origin
+    rank = origin.rank
+    c = origin.class_axis % rank if rank else origin.class_axis
+    if c < axis:
+        c += 1
+    elif c == axis:
+        return dataclasses.replace(origin, class_axis=None, class_evidence="")
+    return dataclasses.replace(origin, class_axis=c)
 
 
 def compare_models(
@@ -162,21 +226,29 @@ def compare_many(
     if limit is not None and int(limit) <= 0:
         raise DataError(f"compare limit must be a positive number of samples, got {limit}")
     settings = TaskSettings.from_options(options)
+    origins = dict(producers or {})
     accumulators = [{n: OutputAccumulator(n) for n in names} for _ in candidates]
-    task_accs = [{n: TaskAccumulator(n, settings, (producers or {}).get(n)) for n in names}
-                 for _ in candidates]
+    task_accs: list[dict[str, TaskAccumulator]] = []
+    split_accs: list[Any] = []
+    plan = None
     samples = 0
     done = 0
     for batch, rows, valid in limited_batches(batches, limit):
         arrays = batch.arrays
-        ref = valid_outputs(reference.run(feeds_for(reference, arrays)), names, rows, valid,
-                            "reference", reference)
-        for candidate, acc, task_acc in zip(candidates, accumulators, task_accs):
-            cand = valid_outputs(candidate.run(feeds_for(candidate, arrays)), names, rows, valid,
-                                 "candidate", candidate)
+        outputs = reference.run(feeds_for(reference, arrays))
+        if plan is None:
+            plan = plan_outputs(outputs, names, rows, origins, settings)
+            task_accs = [task_accumulators(plan, origins, settings) for _ in candidates]
+        ref = plan.valid(outputs, rows, valid, "reference", reference)
+        if not split_accs and settings.split:
+            split_accs = [split_accumulator(settings, ref, arrays) for _ in candidates]
+        for i, (candidate, acc, task_acc) in enumerate(zip(candidates, accumulators, task_accs)):
+            cand = plan.valid(candidate.run(feeds_for(candidate, arrays)), rows, valid, "candidate", candidate)
             for name in names:
                 acc[name].update(ref[name], cand[name])
                 task_acc[name].update(ref[name], cand[name])
+            if split_accs:
+                split_accs[i].update(ref, cand)
             if done == 0:
                 require_fit(task_acc, settings)
         samples += valid
@@ -191,16 +263,43 @@ def compare_many(
             candidate=_label(candidate),
             samples=samples,
             batches=done,
-            outputs=tuple(with_task(acc[n].result(), task_acc[n]) for n in names),
+            outputs=tuple(with_task(acc[n].result(), task_acc[n], split_accs[i] if split_accs else None)
+                          for n in names),
             runtime=describe_runtime(candidate),
         )
-        for candidate, acc, task_acc in zip(candidates, accumulators, task_accs)
+        for i, (candidate, acc, task_acc) in enumerate(zip(candidates, accumulators, task_accs))
     ]
 
 
-def with_task(metrics: Any, task: TaskAccumulator) -> Any:
-    """``metrics`` (an OutputMetrics) carrying the task result of the same output."""
-    return dataclasses.replace(metrics, task=task.result())
+def task_accumulators(plan: OutputPlan, origins: Mapping[str, Any],
+                      settings: TaskSettings) -> dict[str, TaskAccumulator]:
+    """One :class:`TaskAccumulator` per output of ``plan``, each told its batch axis and siblings."""
+    return {n: TaskAccumulator(n, settings, _batch_first(origins.get(n), plan.axes[n]), plan.siblings.get(n, ()),
+                               plan.axes[n] or 0) for n in plan.names}
+
+
+def split_accumulator(settings: TaskSettings, ref: Mapping[str, np.ndarray], arrays: Mapping[str, Any]) -> Any:
+    """The accumulator of ``--scores`` / ``--boxes`` split heads, checked on the first batch."""
+    from trtq.compare.split_detect import SplitDetectAccumulator, SplitHeads
+
+    acc = SplitDetectAccumulator(SplitHeads(settings.scores, settings.boxes, settings.box_format),
+                                 settings.score_threshold, settings.nms_iou)
+    acc.start(ref, arrays)
+    return acc
+
+
+def with_task(metrics: Any, task: TaskAccumulator, split: Any = None) -> Any:
+    """``metrics`` (an OutputMetrics) carrying the task result of the same output: the split heads'
+    detection result on the first ``--scores`` output. Top-1 agreement is kept for classify
+    outputs only: on any other it would be a number with no meaning."""
+    from trtq.compare.tasks import TaskResult
+
+    result = task.result()
+    if split is not None and task.name == split.heads.scores[0]:
+        result = TaskResult("detect", split.how, split.metrics())
+    if result is not None and result.task != "classify":
+        metrics = dataclasses.replace(metrics, top1_agreement=None, top1_matches=None)
+    return dataclasses.replace(metrics, task=result)
 
 
 def describe_runtime(runner: Any) -> str:

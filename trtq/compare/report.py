@@ -98,6 +98,8 @@ def task_lines(outputs: Sequence[Any]) -> list[str]:
                 if key in intervals:
                     text += " (95% interval {:.3f}-{:.3f})".format(*intervals[key])
                 metrics.append(text + " [gates --min-agreement]" if key == result.gate_metric else text)
+            elif key == "undefined":
+                details.append(f"no verdict: {value}")
             else:
                 details.append(f"{key.replace('_', ' ')} {fmt(value, '.4g') if isinstance(value, float) else value}")
         lines.append("  " + "  ".join(metrics))
@@ -246,7 +248,10 @@ class CompareReport:
                     "classify|detect|segment|ctc) or looks like classifier scores ([N, C] with C > 1)"
                 )
             for o, label, value in scored:
-                if _below(value, float(min_agreement)):
+                why = o.task.undefined if o.task is not None else None
+                if value is None and why:
+                    failed.append(f"{o.name}: {label} cannot be measured: {why}")
+                elif _below(value, float(min_agreement)):
                     failed.append(
                         f"{o.name}: {label} {fmt(value, '.6g')} is below "
                         f"--min-agreement {float(min_agreement):g}"

@@ -1,4 +1,5 @@
-"""Segmentation outputs ``[N, C, H, W]``: masks of the candidate vs the reference's.
+"""Segmentation outputs ``[N, C, H, W]`` (or ``[N, H, W, C]``: ``axis`` 3): masks of the candidate
+vs the reference's.
 
 * ``C == 1`` (a probability map, e.g. PP-OCR det): the mask is ``value > threshold``;
   ``iou`` = pixels in both masks / pixels in either, summed over all samples (1.0 when neither
@@ -18,10 +19,11 @@ import numpy as np
 
 
 class SegmentAccumulator:
-    """Streaming mask IoU of one ``[N, C, H, W]`` output."""
+    """Streaming mask IoU of one ``[N, C, H, W]`` output (the classes on ``axis``: 1, or 3 for NHWC)."""
 
-    def __init__(self, classes: int, threshold: float) -> None:
+    def __init__(self, classes: int, threshold: float, axis: int = 1) -> None:
         self.classes = int(classes)
+        self.axis = int(axis)
         self.threshold = float(threshold)
         bins = 2 if self.classes == 1 else self.classes
         self.inter = np.zeros(bins, np.int64)
@@ -32,8 +34,8 @@ class SegmentAccumulator:
 
     def _labels(self, x: np.ndarray) -> np.ndarray:
         if self.classes == 1:
-            return (x[:, 0] > self.threshold).astype(np.int64)
-        return np.argmax(x, axis=1)
+            return (np.take(x, 0, axis=self.axis) > self.threshold).astype(np.int64)
+        return np.argmax(x, axis=self.axis)
 
     def update(self, ref: np.ndarray, cand: np.ndarray) -> None:
         r, c = self._labels(np.asarray(ref)), self._labels(np.asarray(cand))
@@ -61,4 +63,6 @@ class SegmentAccumulator:
             out["reference_mask_fraction"] = int(self.ref_pixels[1]) / self.pixels if self.pixels else math.nan
         else:
             out["classes_present"] = int((self.union > 0).sum())
+        if self.axis != 1:
+            out["layout"] = "NHWC"
         return out

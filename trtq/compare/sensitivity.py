@@ -31,10 +31,11 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from trtq.compare.evaluate import feeds_for, limited_batches, valid_outputs, with_task
+from trtq.compare.evaluate import (feeds_for, limited_batches, plan_outputs, split_accumulator, task_accumulators,
+                                   with_task)
 from trtq.compare.metrics import OutputAccumulator, OutputMetrics
 from trtq.compare.report import fmt, gated_values, json_float, table
-from trtq.compare.tasks import TaskAccumulator, TaskSettings, output_producers
+from trtq.compare.tasks import TaskSettings, output_producers
 from trtq.errors import ConfigError, DataError, TrtqError
 from trtq.compare.runners import OnnxRunner
 
@@ -206,28 +207,35 @@ def per_layer_sensitivity(
     # node names are the quantizer's (it names unnamed nodes), so take op types from its model
     op_types = {n.name: n.op_type for n in full.model.graph.node}
 
+    producers = output_producers(model) if producers is None else producers
     with OnnxRunner.from_model(model, providers, name="FP32 model") as fp32:
         names = [s.name for s in fp32.outputs]
-        cached = _cache_reference(fp32, names, batches, limit or DEFAULT_SAMPLES)
+        cached, plan = _cache_reference(fp32, names, batches, limit or DEFAULT_SAMPLES, producers,
+                                        settings or TaskSettings())
         if limit is None and len(cached) and sum(c.valid for c in cached) >= DEFAULT_SAMPLES:
             log.info("per-layer analysis uses the first %d samples (set a limit to change)",
                      DEFAULT_SAMPLES)
-
-    producers = output_producers(model) if producers is None else producers
+    reported: list[bool] = []
 
     def measure(candidate_model: Any, label: str) -> list[OutputMetrics]:
         accs = {n: OutputAccumulator(n) for n in names}
-        tasks = {n: TaskAccumulator(n, settings, producers.get(n)) for n in names} if settings else {}
+        tasks = task_accumulators(plan, producers, settings) if settings else {}
+        split = split_accumulator(settings, cached[0].reference, cached[0].feeds) if settings and settings.split \
+            else None
         with OnnxRunner.from_model(candidate_model, providers, name=label) as runner:
             for c in cached:
-                out = valid_outputs(runner.run(c.feeds), names, c.rows, c.valid, "candidate",
-                                    runner)
+                out = plan.valid(runner.run(c.feeds), c.rows, c.valid, "candidate", runner)
                 for n in names:
                     accs[n].update(c.reference[n], out[n])
                     if n in tasks:
                         tasks[n].update(c.reference[n], out[n])
-        return [with_task(accs[n].result(), tasks[n]) if n in tasks else accs[n].result()
-                for n in names]
+                if split is not None:
+                    split.update(c.reference, out)
+        metrics = [with_task(accs[n].result(), tasks[n], split) if n in tasks else accs[n].result()
+                   for n in names]
+        if settings is not None and not reported:
+            reported.append(_say_how_ranked(metrics))
+        return metrics
 
     def variant(only: set[str]) -> Any:  # the model with just these layers quantized
         return quantize_model(model, amax, options, only_nodes=only).model if only else model
@@ -274,15 +282,29 @@ def _gain(sqnr: float, baseline: float) -> float:
     return sqnr - baseline
 
 
-def _cache_reference(fp32: OnnxRunner, names: list[str], batches: Iterable[Any],
-                     limit: int) -> list[_CachedBatch]:
+def _cache_reference(fp32: OnnxRunner, names: list[str], batches: Iterable[Any], limit: int,
+                     origins: Mapping[str, Any], settings: TaskSettings) -> tuple[list[_CachedBatch], Any]:
     cached: list[_CachedBatch] = []
+    plan = None
     for batch, rows, valid in limited_batches(batches, limit):
         # copies: a batcher may reuse its buffers for the next batch
         feeds = {k: np.array(v, copy=True) for k, v in feeds_for(fp32, batch.arrays).items()}
-        reference = valid_outputs(fp32.run(feeds), names, rows, valid, "reference", fp32)
+        outputs = fp32.run(feeds)
+        if plan is None:
+            plan = plan_outputs(outputs, names, rows, origins, settings)
+        reference = plan.valid(outputs, rows, valid, "reference", fp32)
         cached.append(_CachedBatch(feeds, rows, valid,
                                    {k: np.array(v, copy=True) for k, v in reference.items()}))
     if not cached:
         raise DataError("no samples for the per-layer analysis", "check data.inputs and data.limit")
-    return cached
+    return cached, plan
+
+
+def _say_how_ranked(metrics: Sequence[OutputMetrics]) -> bool:
+    """Log, once, that the ranking falls back to SQNR where no output has a task metric."""
+    if any(m.task is not None and m.task.gate_metric is not None for m in metrics):
+        return True
+    why = "; ".join(f"{m.name}: {m.task.how}" for m in metrics if m.task is not None)[:300]
+    log.warning("layers ranked by SQNR: compare could not tell what the outputs are for (%s); pass --task "
+                "(and --layout, --scores/--boxes) to rank by the task metric", why or "no output")
+    return True

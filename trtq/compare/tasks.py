@@ -1,19 +1,32 @@
 """Which task an output serves, and the task metric compare gates and ranks layers by.
 
-Tasks: ``classify`` (:mod:`~trtq.compare.classify`), ``detect`` (:mod:`~trtq.compare.detect`),
-``segment`` (:mod:`~trtq.compare.segment`), ``ctc`` (:mod:`~trtq.compare.ctc`) and ``raw``
-(the tensor metrics only). ``auto`` infers the task of each output from its shape (the first
-batch's) and the op that produces it in the reference model:
+Tasks: ``classify`` (:mod:`~trtq.compare.classify`), ``detect`` (:mod:`~trtq.compare.detect`,
+split heads :mod:`~trtq.compare.split_detect`), ``segment`` (:mod:`~trtq.compare.segment`), ``ctc``
+(:mod:`~trtq.compare.ctc`) and ``raw`` (the tensor metrics only). Outputs reach the tasks batch
+axis first (:mod:`~trtq.compare.evaluate` moves a ``[T, N, C]`` output's batch axis to the front).
 
-* ``[N, C]`` with C > 1, also with trailing 1x1 dims: classify;
-* ``[N, C, H, W]`` with H, W > 1: segment;
-* ``[N, T, C]`` made by a Softmax / LogSoftmax over the last axis: ctc;
-* other ``[N, a, b]`` with the smaller of a, b >= 5 and the larger >= 4x it: detect (YOLOv8
-  ``[N, 4+C, A]`` when a < b, else YOLOv5 ``[N, A, 5+C]``; ``detect_format`` picks otherwise);
+``auto`` infers the task of each output from its shape, what the graph says about it
+(:class:`~trtq.compare.origin.OutputOrigin`: which axis holds the classes, which op computed the
+values) and, for detection heads, the first batch's values. Where the evidence does not settle the
+layout, the output is ``raw`` with the reason and the flags that would score it: a confident number
+on a guessed layout is worse than none.
+
+* ``[N, C]`` (also ``[N, C, 1, 1]``), C > 1: classify; ``raw`` when the values come from a
+  normalisation or pooling (features, not class scores);
+* ``[N, C, H, W]`` with H, W > 1: segment, the class axis from the graph (NCHW ops, a Softmax's
+  axis, a Transpose to NHWC); ``raw`` when the graph does not say;
+* ``[N, T, C]`` whose classes are the last axis by a Softmax / LogSoftmax: ctc (from ``[T, N, C]``
+  too);
+* ``[N, A, K]`` sharing A with another output: split detector heads, ``raw`` until ``--scores`` and
+  ``--boxes`` name them;
+* other ``[N, a, b]`` with the smaller of a, b >= 5 and the larger >= 4x it, whose first batch
+  holds pixel boxes and scores within [0, 1]: detect (YOLOv8 ``[N, 4+C, A]`` when a < b, else
+  YOLOv5 ``[N, A, 5+C]``; ``detect_format`` picks otherwise);
 * anything else: raw, with the reason.
 
 An explicit task applies to every output it fits; the others are scored raw (the report says
-so), and a task that fits no output is a UsageError (exit 2).
+so), and a task that fits no output is a UsageError (exit 2). ``layout`` states what inference
+would read from the graph: ``NTC`` / ``TNC`` for ctc, ``NCHW`` / ``NHWC`` for segment.
 """
 from __future__ import annotations
 
@@ -28,11 +41,14 @@ import numpy as np
 from trtq.compare.classify import ClassifyAccumulator
 from trtq.compare.ctc import CtcAccumulator
 from trtq.compare.detect import DetectAccumulator, Layout
+from trtq.compare.origin import FEATURE_OPS, OutputOrigin, output_origins
 from trtq.compare.segment import SegmentAccumulator
+from trtq.compare.split_detect import BOX_FORMATS
 from trtq.errors import ConfigError, UsageError
 
 TASKS = ("classify", "detect", "segment", "ctc", "raw")
 DETECT_FORMATS = ("auto", "v8", "v5")
+LAYOUTS = {"ctc": ("NTC", "TNC"), "segment": ("NCHW", "NHWC")}
 # the metric each task gates (--min-agreement) and ranks layers by, with its printed name
 GATE_METRIC = {
     "classify": ("top1_agreement", "top-1 agreement"),
@@ -43,6 +59,27 @@ GATE_METRIC = {
 SOFTMAX_OPS = ("Softmax", "LogSoftmax")
 DETECT_MIN_ROW = 5  # 4 box values and at least one score
 DETECT_MIN_RATIO = 4  # anchors >= 4x the row length
+_SLACK = 1e-3  # probabilities a little outside [0, 1] from rounding
+
+
+def output_producers(model: Any) -> dict[str, OutputOrigin]:
+    """Graph output name -> :class:`~trtq.compare.origin.OutputOrigin` (the producing op, its axis,
+    and the layout evidence of the graph)."""
+    return output_origins(model)
+
+
+def as_origin(producer: Any) -> OutputOrigin | None:
+    """An :class:`OutputOrigin` from one, or from an ``(op, axis)`` pair (what a lone node says)."""
+    if producer is None or isinstance(producer, OutputOrigin):
+        return producer
+    op, axis = producer
+    from trtq.compare.origin import _NCHW
+
+    class_axis = axis if op in SOFTMAX_OPS and axis is not None else (-1 if op in SOFTMAX_OPS else None)
+    how = f"{op} over axis {class_axis}" if op in SOFTMAX_OPS else ""
+    if op in _NCHW:
+        class_axis, how = 1, f"{op} output (channels on axis 1)"
+    return OutputOrigin(op=op, axis=axis, class_axis=class_axis, class_evidence=how, source=op)
 
 
 @dataclass(frozen=True)
@@ -52,11 +89,20 @@ class TaskSettings:
     score_threshold: float = 0.25
     nms_iou: float = 0.45
     mask_threshold: float = 0.5
+    layout: str = "auto"
+    scores: tuple[str, ...] = ()
+    boxes: tuple[str, ...] = ()
+    box_format: str = "auto"
 
     @classmethod
     def from_options(cls, options: Any) -> TaskSettings:
         """From a ``CompareOptions`` (or anything with the same fields; missing ones default)."""
         values = {f.name: getattr(options, f.name, None) for f in dataclasses.fields(cls)}
+        for key in ("scores", "boxes"):
+            if values.get(key) is not None:
+                values[key] = tuple(values[key])
+        if isinstance(values.get("layout"), str):
+            values["layout"] = values["layout"].upper() if values["layout"].lower() != "auto" else "auto"
         settings = cls(**{k: v for k, v in values.items() if v is not None})
         settings.check()
         return settings
@@ -73,6 +119,33 @@ class TaskSettings:
         if not math.isfinite(float(self.mask_threshold)):
             raise ConfigError(f"--mask-threshold must be a finite number, got {self.mask_threshold}",
                               "give the value that separates mask from background, e.g. 0.5")
+        if self.layout != "auto":
+            allowed = LAYOUTS.get(self.task)
+            if allowed is None:
+                raise ConfigError(f"--layout is for --task ctc (NTC, TNC) or segment (NCHW, NHWC), not "
+                                  f"--task {self.task}", "drop --layout, or pass --task ctc / segment")
+            if self.layout not in allowed:
+                raise ConfigError(f"--layout {self.layout} is not a {self.task} layout",
+                                  "use one of: " + ", ".join(allowed))
+        if self.box_format not in BOX_FORMATS:
+            raise ConfigError(f"unknown --box-format '{self.box_format}'", "use one of: " + ", ".join(BOX_FORMATS))
+        if self.scores or self.boxes:
+            if self.task != "detect":
+                raise ConfigError("--scores / --boxes name split detector heads: they go with --task detect",
+                                  "add --task detect")
+            if len(self.scores) != len(self.boxes):
+                raise ConfigError(f"--scores names {len(self.scores)} output(s) and --boxes {len(self.boxes)}",
+                                  "name one box output for each score output, in the same order")
+
+    @property
+    def split(self) -> bool:
+        return bool(self.scores)
+
+    def batch_axis_of(self, rank: int) -> int | None:
+        """The batch axis ``layout`` states for an output of this rank (None: not stated)."""
+        if self.task == "ctc" and rank == 3 and self.layout in LAYOUTS["ctc"]:
+            return self.layout.index("N")
+        return None
 
 
 @dataclass(frozen=True)
@@ -91,24 +164,15 @@ class TaskResult:
 
     @property
     def value(self) -> float | None:
-        """The task metric (None for raw)."""
+        """The task metric (None for raw, or where it is undefined: see ``undefined``)."""
         key = self.gate_metric
         return None if key is None else self.metrics.get(key)
 
-
-def output_producers(model: Any) -> dict[str, tuple[str, int | None]]:
-    """Graph output name -> (op type of the node that makes it, its ``axis`` attribute or None)."""
-    from onnx import helper
-
-    makers = {out: node for node in model.graph.node for out in node.output}
-    found = {}
-    for o in model.graph.output:
-        node = makers.get(o.name)
-        if node is None:
-            continue
-        axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), None)
-        found[o.name] = (node.op_type, axis)
-    return found
+    @property
+    def undefined(self) -> str | None:
+        """Why the task metric has no value (e.g. no reference detections), else None."""
+        reason = self.metrics.get("undefined")
+        return str(reason) if reason else None
 
 
 def _dims(shape: Sequence[int]) -> str:
@@ -121,19 +185,31 @@ def _layout(shape: Sequence[int], detect_format: str) -> Layout:
     return Layout(channels_first=channels_first, objectness=objectness)
 
 
-def fits(task: str, shape: Sequence[int], settings: TaskSettings) -> str | None:
-    """None when ``task`` can score an output of this (batch) shape, else why not."""
+def _segment_axis(origin: OutputOrigin | None, layout: str) -> tuple[int | None, str]:
+    """The class axis of a 4-D output (1 or 3) and the words for it; None when unknown."""
+    if layout in LAYOUTS["segment"]:
+        return layout.index("C"), f"--layout {layout}"
+    if origin is not None and origin.class_axis is not None and origin.class_axis % 4 in (1, 3):
+        return origin.class_axis % 4, origin.class_evidence
+    return None, ""
+
+
+def fits(task: str, shape: Sequence[int], settings: TaskSettings, origin: Any = None) -> str | None:
+    """None when ``task`` can score an output of this (batch-first) shape, else why not."""
     if task == "raw":
         return None
     if task == "classify":
         ok = len(shape) >= 2 and shape[1] > 1 and all(d == 1 for d in shape[2:])
         return None if ok else "classify needs [N, C] scores (C > 1, trailing dims 1)"
     if task == "segment":
-        ok = len(shape) == 4 and shape[2] * shape[3] > 1
-        return None if ok else "segment needs [N, C, H, W] maps"
+        if len(shape) != 4:
+            return "segment needs [N, C, H, W] or [N, H, W, C] maps"
+        axis, _ = _segment_axis(as_origin(origin), settings.layout)
+        spatial = [shape[i] for i in (1, 2, 3) if i != (axis or 1)]
+        return None if spatial[0] * spatial[1] > 1 else "segment needs maps of more than one pixel"
     if task == "ctc":
         ok = len(shape) == 3 and shape[2] > 1
-        return None if ok else "ctc needs [N, T, C] scores (C > 1, class 0 the blank)"
+        return None if ok else "ctc needs [N, T, C] or [T, N, C] scores (C > 1, class 0 the blank)"
     if task == "detect":
         if len(shape) != 3:
             return "detect needs [N, 4+C, A], [N, A, 4+C] or [N, A, 5+C]"
@@ -145,20 +221,83 @@ def fits(task: str, shape: Sequence[int], settings: TaskSettings) -> str | None:
     raise ConfigError(f"unknown compare task '{task}'", "use one of: " + ", ".join(TASKS))
 
 
-def infer(shape: Sequence[int], producer: tuple[str, int | None] | None) -> tuple[str, str]:
-    """(task, how it was inferred) for an output of this (batch) shape."""
+def _classify_or_features(shape: Sequence[int], origin: OutputOrigin | None) -> tuple[str, str]:
+    dims = _dims(shape)
+    source = origin.source if origin is not None else None
+    if source in FEATURE_OPS and not (origin is not None and origin.op in SOFTMAX_OPS + ("Sigmoid",)):
+        return "raw", (f"{dims} is made by {source}: features rather than class scores, so top-1 would mean "
+                       "nothing; pass --task classify if they are class scores")
+    return "classify", f"inferred: {dims} class scores, argmax over axis 1"
+
+
+def _sequence(shape: Sequence[int], origin: OutputOrigin | None, batch_axis: int) -> tuple[str, str] | None:
+    """ctc when the classes are the last axis by a Softmax / LogSoftmax, else None."""
+    if origin is None or origin.class_axis is None or not origin.class_evidence.startswith(SOFTMAX_OPS):
+        return None
+    if origin.class_axis % len(shape) != 2:
+        return None
+    layout = "TNC" if batch_axis == 1 else "NTC"
+    return "ctc", (f"inferred: {layout} {_dims(shape)} with classes on the last axis by "
+                   f"{origin.class_evidence} (CTC time steps x classes)")
+
+
+def _yolo_values_problem(values: np.ndarray | None, layout: Layout) -> str | None:
+    """Why the first batch of a YOLO-shaped output does not hold a YOLO head's values, else None:
+    boxes in input pixels (not all within [-1, 1]), scores (objectness, classes) within [0, 1]."""
+    if values is None:
+        return None
+    from trtq.compare.detect import rows
+
+    r = rows(values, layout)
+    r = r[np.isfinite(r).all(axis=-1)]
+    if not r.size:
+        return None
+    scores, boxes = r[:, 4:], r[:, :4]
+    if scores.min() < -_SLACK or scores.max() > 1 + _SLACK:
+        return f"its score values span {scores.min():.3g}..{scores.max():.3g}, not probabilities"
+    if np.abs(boxes).max() <= 1 + _SLACK:
+        return "its box values all lie within [-1, 1], not pixel coordinates"
+    return None
+
+
+def infer(shape: Sequence[int], producer: Any = None, values: np.ndarray | None = None,
+          siblings: Sequence[str] = (), batch_axis: int = 0) -> tuple[str, str]:
+    """(task, how it was inferred) for an output of this batch-first shape.
+
+    ``producer``: its :class:`OutputOrigin` (or an ``(op, axis)`` pair); ``values``: the first batch
+    (batch first), read for detection heads; ``siblings``: other 3-D outputs with the same second
+    dim (split detector heads); ``batch_axis``: where the batch was in the model's output."""
+    origin = as_origin(producer)
     dims = _dims(shape)
     if len(shape) >= 2 and shape[1] > 1 and all(d == 1 for d in shape[2:]):
-        return "classify", f"inferred: {dims} class scores, argmax over axis 1"
-    if len(shape) == 4 and shape[2] > 1 and shape[3] > 1:
-        kind = "a probability map, thresholded" if shape[1] == 1 else "class maps, argmax over axis 1"
-        return "segment", f"inferred: {dims} is {kind}"
+        return _classify_or_features(shape, origin)
+    if len(shape) == 4:
+        axis, how = _segment_axis(origin, "auto")
+        if axis is None:
+            return "raw", (f"{dims} could be NCHW or NHWC maps and the graph does not say which axis holds the "
+                           "classes: pass --task segment --layout NCHW or --layout NHWC")
+        h, w = [shape[i] for i in (1, 2, 3) if i != axis]
+        if h <= 1 or w <= 1:
+            return "raw", f"no task inferred for {dims}"
+        classes = shape[axis]
+        layout = "NCHW" if axis == 1 else "NHWC"
+        kind = "a probability map, thresholded" if classes == 1 else f"class maps, argmax over axis {axis}"
+        return "segment", f"inferred: {layout} {dims} is {kind} ({how})"
     if len(shape) == 3:
-        op, axis = producer or (None, None)
-        if op in SOFTMAX_OPS and axis in (-1, 2, None):
-            return "ctc", f"inferred: {dims} made by {op} over the last axis (CTC time steps x classes)"
+        found = _sequence(shape, origin, batch_axis)
+        if found is not None:
+            return found
+        if siblings:
+            return "raw", (f"{dims} shares its {shape[1]} anchors with {', '.join(siblings)}: split detector "
+                           "heads (scores and boxes apart); pass --task detect --scores NAME[,...] --boxes "
+                           "NAME[,...] --box-format dfl|ltrb|xyxy|cxcywh to score them")
         small, large = sorted(shape[1:])
         if small >= DETECT_MIN_ROW and large >= DETECT_MIN_RATIO * small:
+            layout = _layout(shape, "auto")
+            problem = _yolo_values_problem(values, layout)
+            if problem is not None:
+                return "raw", (f"{dims} is shaped like a YOLO head but {problem}: pass --task detect "
+                               "(--detect-format v8|v5) if it is one")
             if shape[1] < shape[2]:
                 how = f"YOLOv8 head: {shape[1]} rows (4 box + {shape[1] - 4} class) x {shape[2]} anchors"
             else:
@@ -171,26 +310,36 @@ def infer(shape: Sequence[int], producer: tuple[str, int | None] | None) -> tupl
 class TaskAccumulator:
     """The task metric of one output, chosen on the first batch (see the module doc)."""
 
-    def __init__(self, name: str, settings: TaskSettings,
-                 producer: tuple[str, int | None] | None = None) -> None:
+    def __init__(self, name: str, settings: TaskSettings, producer: Any = None,
+                 siblings: Sequence[str] = (), batch_axis: int = 0) -> None:
         self.name = name
         self.settings = settings
-        self.producer = producer
+        self.origin = as_origin(producer)
+        self.siblings = tuple(siblings)
+        self.batch_axis = batch_axis
         self.task: str | None = None
         self.how = ""
         self.misfit: str | None = None  # why an explicit task did not fit this output
         self.shape: tuple[int, ...] = ()
         self._impl: Any = None
 
-    def _choose(self, shape: tuple[int, ...]) -> None:
+    def _choose(self, shape: tuple[int, ...], values: np.ndarray) -> None:
         requested = self.settings.task
         self.shape = shape
+        if self.settings.split:  # compare scores the named heads together (split_detect); the rest is raw
+            named = self.name in self.settings.scores + self.settings.boxes
+            self.task = "raw"
+            self.how = (f"one of the split detector heads scored with '{self.settings.scores[0]}'" if named
+                        else "not named by --scores / --boxes")
+            return
         if requested == "auto":
-            self.task, self.how = infer(shape, self.producer)
+            self.task, self.how = infer(shape, self.origin, values, self.siblings, self.batch_axis)
         else:
-            self.misfit = fits(requested, shape, self.settings)
+            self.misfit = fits(requested, shape, self.settings, self.origin)
             if self.misfit is None:
                 self.task, self.how = requested, "given (--task)"
+                if requested == "ctc" and self.batch_axis == 1:
+                    self.how += ", TNC"
             else:
                 self.task, self.how = "raw", f"--task {requested} does not fit {_dims(shape)}"
         s = self.settings
@@ -200,13 +349,18 @@ class TaskAccumulator:
             layout = _layout(shape, s.detect_format)
             self._impl = DetectAccumulator(layout, s.score_threshold, s.nms_iou)
         elif self.task == "segment":
-            self._impl = SegmentAccumulator(shape[1], s.mask_threshold)
+            axis, how = _segment_axis(self.origin, s.layout)
+            if axis is None:  # an explicit --task segment on a graph that does not say: the NCHW convention
+                axis, how = 1, "NCHW assumed: pass --layout NHWC if the classes are the last axis"
+            if requested != "auto":
+                self.how += f", {'NCHW' if axis == 1 else 'NHWC'} ({how})"
+            self._impl = SegmentAccumulator(shape[axis], s.mask_threshold, axis)
         elif self.task == "ctc":
             self._impl = CtcAccumulator()
 
     def update(self, ref: np.ndarray, cand: np.ndarray) -> None:
         if self.task is None:
-            self._choose(tuple(int(d) for d in np.shape(ref)))
+            self._choose(tuple(int(d) for d in np.shape(ref)), np.asarray(ref))
         if self._impl is not None and len(ref):
             self._impl.update(ref, cand)
 
@@ -216,11 +370,31 @@ class TaskAccumulator:
         return TaskResult(self.task, self.how, self._impl.metrics() if self._impl is not None else {})
 
 
+def sibling_heads(shapes: Mapping[str, Sequence[int]]) -> dict[str, list[str]]:
+    """Output name -> the other 3-D outputs with the same second dim (batch-first shapes): the
+    score and box maps of split detector heads share their anchor count."""
+    by_anchors: dict[int, list[str]] = {}
+    for name, shape in shapes.items():
+        if len(shape) == 3 and shape[1] > 1:
+            by_anchors.setdefault(int(shape[1]), []).append(name)
+    return {name: [o for o in group if o != name] for group in by_anchors.values() if len(group) > 1
+            for name in group}
+
+
 def require_fit(accumulators: Mapping[str, TaskAccumulator], settings: TaskSettings) -> None:
-    """UsageError when an explicit task fits none of the outputs (call after the first batch)."""
+    """UsageError when an explicit task fits none of the outputs (call after the first batch), or
+    when ``--task detect`` would read split detector heads as YOLO heads."""
     if settings.task in ("auto", "raw"):
         return
     seen = [a for a in accumulators.values() if a.task is not None]
+    if settings.task == "detect" and not settings.split:
+        split = [a for a in seen if a.siblings and a.misfit is None]
+        if split:
+            names = [split[0].name, *split[0].siblings]
+            raise UsageError(f"outputs {', '.join(names)} share their anchors: split detector heads, not one "
+                             "YOLO head each", "name them: --task detect --scores NAME[,...] --boxes NAME[,...]")
+    if settings.split:
+        return
     if seen and all(a.misfit is not None for a in seen):
         raise UsageError(
             f"--task {settings.task} does not fit the model's outputs ("

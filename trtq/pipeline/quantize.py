@@ -23,7 +23,7 @@ def quantized_model(model_path: Path, cache_path: Path, options: QuantizeOptions
     return _quantized(model_path, cache_path, options, data)[0]
 
 
-def _quantized(model_path: Path, cache_path: Path, options: QuantizeOptions, data):
+def _quantized(model_path: Path, cache_path: Path, options: QuantizeOptions, data, task_options=None):
     """(QuantizeResult, the FP32 model, the input shapes the cache was calibrated with)."""
     from trtq.calib.cache import read_cache
     from trtq.calib.freshness import check_cache_for_model
@@ -34,7 +34,7 @@ def _quantized(model_path: Path, cache_path: Path, options: QuantizeOptions, dat
     table = read_cache(Path(cache_path))
     provenance = check_cache_for_model(Path(cache_path), Path(model_path), options.allow_stale, table.amax)
     result = quantize_for(model, table.amax, options, data, table.trt_version,
-                          remeasure_from(provenance, table.algorithm))
+                          remeasure_from(provenance, table.algorithm), task_options)
     refuse_nothing_quantized(result, Path(model_path))
     if compat.float_grouped_conv_is_unsafe_for(table.trt_version):
         warn_float_grouped_convs(table.trt_version, result)
@@ -43,12 +43,13 @@ def _quantized(model_path: Path, cache_path: Path, options: QuantizeOptions, dat
 
 
 def quantize_for(model, amax: Mapping[str, float], options: QuantizeOptions, data, trt_version: Optional[str],
-                 remeasure=None):
+                 remeasure=None, task_options=None):
     """``quantize_model`` as quantize and build run it: the sample batches of ``data`` (DataOptions)
     that the data-driven steps read, the equalized model (``options.equalize``; ``remeasure``, a
     :class:`~trtq.quantize.equalize.Remeasure`: how its scaled tensors get their amax, default
     mse), the ``float_layers`` choice, and for a TensorRT 8 target (``trt_version``) the consumers
-    of float grouped Convs left float too."""
+    of float grouped Convs left float too. ``task_options`` (CompareOptions): what the outputs are
+    for, when the float-layer ranking cannot infer it (``compare.task``, ``layout``, ...)."""
     from trtq.quantize import quantize_model
     from trtq.trt import compat
 
@@ -62,7 +63,8 @@ def quantize_for(model, amax: Mapping[str, float], options: QuantizeOptions, dat
         model, amax, notes = equalize_model(model, amax, batches, remeasure or Remeasure())
     result = quantize_model(model, amax, options, data=batches,
                             float_grouped_consumers=compat.float_grouped_conv_is_unsafe_for(trt_version),
-                            keep_float=choose_float_layers(model, amax, options, batches, producers))
+                            keep_float=choose_float_layers(model, amax, options, batches, producers,
+                                                           task_options))
     result.notes[:0] = notes
     return result
 
@@ -115,7 +117,7 @@ RANK_SAMPLES = 64  # samples the float_layers ranking runs each layer on (at mos
 
 
 def choose_float_layers(fp32, amax: Mapping[str, float], options: QuantizeOptions, data,
-                        producers=None) -> dict[str, str]:
+                        producers=None, task_options=None) -> dict[str, str]:
     """The ``options.float_layers`` layers that cost the most when quantized alone, ranked as
     ``compare --per-layer`` ranks them: by the task metric of the task each output's shape implies
     (top-1 agreement, detection F1, sequence agreement, ...; SQNR breaks ties, and ranks alone for
@@ -136,7 +138,7 @@ def choose_float_layers(fp32, amax: Mapping[str, float], options: QuantizeOption
     base = dataclasses.replace(options, float_layers=0, bias_correction=False, weight_rounding="nearest")
     limit = min(options.samples, RANK_SAMPLES)
     rows = per_layer_sensitivity(fp32, amax, base, data, mode="only", top=options.float_layers, limit=limit,
-                                 task_options=CompareOptions(), producers=producers)
+                                 task_options=task_options or CompareOptions(), producers=producers)
     return {r.node: f"float_layers: {_alone(r)} quantized alone, among the {options.float_layers} worst"
             for r in rows}
 
@@ -254,8 +256,9 @@ def _warn_tensorrt8_float_convs(result) -> None:
                     " --exclude ".join(f"'^{re.escape(n)}$'" for n in consumers[:3]))
 
 
-def quantize_file(model_path: Path, cache_path: Path, output: Path, options: QuantizeOptions, data=None):
-    result, fp32, shapes = _quantized(model_path, cache_path, options, data)
+def quantize_file(model_path: Path, cache_path: Path, output: Path, options: QuantizeOptions, data=None,
+                  task_options=None):
+    result, fp32, shapes = _quantized(model_path, cache_path, options, data, task_options)
     save_model(result.model, output, check_batch(result.model, data, shapes), fp32,
                f"the Q/DQ model of {Path(model_path).name}")
     for note in result.notes:
