@@ -541,7 +541,9 @@ def calibrate(common, model, source, batching, calib, from_stats, dry_run, progr
 
         _check_outputs(cfg, config_path, calib_outputs, ("statistics file", str(from_stats)))
 
-        result = calibrate_from_stats(cfg, Path(from_stats))
+        from trtq.pipeline.calibrate import warn_range_flags
+
+        result = warn_range_flags(cfg, calibrate_from_stats(cfg, Path(from_stats)))
         _emit(st, result.to_dict(), _calibration_text(result))
         return
     cfg = _apply_data_flags(cfg, source)
@@ -609,6 +611,11 @@ def _calibration_text(r) -> str:
         lines.append(f"computed {r.method} ranges from saved statistics ({r.samples} samples)")
     zero = f" ({len(r.zero_tensors)} always zero: scale floored)" if r.zero_tensors else ""
     lines.append(f"tensors     {len(r.amax)}{zero}")
+    if getattr(r, "range_flags", None):
+        from trtq.calib.range_check import RATIO
+
+        lines.append(f"ranges      {r.method}: {len(r.range_flags)} quantized tensor(s) cost > {RATIO:g}x mse's "
+                     f"expected INT8 error, worst {r.range_flags[0].describe()}; consider --method mse")
     if r.skipped:
         lines.append(f"skipped     {len(r.skipped)} bad samples: " + ", ".join(p for p, _ in r.skipped[:3])
                      + (" ..." if len(r.skipped) > 3 else ""))

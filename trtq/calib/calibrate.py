@@ -1,8 +1,10 @@
 """``trtq calibrate``: data -> FP32 activations -> statistics -> amax -> calibration.cache (+ .json).
 
-mse and percentile take one streaming pass: histograms over power-of-two ranges that grow by exact
-bin merges (trtq.calib.pow2), each sample's elements subsampled by a fixed stride past
-``hist_elements``. entropy (TensorRT's EntropyCalibration2) and ``max --save-stats`` take two:
+mse, percentile and max take one streaming pass: histograms over power-of-two ranges that grow by
+exact bin merges (trtq.calib.pow2), each sample's elements subsampled by a fixed stride past
+``hist_elements``, the max over every element (max's histograms feed the range check,
+trtq.calib.range_check). entropy (TensorRT's EntropyCalibration2) and ``max`` with ``--save-stats``
+or a shard take two:
 pass 1 finds max|x| per tensor, pass 2 histograms every element over the fixed edges
 ``linspace(0, max, bins + 1)``. Either way the histograms are exactly additive, so the result does
 not depend on batch size, order or sharding. Memory holds one batch of activations plus the
@@ -53,6 +55,8 @@ class CalibrationResult:
     skipped: list = field(default_factory=list)
     zero_tensors: list[str] = field(default_factory=list)
     providers: list[str] = field(default_factory=list)
+    # tensors whose range costs > RATIO x mse's expected error (trtq.calib.range_check), worst first
+    range_flags: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -70,6 +74,8 @@ class CalibrationResult:
             "skipped": [{"path": p, "reason": r} for p, r in self.skipped],
             "zero_tensors": self.zero_tensors,
             "providers": self.providers,
+            "range_flags": [{"tensor": f.tensor, "error_vs_mse": round(f.ratio, 3), "clipped": f.clipped,
+                             "mse_clipped": f.mse_clipped} for f in self.range_flags],
         }
 
 
@@ -222,6 +228,7 @@ def run_calibration(
     raw_amax = compute_all("max" if run.shard_pass else opts.method, maxima, counts, opts.percentile, zeros,
                            None if run.shard_pass else tops)
     amax, zero = _finalize_amax({name: float(raw_amax[name]) for name in tensors})
+    flags = [] if run.shard_pass else check_ranges(opts.method, raw_amax, maxima, counts, zeros, tops)
     seconds = time.perf_counter() - started
 
     provenance = build_provenance(cfg, run.model_path, run.specs, run.batcher, stream.samples, run.trt_version,
@@ -248,8 +255,20 @@ def run_calibration(
         cache_path=out if write and run.shard_pass is None else None, method=opts.method, algorithm=run.algorithm,
         trt_version=run.trt_version, amax=amax, samples=stream.samples, batches=stream.batches, seconds=seconds,
         stats_path=stats_path, skipped=list(getattr(run.batcher, "skipped", [])), zero_tensors=zero,
-        providers=list(stream.collector.providers),
+        providers=list(stream.collector.providers), range_flags=flags,
     )
+
+
+def check_ranges(method: str, amax: dict, maxima: dict, counts: Any, zeros: Any, tops: Any) -> list:
+    """:func:`trtq.calib.range_check.range_flags` of ``method``'s ranges against mse's on the same
+    histograms (none for mse itself, or without histograms)."""
+    if method == "mse" or counts is None:
+        return []
+    from trtq.calib.range_check import range_flags
+    from trtq.calib.stats import compute_all
+
+    mse = compute_all("mse", maxima, counts, 99.99, zeros, tops)
+    return range_flags(amax, mse, maxima, counts, tops)
 
 
 def _collector(run: _Setup, tensors: list[str]) -> Any:
@@ -301,7 +320,11 @@ def _prepare(cfg: TrtqConfig, shard: Optional[tuple[int, int]], ranges: Optional
                  slice_at=slice_at)
     from trtq.calib.pow2 import is_pow2
 
-    run.one_pass = opts.method in ("mse", "percentile") and is_pow2(int(opts.num_bins))
+    # max takes the one pass too (its histograms feed the range check), except for shards and
+    # --save-stats, whose files keep the fixed-edge histograms entropy can be computed from
+    one_pass_max = opts.method == "max" and shard is None and ranges is None and opts.save_stats is None
+    run.one_pass = (opts.method in ("mse", "percentile") or one_pass_max) and is_pow2(int(opts.num_bins))
+    run.need_hist = run.need_hist or run.one_pass
     from trtq.calib.padded import pad_links
 
     run.padded = pad_links(run.model, tensors, run.batcher.shapes)
@@ -544,6 +567,8 @@ def calibrate_from_stats(cfg: TrtqConfig, stats_path: Path) -> CalibrationResult
     tensors = list(meta.get("tensors") or list(stats.maxima))
     raw = compute_all(opts.method, stats.maxima, stats.counts, opts.percentile, stats.zeros, stats.tops)
     amax, zero = _finalize_amax({n: float(raw[n]) for n in tensors})
+    flags = check_ranges(opts.method, {n: raw[n] for n in tensors}, {n: stats.maxima[n] for n in tensors},
+                         stats.counts, stats.zeros, stats.tops)
     trt_version = resolve_trt_version(opts.trt_version)
     algorithm = ALGORITHM_FOR_METHOD[opts.method]
     from trtq.calib.provenance import restamped_provenance
@@ -556,5 +581,5 @@ def calibrate_from_stats(cfg: TrtqConfig, stats_path: Path) -> CalibrationResult
     return CalibrationResult(
         cache_path=out, method=opts.method, algorithm=algorithm, trt_version=trt_version, amax=amax,
         samples=int(data.get("samples") or 0), batches=0, seconds=time.perf_counter() - t0,
-        zero_tensors=zero,
+        zero_tensors=zero, range_flags=flags,
     )

@@ -22,8 +22,33 @@ def calibrate(cfg: Any, progress: Any = None, shard: tuple[int, int] | None = No
         return calibrate_with_tensorrt(cfg)
     from trtq.calib.calibrate import run_calibration
 
-    return run_calibration(cfg, progress=progress, shard=shard, ranges=ranges, keep_batches=keep_batches,
-                           selection=selection)
+    result = run_calibration(cfg, progress=progress, shard=shard, ranges=ranges, keep_batches=keep_batches,
+                             selection=selection)
+    return warn_range_flags(cfg, result)
+
+
+def warn_range_flags(cfg: Any, result: Any) -> Any:
+    """Keep the range check's flags (trtq.calib.range_check) of the tensors the Q/DQ model quantizes,
+    and warn naming them: those are the ranges an engine uses."""
+    if not result.range_flags:
+        return result
+    from trtq.calib.range_check import RATIO
+    from trtq.model import load_model
+    from trtq.quantize import planned_activations
+
+    if cfg.model:
+        quantized = set(planned_activations(load_model(cfg.model)))
+        result.range_flags = [f for f in result.range_flags if f.tensor in quantized]
+        among = f"the {len(quantized)} tensors the Q/DQ model quantizes"
+    else:  # statistics without their model: every tensor counts
+        among = f"the {len(result.amax)} calibrated tensors"
+    if result.range_flags:
+        worst = "; ".join(f.describe() for f in result.range_flags[:3])
+        log.warning("%s ranges cost more than %gx mse's expected INT8 error on %d of %s (%s%s): such ranges have "
+                    "wrecked detectors and CTC models; --method mse (the default) minimises that error",
+                    result.method, RATIO, len(result.range_flags), among, worst,
+                    " ..." if len(result.range_flags) > 3 else "")
+    return result
 
 
 # --tensors qdq: only the activations trtq quantize places Q/DQ on (an explicit build reads no other);
