@@ -54,6 +54,9 @@ def quantize_for(model, amax: Mapping[str, float], options: QuantizeOptions, dat
     from trtq.trt import compat
 
     batches = sample_batches(model, options, data)
+    declared = None
+    if batches is not None:
+        model, batches, declared = batched_if_identical(model, batches, data, options)
     notes, producers = [], None
     if options.equalize:
         from trtq.compare.tasks import output_producers
@@ -66,7 +69,43 @@ def quantize_for(model, amax: Mapping[str, float], options: QuantizeOptions, dat
                             keep_float=choose_float_layers(model, amax, options, batches, producers,
                                                            task_options))
     result.notes[:0] = notes
+    if declared is not None:
+        declared(result.model)
     return result
+
+
+def batched_if_identical(model, batches, data, options: QuantizeOptions):
+    """(model, batches, restore) for the data steps of a model whose inputs fix a batch of 1: the
+    model with a dynamic batch dim and its batches of 8, when :func:`trtq.calib.widen.probe` finds
+    every activation the steps read bit-identical batched and one sample at a time (as calibrate
+    feeds such a model), and ``restore(model)`` that gives a result the user's input and output
+    declarations back; else (model, batches, None) unchanged."""
+    import dataclasses
+
+    from trtq.calib.budget import resolve_budget
+    from trtq.calib.widen import fixed_batch_one, widen_if_identical
+    from trtq.data.batcher import Batcher
+    from trtq.model import input_specs
+    from trtq.quantize import planned_activations
+
+    specs = input_specs(model)
+    if not fixed_batch_one(specs, data):
+        return model, batches, None
+    tensors = list(dict.fromkeys(planned_activations(model) + [o.name for o in model.graph.output]))
+    wide, wide_specs, wide_data, mode = widen_if_identical(model, specs, batches.options, tensors, (),
+                                                           resolve_budget(None))
+    if mode != "batched":
+        log.info("data steps on a batch-1 model: one sample per call (%s)", mode or "not batch-1")
+        return model, batches, None
+    log.info("data steps on a batch-1 model: fed in batches of %d (activations identical)", wide_data.batch_size)
+
+    def restore(result_model) -> None:
+        kinds = {vi.name: vi for vi in list(model.graph.input) + list(model.graph.output)}
+        for vi in list(result_model.graph.input) + list(result_model.graph.output):
+            if vi.name in kinds:
+                vi.type.CopyFrom(kinds[vi.name].type)
+
+    return wide, Batcher(dataclasses.replace(wide_data, limit=batches.options.limit), wide_specs), restore
 
 
 def remeasure_from(provenance, algorithm: Optional[str] = None):
