@@ -136,9 +136,9 @@ def test_fixed_batch_1_probe_stays_within_the_memory_target(trtq, sample_model, 
     limit = f"{(rows_fit * per_row + per_row // 2) // 1024}K"  # rows_fit rows fit, one more does not
     probed = []
 
-    def spy(*args):
+    def spy(*args, **kwargs):
         probed.append(args[-1])
-        return real(*args)
+        return real(*args, **kwargs)
 
     real = widen.probe
     monkeypatch.setattr(widen, "probe", spy)
@@ -177,7 +177,7 @@ def test_fixed_batch_1_model_that_cannot_batch_falls_back(trtq, tmp_path, caplog
 def test_probe_mismatch_keeps_one_sample_per_call(trtq, sample_model, sample_images, tmp_path, monkeypatch):
     from trtq.calib import widen
 
-    monkeypatch.setattr(widen, "probe", lambda *a: (False, "'t' of sample 0 differs"))
+    monkeypatch.setattr(widen, "probe", lambda *a, **k: (False, "'t' of sample 0 differs"))
     one = tmp_path / "b1.onnx"
     onnx.save(override_input_shapes(onnx.load(str(sample_model)), {"x": [1, 3, 224, 224]}, "m"), str(one))
     r = trtq(["calibrate", "--model", one, "--data", sample_images, "--preprocess", "imagenet", "--limit", "3",
@@ -230,3 +230,27 @@ def test_slices_start_below_the_budget_when_no_budget_is_given():
     assert (col.rows_per_call, len(col.groups)) == (2, 1)
     col = GroupedCollector(model, ["a", "b", "c"], ["CPUExecutionProvider"], 1 << 20, {"x": (4, 64)})
     assert (col.rows_per_call, len(col.groups)) == (4, 1)
+
+
+def test_probe_finds_the_batch_on_another_axis_for_the_data_steps():
+    """[T, N, C] behind a Transpose (an LSTM's layout): not batched along dim 0, so calibration's
+    per-sample statistics keep one sample per call; quantize's data steps (any_axis) batch it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trtq.calib import widen
+    from trtq.data.batcher import Batch
+
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(0, 1, (6, 5)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["tnc"], perm=[1, 0, 2]),
+         helper.make_node("MatMul", ["tnc", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1, 5])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    wide = widen.widened(model)
+    x = np.random.default_rng(1).normal(0, 1, (8, 4, 6)).astype(np.float32)
+    batch = Batch(0, {"x": x}, 8)
+    same, why = widen.probe(model, wide, ["tnc", "y"], (), 1 << 30, batch)
+    assert not same and "not batched along dim 0" in why
+    same, why = widen.probe(model, wide, ["tnc", "y"], (), 1 << 30, batch, any_axis=True)
+    assert same and "bit-identical on 8 samples" in why, why

@@ -61,10 +61,29 @@ def _digests(collector: Any, arrays: dict, rows: int) -> dict:
     return out
 
 
+def _slice_digest(value: np.ndarray, axis: int, index: int) -> tuple:
+    row = np.ascontiguousarray(np.take(value, index, axis=axis))
+    return (row.shape, row.dtype.str, hashlib.blake2b(row.tobytes()).digest())
+
+
+def _digests_any_axis(collector: Any, arrays: dict, rows: int) -> dict:
+    """(tensor, axis, row) -> digest of each sample's slice along every axis as long as the batch."""
+    out: dict = {}
+    for part in collector.run_groups(arrays, rows):
+        for name, value in part.items():
+            for axis in (a for a in range(value.ndim) if value.shape[a] == rows):
+                for r in range(rows):
+                    out[(name, axis, r)] = _slice_digest(value, axis, r)
+        del part
+    return out
+
+
 def probe(model: Any, wide: Any, tensors: list[str], providers: Sequence[str], budget: int,
-          batch: Any, rows: Optional[int] = None) -> tuple[bool, str]:
+          batch: Any, rows: Optional[int] = None, any_axis: bool = False) -> tuple[bool, str]:
     """(batched is identical, why) on ``batch`` (a trtq.data Batch of the widened batcher), or on
-    its first ``rows`` rows: the rows one call of the calibration would run."""
+    its first ``rows`` rows: the rows one call of the calibration would run. ``any_axis``: a tensor
+    may carry the batch on another axis than 0 (``[T, N, C]`` behind an LSTM); calibration's
+    per-sample statistics need it first, quantize's data steps do not."""
     from trtq.calib.groups import GroupedCollector
 
     rows = batch.valid if rows is None else min(int(rows), batch.valid)
@@ -72,14 +91,21 @@ def probe(model: Any, wide: Any, tensors: list[str], providers: Sequence[str], b
     try:
         wide_col = GroupedCollector(wide, tensors, providers, budget, {n: a.shape for n, a in arrays.items()},
                                     split_rows=False)  # the whole batch at once: that is what is probed
-        batched = _digests(wide_col, arrays, rows)
+        batched = _digests_any_axis(wide_col, arrays, rows) if any_axis else _digests(wide_col, arrays, rows)
     except TrtqError as e:
         return False, f"it does not run with a batch of {rows}: {str(e).splitlines()[0]}"
     del wide_col
-    if any(k[1] == "whole" for k in batched):
+    if not any_axis and any(k[1] == "whole" for k in batched):
         return False, "some activations are not batched along dim 0"
     one_col = GroupedCollector(model, tensors, providers, budget, {n: (1,) + a.shape[1:] for n, a in arrays.items()})
     for r in range(rows):
+        if any_axis:
+            for part in one_col.run_groups({n: a[r:r + 1] for n, a in arrays.items()}, 1):
+                for name, value in part.items():
+                    axes = [a for a in range(value.ndim) if value.shape[a] == 1 and (name, a, r) in batched]
+                    if not any(batched[(name, a, r)] == _slice_digest(value, a, 0) for a in axes):
+                        return False, f"'{name}' of sample {r} differs (ONNX Runtime's kernels depend on the batch)"
+            continue
         single = _digests(one_col, {n: a[r:r + 1] for n, a in arrays.items()}, 1)
         for (name, _), value in single.items():
             if batched.get((name, r)) != value:
@@ -88,13 +114,15 @@ def probe(model: Any, wide: Any, tensors: list[str], providers: Sequence[str], b
 
 
 def widen_if_identical(model: Any, specs: list, data: Any, tensors: list[str], providers: Sequence[str],
-                       budget: int, slice_at: Optional[int] = None) -> tuple[Any, list, Any, Optional[str]]:
+                       budget: int, slice_at: Optional[int] = None,
+                       any_axis: bool = False) -> tuple[Any, list, Any, Optional[str]]:
     """(model, specs, data options, mode) to calibrate with: the widened model fed in batches when
     :func:`probe` finds it identical, else the given ones; mode None when the model is not batch-1.
 
     ``slice_at`` (default ``budget``): the bytes of activations one call may hold. Where a batch's
     would be run in slices of rows anyway, the probe runs one such slice (never a whole batch over
-    the memory target); where that slice is one row, batching saves nothing and nothing is probed."""
+    the memory target); where that slice is one row, batching saves nothing and nothing is probed.
+    ``any_axis``: as for :func:`probe`."""
     from trtq.calib.budget import rows_per_call, tensor_bytes
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs
@@ -116,7 +144,7 @@ def widen_if_identical(model: Any, specs: list, data: Any, tensors: list[str], p
         log.info("batch-1 model fed one sample per call: one sample's activations take %d MiB and one call may "
                  "hold %d MiB, so a batch would run one row per call anyway", -(-total // BATCH) >> 20, target >> 20)
         return model, specs, data, "per-sample"
-    same, why = probe(model, wide, tensors, providers, budget, first, rows)
+    same, why = probe(model, wide, tensors, providers, budget, first, rows, any_axis=any_axis)
     del batches, first
     if same:
         log.info("batch-1 model fed in batches of %d (%s)", BATCH, why)

@@ -92,8 +92,9 @@ def batched_if_identical(model, batches, data, options: QuantizeOptions):
     if not fixed_batch_one(specs, data):
         return model, batches, None
     tensors = list(dict.fromkeys(planned_activations(model) + [o.name for o in model.graph.output]))
+    # the steps read Conv / Gemm / MatMul inputs and the outputs, whatever axis carries the batch
     wide, wide_specs, wide_data, mode = widen_if_identical(model, specs, batches.options, tensors, (),
-                                                           resolve_budget(None))
+                                                           resolve_budget(None), any_axis=True)
     if mode != "batched":
         log.info("data steps on a batch-1 model: one sample per call (%s)", mode or "not batch-1")
         return model, batches, None

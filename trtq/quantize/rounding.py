@@ -33,7 +33,9 @@ import onnx
 from trtq.quantize.graph import GraphIndex, attr
 
 QMAX = 127
-ROWS_PER_BATCH = 4096  # input patches per layer and batch that go into H (strided positions above that)
+# input patches per layer and sample that go into H (strided positions above that): per sample, so
+# that H does not depend on how the samples are batched (4096 a batch of 8, as before)
+ROWS_PER_SAMPLE = 512
 DAMPING = 0.01  # GPTQ's damping: this fraction of H's mean diagonal added to its diagonal
 SWEEPS = 4  # coordinate-descent sweeps at most
 
@@ -158,11 +160,13 @@ def _conv_pads(node: onnx.NodeProto, spatial: tuple[int, int], kernel: tuple[int
 
 
 def conv_gram(x: np.ndarray, node: onnx.NodeProto, group: int, kernel: tuple[int, int],
-              max_rows: int = ROWS_PER_BATCH) -> tuple[np.ndarray, int]:
+              max_rows: Optional[int] = None) -> tuple[np.ndarray, int]:
     """``sum p p^T`` over the input patches ``p`` a 2-D Conv multiplies with its weight, per group
     ([group, D, D] float64, D = C/group*kh*kw, ordered like the weight), and the number of patches.
-    Above ``max_rows`` output positions per batch, strided positions (both spatial axes) are used."""
+    Above ``max_rows`` output positions per batch (default :data:`ROWS_PER_SAMPLE` per sample),
+    strided positions (both spatial axes) are used."""
     n, c, h, w = x.shape
+    max_rows = ROWS_PER_SAMPLE * n if max_rows is None else max_rows
     strides = tuple(attr(node, "strides", [1, 1]))
     dil = tuple(attr(node, "dilations", [1, 1]))
     pads = _conv_pads(node, (h, w), kernel, strides, dil)
@@ -195,8 +199,9 @@ def _gram(target: Target, x: np.ndarray) -> tuple[np.ndarray, int]:
     if target.kind == "conv":
         return conv_gram(x, target.node, target.groups, tuple(target.layout[1][2:]))
     rows = np.asarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
-    if len(rows) > ROWS_PER_BATCH:
-        rows = rows[:: math.ceil(len(rows) / ROWS_PER_BATCH)]
+    cap = ROWS_PER_SAMPLE * (x.shape[0] if x.ndim > 2 else len(rows))
+    if len(rows) > cap:
+        rows = rows[:: math.ceil(len(rows) / cap)]
     return (rows.T @ rows).astype(np.float64)[None], len(rows)
 
 
