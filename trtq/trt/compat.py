@@ -259,11 +259,8 @@ def tactic_source_mask(trt: Any, names: Sequence[str]) -> int:
 def set_workspace(trt: Any, config: Any, megabytes: int) -> None:
     if megabytes <= 0:
         raise ConfigError(f"build.workspace_mb must be positive, got {megabytes}")
-    nbytes = int(megabytes) << 20
-    if hasattr(config, "set_memory_pool_limit") and hasattr(trt, "MemoryPoolType"):
-        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, nbytes)  # 8.4+
-    else:  # pragma: no cover - TensorRT < 8.4 is not supported, kept for clarity
-        config.max_workspace_size = nbytes
+    # the memory-pool API (8.4+) is the only one in 10 and 11 (max_workspace_size was removed)
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(megabytes) << 20)
 
 
 def set_optimization_level(config: Any, level: int) -> bool:
