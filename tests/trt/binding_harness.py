@@ -38,8 +38,12 @@ PROVIDERS = (
 )
 
 
+# read when the tests are collected: tests/conftest.py hides TRTQ_* variables from each test
+_CACHE_SETTING = os.environ.get(ENV_CACHE)
+
+
 def cache_dir() -> Path:
-    return Path(os.environ.get(ENV_CACHE) or Path.home() / ".cache" / "trtq-trt-bindings")
+    return Path(_CACHE_SETTING or Path.home() / ".cache" / "trtq-trt-bindings")
 
 
 @dataclass(frozen=True)
