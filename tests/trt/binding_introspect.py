@@ -183,8 +183,8 @@ def describe_class(cls, depth=0):
         if name.startswith("_") and name not in _KEEP_DUNDERS:
             continue
         raw, owner = static_lookup(cls, name)
-        if owner is object:
-            continue
+        if owner is object or (owner is not None and owner.__name__ == "pybind11_object"):
+            continue  # e.g. pybind11's own __init__ of a class Python cannot construct
         if isinstance(raw, property):
             entry["members"][name] = {"kind": "property", "readonly": raw.fset is None, "type": property_type(raw)}
             continue

@@ -693,6 +693,8 @@ class _FunctionScan:
                     self.s.unseen.append(f"{self.mod.source_name}:{node.lineno} {self.f.qualname}: "
                                          f"getattr({show(recv)}, <{ast.unparse(args[1])}>)")
             return None
+        if (fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")) == "import_tensorrt":
+            return MOD  # compat.import_tensorrt(), in any package
         callee_t = self._expr(fn, env, conds)
         argtypes = tuple(self._static(a, env) for a in args if not isinstance(a, ast.Starred))
         kw = [(k.arg, self._static(k.value, env)) for k in node.keywords if k.arg is not None]
