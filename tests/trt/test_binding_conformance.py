@@ -135,3 +135,12 @@ def test_no_tensorrt_uses_outside_trtq_trt():
         touching = [u.label() for u in result.uses if _from_module(u.recv)]
         assert touching == [], package
     assert seen > 200  # the scan read the other packages
+
+
+def test_dtype_names_are_real_datatype_members():
+    """compat's DataType table names only members some supported binding has (from the committed
+    snapshots, so this runs without the bindings)."""
+    from trtq.trt import compat
+
+    real = set().union(*(snap["enums"]["DataType"] for snap in snapshots().values()))
+    assert sorted(set(compat._DTYPES) - real) == []

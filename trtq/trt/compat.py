@@ -384,7 +384,7 @@ def host_memory_bytes(blob: Any) -> bytes:
 # DataType member name -> numpy dtype name (names are stable across versions; values are not)
 _DTYPES = {
     "FLOAT": "float32", "HALF": "float16", "INT8": "int8", "INT32": "int32", "BOOL": "bool",
-    "UINT8": "uint8", "INT64": "int64", "DOUBLE": "float64",
+    "UINT8": "uint8", "INT64": "int64",
 }
 
 
