@@ -1,12 +1,39 @@
-"""Small stand-ins for the ``tensorrt`` module of each major version (attribute sets only).
+"""Small stand-ins for the ``tensorrt`` module of each major version, made from the real bindings.
 
 TensorRT 10 and 11 cannot run on the CI machine, so the compatibility decisions are checked
-against objects that have exactly the names each version documents. Member *values* are set as
-in the real releases where they matter (NetworkDefinitionCreationFlag: EXPLICIT_BATCH=0 and
-STRONGLY_TYPED=1 in 10.x, STRONGLY_TYPED=0 in 11.x) so tests notice a decision made on values.
+against objects that have exactly the names and enum values of each version's real Python
+binding. Those come from ``tests/trt/surfaces/<version>.json``: the part of the binding surface
+that the fakes imitate (``surface_snapshot.FAKED``), extracted by ``surface_snapshot.fake_surface``
+from the introspection of the real binding (tests/trt/binding_harness.py). tests/trt/test_binding_conformance.py checks
+that each snapshot equals the live introspection (when the binding is in the cache) and that no
+fake offers a name, method or enum member its version's binding lacks.
+
+The 10.x fake is the newest 10.x binding's surface (the version strings tests pass, such as
+"10.3.0", only name the version in messages).
 """
+import json
 from types import SimpleNamespace
 from typing import Optional
+
+from tests.trt.surface_snapshot import FAKED, SURFACES, fake_surface  # noqa: F401  (FAKED, fake_surface: API)
+
+CALIBRATORS = ("IInt8EntropyCalibrator2", "IInt8MinMaxCalibrator", "IInt8EntropyCalibrator", "IInt8LegacyCalibrator")
+
+def snapshots() -> dict:
+    """major version -> the committed snapshot of that major's binding."""
+    out = {}
+    for path in sorted(SURFACES.glob("*.json")):
+        snap = json.loads(path.read_text(encoding="utf-8"))
+        out[int(snap["version"].split(".")[0])] = snap
+    return out
+
+
+def snapshot_for(version: str) -> dict:
+    major = int(str(version).split(".")[0])
+    snaps = snapshots()
+    if major not in snaps:
+        raise KeyError(f"no binding snapshot for TensorRT {major}.x in {SURFACES}")
+    return snaps[major]
 
 
 class Member:
@@ -20,22 +47,28 @@ class Member:
         return f"{self._enum}.{self.name}"
 
 
-def make_enum(enum_name: str, names: list[str], values: Optional[dict[str, int]] = None) -> type:
-    members = {n: Member(enum_name, n, (values or {}).get(n, i)) for i, n in enumerate(names)}
-    cls = type(enum_name, (), dict(members))
+def make_enum(enum_name: str, values: dict) -> type:
+    short = enum_name.split(".")[-1]
+    members = {n: Member(short, n, v) for n, v in values.items()}
+    cls = type(short, (), dict(members))
     cls.__members__ = dict(members)
     return cls
 
 
+_SEVERITY = snapshot_for(8)["enums"]["ILogger.Severity"]
+
+
 class FakeILogger:
-    INTERNAL_ERROR = Member("Severity", "INTERNAL_ERROR", 0)
-    ERROR = Member("Severity", "ERROR", 1)
-    WARNING = Member("Severity", "WARNING", 2)
-    INFO = Member("Severity", "INFO", 3)
-    VERBOSE = Member("Severity", "VERBOSE", 4)
+    """``trt.ILogger``: the severities (ILogger.ERROR ...) and a base ``__init__``."""
+
+    Severity = make_enum("ILogger.Severity", _SEVERITY)
 
     def __init__(self):
         self.base_initialised = True
+
+
+for _name, _member in FakeILogger.Severity.__members__.items():
+    setattr(FakeILogger, _name, _member)  # exported like the binding's ILogger.ERROR
 
 
 class _Calibrator:
@@ -43,43 +76,31 @@ class _Calibrator:
         self.base_initialised = True
 
 
-def fake_trt(version: str) -> SimpleNamespace:
-    major = int(version.split(".")[0])
+def fake_trt(version: str, snapshot: Optional[dict] = None) -> SimpleNamespace:
+    """A stand-in for ``tensorrt`` of ``version``'s major: enums with the real members and values,
+    ``IBuilderConfig`` with the real subset of :data:`FAKED`'s members, the calibrator classes
+    where the binding has them."""
+    snap = snapshot or snapshot_for(version)
     trt = SimpleNamespace(__version__=version, ILogger=FakeILogger)
-    tactics = ["CUBLAS", "CUBLAS_LT", "CUDNN", "EDGE_MASK_CONVOLUTIONS", "JIT_CONVOLUTIONS"]
-    if major <= 8:
-        trt.NetworkDefinitionCreationFlag = make_enum(
-            "NetworkDefinitionCreationFlag", ["EXPLICIT_BATCH", "EXPLICIT_PRECISION"])
-        flags = ["FP16", "INT8", "DEBUG", "GPU_FALLBACK", "STRICT_TYPES", "REFIT", "TF32", "FP8"]
-    elif major == 10:
-        trt.NetworkDefinitionCreationFlag = make_enum(
-            "NetworkDefinitionCreationFlag", ["EXPLICIT_BATCH", "STRONGLY_TYPED"],
-            {"EXPLICIT_BATCH": 0, "STRONGLY_TYPED": 1})
-        flags = ["FP16", "INT8", "DEBUG", "GPU_FALLBACK", "REFIT", "TF32", "BF16", "FP8"]
-    else:
-        trt.NetworkDefinitionCreationFlag = make_enum(
-            "NetworkDefinitionCreationFlag", ["STRONGLY_TYPED"], {"STRONGLY_TYPED": 0})
-        flags = ["DEBUG", "GPU_FALLBACK", "REFIT", "TF32"]
-        tactics = ["EDGE_MASK_CONVOLUTIONS", "JIT_CONVOLUTIONS"]
-    trt.BuilderFlag = make_enum("BuilderFlag", flags)
-    trt.TacticSource = make_enum("TacticSource", tactics)
-    trt.MemoryPoolType = make_enum("MemoryPoolType", ["WORKSPACE", "DLA_MANAGED_SRAM"])
-    trt.TensorIOMode = make_enum("TensorIOMode", ["NONE", "INPUT", "OUTPUT"])
-    trt.DataType = make_enum("DataType", ["FLOAT", "HALF", "INT8", "INT32", "BOOL", "UINT8", "BF16", "INT64"])
-
-    config_attrs = {"builder_optimization_level": 3, "set_memory_pool_limit": lambda self, *a: None}
-    if major <= 10:
-        config_attrs.update(int8_calibrator=None, set_calibration_profile=lambda self, p: None)
+    for name, values in snap["enums"].items():
+        if "." not in name:
+            setattr(trt, name, make_enum(name, values))
+    has = snap["members"]["IBuilderConfig"]
+    placeholders = {"builder_optimization_level": 3, "set_memory_pool_limit": lambda self, *a: None,
+                    "int8_calibrator": None, "set_calibration_profile": lambda self, p: None}
+    trt.IBuilderConfig = type("IBuilderConfig", (), {k: v for k, v in placeholders.items() if has.get(k)})
+    if snap["module"].get("IInt8Calibrator"):
         trt.IInt8Calibrator = type("IInt8Calibrator", (_Calibrator,), {})
-        for name in ("IInt8EntropyCalibrator2", "IInt8MinMaxCalibrator", "IInt8EntropyCalibrator",
-                     "IInt8LegacyCalibrator"):
-            setattr(trt, name, type(name, (trt.IInt8Calibrator,), {}))
-    trt.IBuilderConfig = type("IBuilderConfig", (), config_attrs)
+        for name in CALIBRATORS:
+            if snap["module"].get(name):
+                setattr(trt, name, type(name, (trt.IInt8Calibrator,), {}))
     return trt
 
 
 class RecordingConfig:
     """An IBuilderConfig stand-in recording what the compat layer sets on it."""
+
+    RECORDS = ("calls", "flags", "timing_cache")  # the fake's own record, not TensorRT names
 
     def __init__(self, timing_accepts=True, timing_raises=False, has_level=True, timing_ignores=False):
         self.calls = []
@@ -111,6 +132,10 @@ class RecordingConfig:
 
 
 class FakeTimingCache:
+    """``ITimingCache`` stand-in: ``data`` is the fake's own record."""
+
+    RECORDS = ("data",)
+
     def __init__(self, data):
         self.data = data
 

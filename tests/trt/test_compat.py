@@ -271,7 +271,9 @@ def test_dtype_names():
     assert compat.dtype_name(dt.FLOAT) == "float32"
     assert compat.dtype_name(dt.HALF) == "float16"
     assert compat.dtype_name(dt.INT8) == "int8"
-    assert compat.dtype_name(dt.BF16) == "trt:BF16"
+    assert compat.dtype_name(dt.FP8) == "trt:FP8"
+    assert not hasattr(dt, "BF16")  # TensorRT 8.6.0's DataType has no BF16 (10.x has)
+    assert compat.dtype_name(TRT10.DataType.BF16) == "trt:BF16"
 
 
 def test_io_tensors_from_name_api():
