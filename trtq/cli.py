@@ -609,7 +609,7 @@ def _calibration_text(r) -> str:
                      f"({r.samples / r.seconds if r.seconds else 0:.1f} samples/s)")
     else:
         lines.append(f"computed {r.method} ranges from saved statistics ({r.samples} samples)")
-    zero = f" ({len(r.zero_tensors)} always zero: scale floored)" if r.zero_tensors else ""
+    zero = f" ({len(r.zero_tensors)} zero or below 1e-8 on every sample: scale floored)" if r.zero_tensors else ""
     lines.append(f"tensors     {len(r.amax)}{zero}")
     if getattr(r, "range_flags", None):
         from trtq.calib.range_check import RATIO

@@ -116,3 +116,28 @@ def test_entropy_flags_agree_with_the_saved_histograms(trtq, tmp_path, sample_co
     worst_unflagged = max(_by_hand(saved.counts[n], saved.maxima[n], amax[n])
                           / max(_by_hand(saved.counts[n], saved.maxima[n], mse[n]), 1e-30) for n in unflagged)
     assert worst_unflagged <= RATIO
+
+
+def test_an_all_but_zero_activation_is_floored_not_a_refused_cache(trtq, tmp_path):
+    """An untrained BatchNorm leaves activations of 1e-10: its scale would be below what a cache
+    can hold. The tensor is floored like an all-zero one and named; the cache is written."""
+    from trtq.calib.cache import read_cache
+    from trtq.calib.calibrate import MIN_AMAX
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(0, 0.5, (16, 16)).astype(np.float32), "w")
+    tiny = numpy_helper.from_array(np.array(1e-10, np.float32), "tiny")
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "tiny"], ["small"], name="shrink"),
+                               helper.make_node("MatMul", ["small", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])], [w, tiny])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
+              str(tmp_path / "m.onnx"))
+    np.save(tmp_path / "x.npy", rng.normal(0, 1, (16, 16)).astype(np.float32))
+    r = trtq(["calibrate", "--model", tmp_path / "m.onnx", "--data", tmp_path / "x.npy", "-o", tmp_path / "c.cache",
+              "--json"])
+    assert r.code == 0, r
+    out = json.loads(r.out)
+    assert "small" in out["zero_tensors"] and "x" not in out["zero_tensors"]
+    amax = read_cache(tmp_path / "c.cache").amax
+    assert amax["small"] == pytest.approx(MIN_AMAX, rel=1e-6) and amax["x"] > 1

@@ -24,7 +24,7 @@ from trtq.fileio import sha256_file
 
 log = logging.getLogger(__name__)
 
-# smallest amax written: a tensor that was exactly zero on every sample still needs scale > 0
+# smallest amax written: a tensor that was (all but) zero on every sample still needs scale > 0
 MIN_AMAX = 1e-8
 
 
@@ -91,8 +91,11 @@ def resolve_trt_version(requested: Optional[str]) -> str:
 
 
 def _finalize_amax(amax: dict[str, float]) -> tuple[dict[str, float], list[str]]:
-    zero = [name for name, a in amax.items() if not a > 0]
-    return {name: (a if a > 0 else MIN_AMAX) for name, a in amax.items()}, zero
+    """amax floored at :data:`MIN_AMAX` (a tensor that was zero, or all but zero, on every sample:
+    an untrained BatchNorm's 1e-10 activations would otherwise refuse the whole cache), and the
+    names floored."""
+    floored = [name for name, a in amax.items() if not a >= MIN_AMAX]
+    return {name: (a if a >= MIN_AMAX else MIN_AMAX) for name, a in amax.items()}, floored
 
 
 def _write_outputs(out: Path, algorithm: str, trt_version: str, amax: dict[str, float], provenance: dict) -> None:
