@@ -47,9 +47,11 @@ def edit_distance(a: Sequence[Any], b: Sequence[Any]) -> int:
 
 
 class CtcAccumulator:
-    """Streaming sequence agreement and character error rate of one ``[N, T, C]`` output."""
+    """Streaming sequence agreement and character error rate of one ``[N, T, C]`` output
+    (``layout``: the model's, ``NTC`` or ``TNC``; the accumulator sees batch-first rows)."""
 
-    def __init__(self) -> None:
+    def __init__(self, layout: str = "NTC") -> None:
+        self.layout = layout
         self.samples = 0
         self.exact = 0
         self.edits = 0
@@ -70,4 +72,5 @@ class CtcAccumulator:
             "matching_lines": self.exact,
             "reference_chars": self.ref_chars,
             "edits": self.edits,
+            "layout": self.layout,
         }

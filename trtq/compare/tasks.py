@@ -356,7 +356,7 @@ class TaskAccumulator:
                 self.how += f", {'NCHW' if axis == 1 else 'NHWC'} ({how})"
             self._impl = SegmentAccumulator(shape[axis], s.mask_threshold, axis)
         elif self.task == "ctc":
-            self._impl = CtcAccumulator()
+            self._impl = CtcAccumulator("TNC" if self.batch_axis == 1 else "NTC")
 
     def update(self, ref: np.ndarray, cand: np.ndarray) -> None:
         if self.task is None:
