@@ -1,0 +1,56 @@
+"""Issue 28's model zoo through the real CLI: for every file, ``trtq calibrate`` and ``trtq quantize``
+write a Q/DQ model that loads and runs in ONNX Runtime, quantizes the model's Conv/Gemm/MatMul
+nodes and stays within SQNR_MIN_DB of FP32; ``trtq compare --json`` infers each output's task as
+the manifest states it (and its metric matches plain scoring in the model's real layout within
+0.01), or says raw with a reason where nothing in the graph tells."""
+from __future__ import annotations
+
+import math
+
+from tests.zoo import zoo_steps
+
+
+def _where(case) -> str:
+    e = case.entry
+    return f"{e['file']} ({e['architecture']}, {e['exporter']} opset {e['opset']})"
+
+
+def _require(case, *steps):
+    for name in steps:
+        failed = case.step_failed(name)
+        assert failed is None, f"{_where(case)}: {failed}"
+
+
+def test_qdq_model_loads_and_runs(zoo_case):
+    _require(zoo_case, "calibrate", "quantize")
+    assert zoo_case.loads, f"{_where(zoo_case)}: quantize exited 0 but its model does not load and run in " \
+                           f"ONNX Runtime: {zoo_case.load_error or 'no file written'}"
+    if zoo_case.weighted:
+        assert zoo_case.quantized, f"{_where(zoo_case)}: none of its {zoo_case.weighted} Conv/Gemm/MatMul " \
+                                   f"nodes has Q/DQ on its inputs"
+
+
+def test_qdq_output_within_sqnr_bound(zoo_case):
+    _require(zoo_case, "calibrate", "quantize")
+    assert zoo_case.loads, f"{_where(zoo_case)}: no loadable Q/DQ model to measure ({zoo_case.load_error})"
+    assert set(zoo_case.sqnr) == {o["name"] for o in zoo_case.entry["outputs"]}
+    floor = {n: zoo_steps.output_floor(zoo_case.entry, n) for n in zoo_case.sqnr}
+    low = {n: v for n, v in zoo_case.sqnr.items() if not (v >= floor[n] or (math.isinf(v) and v > 0))}
+    assert not low, f"{_where(zoo_case)}: Q/DQ vs FP32 SQNR below its bound: " + ", ".join(
+        f"{n} {v:.1f} dB < {floor[n]:g} dB" for n, v in low.items())
+
+
+def test_compare_infers_the_task(zoo_case):
+    _require(zoo_case, "compare")
+    assert len(zoo_case.tasks) == len(zoo_case.entry["outputs"])
+    problems = [p for row in zoo_case.tasks for p in row["problems"]]
+    assert not problems, f"{_where(zoo_case)}, candidate {zoo_case.candidate}: " + "; ".join(problems)
+
+
+def test_compare_with_the_task_given(zoo_flagged_case):
+    """Given the flags that state the manifest's task and layout (--task ctc --layout TNC, --task
+    segment --layout NHWC, --task detect --scores ... --boxes ... --box-format dfl), compare scores
+    every output as that task, with the metric plain scoring computes."""
+    case = zoo_flagged_case
+    _require(case, "compare_given")
+    assert not case.explicit, f"{_where(case)}, candidate {case.candidate}: " + "; ".join(case.explicit)
