@@ -100,7 +100,7 @@ MAX_FLOORS = 7
 CORE_MODULES = {"trtq", "trtq.errors", "trtq.fileio", "trtq.config", "trtq.model", "trtq.interrupt",
                 "trtq.outputs", "trtq.qdq_info", "trtq.input_override", "trtq.numbers",
                 "trtq.closing"}
-CLI_MODULES = {"trtq.cli", "trtq.__main__"}
+CLI_MODULES = {"trtq.cli", "trtq.__main__", "trtq.console"}
 
 
 def group_of(module: str) -> str:
