@@ -335,6 +335,9 @@ def _looks_like_input_name(text: str) -> bool:
 # input files: click checks nothing (its errors exit 2); the library reports missing, unreadable
 # or wrong files as invalid input (exit 3)
 _IN_PATH = click.Path(readable=False)
+# output files: click checks nothing either; trtq.outputs refuses a folder, a special file or an
+# input (exit 2, one line) before any work
+_OUT_PATH = click.Path(readable=False)
 
 # the names of trtq.data.presets.PRESETS (not imported here: the CLI stays fast to import)
 _PRESET_CHOICE = click.Choice(["imagenet", "inception", "yolo", "paddle", "unit", "raw"])
@@ -479,13 +482,13 @@ _calibration = _option_group(
                  help="Only these tensors (comma-separated or repeated); 'qdq': only the activations trtq "
                       "quantize places Q/DQ on (explicit builds; ~15-50% of the tensors, up to 2x faster; the "
                       "default for a cache written for TensorRT >= 11); 'all': every tensor."),
-    click.option("-o", "--output", type=click.Path(dir_okay=False), help="Cache path (default calibration.cache)."),
+    click.option("-o", "--output", type=_OUT_PATH, help="Cache path (default calibration.cache)."),
     click.option("--trt-version",
                  help="TensorRT version the cache header is written for (default: installed, else 10.16.0)."),
     click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]),
                  help="Who computes the ranges (default onnxruntime)."),
     click.option("--providers", multiple=True, help="ONNX Runtime providers, e.g. CPUExecutionProvider."),
-    click.option("--save-stats", type=click.Path(dir_okay=False),
+    click.option("--save-stats", type=_OUT_PATH,
                  help="Also save max + histograms (.npz) for --from-stats."),
     click.option("--max-memory", metavar="SIZE",
                  help="Memory one batch of exposed activations may take (--collect outputs, or where in-graph "
@@ -497,9 +500,9 @@ _sharding = _option_group(
     "sharding",
     click.option("--shard", metavar="I/N",
                  help="Only shard I (0-based) of N of the samples; writes --save-stats, no cache."),
-    click.option("--ranges", type=click.Path(dir_okay=False),
+    click.option("--ranges", type=_IN_PATH,
                  help="Pass 2 of a shard: histograms over these merged pass-1 ranges."),
-    click.option("--keep-batches", type=click.Path(dir_okay=False),
+    click.option("--keep-batches", type=_OUT_PATH,
                  help="With --shard: pass 1 writes the decoded batches here, pass 2 reads them instead of decoding."),
 )
 
@@ -583,9 +586,9 @@ def _shard_flags(shard, ranges, from_stats, cfg):
 
 
 @cli.command("merge-stats")
-@click.argument("stats", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("stats", nargs=-1, required=True, type=_IN_PATH)
 @_common
-@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Merged statistics (.npz).")
+@click.option("-o", "--output", type=_OUT_PATH, required=True, help="Merged statistics (.npz).")
 def merge_stats(stats, common, output):
     """Merge the --save-stats files of the N shards of one pass (trtq calibrate --shard I/N)."""
     st = _apply_common(common)
@@ -720,7 +723,7 @@ _quantizing = _option_group(
 @_common
 @click.option("-m", "--model", type=_IN_PATH, help="FP32 ONNX model.")
 @click.option("--cache", type=_IN_PATH, required=True, help="calibration.cache (trtq, TensorRT or ONNX Runtime).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Q/DQ model path (default MODEL.qdq.onnx).")
+@click.option("-o", "--output", type=_OUT_PATH, help="Q/DQ model path (default MODEL.qdq.onnx).")
 @_quantizing
 @_data_source("Data for --equalize, --bias-correction, --weight-rounding gptq and --float-layers, as for "
               "calibrate.",
@@ -765,16 +768,16 @@ def quantize(common, model, cache, output, quantizing, source):
 
 @cli.command()
 @_common
-@click.option("--cache", type=click.Path(dir_okay=False), required=True,
+@click.option("--cache", type=_IN_PATH, required=True,
               help="calibration.cache (its .json provenance is read too).")
-@click.option("--stats", type=click.Path(dir_okay=False),
+@click.option("--stats", type=_IN_PATH,
               help="Its --save-stats file (histograms, every method's range).")
-@click.option("--compare", "compare_json", type=click.Path(dir_okay=False),
+@click.option("--compare", "compare_json", type=_IN_PATH,
               help="trtq compare --json output (accuracy, --per-layer).")
-@click.option("--quantize", "quantize_json", type=click.Path(dir_okay=False),
+@click.option("--quantize", "quantize_json", type=_IN_PATH,
               help="trtq quantize --json output (layers left float).")
-@click.option("--bench", "bench_json", type=click.Path(dir_okay=False), help="trtq bench --json output (latency).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default="report.html", show_default=True,
+@click.option("--bench", "bench_json", type=_IN_PATH, help="trtq bench --json output (latency).")
+@click.option("-o", "--output", type=_OUT_PATH, default="report.html", show_default=True,
               help="HTML file to write (self-contained).")
 def report(common, cache, stats, compare_json, quantize_json, bench_json, output):
     """Write one self-contained HTML page: histograms and ranges per tensor, sensitivity, accuracy, latency."""
@@ -806,7 +809,7 @@ _per_layer = _option_group(
     click.option("--per-layer", is_flag=True, default=None,
                  help="Rank quantized layers by the error each adds (needs --cache)."),
     click.option("--per-layer-mode", type=click.Choice(["only", "leave-one-out"]), default="only", show_default=True),
-    click.option("--cache", type=click.Path(dir_okay=False), help="Calibration cache for --per-layer."),
+    click.option("--cache", type=_IN_PATH, help="Calibration cache for --per-layer."),
     click.option("--top", type=int, default=10, show_default=True, help="Rows of the per-layer table."),
 )
 
@@ -829,9 +832,9 @@ _task = _option_group(
 @cli.command()
 @_override_option
 @_common
-@click.option("--reference", type=click.Path(dir_okay=False),
+@click.option("--reference", type=_IN_PATH,
               help="Reference model (.onnx, FP32). Default: model: from the config.")
-@click.option("--candidate", type=click.Path(dir_okay=False), required=True,
+@click.option("--candidate", type=_IN_PATH, required=True,
               help="Candidate (.onnx Q/DQ or .plan engine).")
 @_DATA_SOURCE
 @_batching
@@ -894,7 +897,7 @@ _engine = _option_group(
     click.option("--workspace-mb", type=int, help="Builder workspace limit in MiB."),
     click.option("--opt-level", "optimization_level", type=click.IntRange(0, 5),
                  help="Builder optimization level 0-5."),
-    click.option("--timing-cache", type=click.Path(dir_okay=False), help="Load/save the builder timing cache here."),
+    click.option("--timing-cache", type=_OUT_PATH, help="Load/save the builder timing cache here."),
     click.option("--tactic-sources",
                  help="Comma-separated tactic sources, e.g. EDGE_MASK_CONVOLUTIONS,JIT_CONVOLUTIONS."),
 )
@@ -906,7 +909,7 @@ _engine = _option_group(
 @click.option("-m", "--model", type=_IN_PATH,
               help="ONNX model: FP32 (INT8 needs --cache), or already quantized (Q/DQ: built as it is).")
 @click.option("--cache", type=_IN_PATH, help="calibration.cache (INT8 from an FP32 model).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Engine path (default MODEL.plan).")
+@click.option("-o", "--output", type=_OUT_PATH, help="Engine path (default MODEL.plan).")
 @_engine
 @click.option("--exclude", multiple=True, metavar="PATTERN",
               help="Keep nodes float (explicit mode): an op type, an exact node name, else a name regex.")
@@ -1198,8 +1201,7 @@ def _run(args: list[str], verbose: int) -> int:
     except click.exceptions.Abort as e:  # click turns KeyboardInterrupt (Terminated too) into Abort
         return _interrupted(e.__cause__ if isinstance(e.__cause__, KeyboardInterrupt) else KeyboardInterrupt())
     except click.exceptions.ClickException as e:
-        e.show()
-        return 2 if isinstance(e, click.exceptions.UsageError) else e.exit_code
+        return _click_error(e)
     except KeyboardInterrupt as e:  # Terminated included
         return _interrupted(e)
     except MemoryError:
@@ -1218,6 +1220,19 @@ def _run(args: list[str], verbose: int) -> int:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return _fail(e, f"internal error: {type(e).__name__}: {msg} (run with -vv for the traceback; please report it)", 1, verbose)
     return rv if isinstance(rv, int) else 0
+
+
+def _click_error(e: click.exceptions.ClickException) -> int:
+    """click's own errors (unknown flag or command, a value its type refuses) as the one line every
+    trtq error is, exit 2 for usage errors."""
+    message = " ".join(e.format_message().split()).rstrip(".")
+    if not isinstance(e, click.exceptions.UsageError):
+        click.echo(f"trtq: error: {message}", err=True)
+        return e.exit_code
+    ctx = e.ctx
+    where = ctx.command_path if ctx is not None and ctx.command_path else "trtq"
+    click.echo(f"trtq: error: {message}; see '{where} --help'", err=True)
+    return 2
 
 
 def _interrupted(e: KeyboardInterrupt) -> int:

@@ -32,7 +32,7 @@ import numpy as np
 
 from trtq.calib import kernels
 from trtq.errors import CacheError, ConfigError, DataError
-from trtq.fileio import atomic_path
+from trtq.fileio import atomic_path, require_input_file
 
 METHODS = ("max", "entropy", "percentile", "mse")
 DEFAULT_NUM_BINS = 2048
@@ -647,8 +647,8 @@ def _stats_error(path: Path, what: str) -> CacheError:
 def load_stats(path: Union[str, Path]) -> StatsFile:
     """Read a file written by :func:`save_stats`; CacheError (with the fix) on anything wrong."""
     path = Path(path)
-    if not path.is_file():
-        raise CacheError(f"statistics file not found: {path}", "check the path, or run trtq calibrate --save-stats")
+    require_input_file(path, CacheError, "statistics file", "check the path, or run trtq calibrate --save-stats",
+                       "pass a .npz file written by trtq calibrate --save-stats")
     try:
         with open(path, "rb") as f:
             raw = f.read()

@@ -1,0 +1,61 @@
+"""Issue 29: every value a user types is parsed into a one-line error with exit 2 (usage) or 3
+(invalid input), never click's multi-line usage text, an "internal error" or an out-of-memory exit 1;
+and every such refusal writes nothing."""
+import os
+
+import pytest
+
+from tests.reliability.conftest import one_line_error, run_child
+
+
+def _refused(trtq, kit, args, code, *words):
+    before = kit.snapshot()
+    r = trtq(args)
+    assert r.code == code, r
+    assert one_line_error(r), r.err
+    for w in words:
+        assert w in r.err, r.err
+    assert kit.snapshot() == before  # nothing written, nothing replaced
+    return r
+
+
+# ------------------------------------------------------------------------------------------------
+# click's own errors and input paths
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args,words", [
+    (["calibrate", "--method", "median"], ["'median' is not one of", "see 'trtq calibrate --help'"]),
+    (["calibrate", "--batch-size", "eight"], ["'--batch-size'", "not a valid integer"]),
+    (["merge-stats", "--bogus"], ["No such option '--bogus'", "see 'trtq merge-stats --help'"]),
+    (["merge-stats"], ["Missing argument"]),
+    (["no-such-command"], ["No such command", "see 'trtq --help'"]),
+])
+def test_click_usage_errors_are_one_line(trtq, kit, args, words):
+    _refused(trtq, kit, args, 2, *words)
+
+
+def test_a_folder_given_as_an_input_file_is_invalid_input(trtq, kit):
+    _refused(trtq, kit, ["merge-stats", kit.root, kit.stats, "-o", kit.root / "m.npz"], 3,
+             "statistics file path is a folder")
+    _refused(trtq, kit, ["report", "--cache", kit.cache, "--stats", kit.root, "-o", kit.root / "r.html"], 3,
+             "statistics file path is a folder")
+
+
+@pytest.mark.parametrize("what", ["merge-stats shard", "report --stats", "report --cache"])
+def test_an_unreadable_shard_stats_or_cache_file_is_exit_3(kit, unprivileged, what):
+    """Was click's exit 2 ("Invalid value ... is not readable") with its usage text."""
+    target = kit.cache if what == "report --cache" else kit.stats
+    out = kit.root / ("m.npz" if what.startswith("merge") else "r.html")
+    args = {"merge-stats shard": ["merge-stats", kit.stats, "-o", out],
+            "report --stats": ["report", "--cache", kit.cache, "--stats", kit.stats, "-o", out],
+            "report --cache": ["report", "--cache", kit.cache, "-o", out]}[what]
+    os.chmod(kit.root, 0o755)
+    os.chmod(target, 0)
+    try:
+        r = run_child(args, unprivileged)
+    finally:
+        os.chmod(target, 0o644)
+    assert r.code == 3, r
+    assert one_line_error(r) and "Permission denied" in r.err and "cannot read" in r.err, r.err
+    assert not out.exists()
