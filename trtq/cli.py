@@ -249,6 +249,8 @@ def _source_for_path(path: str):
 
 def _parse_shape_flags(items: Sequence[str], specs, base: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
     """--shape [INPUT=]DIMS (DIMS like 8x3x48x320 or 8,3,48,320) merged over data.shapes."""
+    from trtq.input_override import parse_dims
+
     by_name = {s.name: s for s in specs}
     shapes = dict(base)
     seen: dict[str, str] = {}
@@ -261,15 +263,15 @@ def _parse_shape_flags(items: Sequence[str], specs, base: dict[str, tuple[int, .
             name = specs[0].name
         elif name not in by_name:
             raise UsageError(f"--shape names '{name}', which is not a model input", "inputs: " + ", ".join(by_name))
-        parts = [p for p in dims.replace(",", "x").split("x")]
-        if not parts or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-            raise UsageError(f"--shape {item}: the dims must be positive integers",
+        parsed = parse_dims(dims)
+        if parsed is None:
+            raise UsageError(f"--shape {item}: the dims must be positive integers (digits 0-9, each below 2**31)",
                              f"write every dim of {by_name[name].describe()}, e.g. --shape {name}=8x3x224x224")
         if name in seen:
             raise UsageError(f"--shape gives input '{name}' twice ({seen[name]} and {item})",
                              "pass one --shape per input")
         seen[name] = item
-        shapes[name] = tuple(int(p) for p in parts)
+        shapes[name] = parsed
     return shapes
 
 
@@ -339,6 +341,35 @@ _IN_PATH = click.Path(readable=False)
 # input (exit 2, one line) before any work
 _OUT_PATH = click.Path(readable=False)
 
+
+
+class _Number(click.ParamType):
+    """An integer (``_INT``) or a finite number (``_FLOAT``) written with the ASCII digits 0-9, at most
+    18 of them (trtq.numbers): click's INT and FLOAT take other scripts' digits (``--batch-size ١٢``),
+    ``1_000``, ``nan``, ``inf`` and numbers of any length. ``low`` / ``high`` bound it."""
+
+    def __init__(self, integer: bool, low: Optional[float] = None, high: Optional[float] = None):
+        self.integer, self.low, self.high = integer, low, high
+        self.name = "integer" if integer else "number"
+
+    def convert(self, value, param, ctx):
+        from trtq.numbers import ascii_float, ascii_int
+
+        number = ascii_int(value) if self.integer else ascii_float(value)
+        if number is None:
+            what = "a whole number" if self.integer else "a finite number"
+            self.fail(f"{value!r} is not {what} written with the digits 0-9 (at most 18 of them)", param, ctx)
+        if (self.low is not None and number < self.low) or (self.high is not None and number > self.high):
+            self.fail(f"{number} is not in the range {self.low}..{self.high}", param, ctx)
+        return number
+
+    def __repr__(self) -> str:
+        return self.name.upper()
+
+
+_INT = _Number(integer=True)
+_FLOAT = _Number(integer=False)
+
 # the names of trtq.data.presets.PRESETS (not imported here: the CLI stays fast to import)
 _PRESET_CHOICE = click.Choice(["imagenet", "inception", "yolo", "paddle", "unit", "raw"])
 
@@ -374,12 +405,12 @@ _DATA_SOURCE = _data_source("Image folder, .txt file list, .npy file or glob; re
 # how the data is batched (data.* keys), for the commands that run the model over it
 _batching = _option_group(
     "batching",
-    click.option("--batch-size", type=int, help="Samples per batch (default: model's batch dim, else 8)."),
-    click.option("--limit", type=int, help="Use at most N samples."),
-    click.option("--workers", type=int, help="Decode threads (default: min(4, CPUs))."),
+    click.option("--batch-size", type=_INT, help="Samples per batch (default: model's batch dim, else 8)."),
+    click.option("--limit", type=_INT, help="Use at most N samples."),
+    click.option("--workers", type=_INT, help="Decode threads (default: min(4, CPUs))."),
     click.option("--skip-bad", is_flag=True, default=None, help="Skip undecodable images and report them."),
     click.option("--shuffle/--no-shuffle", default=None, help="Shuffle samples (seeded, deterministic)."),
-    click.option("--seed", type=int, help="Shuffle seed."),
+    click.option("--seed", type=_INT, help="Shuffle seed."),
 )
 
 
@@ -469,9 +500,9 @@ _calibration = _option_group(
     "calib",
     click.option("--method", type=click.Choice(["max", "entropy", "percentile", "mse"]),
                  help="Range method (default mse; with --backend tensorrt: entropy)."),
-    click.option("--percentile", type=float, help="Percentile for --method percentile (default 99.99)."),
-    click.option("--num-bins", type=int, help="Histogram bins (default 2048)."),
-    click.option("--hist-elements", type=int, metavar="N",
+    click.option("--percentile", type=_FLOAT, help="Percentile for --method percentile (default 99.99)."),
+    click.option("--num-bins", type=_INT, help="Histogram bins (default 2048)."),
+    click.option("--hist-elements", type=_INT, metavar="N",
                  help="mse/percentile: histogram at most N elements of each tensor per sample, a fixed "
                       "stride (default 65536; 0: every element). The max always sees every element."),
     click.option("--collect", type=click.Choice(["auto", "in-graph", "outputs"]),
@@ -656,7 +687,7 @@ def _dry_run(st: _State, cfg) -> None:
 @click.option("--diff", "other", type=_IN_PATH, help="Compare with another cache.")
 @click.option("--sort", "sort_key", type=click.Choice(["name", "amax", "scale", "rel-diff", "file"]), default="file",
               show_default=True, help="Row order.")
-@click.option("--top", type=int, help="Show only the first N rows.")
+@click.option("--top", type=_INT, help="Show only the first N rows.")
 def inspect_cache(cache, common, model, other, sort_key, top):
     """Decode a calibration cache (TensorRT or ONNX Runtime format): header, scales, amax, gaps, diffs."""
     st = _apply_common(common)
@@ -703,10 +734,10 @@ _quantizing = _option_group(
     click.option("--weight-rounding", type=click.Choice(["nearest", "gptq"]),
                  help="INT8 weight levels: nearest (default) or gptq, chosen for each layer's output error "
                       "on the data (needs --data or a config with data)."),
-    click.option("--float-layers", type=int, metavar="N",
+    click.option("--float-layers", type=_INT, metavar="N",
                  help="Leave float the N layers that add the most error alone (ranked as compare --per-layer "
                       "does, on the data)."),
-    click.option("--samples", type=int,
+    click.option("--samples", type=_INT,
                  help="Calibration samples --equalize, --bias-correction, gptq rounding and --float-layers read "
                       "(default 128)."),
     click.option("--center-activations", is_flag=True, default=None,
@@ -810,7 +841,7 @@ _per_layer = _option_group(
                  help="Rank quantized layers by the error each adds (needs --cache)."),
     click.option("--per-layer-mode", type=click.Choice(["only", "leave-one-out"]), default="only", show_default=True),
     click.option("--cache", type=_IN_PATH, help="Calibration cache for --per-layer."),
-    click.option("--top", type=int, default=10, show_default=True, help="Rows of the per-layer table."),
+    click.option("--top", type=_INT, default=10, show_default=True, help="Rows of the per-layer table."),
 )
 
 
@@ -822,9 +853,9 @@ _task = _option_group(
                       "ranks by (default auto: inferred from each output's shape, stated in the report)."),
     click.option("--detect-format", type=click.Choice(["auto", "v8", "v5"]),
                  help="detect: YOLOv8 rows (4 box + class scores) or YOLOv5 rows (4 box, objectness, class scores)."),
-    click.option("--score-threshold", type=float, help="detect: least score of a detection (default 0.25)."),
-    click.option("--nms-iou", type=float, help="detect: NMS IoU threshold, per class (default 0.45)."),
-    click.option("--mask-threshold", type=float,
+    click.option("--score-threshold", type=_FLOAT, help="detect: least score of a detection (default 0.25)."),
+    click.option("--nms-iou", type=_FLOAT, help="detect: NMS IoU threshold, per class (default 0.45)."),
+    click.option("--mask-threshold", type=_FLOAT,
                  help="segment: a one-channel map's mask is value > this (default 0.5)."),
 )
 
@@ -838,9 +869,9 @@ _task = _option_group(
               help="Candidate (.onnx Q/DQ or .plan engine).")
 @_DATA_SOURCE
 @_batching
-@click.option("--min-agreement", type=float, help="Fail (exit 1) when an output's task metric (top-1 agreement, "
+@click.option("--min-agreement", type=_FLOAT, help="Fail (exit 1) when an output's task metric (top-1 agreement, "
               "detection F1, mask IoU, CTC sequence agreement) is below this.")
-@click.option("--min-cosine", type=float, help="Fail (exit 1) when mean cosine similarity is below this.")
+@click.option("--min-cosine", type=_FLOAT, help="Fail (exit 1) when mean cosine similarity is below this.")
 @_per_layer
 @click.option("--semantics", type=click.Choice(["qdq", "onnxruntime"]),
               help="How a Q/DQ .onnx candidate is run: qdq (default: the Q/DQ pairs as written, what TensorRT "
@@ -894,8 +925,8 @@ _engine = _option_group(
                  help="explicit Q/DQ (default; TRT 11) or implicit calibrator (TRT <= 10)."),
     click.option("--precision", type=click.Choice(["int8", "fp16", "fp32"]), help="Engine precision (default int8)."),
     click.option("--fp16", is_flag=True, default=None, help="Let layers left in float run in FP16."),
-    click.option("--workspace-mb", type=int, help="Builder workspace limit in MiB."),
-    click.option("--opt-level", "optimization_level", type=click.IntRange(0, 5),
+    click.option("--workspace-mb", type=_INT, help="Builder workspace limit in MiB."),
+    click.option("--opt-level", "optimization_level", type=_Number(integer=True, low=0, high=5),
                  help="Builder optimization level 0-5."),
     click.option("--timing-cache", type=_OUT_PATH, help="Load/save the builder timing cache here."),
     click.option("--tactic-sources",
@@ -949,12 +980,12 @@ def build(common, model, cache, output, engine, exclude, allow_stale):
 @cli.command()
 @click.argument("plans", nargs=-1, required=True, type=_IN_PATH)
 @_common
-@click.option("--iterations", type=int, help="Timed iterations (default: run for --duration).")
-@click.option("--duration", type=float, help="Seconds to time (default 3).")
-@click.option("--warmup", type=float, help="Warm-up seconds (default 0.5).")
+@click.option("--iterations", type=_INT, help="Timed iterations (default: run for --duration).")
+@click.option("--duration", type=_FLOAT, help="Seconds to time (default 3).")
+@click.option("--warmup", type=_FLOAT, help="Warm-up seconds (default 0.5).")
 @click.option("--include-copies", is_flag=True, default=None, help="Time host->device and device->host copies too.")
 @click.option("--cuda-graph", is_flag=True, default=None, help="Launch through a captured CUDA graph.")
-@click.option("--layers", "layers", type=int, default=None, is_flag=False, flag_value=25, metavar="[N]",
+@click.option("--layers", "layers", type=_INT, default=None, is_flag=False, flag_value=25, metavar="[N]",
               help="Also profile each plan layer by layer and show its N slowest layers (default 25) with their "
                    "precision (--json: all layers).")
 def bench(plans, common, iterations, duration, warmup, include_copies, cuda_graph, layers):

@@ -11,12 +11,29 @@ place of the original (removed when the command ends).
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Optional
 from collections.abc import Mapping, Sequence
 
 from trtq.errors import ModelError, UsageError
 from trtq.model import format_shape
+from trtq.numbers import ascii_int
 
 _temp_dirs: list[str] = []
+
+
+MAX_DIM = 2 ** 31 - 1  # no real tensor has a longer axis (TensorRT's dims were int32 until 10)
+
+
+def parse_dims(text: str) -> Optional[tuple[int, ...]]:
+    """``1x3x240x320`` or ``1,3,240,320`` -> the dims, each a positive integer written with the digits
+    0-9 and at most MAX_DIM; None otherwise (``²``, ``1_0``, a 400-digit dim). --shape uses it too."""
+    dims = []
+    for part in str(text).replace(",", "x").split("x"):
+        d = ascii_int(part)
+        if d is None or part.strip()[:1] in "+-" or not 0 < d <= MAX_DIM:
+            return None
+        dims.append(d)
+    return tuple(dims)
 
 
 def parse_override(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
@@ -24,13 +41,13 @@ def parse_override(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {}
     for item in items:
         name, sep, dims = item.rpartition("=")
-        parts = dims.replace(",", "x").split("x")
-        if not sep or not name or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-            raise UsageError(f"--override-input-shape {item}: expected INPUT=DIMS with positive integer dims",
-                             "e.g. --override-input-shape input=1x3x240x320")
+        parsed = parse_dims(dims)
+        if not sep or not name or parsed is None:
+            raise UsageError(f"--override-input-shape {item}: expected INPUT=DIMS with positive integer dims "
+                             "(digits 0-9, each below 2**31)", "e.g. --override-input-shape input=1x3x240x320")
         if name in out:
             raise UsageError(f"--override-input-shape gives input '{name}' twice", "pass one per input")
-        out[name] = tuple(int(p) for p in parts)
+        out[name] = parsed
     return out
 
 

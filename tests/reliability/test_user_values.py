@@ -26,7 +26,7 @@ def _refused(trtq, kit, args, code, *words):
 
 @pytest.mark.parametrize("args,words", [
     (["calibrate", "--method", "median"], ["'median' is not one of", "see 'trtq calibrate --help'"]),
-    (["calibrate", "--batch-size", "eight"], ["'--batch-size'", "not a valid integer"]),
+    (["calibrate", "--batch-size", "eight"], ["'--batch-size'", "not a whole number"]),
     (["merge-stats", "--bogus"], ["No such option '--bogus'", "see 'trtq merge-stats --help'"]),
     (["merge-stats"], ["Missing argument"]),
     (["no-such-command"], ["No such command", "see 'trtq --help'"]),
@@ -59,3 +59,41 @@ def test_an_unreadable_shard_stats_or_cache_file_is_exit_3(kit, unprivileged, wh
     assert r.code == 3, r
     assert one_line_error(r) and "Permission denied" in r.err and "cannot read" in r.err, r.err
     assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# numbers: the digits 0-9 only, no absurd sizes
+# ------------------------------------------------------------------------------------------------
+
+FOUR_HUNDRED_DIGITS = "9" * 400
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--shape", "x=²x3x8x8"], ["--shape x=²x3x8x8", "positive integers"]),
+    (["--shape", "x=1x3x8x" + FOUR_HUNDRED_DIGITS], ["--shape", "below 2**31"]),
+    (["--override-input-shape", "x=١x3x8x8"], ["--override-input-shape", "positive integer dims"]),
+    (["--max-memory", FOUR_HUNDRED_DIGITS], ["--max-memory must be a size", "..."]),
+    (["--max-memory", "99999999999T"], ["more than 1 EiB"]),
+    (["--max-memory", "١٢G"], ["--max-memory must be a size"]),
+    (["--batch-size", "١٢"], ["'--batch-size'", "digits 0-9"]),
+    (["--batch-size", FOUR_HUNDRED_DIGITS], ["'--batch-size'", "at most 18"]),
+    (["--num-bins", "２０４８"], ["'--num-bins'"]),
+    (["--num-bins", str(10 ** 11)], ["num_bins must be a positive integer up to"]),
+    (["--seed", "1_000"], ["'--seed'"]),
+    (["--method", "percentile", "--percentile", "nan"], ["'--percentile'", "finite number"]),
+    (["--hist-elements", "1e3"], ["'--hist-elements'"]),
+    (["--trt-version", "١٠.٣.٠"], ["not a TensorRT version"]),
+    (["--shard", "١/٢", "--save-stats", "s0.npz"], ["is not I/N", "digits 0-9"]),
+    (["--shard", "1/" + "1" + "0" * 26, "--save-stats", "s0.npz"], ["at most 1000000 shards"]),
+])
+def test_a_number_in_another_script_or_of_absurd_size_is_refused(trtq, kit, flags, words):
+    """Were "internal error ... please report it" (int('²'), a 400-digit --max-memory overflowing a
+    float), out of memory (exit 1) or silently read (--batch-size ١٢ ran with 12)."""
+    _refused(trtq, kit, ["calibrate", "--model", kit.model, "--data", kit.data, "-o", kit.root / "n.cache", *flags],
+             2, *words)
+
+
+def test_build_opt_level_range_and_digits(trtq, kit):
+    for value in ("6", "٣"):
+        _refused(trtq, kit, ["build", "--model", kit.model, "--cache", kit.cache, "-o", kit.root / "e.plan",
+                             "--opt-level", value], 2, "'--opt-level'")

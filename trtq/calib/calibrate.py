@@ -288,6 +288,9 @@ def _prepare(cfg: TrtqConfig, shard: Optional[tuple[int, int]], ranges: Optional
         raise DataError(f"model {model_path} has no float input to calibrate", "pass an FP32 model")
     refuse_quantized(model, model_path)
     tensors = select_tensors(model, opts.tensors)
+    from trtq.calib.stats import check_num_bins
+
+    check_num_bins(opts.num_bins, len(tensors))
     slice_at = slice_target(opts.max_memory, budget)
     feed_model, feed_specs, data, feed_mode = model, specs, cfg.data, None
     if shard is None and ranges is None:  # a fixed batch of 1: fed in batches where that is identical

@@ -32,18 +32,24 @@ PASS_RANGES = "ranges"
 PASS_HISTOGRAM = "histogram"
 PASS_ONE = "one-pass"  # mse / percentile: power-of-two histograms, complete in one pass (trtq.calib.pow2)
 
-_SHARD_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+# the digits 0-9 only (re.ASCII: \d would take other scripts' digits, which int() reads)
+_SHARD_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$", re.ASCII)
+MAX_SHARDS = 1_000_000  # shard files merge-stats may be given; a data set has at least as many samples
 
 
 def parse_shard(text: str) -> tuple[int, int]:
-    """``"I/N"`` -> ``(I, N)`` with ``0 <= I < N``; UsageError otherwise."""
+    """``"I/N"`` -> ``(I, N)`` with ``0 <= I < N <= MAX_SHARDS``; UsageError otherwise (N is checked
+    against the data set's samples once the data is known: :func:`prepare_shard`)."""
     m = _SHARD_RE.match(str(text))
+    shown = str(text) if len(str(text)) <= 40 else str(text)[:37] + "..."
     if not m:
-        raise UsageError(f"--shard {text!r} is not I/N",
+        raise UsageError(f"--shard {shown!r} is not I/N (two whole numbers, digits 0-9)",
                          "pass the 0-based shard index and the shard count, e.g. --shard 0/4")
-    index, count = int(m.group(1)), int(m.group(2))
+    if len(m.group(2)) > 7 or int(m.group(2)) > MAX_SHARDS:
+        raise UsageError(f"--shard {shown}: at most {MAX_SHARDS} shards", "split the data into fewer shards")
+    index, count = int(m.group(1)) if len(m.group(1)) <= 7 else MAX_SHARDS, int(m.group(2))
     if count < 1 or not 0 <= index < count:
-        raise UsageError(f"--shard {text}: the index must be in 0..N-1 and N at least 1",
+        raise UsageError(f"--shard {shown}: the index must be in 0..N-1 and N at least 1",
                          f"e.g. --shard 0/{max(count, 1)} ... --shard {max(count, 1) - 1}/{max(count, 1)}")
     return index, count
 

@@ -36,6 +36,23 @@ from trtq.fileio import atomic_path, require_input_file
 
 METHODS = ("max", "entropy", "percentile", "mse")
 DEFAULT_NUM_BINS = 2048
+MAX_NUM_BINS = 1 << 20  # TensorRT's calibrators use 2048; a million bins is already 8 MB per tensor
+
+
+def check_num_bins(num_bins: int, tensors: int) -> None:
+    """ConfigError, before any work, for a bin count below 1 or above MAX_NUM_BINS, or whose int64
+    histograms for ``tensors`` tensors would take more than half the available memory."""
+    from trtq.calib.budget import available_memory
+
+    if not 1 <= int(num_bins) <= MAX_NUM_BINS:
+        raise ConfigError(f"num_bins must be a positive integer up to {MAX_NUM_BINS}, got {num_bins}",
+                          f"e.g. --num-bins {DEFAULT_NUM_BINS} (TensorRT's)")
+    need = int(num_bins) * 8 * max(int(tensors), 1)
+    avail = available_memory()
+    if avail and need > avail // 2:
+        raise ConfigError(f"--num-bins {num_bins} needs {need / 2**30:.1f} GiB of histograms for {tensors} tensors, "
+                          f"more than half of the {avail / 2**30:.1f} GiB available",
+                          f"use fewer bins, e.g. --num-bins {DEFAULT_NUM_BINS}")
 NUM_QUANTIZED_BINS = 128  # int8 magnitude levels the entropy search merges into
 INT8_LEVELS = 127  # symmetric int8: q in [-127, 127]
 EMPTY_Q_COUNT = 1e-4  # entropy: floor of an empty Q bin facing a non-empty P bin, in counts
@@ -153,7 +170,8 @@ class HistogramAccumulator:
 
     def __init__(self, maxima: Mapping[str, float], num_bins: int = DEFAULT_NUM_BINS):
         if int(num_bins) < 1:
-            raise ConfigError(f"num_bins must be a positive integer, got {num_bins}")
+            raise ConfigError(f"num_bins must be a positive integer, got {num_bins}",
+                              f"e.g. --num-bins {DEFAULT_NUM_BINS} (TensorRT's)")
         self.num_bins = int(num_bins)
         self.maxima: dict[str, float] = {}
         self._counts: dict[str, np.ndarray] = {}

@@ -147,15 +147,18 @@ class Batcher:
     def _check_options(self) -> None:
         o = self.options
         if o.batch_size is not None and o.batch_size < 1:
-            raise ConfigError(f"data.batch_size must be at least 1, got {o.batch_size}")
+            raise ConfigError(f"data.batch_size must be at least 1, got {o.batch_size}",
+                              "e.g. --batch-size 8, or leave it unset for the model's batch dim")
         if o.limit is not None and o.limit < 1:
             raise ConfigError(f"data.limit must be at least 1, got {o.limit}", "leave it unset to use all samples")
         if o.workers is not None and o.workers < 0:
-            raise ConfigError(f"data.workers must be 0 (decode in the caller's thread) or more, got {o.workers}")
+            raise ConfigError(f"data.workers must be 0 (decode in the caller's thread) or more, got {o.workers}",
+                              "e.g. --workers 4, or leave it unset")
         if o.prefetch < 1:
-            raise ConfigError(f"data.prefetch must be at least 1, got {o.prefetch}")
+            raise ConfigError(f"data.prefetch must be at least 1, got {o.prefetch}", "e.g. data.prefetch: 2")
         if o.last_batch not in ("pad", "drop", "keep"):
-            raise ConfigError(f"data.last_batch must be pad, drop or keep, got {o.last_batch!r}")
+            raise ConfigError(f"data.last_batch must be pad, drop or keep, got {o.last_batch!r}",
+                              "e.g. data.last_batch: pad")
 
     def _check_batch_memory(self) -> None:
         """ConfigError when one batch of inputs alone would take more than half the memory."""
