@@ -356,11 +356,14 @@ class _Number(click.ParamType):
         from trtq.numbers import ascii_float, ascii_int
 
         number = ascii_int(value) if self.integer else ascii_float(value)
+        flag = max(param.opts, key=len) if param is not None and param.opts else "the value"
         if number is None:
+            shown = str(value) if len(str(value)) <= 40 else str(value)[:37] + "..."
             what = "a whole number" if self.integer else "a finite number"
-            self.fail(f"{value!r} is not {what} written with the digits 0-9 (at most 18 of them)", param, ctx)
+            raise UsageError(f"{flag} must be {what} written with the digits 0-9 (at most 18 of them), got {shown!r}",
+                             f"e.g. {flag} {2 if self.integer else 0.5}")
         if (self.low is not None and number < self.low) or (self.high is not None and number > self.high):
-            self.fail(f"{number} is not in the range {self.low}..{self.high}", param, ctx)
+            raise UsageError(f"{flag} must be in {self.low}..{self.high}, got {number}", f"e.g. {flag} {self.low}")
         return number
 
     def __repr__(self) -> str:

@@ -130,6 +130,7 @@ def test_cache_parser_any_scale_bits(entries):
 
 @FUZZ_CLI
 @given(st.one_of(mutated(VALID_CACHE), st.binary(max_size=120)))
+@example(VALID_CACHE.replace(b"-Entropy", b"-\x1cntropy"))  # \x1c in the message: str.splitlines breaks there
 def test_quantize_with_fuzzed_cache_writes_all_or_nothing(trtq, data):
     folder = Path(tempfile.mkdtemp())
     try:
