@@ -196,6 +196,7 @@ def _load_config(config_path: Optional[Path], overrides: dict[str, Any]):
     if cfg.model_input_shapes and cfg.model:
         from trtq.input_override import write_overridden
 
+        click.get_current_context().meta[_USER_MODEL_KEY] = cfg.model  # what the output checks protect
         cfg = dataclasses.replace(cfg, model=write_overridden(cfg.model, cfg.model_input_shapes))
     return cfg
 
@@ -215,13 +216,21 @@ def _override_option(f):
                              "by ONNX shape inference and one run; config model_input_shapes).")(f)
 
 
-def _check_outputs(cfg, config_path, outputs, *extra_inputs) -> None:
-    """Refuse outputs that would overwrite an input (or each other) before any work starts."""
-    from trtq.outputs import check_outputs, data_files
+_USER_MODEL_KEY = "trtq.user_model"  # the --model given, when --override-input-shape swapped cfg.model
 
-    inputs = [("model", cfg.model), ("config file", str(config_path) if config_path else None)]
-    inputs += list(extra_inputs) + data_files(cfg.data.inputs)
-    check_outputs(inputs, outputs)
+
+def _declare(cfg, config_path, inputs=(), models=(), outputs=(), data: bool = True) -> None:
+    """The command's declaration of what it reads and writes, checked by the one guard
+    (trtq.outputs.guard) before it writes anything: every command calls this once, with every file
+    it writes (side files included) as ``outputs``. The config file, the model (``cfg.model``, the
+    user's file when --override-input-shape made a copy; its external data too) and, with ``data``,
+    the files and folders of ``cfg.data.inputs`` are inputs of every command."""
+    from trtq.outputs import Declared, data_paths, guard
+
+    files, folders = data_paths(cfg.data.inputs) if data else ([], [])
+    model = click.get_current_context().meta.get(_USER_MODEL_KEY) or cfg.model
+    guard(Declared.of(inputs=[("config file", config_path), *inputs, *files], folders=folders,
+                      models=[("model", model), *models], outputs=outputs))
 
 
 def _split_csv(values: Sequence[str]) -> list[str]:
@@ -570,14 +579,10 @@ def calibrate(common, model, source, batching, calib, from_stats, dry_run, progr
     shard_spec = _shard_flags(shard, ranges, from_stats, cfg)
     if keep_batches and shard_spec is None:
         raise UsageError("--keep-batches is for the two passes of a shard", "pass --shard I/N with it")
-    cache_out = cfg.calibrate.output
-    calib_outputs = [("cache", cache_out), ("provenance file", f"{cache_out}.json"),
-                     ("statistics file", cfg.calibrate.save_stats)]
     if from_stats:
         from trtq.calib.calibrate import calibrate_from_stats
 
-        _check_outputs(cfg, config_path, calib_outputs, ("statistics file", str(from_stats)))
-
+        _declare(cfg, config_path, inputs=[("statistics file", from_stats)], outputs=_calibrate_outputs(cfg, None))
         result = calibrate_from_stats(cfg, Path(from_stats))
         _emit(st, result.to_dict(), _calibration_text(result))
         return
@@ -588,9 +593,12 @@ def calibrate(common, model, source, batching, calib, from_stats, dry_run, progr
         raise UsageError("no calibration data given",
                          "pass --data DIR --preprocess PRESET, or a config with data.inputs")
     if dry_run:
+        _declare(cfg, config_path)  # reads the model and the data, writes nothing
         _dry_run(st, cfg)
         return
-    _check_outputs(cfg, config_path, calib_outputs, ("ranges file", ranges))
+    # pass 2 of a shard (--ranges) reads the batches pass 1 kept; pass 1 writes them
+    _declare(cfg, config_path, inputs=[("ranges file", ranges), ("kept batches file", keep_batches if ranges else None)],
+             outputs=_calibrate_outputs(cfg, shard_spec, None if ranges else keep_batches))
     show = progress if progress is not None else sys.stderr.isatty()
     from trtq.pipeline.calibrate import calibrate as run_calibrate
 
@@ -598,6 +606,14 @@ def calibrate(common, model, source, batching, calib, from_stats, dry_run, progr
                            ranges=Path(ranges) if ranges else None,
                            keep_batches=Path(keep_batches) if keep_batches else None)
     _emit(st, result.to_dict(), _calibration_text(result))
+
+
+def _calibrate_outputs(cfg, shard_spec, keep_batches: Optional[str] = None) -> list:
+    """What calibrate writes: the cache and its provenance JSON (not a shard), the statistics
+    (--save-stats), the decoded batches of pass 1 of a shard (--keep-batches)."""
+    cache = cfg.calibrate.output
+    outputs = [] if shard_spec is not None else [("cache", cache), ("provenance file", f"{cache}.json")]
+    return outputs + [("statistics file", cfg.calibrate.save_stats), ("kept batches file", keep_batches)]
 
 
 def _shard_flags(shard, ranges, from_stats, cfg):
@@ -627,7 +643,10 @@ def merge_stats(stats, common, output):
     """Merge the --save-stats files of the N shards of one pass (trtq calibrate --shard I/N)."""
     st = _apply_common(common)
     from trtq.calib.shard import merge_stats_files
+    from trtq.config import load_config
 
+    _declare(load_config(common.config_path, {}), common.config_path, data=False,
+             inputs=[("shard file", p) for p in stats], outputs=[("merged statistics file", output)])
     r = merge_stats_files([Path(p) for p in stats], Path(output))
     nxt = ("next: trtq calibrate --shard I/N --ranges {0} --save-stats hist-I.npz" if r.pass_name == "ranges"
            else "next: trtq calibrate --from-stats {0} --method METHOD").format(r.output)
@@ -695,7 +714,11 @@ def inspect_cache(cache, common, model, other, sort_key, top):
     """Decode a calibration cache (TensorRT or ONNX Runtime format): header, scales, amax, gaps, diffs."""
     st = _apply_common(common)
     from trtq.calib import inspect as ic
+    from trtq.config import load_config
 
+    _declare(load_config(common.config_path, {"model": model}), common.config_path, data=False,  # writes nothing
+             inputs=[("cache", cache), ("cache provenance", f"{cache}.json"), ("other cache", other),
+                     ("other cache provenance", f"{other}.json" if other else None)])
     table = ic.load_for_inspection(Path(cache))
     result: dict[str, Any] = {"summary": ic.summarize(table, Path(cache), sort=sort_key, top=top)}
     if model:
@@ -775,8 +798,8 @@ def quantize(common, model, cache, output, quantizing, source):
     from trtq.pipeline.quantize import quantize_file
 
     out = Path(cfg.quantize.output) if cfg.quantize.output else Path(cfg.model).with_suffix(".qdq.onnx")
-    _check_outputs(cfg, config_path, [("output model", str(out))],
-                   ("cache", str(cache)), ("cache provenance", f"{cache}.json"))
+    _declare(cfg, config_path, inputs=[("cache", cache), ("cache provenance", f"{cache}.json")],
+             outputs=[("output model", out)])
     result = quantize_file(Path(cfg.model), Path(cache), out, cfg.quantize, cfg.data)
     data = result.to_dict()
     data["output"] = str(out)
@@ -821,6 +844,12 @@ def report(common, cache, stats, compare_json, quantize_json, bench_json, output
     from trtq.report.data import build_report, summary
     from trtq.report.page import render_html
 
+    from trtq.config import load_config
+
+    _declare(load_config(common.config_path, {}), common.config_path, data=False,
+             inputs=[("cache", cache), ("cache provenance", f"{cache}.json"), ("statistics file", stats),
+                     ("compare JSON", compare_json), ("quantize JSON", quantize_json), ("bench JSON", bench_json)],
+             outputs=[("report", output)])
     opt = lambda v: Path(v) if v else None  # noqa: E731
     data = build_report(Path(cache), opt(stats), opt(compare_json), opt(quantize_json), opt(bench_json))
     page = render_html(data)
@@ -899,6 +928,8 @@ def compare(common, reference, candidate, source, batching, min_agreement, min_c
         raise UsageError("no data given", "pass --data DIR --preprocess PRESET, or a config with data.inputs")
     from trtq.pipeline.compare import run_compare
 
+    _declare(cfg, common.config_path, models=[("candidate", candidate)],  # writes nothing
+             inputs=[("cache", cache), ("cache provenance", f"{cache}.json" if cache else None)])
     report, layers = run_compare(cfg, Path(candidate), Path(cache) if cache else None,
                                  per_layer_mode if cfg.compare.per_layer else None, top)
     data_out = report.to_dict()
@@ -963,9 +994,8 @@ def build(common, model, cache, output, engine, exclude, allow_stale):
     from trtq.pipeline.build import build_engine
 
     out = Path(cfg.build.output) if cfg.build.output else Path(cfg.model).with_suffix(".plan")
-    _check_outputs(cfg, config_path,
-                   [("engine", str(out)), ("engine metadata", f"{out}.json"), ("timing cache", cfg.build.timing_cache)],
-                   ("cache", str(cache) if cache else None), ("cache provenance", f"{cache}.json" if cache else None))
+    _declare(cfg, config_path, inputs=[("cache", cache), ("cache provenance", f"{cache}.json" if cache else None)],
+             outputs=[("engine", out), ("engine metadata", f"{out}.json"), ("timing cache", cfg.build.timing_cache)])
     result = build_engine(
         Path(cfg.model), out, cfg.build, cache_path=Path(cache) if cache else None,
         quantize_options=cfg.quantize, data_options=cfg.data,
@@ -1003,6 +1033,7 @@ def bench(plans, common, iterations, duration, warmup, include_copies, cuda_grap
     from trtq.errors import ModelError
     from trtq.fileio import non_regular_kind
 
+    _declare(cfg, common.config_path, data=False, inputs=[("engine", p) for p in plans])  # writes nothing
     for p in plans:  # before TensorRT is loaded: a wrong path is the user's first problem
         if not Path(p).exists():
             raise ModelError(f"engine not found: {p}", "check the path, or build it with trtq build")
@@ -1219,9 +1250,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 def _run(args: list[str], verbose: int) -> int:
     global _finishing
     _finishing = False
+    from trtq.fileio import only_declared_outputs
+
     try:
         try:
-            rv = cli.main(args=args, prog_name="trtq", standalone_mode=False)
+            with only_declared_outputs():  # a command writes only what its guard checked (trtq.outputs)
+                rv = cli.main(args=args, prog_name="trtq", standalone_mode=False)
         finally:
             _finishing = True
             # backstop: a write that a signal cut off between its steps leaves no temporary file

@@ -318,13 +318,14 @@ def test_second_signal_stops_at_once_and_removes_the_temporary_file(tmp_path):
 _SIGTERM_WHILE_WRITING = r"""
 import os, signal, sys
 from trtq.cli import main
-from trtq.fileio import atomic_path
+from trtq.fileio import atomic_path, declare_outputs
 import trtq.cli as cli
 
 # run a real command whose write is cut by SIGTERM: the console-script entry (trtq.cli:main) has no
 # early handler of its own, so only trtq's handler stands between the signal and a leftover temp file
 real = cli._emit
 def emit_while_writing(*args, **kwargs):
+    declare_outputs([sys.argv[1]])  # as a command's guard would (trtq.outputs)
     with atomic_path(sys.argv[1]) as tmp:
         tmp.write_bytes(b"half of the new")
         os.kill(os.getpid(), signal.SIGTERM)
@@ -394,11 +395,12 @@ def test_temp_files_of_abandoned_writes_are_removed_when_the_command_ends(trtq, 
     """A write whose context was left without its exit (a signal between the temporary file's creation
     and the with-block, its generator still referenced) still leaves no temporary file."""
     import trtq.cli as cli
-    from trtq.fileio import atomic_path
+    from trtq.fileio import atomic_path, declare_outputs
 
     dest = tmp_path / "out.txt"
 
     def emit_then_interrupted(*args, **kwargs):
+        declare_outputs([dest])  # as a command's guard would (trtq.outputs)
         cm = atomic_path(dest)
         _ABANDONED.append(cm)  # kept alive: garbage collection cannot clean it up either
         cm.__enter__().write_bytes(b"half")
