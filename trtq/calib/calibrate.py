@@ -488,6 +488,9 @@ def _write_run(run: _Setup, out: Path, stats_path: Optional[Path], provenance: d
         if stats_path is not None:
             meta = {k: v for k, v in provenance.items() if k not in ("amax", "method", "algorithm")}
             meta["tensors"] = tensors
+            from trtq.calib.shard import statistics_key
+
+            meta["statistics"] = statistics_key(run.opts.num_bins, run.one_pass, run.opts.hist_elements)
             if run.shard_pass is not None:
                 from trtq.calib.shard import ranges_sha256
 
@@ -519,8 +522,10 @@ def calibrate_from_stats(cfg: TrtqConfig, stats_path: Path) -> CalibrationResult
     opts = cfg.calibrate.resolved()
     stats = load_stats(Path(stats_path))
     meta = dict(stats.meta)
-    shard = meta.get("shard") if isinstance(meta.get("shard"), dict) else None
-    if shard is not None and shard.get("index") is not None and int(shard.get("count", 1)) > 1:
+    from trtq.calib.shard import shard_meta
+
+    shard = shard_meta(meta, Path(stats_path))
+    if shard is not None and shard.get("index") is not None and shard["count"] > 1:
         raise CacheError(f"{stats_path} is shard {shard['index']}/{shard['count']} only",
                          "merge all shards first: trtq merge-stats part-*.npz -o merged.npz")
     if shard is not None and shard.get("pass") == "ranges" and opts.method != "max":
