@@ -4,6 +4,7 @@ Everything that reads an ``.onnx`` file goes through :func:`load_model`, which t
 file can be wrong into a one-line :class:`~trtq.errors.ModelError`.
 """
 import operator
+import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,27 @@ def external_data_files(path: Union[str, Path]) -> list[Path]:
         _external_cache.clear()  # one model at a time is all a command asks about
         _external_cache[key] = _read_locations(path)
     return list(_external_cache[key])
+
+
+def model_sha256(path: Union[str, Path]) -> str:
+    """The model's identity: the sha256 of the .onnx file and, when its tensors keep their data in
+    external files, of those files too (each one's location and content, in order). For a model
+    without external data it is the file's sha256, as before. Provenance, shards, --ranges and the
+    freshness check all compare this, so a cache is stale once the weights file changes."""
+    import hashlib
+
+    from trtq.fileio import sha256_file
+
+    path = Path(path)
+    own = sha256_file(path)
+    files = external_data_files(path)
+    if not files:
+        return own
+    h = hashlib.sha256(own.encode("ascii"))
+    for f in files:
+        h.update(os.path.relpath(f, path.parent).encode("utf-8") + b"\0")
+        h.update((sha256_file(f) if f.is_file() else "missing").encode("ascii"))
+    return h.hexdigest()
 
 
 def _read_locations(path: Path) -> list[Path]:

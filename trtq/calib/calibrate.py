@@ -18,7 +18,6 @@ from typing import Any, Callable, Optional
 from trtq import interrupt
 from trtq.config import TrtqConfig, to_dict
 from trtq.errors import CacheError, DataError, UsageError
-from trtq.fileio import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -534,7 +533,9 @@ def calibrate_from_stats(cfg: TrtqConfig, stats_path: Path) -> CalibrationResult
                          "or use --method max")
     model_meta = meta.get("model") or {}
     if cfg.model:
-        actual = sha256_file(cfg.model)
+        from trtq.model import model_sha256
+
+        actual = model_sha256(cfg.model)  # its external-data files included
         if model_meta.get("sha256") and model_meta["sha256"] != actual:
             raise CacheError(
                 f"{stats_path} holds statistics of a different model than {cfg.model}",

@@ -317,7 +317,7 @@ def prepare_shard(batcher, shard: Optional[tuple[int, int]], ranges: Optional[Pa
     ``one_pass``: the method histograms in one pass (mse / percentile), so there is no pass 2."""
     from trtq.calib.stats import load_stats
     from trtq.errors import DataError
-    from trtq.fileio import sha256_file
+    from trtq.model import model_sha256
 
     if shard is None:
         raise UsageError("--ranges is for pass 2 of a sharded calibration", "pass --shard I/N with it")
@@ -338,7 +338,7 @@ def prepare_shard(batcher, shard: Optional[tuple[int, int]], ranges: Optional[Pa
     if ranges is None:
         return PASS_RANGES, None
     st = load_stats(Path(ranges))
-    check_ranges_fit(Path(ranges), st.meta, sha256_file(model_path), batcher.fingerprint(), tensors)
+    check_ranges_fit(Path(ranges), st.meta, model_sha256(model_path), batcher.fingerprint(), tensors)
     lacking = [n for n in tensors if n not in st.maxima]
     if lacking:
         raise CacheError(f"--ranges {ranges} has no range for tensor '{lacking[0]}'",
