@@ -30,9 +30,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from trtq import interrupt
 from trtq.calib import kernels
 from trtq.errors import CacheError, ConfigError, DataError
-from trtq.fileio import atomic_path, require_input_file
+from trtq.fileio import atomic_write_bytes, require_input_file
 
 METHODS = ("max", "entropy", "percentile", "mse")
 DEFAULT_NUM_BINS = 2048
@@ -651,8 +652,24 @@ def save_stats(
         if np.any(~np.isfinite(tp)) or np.any(tp < mx):
             raise ValueError("tops must be finite and at least the maxima")
         arrays["tops"] = tp
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a name
-        np.savez_compressed(f, **arrays)
+    atomic_write_bytes(path, _npz_bytes(arrays))
+
+
+def _npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """The .npz archive, built in memory (then written atomically by the caller).
+
+    A signal that cuts numpy's savez short leaves its ZipFile with an open member: numpy's own
+    clean-up (ZipFile.close) then fails with "Can't close the ZIP file while there is an open writing
+    handle", which replaced the interrupt, and ZipFile.__del__ failed once more into the closed
+    temporary file ("Exception ignored ..." and a traceback). In memory the archive's file stays
+    open for __del__, and a failure while a signal is pending is that signal."""
+    buf = io.BytesIO()
+    try:
+        np.savez_compressed(buf, **arrays)
+    except Exception:
+        interrupt.check()  # a SIGINT / SIGTERM cut the archive short: that is what stopped it
+        raise
+    return buf.getvalue()
 
 
 def _stats_error(path: Path, what: str) -> CacheError:
