@@ -72,6 +72,8 @@ FOUR_HUNDRED_DIGITS = "9" * 400
     (["--shape", "x=²x3x8x8"], ["--shape x=²x3x8x8", "positive integers"]),
     (["--shape", "x=1x3x8x" + FOUR_HUNDRED_DIGITS], ["--shape", "below 2**31"]),
     (["--override-input-shape", "x=١x3x8x8"], ["--override-input-shape", "positive integer dims"]),
+    # was exit 1 (out of memory) from the check run's zeros; now refused from shape inference's sizes
+    (["--override-input-shape", "x=1x3x100000x100000"], ["one run at that shape needs at least", "available"]),
     (["--max-memory", FOUR_HUNDRED_DIGITS], ["--max-memory must be a size", "..."]),
     (["--max-memory", "99999999999T"], ["more than 1 EiB"]),
     (["--max-memory", "١٢G"], ["--max-memory must be a size"]),

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from trtq.errors import ConfigError, UsageError
+from trtq.memory import available_memory
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 # ASCII digits only (re.ASCII: \d would take other scripts' digits, which float() reads), at most 18
@@ -41,20 +42,6 @@ def parse_size(text) -> int:
     if size < 1:
         raise ConfigError(f"--max-memory must be positive, got {text!r}", "e.g. --max-memory 2G")
     return size
-
-
-def available_memory() -> Optional[int]:
-    """MemAvailable of /proc/meminfo (Linux), else physical memory, else None."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    from trtq.data.batcher import physical_memory
-
-    return physical_memory()
 
 
 SLICE_TARGET = 256 << 20  # without --max-memory: activations one call holds before batches are sliced

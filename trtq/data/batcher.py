@@ -11,7 +11,7 @@ import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -20,6 +20,7 @@ from trtq.config import DataOptions
 from trtq.data.sources import SampleError, make_source
 from trtq import interrupt
 from trtq.errors import ConfigError, DataError
+from trtq.memory import physical_memory
 from trtq.model import TensorSpec, resolve_shapes
 
 log = logging.getLogger(__name__)
@@ -346,14 +347,6 @@ class Batcher:
             "prefetch": self.prefetch,
             "fingerprint": self.fingerprint(),
         }
-
-
-def physical_memory() -> Optional[int]:
-    """Physical memory of this machine in bytes, None when the OS does not say."""
-    try:
-        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, ValueError, OSError):
-        return None
 
 
 def _call(fn: Callable[[int], Any], i: int) -> Any:
