@@ -22,13 +22,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
 from trtq.errors import TrtqError, UsageError
 from trtq.fileio import check_writable_target, declare_outputs
-
-Labelled = Sequence[tuple[str, Optional[str]]]  # (what, path) pairs; None paths are skipped
-
 
 @dataclass(frozen=True)
 class Declared:
@@ -153,11 +150,6 @@ def guard(declared: Declared) -> None:
             raise TrtqError(f"cannot write the {what} {path}: {problem}",
                             "write to a folder you can write to (-o), or fix its permissions")
     declare_outputs(path for _, path in outs)
-
-
-def check_outputs(inputs: Labelled, outputs: Labelled) -> None:
-    """:func:`guard` for plain (what, path) lists of input files and outputs."""
-    guard(Declared.of(inputs=inputs, outputs=outputs))
 
 
 def data_paths(inputs: Mapping) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
