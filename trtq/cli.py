@@ -351,7 +351,6 @@ _IN_PATH = click.Path(readable=False)
 _OUT_PATH = click.Path(readable=False)
 
 
-
 class _Number(click.ParamType):
     """An integer (``_INT``) or a finite number (``_FLOAT``) written with the ASCII digits 0-9, at most
     18 of them (trtq.numbers): click's INT and FLOAT take other scripts' digits (``--batch-size ١٢``),
@@ -842,9 +841,8 @@ def report(common, cache, stats, compare_json, quantize_json, bench_json, output
     from trtq import interrupt
     from trtq.fileio import atomic_write_text
     from trtq.report.data import build_report, summary
-    from trtq.report.page import render_html
-
     from trtq.config import load_config
+    from trtq.report.page import render_html
 
     _declare(load_config(common.config_path, {}), common.config_path, data=False,
              inputs=[("cache", cache), ("cache provenance", f"{cache}.json"), ("statistics file", stats),
