@@ -8,6 +8,13 @@ signal is a failure: its threads are dumped with py-spy (when installed) and wit
 (SIGABRT; the child runs with PYTHONFAULTHANDLER=1), then it is killed.
 
     python benchmarks/signal_stress.py --runs 300 --load 2 --max-delay 3.0
+
+``--entry script`` runs the installed ``trtq`` console script (the venv's bin/trtq) instead of
+``python -m trtq``; each run is also judged as tests/reliability/test_console_script.py does: "ok"
+(exit 130/143, one line on stderr), "interpreter start-up" (the signal came before any trtq code
+ran: Python's own defaults apply), or LOST / WRONG; and the previous outputs must be intact:
+
+    python benchmarks/signal_stress.py --entry script --runs 200 --max-delay 1.0 --sigterm --load 2
 """
 import argparse
 import collections
@@ -57,6 +64,30 @@ def _command(what: str, work: Path, model: Path, data: Path, out: Path) -> list[
     raise SystemExit(f"unknown command {what}")
 
 
+def _entry(kind: str) -> list[str]:
+    if kind == "module":
+        return [sys.executable, "-m", "trtq"]
+    script = Path(sys.executable).parent / "trtq"
+    if not script.is_file():
+        raise SystemExit(f"no trtq console script beside {sys.executable}: pip install -e . first")
+    return [str(script)]
+
+
+def _handler_in_place(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigCgt:")), 16)
+    return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+
+def _outputs_intact(out: Path) -> bool:
+    """The previous outputs of a run that did not finish are byte for byte what was there."""
+    return all(p.read_bytes() == b"previous " + p.name.encode() for p in (out, Path(f"{out}.json"), Path(f"{out}.onnx"))
+               if p.exists())
+
+
 def _dump(pid: int) -> str:
     out = ""
     spy = shutil.which("py-spy")
@@ -96,6 +127,8 @@ def main() -> int:
                     help="count the delay from the early handlers being in place (as the fault tests do)")
     ap.add_argument("--log", type=Path, help="append one JSON line per run here")
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for the child (repeatable)")
+    ap.add_argument("--entry", choices=["module", "script"], default="module",
+                    help="python -m trtq, or the installed trtq console script")
     ap.add_argument("--fresh-numba-cache", action="store_true",
                     help="an empty NUMBA_CACHE_DIR per run: the warm-up thread compiles the kernel")
     a = ap.parse_args()
@@ -114,7 +147,9 @@ def main() -> int:
     for p in load:
         p.start()
     outcomes: collections.Counter = collections.Counter()
-    stuck = 0
+    verdicts: collections.Counter = collections.Counter()
+    stuck = intact = 0
+    from tests.reliability.test_console_script import judge
     log = open(a.log, "a") if a.log else None  # noqa: SIM115 - closed in the finally below
     p = None
     try:
@@ -123,7 +158,9 @@ def main() -> int:
             out = work / f"c{i}.cache"
             delay = rnd.uniform(a.min_delay, a.max_delay)
             what = ["calibrate", "from-stats", "quantize"][i % 3] if a.command == "mix" else a.command
-            cmd = [sys.executable, "-m", "trtq"] + _command(what, work, model, data, out)
+            for old in (out, Path(f"{out}.json"), Path(f"{out}.onnx")):
+                old.write_bytes(b"previous " + old.name.encode())
+            cmd = _entry(a.entry) + _command(what, work, model, data, out)
             run_env = dict(env)
             if a.fresh_numba_cache:
                 run_env["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(dir=work, prefix="numba-")
@@ -133,6 +170,7 @@ def main() -> int:
                 _wait_for_handlers(p.pid)
                 t0 = time.monotonic()
             time.sleep(max(0.0, t0 + delay - time.monotonic()))
+            ready = _handler_in_place(p.pid)
             p.send_signal(sig)
             sent = time.monotonic()
             dump = ""
@@ -154,8 +192,14 @@ def main() -> int:
             if "Traceback" in err and kind != "STUCK":
                 kind += "+traceback"
             outcomes[kind] += 1
+            verdict = "STUCK" if kind == "STUCK" else judge(
+                {"sig": sig, "code": p.returncode, "err": err, "ready": ready, "delay": delay})
+            verdicts[verdict] += 1
+            kept = p.returncode == 0 or _outputs_intact(out)
+            intact += kept
             rec = {"run": i, "command": what, "signal": signal.Signals(sig).name, "delay": round(delay, 3),
-                   "outcome": kind, "after_signal_s": round(took, 3), "last_line": last}
+                   "outcome": kind, "verdict": verdict, "outputs_intact": kept, "after_signal_s": round(took, 3),
+                   "last_line": last}
             if kind == "STUCK" or "traceback" in kind:
                 rec["stderr"] = err[-12000:]
                 rec["dump"] = dump
@@ -163,8 +207,8 @@ def main() -> int:
             if log:
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
-            print(f"{i:4d} {what:10s} {rec['signal']} delay {delay:5.3f} -> {kind:12s} {took:6.2f} s  {last[:60]}",
-                  flush=True)
+            print(f"{i:4d} {what:10s} {rec['signal']} delay {delay:5.3f} -> {kind:12s} {took:6.2f} s  {verdict:22s} "
+                  f"{last[:60]}", flush=True)
             for f in work.glob(f"c{i}.cache*"):
                 f.unlink()
             for d in work.glob("numba-*"):
@@ -179,7 +223,9 @@ def main() -> int:
             log.close()
         shutil.rmtree(work, ignore_errors=True)
     print("outcomes:", dict(outcomes), f"stuck: {stuck} of {a.runs}")
-    return 1 if stuck else 0
+    print("verdicts:", dict(verdicts), f"previous outputs intact: {intact} of {a.runs}")
+    bad = sum(n for v, n in verdicts.items() if v.startswith(("LOST", "WRONG")))
+    return 1 if stuck or bad or intact < a.runs else 0
 
 
 if __name__ == "__main__":

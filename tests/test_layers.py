@@ -97,10 +97,10 @@ FLOORS = {"core": 1, "data": 2, "calib": 3, "quantize": 4, "compare": 5, "trt": 
           "pipeline": 6, "cli": 7}
 MAX_FLOORS = 7
 # top-level modules of trtq/ that are core (they import only core) and the command line
-CORE_MODULES = {"trtq", "trtq.errors", "trtq.fileio", "trtq.config", "trtq.model", "trtq.interrupt",
+CORE_MODULES = {"trtq", "trtq.errors", "trtq.fileio", "trtq.config", "trtq.model", "trtq.interrupt", "trtq.memory",
                 "trtq.outputs", "trtq.qdq_info", "trtq.input_override", "trtq.numbers",
                 "trtq.closing", "trtq.model_check"}
-CLI_MODULES = {"trtq.cli", "trtq.__main__"}
+CLI_MODULES = {"trtq.cli", "trtq.__main__", "trtq.console"}
 
 
 def group_of(module: str) -> str:

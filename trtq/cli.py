@@ -196,6 +196,7 @@ def _load_config(config_path: Optional[Path], overrides: dict[str, Any]):
     if cfg.model_input_shapes and cfg.model:
         from trtq.input_override import write_overridden
 
+        click.get_current_context().meta[_USER_MODEL_KEY] = cfg.model  # what the output checks protect
         cfg = dataclasses.replace(cfg, model=write_overridden(cfg.model, cfg.model_input_shapes))
     return cfg
 
@@ -215,13 +216,21 @@ def _override_option(f):
                              "by ONNX shape inference and one run; config model_input_shapes).")(f)
 
 
-def _check_outputs(cfg, config_path, outputs, *extra_inputs) -> None:
-    """Refuse outputs that would overwrite an input (or each other) before any work starts."""
-    from trtq.outputs import check_outputs, data_files
+_USER_MODEL_KEY = "trtq.user_model"  # the --model given, when --override-input-shape swapped cfg.model
 
-    inputs = [("model", cfg.model), ("config file", str(config_path) if config_path else None)]
-    inputs += list(extra_inputs) + data_files(cfg.data.inputs)
-    check_outputs(inputs, outputs)
+
+def _declare(cfg, config_path, inputs=(), models=(), outputs=(), data: bool = True) -> None:
+    """The command's declaration of what it reads and writes, checked by the one guard
+    (trtq.outputs.guard) before it writes anything: every command calls this once, with every file
+    it writes (side files included) as ``outputs``. The config file, the model (``cfg.model``, the
+    user's file when --override-input-shape made a copy; its external data too) and, with ``data``,
+    the files and folders of ``cfg.data.inputs`` are inputs of every command."""
+    from trtq.outputs import Declared, data_paths, guard
+
+    files, folders = data_paths(cfg.data.inputs) if data else ([], [])
+    model = click.get_current_context().meta.get(_USER_MODEL_KEY) or cfg.model
+    guard(Declared.of(inputs=[("config file", config_path), *inputs, *files], folders=folders,
+                      models=[("model", model), *models], outputs=outputs))
 
 
 def _split_csv(values: Sequence[str]) -> list[str]:
@@ -249,6 +258,8 @@ def _source_for_path(path: str):
 
 def _parse_shape_flags(items: Sequence[str], specs, base: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
     """--shape [INPUT=]DIMS (DIMS like 8x3x48x320 or 8,3,48,320) merged over data.shapes."""
+    from trtq.input_override import parse_dims
+
     by_name = {s.name: s for s in specs}
     shapes = dict(base)
     seen: dict[str, str] = {}
@@ -261,15 +272,15 @@ def _parse_shape_flags(items: Sequence[str], specs, base: dict[str, tuple[int, .
             name = specs[0].name
         elif name not in by_name:
             raise UsageError(f"--shape names '{name}', which is not a model input", "inputs: " + ", ".join(by_name))
-        parts = [p for p in dims.replace(",", "x").split("x")]
-        if not parts or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-            raise UsageError(f"--shape {item}: the dims must be positive integers",
+        parsed = parse_dims(dims)
+        if parsed is None:
+            raise UsageError(f"--shape {item}: the dims must be positive integers (digits 0-9, each below 2**31)",
                              f"write every dim of {by_name[name].describe()}, e.g. --shape {name}=8x3x224x224")
         if name in seen:
             raise UsageError(f"--shape gives input '{name}' twice ({seen[name]} and {item})",
                              "pass one --shape per input")
         seen[name] = item
-        shapes[name] = tuple(int(p) for p in parts)
+        shapes[name] = parsed
     return shapes
 
 
@@ -335,6 +346,40 @@ def _looks_like_input_name(text: str) -> bool:
 # input files: click checks nothing (its errors exit 2); the library reports missing, unreadable
 # or wrong files as invalid input (exit 3)
 _IN_PATH = click.Path(readable=False)
+# output files: click checks nothing either; trtq.outputs refuses a folder, a special file or an
+# input (exit 2, one line) before any work
+_OUT_PATH = click.Path(readable=False)
+
+
+class _Number(click.ParamType):
+    """An integer (``_INT``) or a finite number (``_FLOAT``) written with the ASCII digits 0-9, at most
+    18 of them (trtq.numbers): click's INT and FLOAT take other scripts' digits (``--batch-size ١٢``),
+    ``1_000``, ``nan``, ``inf`` and numbers of any length. ``low`` / ``high`` bound it."""
+
+    def __init__(self, integer: bool, low: Optional[float] = None, high: Optional[float] = None):
+        self.integer, self.low, self.high = integer, low, high
+        self.name = "integer" if integer else "number"
+
+    def convert(self, value, param, ctx):
+        from trtq.numbers import ascii_float, ascii_int
+
+        number = ascii_int(value) if self.integer else ascii_float(value)
+        flag = max(param.opts, key=len) if param is not None and param.opts else "the value"
+        if number is None:
+            shown = str(value) if len(str(value)) <= 40 else str(value)[:37] + "..."
+            what = "a whole number" if self.integer else "a finite number"
+            raise UsageError(f"{flag} must be {what} written with the digits 0-9 (at most 18 of them), got {shown!r}",
+                             f"e.g. {flag} {2 if self.integer else 0.5}")
+        if (self.low is not None and number < self.low) or (self.high is not None and number > self.high):
+            raise UsageError(f"{flag} must be in {self.low}..{self.high}, got {number}", f"e.g. {flag} {self.low}")
+        return number
+
+    def __repr__(self) -> str:
+        return self.name.upper()
+
+
+_INT = _Number(integer=True)
+_FLOAT = _Number(integer=False)
 
 # the names of trtq.data.presets.PRESETS (not imported here: the CLI stays fast to import)
 _PRESET_CHOICE = click.Choice(["imagenet", "inception", "yolo", "paddle", "unit", "raw"])
@@ -371,12 +416,12 @@ _DATA_SOURCE = _data_source("Image folder, .txt file list, .npy file or glob; re
 # how the data is batched (data.* keys), for the commands that run the model over it
 _batching = _option_group(
     "batching",
-    click.option("--batch-size", type=int, help="Samples per batch (default: model's batch dim, else 8)."),
-    click.option("--limit", type=int, help="Use at most N samples."),
-    click.option("--workers", type=int, help="Decode threads (default: min(4, CPUs))."),
+    click.option("--batch-size", type=_INT, help="Samples per batch (default: model's batch dim, else 8)."),
+    click.option("--limit", type=_INT, help="Use at most N samples."),
+    click.option("--workers", type=_INT, help="Decode threads (default: min(4, CPUs))."),
     click.option("--skip-bad", is_flag=True, default=None, help="Skip undecodable images and report them."),
     click.option("--shuffle/--no-shuffle", default=None, help="Shuffle samples (seeded, deterministic)."),
-    click.option("--seed", type=int, help="Shuffle seed."),
+    click.option("--seed", type=_INT, help="Shuffle seed."),
 )
 
 
@@ -466,9 +511,9 @@ _calibration = _option_group(
     "calib",
     click.option("--method", type=click.Choice(["max", "entropy", "percentile", "mse"]),
                  help="Range method (default mse; with --backend tensorrt: entropy)."),
-    click.option("--percentile", type=float, help="Percentile for --method percentile (default 99.99)."),
-    click.option("--num-bins", type=int, help="Histogram bins (default 2048)."),
-    click.option("--hist-elements", type=int, metavar="N",
+    click.option("--percentile", type=_FLOAT, help="Percentile for --method percentile (default 99.99)."),
+    click.option("--num-bins", type=_INT, help="Histogram bins (default 2048)."),
+    click.option("--hist-elements", type=_INT, metavar="N",
                  help="mse/percentile: histogram at most N elements of each tensor per sample, a fixed "
                       "stride (default 65536; 0: every element). The max always sees every element."),
     click.option("--collect", type=click.Choice(["auto", "in-graph", "outputs"]),
@@ -479,13 +524,13 @@ _calibration = _option_group(
                  help="Only these tensors (comma-separated or repeated); 'qdq': only the activations trtq "
                       "quantize places Q/DQ on (explicit builds; ~15-50% of the tensors, up to 2x faster; the "
                       "default for a cache written for TensorRT >= 11); 'all': every tensor."),
-    click.option("-o", "--output", type=click.Path(dir_okay=False), help="Cache path (default calibration.cache)."),
+    click.option("-o", "--output", type=_OUT_PATH, help="Cache path (default calibration.cache)."),
     click.option("--trt-version",
                  help="TensorRT version the cache header is written for (default: installed, else 10.16.0)."),
     click.option("--backend", type=click.Choice(["onnxruntime", "tensorrt"]),
                  help="Who computes the ranges (default onnxruntime)."),
     click.option("--providers", multiple=True, help="ONNX Runtime providers, e.g. CPUExecutionProvider."),
-    click.option("--save-stats", type=click.Path(dir_okay=False),
+    click.option("--save-stats", type=_OUT_PATH,
                  help="Also save max + histograms (.npz) for --from-stats."),
     click.option("--max-memory", metavar="SIZE",
                  help="Memory one batch of exposed activations may take (--collect outputs, or where in-graph "
@@ -497,9 +542,9 @@ _sharding = _option_group(
     "sharding",
     click.option("--shard", metavar="I/N",
                  help="Only shard I (0-based) of N of the samples; writes --save-stats, no cache."),
-    click.option("--ranges", type=click.Path(dir_okay=False),
+    click.option("--ranges", type=_IN_PATH,
                  help="Pass 2 of a shard: histograms over these merged pass-1 ranges."),
-    click.option("--keep-batches", type=click.Path(dir_okay=False),
+    click.option("--keep-batches", type=_OUT_PATH,
                  help="With --shard: pass 1 writes the decoded batches here, pass 2 reads them instead of decoding."),
 )
 
@@ -533,16 +578,12 @@ def calibrate(common, model, source, batching, calib, from_stats, dry_run, progr
     shard_spec = _shard_flags(shard, ranges, from_stats, cfg)
     if keep_batches and shard_spec is None:
         raise UsageError("--keep-batches is for the two passes of a shard", "pass --shard I/N with it")
-    cache_out = cfg.calibrate.output
-    calib_outputs = [("cache", cache_out), ("provenance file", f"{cache_out}.json"),
-                     ("statistics file", cfg.calibrate.save_stats)]
     if from_stats:
         from trtq.calib.calibrate import calibrate_from_stats
 
-        _check_outputs(cfg, config_path, calib_outputs, ("statistics file", str(from_stats)))
-
         from trtq.pipeline.calibrate import warn_range_flags
 
+        _declare(cfg, config_path, inputs=[("statistics file", from_stats)], outputs=_calibrate_outputs(cfg, None))
         result = warn_range_flags(cfg, calibrate_from_stats(cfg, Path(from_stats)))
         _emit(st, result.to_dict(), _calibration_text(result))
         return
@@ -553,9 +594,12 @@ def calibrate(common, model, source, batching, calib, from_stats, dry_run, progr
         raise UsageError("no calibration data given",
                          "pass --data DIR --preprocess PRESET, or a config with data.inputs")
     if dry_run:
+        _declare(cfg, config_path)  # reads the model and the data, writes nothing
         _dry_run(st, cfg)
         return
-    _check_outputs(cfg, config_path, calib_outputs, ("ranges file", ranges))
+    # pass 2 of a shard (--ranges) reads the batches pass 1 kept; pass 1 writes them
+    _declare(cfg, config_path, inputs=[("ranges file", ranges), ("kept batches file", keep_batches if ranges else None)],
+             outputs=_calibrate_outputs(cfg, shard_spec, None if ranges else keep_batches))
     show = progress if progress is not None else sys.stderr.isatty()
     from trtq.pipeline.calibrate import calibrate as run_calibrate
 
@@ -563,6 +607,14 @@ def calibrate(common, model, source, batching, calib, from_stats, dry_run, progr
                            ranges=Path(ranges) if ranges else None,
                            keep_batches=Path(keep_batches) if keep_batches else None)
     _emit(st, result.to_dict(), _calibration_text(result))
+
+
+def _calibrate_outputs(cfg, shard_spec, keep_batches: Optional[str] = None) -> list:
+    """What calibrate writes: the cache and its provenance JSON (not a shard), the statistics
+    (--save-stats), the decoded batches of pass 1 of a shard (--keep-batches)."""
+    cache = cfg.calibrate.output
+    outputs = [] if shard_spec is not None else [("cache", cache), ("provenance file", f"{cache}.json")]
+    return outputs + [("statistics file", cfg.calibrate.save_stats), ("kept batches file", keep_batches)]
 
 
 def _shard_flags(shard, ranges, from_stats, cfg):
@@ -585,14 +637,17 @@ def _shard_flags(shard, ranges, from_stats, cfg):
 
 
 @cli.command("merge-stats")
-@click.argument("stats", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("stats", nargs=-1, required=True, type=_IN_PATH)
 @_common
-@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Merged statistics (.npz).")
+@click.option("-o", "--output", type=_OUT_PATH, required=True, help="Merged statistics (.npz).")
 def merge_stats(stats, common, output):
     """Merge the --save-stats files of the N shards of one pass (trtq calibrate --shard I/N)."""
     st = _apply_common(common)
     from trtq.calib.shard import merge_stats_files
+    from trtq.config import load_config
 
+    _declare(load_config(common.config_path, {}), common.config_path, data=False,
+             inputs=[("shard file", p) for p in stats], outputs=[("merged statistics file", output)])
     r = merge_stats_files([Path(p) for p in stats], Path(output))
     nxt = ("next: trtq calibrate --shard I/N --ranges {0} --save-stats hist-I.npz" if r.pass_name == "ranges"
            else "next: trtq calibrate --from-stats {0} --method METHOD").format(r.output)
@@ -660,12 +715,16 @@ def _dry_run(st: _State, cfg) -> None:
 @click.option("--diff", "other", type=_IN_PATH, help="Compare with another cache.")
 @click.option("--sort", "sort_key", type=click.Choice(["name", "amax", "scale", "rel-diff", "file"]), default="file",
               show_default=True, help="Row order.")
-@click.option("--top", type=int, help="Show only the first N rows.")
+@click.option("--top", type=_INT, help="Show only the first N rows.")
 def inspect_cache(cache, common, model, other, sort_key, top):
     """Decode a calibration cache (TensorRT or ONNX Runtime format): header, scales, amax, gaps, diffs."""
     st = _apply_common(common)
     from trtq.calib import inspect as ic
+    from trtq.config import load_config
 
+    _declare(load_config(common.config_path, {"model": model}), common.config_path, data=False,  # writes nothing
+             inputs=[("cache", cache), ("cache provenance", f"{cache}.json"), ("other cache", other),
+                     ("other cache provenance", f"{other}.json" if other else None)])
     table = ic.load_for_inspection(Path(cache))
     result: dict[str, Any] = {"summary": ic.summarize(table, Path(cache), sort=sort_key, top=top)}
     if model:
@@ -707,10 +766,10 @@ _quantizing = _option_group(
     click.option("--weight-rounding", type=click.Choice(["nearest", "gptq"]),
                  help="INT8 weight levels: nearest (default) or gptq, chosen for each layer's output error "
                       "on the data (needs --data or a config with data)."),
-    click.option("--float-layers", type=int, metavar="N",
+    click.option("--float-layers", type=_INT, metavar="N",
                  help="Leave float the N layers that add the most error alone (ranked as compare --per-layer "
                       "does, on the data)."),
-    click.option("--samples", type=int,
+    click.option("--samples", type=_INT,
                  help="Calibration samples --equalize, --bias-correction, gptq rounding and --float-layers read "
                       "(default 128)."),
     click.option("--center-activations", is_flag=True, default=None,
@@ -727,7 +786,7 @@ _quantizing = _option_group(
 @_common
 @click.option("-m", "--model", type=_IN_PATH, help="FP32 ONNX model.")
 @click.option("--cache", type=_IN_PATH, required=True, help="calibration.cache (trtq, TensorRT or ONNX Runtime).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Q/DQ model path (default MODEL.qdq.onnx).")
+@click.option("-o", "--output", type=_OUT_PATH, help="Q/DQ model path (default MODEL.qdq.onnx).")
 @_quantizing
 @_data_source("Data for --equalize, --bias-correction, --weight-rounding gptq and --float-layers, as for "
               "calibrate.",
@@ -745,8 +804,8 @@ def quantize(common, model, cache, output, quantizing, source):
     from trtq.pipeline.quantize import quantize_file
 
     out = Path(cfg.quantize.output) if cfg.quantize.output else Path(cfg.model).with_suffix(".qdq.onnx")
-    _check_outputs(cfg, config_path, [("output model", str(out))],
-                   ("cache", str(cache)), ("cache provenance", f"{cache}.json"))
+    _declare(cfg, config_path, inputs=[("cache", cache), ("cache provenance", f"{cache}.json")],
+             outputs=[("output model", out)])
     result = quantize_file(Path(cfg.model), Path(cache), out, cfg.quantize, cfg.data, cfg.compare)
     data = result.to_dict()
     data["output"] = str(out)
@@ -772,16 +831,16 @@ def quantize(common, model, cache, output, quantizing, source):
 
 @cli.command()
 @_common
-@click.option("--cache", type=click.Path(dir_okay=False), required=True,
+@click.option("--cache", type=_IN_PATH, required=True,
               help="calibration.cache (its .json provenance is read too).")
-@click.option("--stats", type=click.Path(dir_okay=False),
+@click.option("--stats", type=_IN_PATH,
               help="Its --save-stats file (histograms, every method's range).")
-@click.option("--compare", "compare_json", type=click.Path(dir_okay=False),
+@click.option("--compare", "compare_json", type=_IN_PATH,
               help="trtq compare --json output (accuracy, --per-layer).")
-@click.option("--quantize", "quantize_json", type=click.Path(dir_okay=False),
+@click.option("--quantize", "quantize_json", type=_IN_PATH,
               help="trtq quantize --json output (layers left float).")
-@click.option("--bench", "bench_json", type=click.Path(dir_okay=False), help="trtq bench --json output (latency).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default="report.html", show_default=True,
+@click.option("--bench", "bench_json", type=_IN_PATH, help="trtq bench --json output (latency).")
+@click.option("-o", "--output", type=_OUT_PATH, default="report.html", show_default=True,
               help="HTML file to write (self-contained).")
 def report(common, cache, stats, compare_json, quantize_json, bench_json, output):
     """Write one self-contained HTML page: histograms and ranges per tensor, sensitivity, accuracy, latency."""
@@ -789,8 +848,13 @@ def report(common, cache, stats, compare_json, quantize_json, bench_json, output
     from trtq import interrupt
     from trtq.fileio import atomic_write_text
     from trtq.report.data import build_report, summary
+    from trtq.config import load_config
     from trtq.report.page import render_html
 
+    _declare(load_config(common.config_path, {}), common.config_path, data=False,
+             inputs=[("cache", cache), ("cache provenance", f"{cache}.json"), ("statistics file", stats),
+                     ("compare JSON", compare_json), ("quantize JSON", quantize_json), ("bench JSON", bench_json)],
+             outputs=[("report", output)])
     opt = lambda v: Path(v) if v else None  # noqa: E731
     data = build_report(Path(cache), opt(stats), opt(compare_json), opt(quantize_json), opt(bench_json))
     page = render_html(data)
@@ -813,8 +877,8 @@ _per_layer = _option_group(
     click.option("--per-layer", is_flag=True, default=None,
                  help="Rank quantized layers by the error each adds (needs --cache)."),
     click.option("--per-layer-mode", type=click.Choice(["only", "leave-one-out"]), default="only", show_default=True),
-    click.option("--cache", type=click.Path(dir_okay=False), help="Calibration cache for --per-layer."),
-    click.option("--top", type=int, default=10, show_default=True, help="Rows of the per-layer table."),
+    click.option("--cache", type=_IN_PATH, help="Calibration cache for --per-layer."),
+    click.option("--top", type=_INT, default=10, show_default=True, help="Rows of the per-layer table."),
 )
 
 
@@ -826,9 +890,9 @@ _task = _option_group(
                       "ranks by (default auto: inferred from each output's shape, stated in the report)."),
     click.option("--detect-format", type=click.Choice(["auto", "v8", "v5"]),
                  help="detect: YOLOv8 rows (4 box + class scores) or YOLOv5 rows (4 box, objectness, class scores)."),
-    click.option("--score-threshold", type=float, help="detect: least score of a detection (default 0.25)."),
-    click.option("--nms-iou", type=float, help="detect: NMS IoU threshold, per class (default 0.45)."),
-    click.option("--mask-threshold", type=float,
+    click.option("--score-threshold", type=_FLOAT, help="detect: least score of a detection (default 0.25)."),
+    click.option("--nms-iou", type=_FLOAT, help="detect: NMS IoU threshold, per class (default 0.45)."),
+    click.option("--mask-threshold", type=_FLOAT,
                  help="segment: a one-channel map's mask is value > this (default 0.5)."),
     click.option("--layout", type=click.Choice(["NTC", "TNC", "NCHW", "NHWC"], case_sensitive=False),
                  help="Where the graph does not say: ctc NTC or TNC (batch axis), segment NCHW or NHWC."),
@@ -843,15 +907,15 @@ _task = _option_group(
 @cli.command()
 @_override_option
 @_common
-@click.option("--reference", type=click.Path(dir_okay=False),
+@click.option("--reference", type=_IN_PATH,
               help="Reference model (.onnx, FP32). Default: model: from the config.")
-@click.option("--candidate", type=click.Path(dir_okay=False), required=True,
+@click.option("--candidate", type=_IN_PATH, required=True,
               help="Candidate (.onnx Q/DQ or .plan engine).")
 @_DATA_SOURCE
 @_batching
-@click.option("--min-agreement", type=float, help="Fail (exit 1) when an output's task metric (top-1 agreement, "
+@click.option("--min-agreement", type=_FLOAT, help="Fail (exit 1) when an output's task metric (top-1 agreement, "
               "detection F1, mask IoU, CTC sequence agreement) is below this.")
-@click.option("--min-cosine", type=float, help="Fail (exit 1) when mean cosine similarity is below this.")
+@click.option("--min-cosine", type=_FLOAT, help="Fail (exit 1) when mean cosine similarity is below this.")
 @_per_layer
 @click.option("--semantics", type=click.Choice(["qdq", "onnxruntime"]),
               help="How a Q/DQ .onnx candidate is run: qdq (default: the Q/DQ pairs as written, what TensorRT "
@@ -877,6 +941,8 @@ def compare(common, reference, candidate, source, batching, min_agreement, min_c
         raise UsageError("no data given", "pass --data DIR --preprocess PRESET, or a config with data.inputs")
     from trtq.pipeline.compare import run_compare
 
+    _declare(cfg, common.config_path, models=[("candidate", candidate)],  # writes nothing
+             inputs=[("cache", cache), ("cache provenance", f"{cache}.json" if cache else None)])
     report, layers = run_compare(cfg, Path(candidate), Path(cache) if cache else None,
                                  per_layer_mode if cfg.compare.per_layer else None, top)
     data_out = report.to_dict()
@@ -906,10 +972,10 @@ _engine = _option_group(
                  help="explicit Q/DQ (default; TRT 11) or implicit calibrator (TRT <= 10)."),
     click.option("--precision", type=click.Choice(["int8", "fp16", "fp32"]), help="Engine precision (default int8)."),
     click.option("--fp16", is_flag=True, default=None, help="Let layers left in float run in FP16."),
-    click.option("--workspace-mb", type=int, help="Builder workspace limit in MiB."),
-    click.option("--opt-level", "optimization_level", type=click.IntRange(0, 5),
+    click.option("--workspace-mb", type=_INT, help="Builder workspace limit in MiB."),
+    click.option("--opt-level", "optimization_level", type=_Number(integer=True, low=0, high=5),
                  help="Builder optimization level 0-5."),
-    click.option("--timing-cache", type=click.Path(dir_okay=False), help="Load/save the builder timing cache here."),
+    click.option("--timing-cache", type=_OUT_PATH, help="Load/save the builder timing cache here."),
     click.option("--tactic-sources",
                  help="Comma-separated tactic sources, e.g. EDGE_MASK_CONVOLUTIONS,JIT_CONVOLUTIONS."),
 )
@@ -921,7 +987,7 @@ _engine = _option_group(
 @click.option("-m", "--model", type=_IN_PATH,
               help="ONNX model: FP32 (INT8 needs --cache), or already quantized (Q/DQ: built as it is).")
 @click.option("--cache", type=_IN_PATH, help="calibration.cache (INT8 from an FP32 model).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Engine path (default MODEL.plan).")
+@click.option("-o", "--output", type=_OUT_PATH, help="Engine path (default MODEL.plan).")
 @_engine
 @click.option("--exclude", multiple=True, metavar="PATTERN",
               help="Keep nodes float (explicit mode): an op type, an exact node name, else a name regex.")
@@ -941,9 +1007,8 @@ def build(common, model, cache, output, engine, exclude, allow_stale):
     from trtq.pipeline.build import build_engine
 
     out = Path(cfg.build.output) if cfg.build.output else Path(cfg.model).with_suffix(".plan")
-    _check_outputs(cfg, config_path,
-                   [("engine", str(out)), ("engine metadata", f"{out}.json"), ("timing cache", cfg.build.timing_cache)],
-                   ("cache", str(cache) if cache else None), ("cache provenance", f"{cache}.json" if cache else None))
+    _declare(cfg, config_path, inputs=[("cache", cache), ("cache provenance", f"{cache}.json" if cache else None)],
+             outputs=[("engine", out), ("engine metadata", f"{out}.json"), ("timing cache", cfg.build.timing_cache)])
     result = build_engine(
         Path(cfg.model), out, cfg.build, cache_path=Path(cache) if cache else None,
         quantize_options=cfg.quantize, data_options=cfg.data,
@@ -961,12 +1026,12 @@ def build(common, model, cache, output, engine, exclude, allow_stale):
 @cli.command()
 @click.argument("plans", nargs=-1, required=True, type=_IN_PATH)
 @_common
-@click.option("--iterations", type=int, help="Timed iterations (default: run for --duration).")
-@click.option("--duration", type=float, help="Seconds to time (default 3).")
-@click.option("--warmup", type=float, help="Warm-up seconds (default 0.5).")
+@click.option("--iterations", type=_INT, help="Timed iterations (default: run for --duration).")
+@click.option("--duration", type=_FLOAT, help="Seconds to time (default 3).")
+@click.option("--warmup", type=_FLOAT, help="Warm-up seconds (default 0.5).")
 @click.option("--include-copies", is_flag=True, default=None, help="Time host->device and device->host copies too.")
 @click.option("--cuda-graph", is_flag=True, default=None, help="Launch through a captured CUDA graph.")
-@click.option("--layers", "layers", type=int, default=None, is_flag=False, flag_value=25, metavar="[N]",
+@click.option("--layers", "layers", type=_INT, default=None, is_flag=False, flag_value=25, metavar="[N]",
               help="Also profile each plan layer by layer and show its N slowest layers (default 25) with their "
                    "precision (--json: all layers).")
 def bench(plans, common, iterations, duration, warmup, include_copies, cuda_graph, layers):
@@ -981,6 +1046,7 @@ def bench(plans, common, iterations, duration, warmup, include_copies, cuda_grap
     from trtq.errors import ModelError
     from trtq.fileio import non_regular_kind
 
+    _declare(cfg, common.config_path, data=False, inputs=[("engine", p) for p in plans])  # writes nothing
     for p in plans:  # before TensorRT is loaded: a wrong path is the user's first problem
         if not Path(p).exists():
             raise ModelError(f"engine not found: {p}", "check the path, or build it with trtq build")
@@ -1197,9 +1263,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 def _run(args: list[str], verbose: int) -> int:
     global _finishing
     _finishing = False
+    from trtq.fileio import only_declared_outputs
+
     try:
         try:
-            rv = cli.main(args=args, prog_name="trtq", standalone_mode=False)
+            with only_declared_outputs():  # a command writes only what its guard checked (trtq.outputs)
+                rv = cli.main(args=args, prog_name="trtq", standalone_mode=False)
         finally:
             _finishing = True
             # backstop: a write that a signal cut off between its steps leaves no temporary file
@@ -1213,8 +1282,7 @@ def _run(args: list[str], verbose: int) -> int:
     except click.exceptions.Abort as e:  # click turns KeyboardInterrupt (Terminated too) into Abort
         return _interrupted(e.__cause__ if isinstance(e.__cause__, KeyboardInterrupt) else KeyboardInterrupt())
     except click.exceptions.ClickException as e:
-        e.show()
-        return 2 if isinstance(e, click.exceptions.UsageError) else e.exit_code
+        return _click_error(e)
     except KeyboardInterrupt as e:  # Terminated included
         return _interrupted(e)
     except MemoryError:
@@ -1233,6 +1301,19 @@ def _run(args: list[str], verbose: int) -> int:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return _fail(e, f"internal error: {type(e).__name__}: {msg} (run with -vv for the traceback; please report it)", 1, verbose)
     return rv if isinstance(rv, int) else 0
+
+
+def _click_error(e: click.exceptions.ClickException) -> int:
+    """click's own errors (unknown flag or command, a value its type refuses) as the one line every
+    trtq error is, exit 2 for usage errors."""
+    message = " ".join(e.format_message().split()).rstrip(".")
+    if not isinstance(e, click.exceptions.UsageError):
+        click.echo(f"trtq: error: {message}", err=True)
+        return e.exit_code
+    ctx = e.ctx
+    where = ctx.command_path if ctx is not None and ctx.command_path else "trtq"
+    click.echo(f"trtq: error: {message}; see '{where} --help'", err=True)
+    return 2
 
 
 def _interrupted(e: KeyboardInterrupt) -> int:

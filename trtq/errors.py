@@ -17,8 +17,14 @@ class TrtqError(Exception):
 
     def __str__(self) -> str:
         text = f"{self.message}; {self.hint}" if self.hint else self.message
-        # one line always, whatever a file name or config key holds
-        return text.replace("\r", "\\r").replace("\n", "\\n")
+        # one line always, whatever a file name or config key holds: every character str.splitlines
+        # breaks at (\x1c-\x1e, \x85, \u2028 ... too, not only \r and \n) is escaped
+        return text.translate(_LINE_BREAKS)
+
+
+_LINE_BREAKS = {ord("\r"): "\\r", ord("\n"): "\\n",
+                **{c: f"\\x{c:02x}" for c in (0x0B, 0x0C, 0x1C, 0x1D, 0x1E, 0x85)},
+                **{c: f"\\u{c:04x}" for c in (0x2028, 0x2029)}}
 
 
 class UsageError(TrtqError):

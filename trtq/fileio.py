@@ -18,8 +18,8 @@ import stat
 import secrets
 import threading
 from pathlib import Path
-from typing import Union
-from collections.abc import Iterator
+from typing import Optional, Union
+from collections.abc import Iterable, Iterator
 
 from trtq.errors import TrtqError, UsageError
 
@@ -27,6 +27,37 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 _pending: set[str] = set()
 _pending_lock = threading.RLock()  # re-entrant: the signal handler runs on the thread that may hold it
+# while the CLI runs a command: the outputs its guard declared (trtq.outputs.guard); None: no check
+_declared: Optional[set[str]] = None
+
+
+def _output_key(path: PathLike) -> str:
+    return os.path.normcase(os.path.realpath(os.path.expanduser(str(path))))
+
+
+@contextlib.contextmanager
+def only_declared_outputs() -> Iterator[None]:
+    """While the block runs (the CLI runs one command in it), :func:`atomic_path` writes only the
+    paths given to :func:`declare_outputs` (by the command's guard, trtq.outputs.guard): a writer
+    that no declaration names is refused before it creates anything."""
+    global _declared
+    previous, _declared = _declared, set()
+    try:
+        yield
+    finally:
+        _declared = previous
+
+
+def declare_outputs(paths: Iterable[PathLike]) -> None:
+    """Paths the running command may write (no effect outside :func:`only_declared_outputs`)."""
+    if _declared is not None:
+        _declared.update(_output_key(p) for p in paths)
+
+
+def _check_declared(dest: PathLike) -> None:
+    if _declared is not None and _output_key(dest) not in _declared:
+        raise TrtqError(f"internal error: {dest} is not an output this command declared; nothing was written",
+                        "please report it (trtq.outputs: every file a command writes is declared and checked)")
 
 
 def non_regular_kind(path: PathLike) -> str:
@@ -90,6 +121,7 @@ def atomic_path(dest: PathLike) -> Iterator[Path]:
     is left as it was. OSError while writing becomes a TrtqError naming ``dest``.
     """
     dest = Path(dest)
+    _check_declared(dest)
     check_writable_target(dest)
     folder = dest.parent if str(dest.parent) else Path(".")
     # the name is registered before the file exists, so a signal at any point between creating it

@@ -8,15 +8,33 @@ size that no longer fits is caught), then one ONNX Runtime run on zeros of that 
 rewritten model is written to a private temporary folder for the command's duration and used in
 place of the original (removed when the command ends).
 """
+import math
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Optional
 from collections.abc import Mapping, Sequence
 
 from trtq.errors import ModelError, UsageError
 from trtq.model import format_shape
+from trtq.numbers import ascii_int
 
 _temp_dirs: list[str] = []
+
+
+MAX_DIM = 2 ** 31 - 1  # no real tensor has a longer axis (TensorRT's dims were int32 until 10)
+
+
+def parse_dims(text: str) -> Optional[tuple[int, ...]]:
+    """``1x3x240x320`` or ``1,3,240,320`` -> the dims, each a positive integer written with the digits
+    0-9 and at most MAX_DIM; None otherwise (``²``, ``1_0``, a 400-digit dim). --shape uses it too."""
+    dims = []
+    for part in str(text).replace(",", "x").split("x"):
+        d = ascii_int(part)
+        if d is None or part.strip()[:1] in "+-" or not 0 < d <= MAX_DIM:
+            return None
+        dims.append(d)
+    return tuple(dims)
 
 
 def parse_override(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
@@ -24,13 +42,13 @@ def parse_override(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {}
     for item in items:
         name, sep, dims = item.rpartition("=")
-        parts = dims.replace(",", "x").split("x")
-        if not sep or not name or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-            raise UsageError(f"--override-input-shape {item}: expected INPUT=DIMS with positive integer dims",
-                             "e.g. --override-input-shape input=1x3x240x320")
+        parsed = parse_dims(dims)
+        if not sep or not name or parsed is None:
+            raise UsageError(f"--override-input-shape {item}: expected INPUT=DIMS with positive integer dims "
+                             "(digits 0-9, each below 2**31)", "e.g. --override-input-shape input=1x3x240x320")
         if name in out:
             raise UsageError(f"--override-input-shape gives input '{name}' twice", "pass one per input")
-        out[name] = tuple(int(p) for p in parts)
+        out[name] = parsed
     return out
 
 
@@ -68,8 +86,49 @@ def override_input_shapes(model, shapes: Mapping[str, Sequence[int]], label: str
         raise ModelError(f"{label} cannot take {what}: {_first_line(e)}",
                          "the graph fixes that shape somewhere (a Reshape or Expand to constant sizes); "
                          "re-export the model with dynamic axes") from None
+    check_run_memory(out, shapes, what)
     _run_once(out, shapes, label, what)
     return out
+
+
+def _bytes_of(value_info) -> int:
+    """Bytes of a tensor whose type and every dim shape inference knows, else 0."""
+    import numpy as np
+    import onnx
+
+    tt = value_info.type.tensor_type
+    if not value_info.type.HasField("tensor_type") or not tt.HasField("shape"):
+        return 0
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+    if any(d is None or d < 0 for d in dims):
+        return 0
+    try:
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        itemsize = 4
+    return math.prod(dims) * itemsize
+
+
+def check_run_memory(model, shapes: Mapping[str, Sequence[int]], what: str) -> None:
+    """UsageError (exit 2) before the check run when its inputs and largest tensor (from shape
+    inference) need more than the available memory: an absurd override is a one-line refusal, not
+    an out-of-memory failure halfway through ONNX Runtime."""
+    from trtq.memory import available_memory
+
+    inputs = {i.name: _bytes_of(i) for i in model.graph.input if i.name in shapes}
+    others = [(v.name, _bytes_of(v)) for v in list(model.graph.value_info) + list(model.graph.output)]
+    largest = max(others, key=lambda nv: nv[1], default=("", 0))
+    need = sum(inputs.values()) + largest[1]
+    avail = available_memory()
+    if avail is not None and need > avail:
+        biggest = f"; its largest tensor '{largest[0]}' alone {_gib(largest[1])}" if largest[1] else ""
+        raise UsageError(f"--override-input-shape {what}: one run at that shape needs at least {_gib(need)} "
+                         f"(inputs {_gib(sum(inputs.values()))}{biggest}), more than the {_gib(avail)} available",
+                         "give a smaller shape")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n < 2**50 else f"{n / 2**50:.3g} PiB"
 
 
 def _run_once(model, shapes: Mapping[str, Sequence[int]], label: str, what: str) -> None:

@@ -4,10 +4,12 @@ Everything that reads an ``.onnx`` file goes through :func:`load_model`, which t
 file can be wrong into a one-line :class:`~trtq.errors.ModelError`.
 """
 import operator
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from trtq.errors import DataError, ModelError
 from trtq.fileio import require_input_file
@@ -77,6 +79,97 @@ def load_model(path: Union[str, Path], load_external_data: bool = True):
     if not model.graph.node and not model.graph.input:
         raise ModelError(f"not an ONNX model (empty graph): {path}", "pass an .onnx model file")
     return model
+
+
+_external_cache: dict[tuple, list[Path]] = {}
+
+
+def external_data_files(path: Union[str, Path]) -> list[Path]:
+    """The files an ONNX model keeps tensor data in (ONNX external data: ``location`` of each
+    external tensor, relative to the model's folder), sorted, without duplicates; [] when it has
+    none or cannot be read (load_model reports that). What the model's identity is made of besides
+    the .onnx itself: the output checks read them as inputs, the provenance hashes them."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except OSError:
+        return []
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read: load_model refuses it
+        return []
+    key = (str(path.resolve()), st.st_mtime_ns, st.st_size, st.st_ino)
+    if key not in _external_cache:
+        _external_cache.clear()  # one model at a time is all a command asks about
+        _external_cache[key] = _read_locations(path)
+    return list(_external_cache[key])
+
+
+def model_sha256(path: Union[str, Path]) -> str:
+    """The model's identity: the sha256 of the .onnx file and, when its tensors keep their data in
+    external files, of those files too (each one's location and content, in order). For a model
+    without external data it is the file's sha256, as before. Provenance, shards, --ranges and the
+    freshness check all compare this, so a cache is stale once the weights file changes."""
+    import hashlib
+
+    from trtq.fileio import sha256_file
+
+    path = Path(path)
+    own = sha256_file(path)
+    files = external_data_files(path)
+    if not files:
+        return own
+    h = hashlib.sha256(own.encode("ascii"))
+    for f in files:
+        h.update(os.path.relpath(f, path.parent).encode("utf-8") + b"\0")
+        h.update((sha256_file(f) if f.is_file() else "missing").encode("ascii"))
+    return h.hexdigest()
+
+
+def _read_locations(path: Path) -> list[Path]:
+    import onnx
+
+    try:
+        if not _mentions(path, b"location"):  # no external data entry can be in the file: no parse
+            return []
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:
+        return []
+    found = set()
+    for tensor in _all_tensors(model.graph):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            for entry in tensor.external_data:
+                if entry.key == "location" and entry.value:
+                    found.add(path.parent / entry.value)
+    return sorted(found)
+
+
+def _mentions(path: Path, word: bytes, chunk: int = 1 << 20) -> bool:
+    """``word`` occurs in the file (read in chunks: a model of gigabytes is not held twice)."""
+    tail = b""
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            window = tail + block
+            if word in window:
+                return True
+            tail = window[-(len(word) - 1):]
+    return False
+
+
+def _all_tensors(graph) -> Iterator[Any]:
+    """Initializers and tensor attributes of ``graph`` and of every subgraph in it."""
+    import onnx
+
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                yield attr.t
+            elif attr.type == onnx.AttributeProto.TENSORS:
+                yield from attr.tensors
+            elif attr.type == onnx.AttributeProto.GRAPH:
+                yield from _all_tensors(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _all_tensors(g)
 
 
 def _dims(type_proto) -> tuple[Dim, ...]:

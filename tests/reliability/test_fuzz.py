@@ -130,6 +130,7 @@ def test_cache_parser_any_scale_bits(entries):
 
 @FUZZ_CLI
 @given(st.one_of(mutated(VALID_CACHE), st.binary(max_size=120)))
+@example(VALID_CACHE.replace(b"-Entropy", b"-\x1cntropy"))  # \x1c in the message: str.splitlines breaks there
 def test_quantize_with_fuzzed_cache_writes_all_or_nothing(trtq, data):
     folder = Path(tempfile.mkdtemp())
     try:
@@ -257,3 +258,46 @@ def test_npy_reader_forged_headers(descr, shape, fortran):
     data = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header
     data += bytes(range(256)) * 4
     _check_npy_bytes(data)
+
+
+# ------------------------------------------------------------------------------------------------
+# values typed on the command line (issue 29): digits of other scripts, huge numbers, junk
+# ------------------------------------------------------------------------------------------------
+
+NUMBER_FLAGS = ["--batch-size", "--limit", "--workers", "--seed", "--num-bins", "--hist-elements", "--percentile",
+                "--max-memory", "--shape", "--override-input-shape", "--trt-version", "--shard"]
+typed = st.one_of(
+    st.lists(st.sampled_from(list("0123456789") + ["²", "١", "５", "٣", "_", ".", "e", "-", "+", " ", "x", "G", "/",
+                                                    "9" * 40]), max_size=12).map("".join),
+    st.integers(-10 ** 30, 10 ** 30).map(str),
+    st.sampled_from(["nan", "inf", "-0", "1e400", "0x10", "4/4", "0/1", "1/" + "0" * 30, "2/1e26"]),
+)
+
+
+@FUZZ_CLI
+@given(st.sampled_from(NUMBER_FLAGS), typed)
+@example("--shard", "1/" + "9" * 27)  # was accepted: shard 1 of 1e27 calibrated one sample
+@example("--shape", "²x3x8x8")  # was an internal error
+def test_calibrate_number_flags(trtq, flag, value):
+    """Any value of a number-taking flag: a run (exit 0, the cache written) or one line with exit 2/3
+    and nothing written; never an internal error or an out-of-memory exit 1."""
+    folder = Path(tempfile.mkdtemp())
+    try:
+        out, stats = folder / "c.cache", folder / "s.npz"
+        if flag in ("--shape", "--override-input-shape"):
+            value = "x=" + value
+        extra = ["--save-stats", stats] if flag == "--shard" else []
+        r = trtq(["calibrate", "--model", MODEL_DIR / "m.onnx", "--data", MODEL_DIR / "x.npy", "-o", out,
+                  flag, value, *extra])
+        assert r.code in (0, 2, 3), (flag, value, r)
+        if r.code:
+            assert one_line_error(r), (flag, value, r.err)
+            assert sorted(p.name for p in folder.iterdir()) == [], (flag, value)
+        else:
+            assert stats.exists() if flag == "--shard" else out.exists(), (flag, value)
+        assert not temp_leftovers(folder)
+    finally:
+        shutil.rmtree(folder)
+
+
+np.save(MODEL_DIR / "x.npy", np.random.default_rng(1).normal(0, 1, (6, 3, 8, 8)).astype(np.float32))

@@ -136,3 +136,40 @@ def test_readme_promises(tmp_path):
     assert "--per-layer-mode" in text
     assert "--data x=shards/*.npy" not in text  # unquoted glob: the shell expands it first
     assert "143" in text and "SIGTERM" in text
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 29: ranking layers of a model with none to quantize
+# ------------------------------------------------------------------------------------------------
+
+
+def _relu_model(path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Add", ["r", "x"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "relu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, 8, 8])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(path))
+    return path
+
+
+@pytest.mark.parametrize("how", ["no weighted layer", "every layer excluded"])
+def test_float_layers_and_per_layer_with_nothing_to_quantize_exit_3(trtq, kit, how):
+    """Was exit 1 ("operation failed") for what is a property of the model, the cache or --exclude."""
+    model = _relu_model(kit.root / "relu.onnx") if how == "no weighted layer" else kit.model
+    cache = kit.root / "r.cache"
+    assert trtq(["calibrate", "--model", model, "--data", kit.data, "-o", cache, "-q"]).code == 0
+    exclude = []
+    if how == "every layer excluded":  # a config: compare takes quantize options from it (it has no --exclude)
+        (kit.root / "cfg.yaml").write_text("quantize: {exclude: [Conv, Gemm]}\n")
+        exclude = ["--config", kit.root / "cfg.yaml"]
+    before = kit.snapshot()
+    r = trtq(["quantize", "--model", model, "--cache", cache, "-o", kit.root / "q.onnx", "--data", kit.data,
+              "--float-layers", "1", *exclude])
+    assert r.code == 3 and one_line_error(r) and "nothing to rank" in r.err, r
+    r = trtq(["compare", "--reference", model, "--candidate", model, "--data", kit.data, "--per-layer",
+              "--cache", cache, *exclude])
+    assert r.code == 3 and one_line_error(r) and "nothing to rank" in r.err, r
+    assert kit.snapshot() == before

@@ -318,13 +318,14 @@ def test_second_signal_stops_at_once_and_removes_the_temporary_file(tmp_path):
 _SIGTERM_WHILE_WRITING = r"""
 import os, signal, sys
 from trtq.cli import main
-from trtq.fileio import atomic_path
+from trtq.fileio import atomic_path, declare_outputs
 import trtq.cli as cli
 
 # run a real command whose write is cut by SIGTERM: the console-script entry (trtq.cli:main) has no
 # early handler of its own, so only trtq's handler stands between the signal and a leftover temp file
 real = cli._emit
 def emit_while_writing(*args, **kwargs):
+    declare_outputs([sys.argv[1]])  # as a command's guard would (trtq.outputs)
     with atomic_path(sys.argv[1]) as tmp:
         tmp.write_bytes(b"half of the new")
         os.kill(os.getpid(), signal.SIGTERM)
@@ -394,11 +395,12 @@ def test_temp_files_of_abandoned_writes_are_removed_when_the_command_ends(trtq, 
     """A write whose context was left without its exit (a signal between the temporary file's creation
     and the with-block, its generator still referenced) still leaves no temporary file."""
     import trtq.cli as cli
-    from trtq.fileio import atomic_path
+    from trtq.fileio import atomic_path, declare_outputs
 
     dest = tmp_path / "out.txt"
 
     def emit_then_interrupted(*args, **kwargs):
+        declare_outputs([dest])  # as a command's guard would (trtq.outputs)
         cm = atomic_path(dest)
         _ABANDONED.append(cm)  # kept alive: garbage collection cannot clean it up either
         cm.__enter__().write_bytes(b"half")
@@ -583,3 +585,40 @@ def test_a_signal_inside_a_finalizer_is_raised_after_it():
                        timeout=60)
     assert "Exception ignored" not in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert p.stdout.strip() == "interrupted after the finalizer", p.stdout + p.stderr
+
+
+_SIGTERM_IN_MERGE_WRITE = r"""
+import os, signal, sys, zipfile
+from trtq.cli import main
+
+real = zipfile._ZipWriteFile.__init__
+calls = []
+def member_opened_then_a_signal(self, *args, **kwargs):  # a member of the .npz opened for writing
+    real(self, *args, **kwargs)
+    calls.append(1)
+    if len(calls) == 2:  # the second member: the ZipFile has an open writing handle
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(200000):
+            pass
+zipfile._ZipWriteFile.__init__ = member_opened_then_a_signal
+main(["merge-stats", sys.argv[1], sys.argv[2], "-o", sys.argv[3]])
+"""
+
+
+def test_sigterm_while_merge_stats_writes_leaves_no_zipfile_traceback(kit, trtq):
+    """A signal between a .npz member's opening and its writing handle: numpy's clean-up
+    (ZipFile.close) failed with "Can't close the ZIP file while there is an open writing handle",
+    which replaced the interrupt (an internal error), and ZipFile.__del__ failed again as the process
+    ended ("Exception ignored in: <function ZipFile.__del__>" and a traceback)."""
+    parts = []
+    for i in range(2):
+        parts.append(kit.root / f"h{i}.npz")
+        assert trtq(["calibrate", "--model", kit.model, "--data", kit.data, "--shard", f"{i}/2", "--save-stats",
+                     parts[-1], "-q"]).code == 0
+    out = kit.root / "m.npz"
+    out.write_bytes(b"previous")
+    p = subprocess.run([sys.executable, "-c", _SIGTERM_IN_MERGE_WRITE, *map(str, parts), str(out)],
+                       capture_output=True, text=True, env=child_env(), timeout=60)
+    assert p.returncode == 143, (p.returncode, p.stderr)
+    assert p.stderr.strip().splitlines() == ["trtq: terminated (SIGTERM); nothing was written"], p.stderr
+    assert out.read_bytes() == b"previous" and not temp_leftovers(kit.root)

@@ -15,9 +15,13 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from trtq.errors import ConfigError, UsageError
+from trtq.memory import available_memory
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+# ASCII digits only (re.ASCII: \d would take other scripts' digits, which float() reads), at most 18
+_SIZE = re.compile(r"^\s*(\d{1,18}(?:\.\d{0,18})?|\.\d{1,18})\s*([KMGT]?)(?:I?B)?\s*$",
+                   re.IGNORECASE | re.ASCII)
+MAX_SIZE = 1 << 60  # 1 EiB: more than any machine's memory, far below where float or int64 sizes break
 
 
 def parse_size(text) -> int:
@@ -27,27 +31,17 @@ def parse_size(text) -> int:
     else:
         m = _SIZE.match(str(text))
         if not m:
-            raise ConfigError(f"--max-memory must be a size such as 2G or 512M, got {text!r}",
-                              "use a number with K, M, G or T (binary units), e.g. --max-memory 2G")
+            shown = str(text) if len(str(text)) <= 40 else str(text)[:37] + "..."
+            raise ConfigError(f"--max-memory must be a size such as 2G or 512M, got {shown!r}",
+                              "use a number (digits 0-9, at most 18) with K, M, G or T (binary units), "
+                              "e.g. --max-memory 2G")
         value, unit = float(m.group(1)), m.group(2).upper()
+    if not math.isfinite(value) or value * _UNITS[unit] > MAX_SIZE:
+        raise ConfigError(f"--max-memory {value:g}{unit} is more than 1 EiB", "e.g. --max-memory 2G")
     size = int(value * _UNITS[unit])
-    if not math.isfinite(value) or size < 1:
+    if size < 1:
         raise ConfigError(f"--max-memory must be positive, got {text!r}", "e.g. --max-memory 2G")
     return size
-
-
-def available_memory() -> Optional[int]:
-    """MemAvailable of /proc/meminfo (Linux), else physical memory, else None."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    from trtq.data.batcher import physical_memory
-
-    return physical_memory()
 
 
 SLICE_TARGET = 256 << 20  # without --max-memory: activations one call holds before batches are sliced

@@ -74,12 +74,12 @@ DEFAULT_TRT_VERSION = "10.16.0"
 
 # major.minor[.patch[.build]], optionally a pip suffix (.post1, rc2, ...) and a local label (+cuda12)
 _VERSION_RE = re.compile(
-    r"^\s*(\d+)\.(\d+)(?:\.(\d+))?(?:\.\d+)?(?:[.-]?(?:post|dev|rc|a|b)\d*)?(?:\+[0-9a-z.]+)?\s*$",
-    re.IGNORECASE,
+    r"^\s*(\d{1,9})\.(\d{1,9})(?:\.(\d{1,9}))?(?:\.\d+)?(?:[.-]?(?:post|dev|rc|a|b)\d*)?(?:\+[0-9a-z.]+)?\s*$",
+    re.IGNORECASE | re.ASCII,  # \d: the digits 0-9 only (int() would read other scripts' digits)
 )
-_HEADER_RE = re.compile(r"^TRT-(\d+)-(\S+)$")
+_HEADER_RE = re.compile(r"^TRT-(\d+)-(\S+)$", re.ASCII)
 _HEX_RE = re.compile(r"^[0-9a-fA-F]{1,8}$")
-_DECIMAL_RE = re.compile(r"^[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf|nan)$", re.IGNORECASE)
+_DECIMAL_RE = re.compile(r"^[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf|nan)$", re.IGNORECASE | re.ASCII)
 _TRT_ENTRY_RE = re.compile(r"^.+: [0-9a-fA-F]{1,8}$")
 
 
@@ -122,7 +122,7 @@ def version_code(version: str) -> str:
 def decode_version_code(code: str) -> str:
     """``"8600"`` -> ``"8.6.0"``, ``"100300"`` -> ``"10.3.0"`` (ValueError when not a code)."""
     text = str(code)
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()) or len(text) > 6:
         raise ValueError(f"not a TensorRT version code: {code!r}")
     n = int(text)
     if 1000 <= n < 10000:

@@ -20,7 +20,6 @@ from typing import Any, Callable, Optional
 from trtq import interrupt
 from trtq.config import TrtqConfig, to_dict
 from trtq.errors import CacheError, DataError, UsageError
-from trtq.fileio import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -310,6 +309,9 @@ def _prepare(cfg: TrtqConfig, shard: Optional[tuple[int, int]], ranges: Optional
         raise DataError(f"model {model_path} has no float input to calibrate", "pass an FP32 model")
     refuse_quantized(model, model_path)
     tensors = select_tensors(model, opts.tensors)
+    from trtq.calib.stats import check_num_bins
+
+    check_num_bins(opts.num_bins, len(tensors))
     slice_at = slice_target(opts.max_memory, budget)
     feed_model, feed_specs, data, feed_mode = model, specs, cfg.data, None
     if shard is None and ranges is None:  # a fixed batch of 1: fed in batches where that is identical
@@ -511,6 +513,9 @@ def _write_run(run: _Setup, out: Path, stats_path: Optional[Path], provenance: d
         if stats_path is not None:
             meta = {k: v for k, v in provenance.items() if k not in ("amax", "method", "algorithm")}
             meta["tensors"] = tensors
+            from trtq.calib.shard import statistics_key
+
+            meta["statistics"] = statistics_key(run.opts.num_bins, run.one_pass, run.opts.hist_elements)
             if run.shard_pass is not None:
                 from trtq.calib.shard import ranges_sha256
 
@@ -542,8 +547,10 @@ def calibrate_from_stats(cfg: TrtqConfig, stats_path: Path) -> CalibrationResult
     opts = cfg.calibrate.resolved()
     stats = load_stats(Path(stats_path))
     meta = dict(stats.meta)
-    shard = meta.get("shard") if isinstance(meta.get("shard"), dict) else None
-    if shard is not None and shard.get("index") is not None and int(shard.get("count", 1)) > 1:
+    from trtq.calib.shard import shard_meta
+
+    shard = shard_meta(meta, Path(stats_path))
+    if shard is not None and shard.get("index") is not None and shard["count"] > 1:
         raise CacheError(f"{stats_path} is shard {shard['index']}/{shard['count']} only",
                          "merge all shards first: trtq merge-stats part-*.npz -o merged.npz")
     if shard is not None and shard.get("pass") == "ranges" and opts.method != "max":
@@ -552,7 +559,9 @@ def calibrate_from_stats(cfg: TrtqConfig, stats_path: Path) -> CalibrationResult
                          "or use --method max")
     model_meta = meta.get("model") or {}
     if cfg.model:
-        actual = sha256_file(cfg.model)
+        from trtq.model import model_sha256
+
+        actual = model_sha256(cfg.model)  # its external-data files included
         if model_meta.get("sha256") and model_meta["sha256"] != actual:
             raise CacheError(
                 f"{stats_path} holds statistics of a different model than {cfg.model}",

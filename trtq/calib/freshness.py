@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from trtq.errors import CacheError
 from trtq.fileio import sha256_file
+from trtq.model import model_sha256
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,13 @@ def check_cache_for_model(
             cache_path, cache_path,
         )
         return None
-    recorded = (prov.get("model") or {}).get("sha256")
-    actual = sha256_file(model_path)
+    model = prov.get("model") if isinstance(prov.get("model"), dict) else {}
+    recorded = model.get("sha256")
+    actual = model_sha256(model_path)  # its external-data files included
+    if recorded and recorded != actual and "external_data" not in model and recorded == sha256_file(model_path):
+        log.warning("%s.json predates the hashing of external data: %s's weights files cannot be checked",
+                    cache_path, Path(model_path).name)
+        return prov
     if recorded and recorded != actual:
         if allow_stale:
             log.warning("%s was made for another model (--allow-stale given): using it anyway", cache_path)

@@ -10,18 +10,26 @@ from typing import Any
 from collections.abc import Mapping, Sequence
 
 from trtq import __version__
-from trtq.fileio import sha256_file
 
 FORMAT = "trtq-calibration/1"
 
 
 def model_entry(model_path: Path, specs: Sequence[Any]) -> dict[str, Any]:
-    """The model a cache was calibrated for: path, content hash and declared inputs."""
-    return {
+    """The model a cache was calibrated for: path, content hash (of its external-data files too,
+    trtq.model.model_sha256; their names under ``external_data``) and declared inputs."""
+    import os
+
+    from trtq.model import external_data_files, model_sha256
+
+    entry: dict[str, Any] = {
         "path": str(model_path),
-        "sha256": sha256_file(model_path),
+        "sha256": model_sha256(model_path),
         "inputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype} for s in specs],
     }
+    external = external_data_files(model_path)
+    if external:
+        entry["external_data"] = [os.path.relpath(f, Path(model_path).parent) for f in external]
+    return entry
 
 
 def data_entry(batcher: Any, samples: int, options: Mapping[str, Any] | None = None) -> dict[str, Any]:

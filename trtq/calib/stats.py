@@ -30,12 +30,30 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from trtq import interrupt
 from trtq.calib import kernels
 from trtq.errors import CacheError, ConfigError, DataError
-from trtq.fileio import atomic_path
+from trtq.fileio import atomic_write_bytes, require_input_file
 
 METHODS = ("max", "entropy", "percentile", "mse")
 DEFAULT_NUM_BINS = 2048
+MAX_NUM_BINS = 1 << 20  # TensorRT's calibrators use 2048; a million bins is already 8 MB per tensor
+
+
+def check_num_bins(num_bins: int, tensors: int) -> None:
+    """ConfigError, before any work, for a bin count below 1 or above MAX_NUM_BINS, or whose int64
+    histograms for ``tensors`` tensors would take more than half the available memory."""
+    from trtq.calib.budget import available_memory
+
+    if not 1 <= int(num_bins) <= MAX_NUM_BINS:
+        raise ConfigError(f"num_bins must be a positive integer up to {MAX_NUM_BINS}, got {num_bins}",
+                          f"e.g. --num-bins {DEFAULT_NUM_BINS} (TensorRT's)")
+    need = int(num_bins) * 8 * max(int(tensors), 1)
+    avail = available_memory()
+    if avail and need > avail // 2:
+        raise ConfigError(f"--num-bins {num_bins} needs {need / 2**30:.1f} GiB of histograms for {tensors} tensors, "
+                          f"more than half of the {avail / 2**30:.1f} GiB available",
+                          f"use fewer bins, e.g. --num-bins {DEFAULT_NUM_BINS}")
 NUM_QUANTIZED_BINS = 128  # int8 magnitude levels the entropy search merges into
 INT8_LEVELS = 127  # symmetric int8: q in [-127, 127]
 EMPTY_Q_COUNT = 1e-4  # entropy: floor of an empty Q bin facing a non-empty P bin, in counts
@@ -153,7 +171,8 @@ class HistogramAccumulator:
 
     def __init__(self, maxima: Mapping[str, float], num_bins: int = DEFAULT_NUM_BINS):
         if int(num_bins) < 1:
-            raise ConfigError(f"num_bins must be a positive integer, got {num_bins}")
+            raise ConfigError(f"num_bins must be a positive integer, got {num_bins}",
+                              f"e.g. --num-bins {DEFAULT_NUM_BINS} (TensorRT's)")
         self.num_bins = int(num_bins)
         self.maxima: dict[str, float] = {}
         self._counts: dict[str, np.ndarray] = {}
@@ -633,8 +652,24 @@ def save_stats(
         if np.any(~np.isfinite(tp)) or np.any(tp < mx):
             raise ValueError("tops must be finite and at least the maxima")
         arrays["tops"] = tp
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a name
-        np.savez_compressed(f, **arrays)
+    atomic_write_bytes(path, _npz_bytes(arrays))
+
+
+def _npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """The .npz archive, built in memory (then written atomically by the caller).
+
+    A signal that cuts numpy's savez short leaves its ZipFile with an open member: numpy's own
+    clean-up (ZipFile.close) then fails with "Can't close the ZIP file while there is an open writing
+    handle", which replaced the interrupt, and ZipFile.__del__ failed once more into the closed
+    temporary file ("Exception ignored ..." and a traceback). In memory the archive's file stays
+    open for __del__, and a failure while a signal is pending is that signal."""
+    buf = io.BytesIO()
+    try:
+        np.savez_compressed(buf, **arrays)
+    except Exception:
+        interrupt.check()  # a SIGINT / SIGTERM cut the archive short: that is what stopped it
+        raise
+    return buf.getvalue()
 
 
 def _stats_error(path: Path, what: str) -> CacheError:
@@ -647,8 +682,8 @@ def _stats_error(path: Path, what: str) -> CacheError:
 def load_stats(path: Union[str, Path]) -> StatsFile:
     """Read a file written by :func:`save_stats`; CacheError (with the fix) on anything wrong."""
     path = Path(path)
-    if not path.is_file():
-        raise CacheError(f"statistics file not found: {path}", "check the path, or run trtq calibrate --save-stats")
+    require_input_file(path, CacheError, "statistics file", "check the path, or run trtq calibrate --save-stats",
+                       "pass a .npz file written by trtq calibrate --save-stats")
     try:
         with open(path, "rb") as f:
             raw = f.read()

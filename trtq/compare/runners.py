@@ -317,6 +317,6 @@ def check_model_file(path: Path) -> None:
     if not path.exists():
         raise ModelError(f"model not found: {path}", "check the path")
     if path.is_dir():
-        raise ModelError(f"model path is a folder, not a file: {path}")
+        raise ModelError(f"model path is a folder, not a file: {path}", "pass the .onnx model or .plan engine file")
     if path.stat().st_size == 0:
         raise ModelError(f"model file is empty: {path}", "re-export or rebuild it")

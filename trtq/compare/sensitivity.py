@@ -36,7 +36,7 @@ from trtq.compare.evaluate import (feeds_for, limited_batches, plan_outputs, spl
 from trtq.compare.metrics import OutputAccumulator, OutputMetrics
 from trtq.compare.report import fmt, gated_values, json_float, table
 from trtq.compare.tasks import TaskSettings, output_producers
-from trtq.errors import ConfigError, DataError, TrtqError
+from trtq.errors import ConfigError, DataError, ModelError
 from trtq.compare.runners import OnnxRunner
 
 log = logging.getLogger(__name__)
@@ -199,10 +199,12 @@ def per_layer_sensitivity(
 
     full = quantize_model(model, amax, options)
     layers = list(full.quantized)
-    if not layers:
-        raise TrtqError(
-            "no layer of the model was quantized, so there is nothing to rank",
-            "check that the cache covers this model (trtq inspect-cache --model) and --exclude",
+    if not layers:  # the model as given (or the cache, or --exclude) leaves nothing: invalid input, exit 3
+        reasons = "; ".join(sorted({str(r) for _, r in full.left_float})[:2]) or "no Conv/Gemm/MatMul with a range"
+        raise ModelError(
+            f"no layer of the model is quantized ({reasons}), so there is nothing to rank for --per-layer / "
+            "--float-layers",
+            "check that the cache covers this model (trtq inspect-cache --model) and --exclude, or drop the flag",
         )
     # node names are the quantizer's (it names unnamed nodes), so take op types from its model
     op_types = {n.name: n.op_type for n in full.model.graph.node}

@@ -11,7 +11,7 @@ import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -20,6 +20,7 @@ from trtq.config import DataOptions
 from trtq.data.sources import SampleError, make_source
 from trtq import interrupt
 from trtq.errors import ConfigError, DataError
+from trtq.memory import physical_memory
 from trtq.model import TensorSpec, resolve_shapes
 
 log = logging.getLogger(__name__)
@@ -147,15 +148,18 @@ class Batcher:
     def _check_options(self) -> None:
         o = self.options
         if o.batch_size is not None and o.batch_size < 1:
-            raise ConfigError(f"data.batch_size must be at least 1, got {o.batch_size}")
+            raise ConfigError(f"data.batch_size must be at least 1, got {o.batch_size}",
+                              "e.g. --batch-size 8, or leave it unset for the model's batch dim")
         if o.limit is not None and o.limit < 1:
             raise ConfigError(f"data.limit must be at least 1, got {o.limit}", "leave it unset to use all samples")
         if o.workers is not None and o.workers < 0:
-            raise ConfigError(f"data.workers must be 0 (decode in the caller's thread) or more, got {o.workers}")
+            raise ConfigError(f"data.workers must be 0 (decode in the caller's thread) or more, got {o.workers}",
+                              "e.g. --workers 4, or leave it unset")
         if o.prefetch < 1:
-            raise ConfigError(f"data.prefetch must be at least 1, got {o.prefetch}")
+            raise ConfigError(f"data.prefetch must be at least 1, got {o.prefetch}", "e.g. data.prefetch: 2")
         if o.last_batch not in ("pad", "drop", "keep"):
-            raise ConfigError(f"data.last_batch must be pad, drop or keep, got {o.last_batch!r}")
+            raise ConfigError(f"data.last_batch must be pad, drop or keep, got {o.last_batch!r}",
+                              "e.g. data.last_batch: pad")
 
     def _check_batch_memory(self) -> None:
         """ConfigError when one batch of inputs alone would take more than half the memory."""
@@ -343,14 +347,6 @@ class Batcher:
             "prefetch": self.prefetch,
             "fingerprint": self.fingerprint(),
         }
-
-
-def physical_memory() -> Optional[int]:
-    """Physical memory of this machine in bytes, None when the OS does not say."""
-    try:
-        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, ValueError, OSError):
-        return None
 
 
 def _call(fn: Callable[[int], Any], i: int) -> Any:

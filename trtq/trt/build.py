@@ -17,7 +17,7 @@ from trtq import __version__, interrupt
 from trtq.config import BuildOptions, ProfileShapes
 from trtq.errors import CacheError, ConfigError, TrtqError
 from trtq.fileio import atomic_path, atomic_write_bytes, sha256_file
-from trtq.model import TensorSpec, check_shape, resolve_shapes
+from trtq.model import TensorSpec, check_shape, model_sha256, resolve_shapes
 from trtq.trt import compat
 from trtq.trt.network import add_profiles, configure, network_inputs, parse_file, parse_model
 from trtq.trt.metadata import FORMAT, metadata_path, render_metadata
@@ -140,7 +140,7 @@ def build_plan(trt: Any, recipe: Any, model: Optional[Any], model_path: Path, ou
                          "rebuild with --mode explicit")
     meta = {**_engine_metadata(trt, logger, plan, options, recipe), "build_seconds": round(seconds, 3)}
     meta.update(
-        model={"path": str(model_path), "sha256": sha256_file(model_path)},
+        model={"path": str(model_path), "sha256": model_sha256(model_path)},
         cache=({"path": str(cache_path), "sha256": sha256_file(cache_path), "algorithm": table.algorithm,
                 "tensors": len(table.amax)} if cache_path is not None else None),
         quantize=quant_info or None,

@@ -69,7 +69,7 @@ class TrtVersion:
 
     @classmethod
     def parse(cls, text: Any) -> "TrtVersion":
-        m = re.match(r"\s*(\d+)\.(\d+)(?:\.(\d+))?", str(text))
+        m = re.match(r"\s*(\d{1,9})\.(\d{1,9})(?:\.(\d{1,9}))?", str(text), re.ASCII)
         if not m:
             raise ConfigError(f"not a TensorRT version: {text!r}", "use MAJOR.MINOR.PATCH, e.g. 8.6.0")
         return cls(int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))

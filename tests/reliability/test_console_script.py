@@ -1,0 +1,136 @@
+"""The installed ``trtq`` console script catches SIGINT / SIGTERM from its first line of trtq code, as
+``python -m trtq`` does: the entry point installs the early handlers before it imports the CLI.
+
+Before this, the script ran ``from trtq.cli import main`` first: a Ctrl-C during that import printed a
+KeyboardInterrupt traceback, and one that an import swallowed let the run go on (exit 0, the old
+cache replaced). The stress test sends signals at random times in the first second to the script
+itself, several at a time (the machine is loaded by the runs themselves); the full 200-run tally is
+benchmarks/signal_stress.py --entry script.
+"""
+import concurrent.futures
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.reliability.conftest import child_env, temp_leftovers
+
+EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+WORD = {signal.SIGINT: "trtq: interrupted", signal.SIGTERM: "trtq: terminated"}
+RUNS = 24  # benchmarks/signal_stress.py --entry script runs 200
+PARALLEL = 4
+# frames of a KeyboardInterrupt traceback that mean the signal reached trtq's own start-up (the CLI
+# import, its dependencies) without a trtq handler in place: the defect this file guards against
+TRTQ_FRAMES = ("trtq/cli.py", "click", "numpy", "onnx")
+
+
+def console_script() -> Path:
+    script = Path(sys.executable).parent / "trtq"
+    if not script.is_file():
+        pytest.skip(f"no trtq console script beside {sys.executable} (trtq not pip-installed here)")
+    return script
+
+
+def test_the_console_script_enters_through_the_early_handlers():
+    """The installed entry point (pyproject [project.scripts]) installs trtq's early handlers before it
+    imports trtq.cli: with trtq.cli made unimportable, they are in place."""
+    from importlib.metadata import entry_points
+
+    eps = entry_points()
+    scripts = eps.select(group="console_scripts", name="trtq") if hasattr(eps, "select") else [
+        e for e in eps.get("console_scripts", []) if e.name == "trtq"]
+    scripts = list(scripts)
+    if not scripts:
+        pytest.skip("trtq is not installed with its console script here")
+    module, _, attr = scripts[0].value.partition(":")
+    code = ("import importlib, signal, sys\n"
+            "sys.modules['trtq.cli'] = None  # stop right where the entry imports the CLI\n"
+            f"entry = getattr(importlib.import_module({module!r}), {attr!r})\n"
+            "try:\n    entry()\nexcept ImportError:\n    pass\n"
+            "print(signal.getsignal(signal.SIGINT).__name__, signal.getsignal(signal.SIGTERM).__name__)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=60)
+    assert p.stdout.split() == ["_early_exit", "_early_exit"], (scripts[0].value, p.stdout + p.stderr)
+
+
+def _trtq_handler_in_place(pid: int) -> bool:
+    """SIGTERM caught: trtq.console (or the CLI after it) has installed its handlers."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigCgt:")), 16)
+    return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+
+def run_once(script: Path, args: list, sig: int, delay: float, after_handlers: bool = False) -> dict:
+    """Start the script, send ``sig`` ``delay`` seconds after the start (``after_handlers``: after
+    trtq's early handlers are in place), wait for the end."""
+    p = subprocess.Popen([str(script), *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=child_env())
+    try:
+        deadline = time.monotonic() + 60
+        while after_handlers and not _trtq_handler_in_place(p.pid) and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        time.sleep(delay)
+        ready = _trtq_handler_in_place(p.pid)
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return {"sig": sig, "delay": delay, "ready": ready, "code": p.returncode, "err": err}
+
+
+def judge(run: dict) -> str:
+    """'ok', 'interpreter start-up' (the signal came before any trtq code ran: the interpreter's own
+    defaults apply), or what went wrong."""
+    sig, code, err = run["sig"], run["code"], run["err"]
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    if code == EXIT[sig] and len(lines) == 1 and lines[0].startswith(WORD[sig]):
+        return "ok"
+    if code == 0:
+        return "LOST: ran on and exited 0"
+    if run["ready"]:
+        return f"WRONG: exit {code} with {len(lines)} stderr line(s) after trtq's handlers were in place"
+    if "Traceback" in err and ("from trtq.cli import" in err or any(frame in err for frame in TRTQ_FRAMES)):
+        return f"WRONG: traceback inside trtq's start-up (exit {code})"
+    if code in (-sig, 1, 128 + sig):
+        return "interpreter start-up"
+    return f"WRONG: exit {code}"
+
+
+def test_signals_in_the_first_second_of_the_console_script(kit):
+    script = console_script()
+    big = kit.root / "big.npy"
+    np.save(big, np.tile(np.load(kit.data), (40000 // 6, 1, 1, 1)))  # about a minute of batches of 1
+    rnd = random.Random(29)
+    runs = []
+    for i in range(RUNS):
+        out = kit.root / f"out{i}.cache"
+        out.write_bytes(b"previous cache")
+        Path(f"{out}.json").write_bytes(b"previous provenance")
+        # from the start: half in the first 300 ms (the imports), half anywhere in the first second; every
+        # third run counted from trtq's early handlers instead (the CLI's imports then, whatever the load)
+        after_handlers = i % 3 == 0
+        delay = rnd.uniform(0, 0.3) if i % 2 or after_handlers else rnd.uniform(0, 1.0)
+        sig = signal.SIGTERM if i % 4 >= 2 else signal.SIGINT
+        args = ["calibrate", "--model", kit.model, "--data", big, "-o", out, "--batch-size", "1", "--method",
+                "percentile"]
+        runs.append((out, args, sig, delay, after_handlers))
+    with concurrent.futures.ThreadPoolExecutor(PARALLEL) as pool:
+        results = list(pool.map(lambda r: run_once(script, *r[1:]), runs))
+    verdicts = [judge(r) for r in results]
+    tally = {v: verdicts.count(v) for v in sorted(set(verdicts))}
+    print(f"console script, {RUNS} signals in the first second: {tally}")
+    bad = [(r["delay"], v, r["err"][-600:]) for r, v in zip(results, verdicts) if v.startswith(("LOST", "WRONG"))]
+    assert not bad, bad
+    assert all(v == "ok" for (*_, after), v in zip(runs, verdicts) if after), tally
+    for out, *_ in runs:
+        assert out.read_bytes() == b"previous cache" and Path(f"{out}.json").read_bytes() == b"previous provenance"
+    assert not temp_leftovers(kit.root)
