@@ -179,16 +179,18 @@ def conv_gram(x: np.ndarray, node: onnx.NodeProto, group: int, kernel: tuple[int
     step = max(1, math.ceil(math.sqrt(n * out_h * out_w / max_rows)))
     rows_h, rows_w = -(-out_h // step), -(-out_w // step)
     per, taps = c // group, kernel[0] * kernel[1]
-    # one strided slice of the input per kernel tap: [taps, N, C, rows_h, rows_w]
-    slices = np.empty((taps, n, c, rows_h, rows_w), dtype=np.float32)
+    # one strided slice of the input per kernel tap, written straight into the matmul's layout
+    # [group, taps, per, N, rows_h, rows_w] (one copy, not a second transposing one)
+    a = np.empty((group, taps, per, n, rows_h, rows_w), dtype=np.float32)
     for ky in range(kernel[0]):
         for kx in range(kernel[1]):
             y0, x0 = ky * dil[0], kx * dil[1]
-            slices[ky * kernel[1] + kx] = x[:, :, y0:y0 + (out_h - 1) * strides[0] + 1:strides[0] * step,
-                                            x0:x0 + (out_w - 1) * strides[1] + 1:strides[1] * step]
+            tap = x[:, :, y0:y0 + (out_h - 1) * strides[0] + 1:strides[0] * step,
+                    x0:x0 + (out_w - 1) * strides[1] + 1:strides[1] * step]
+            a[:, ky * kernel[1] + kx] = tap.reshape(n, group, per, rows_h, rows_w).transpose(1, 2, 0, 3, 4)
     rows = n * rows_h * rows_w
     # [group, taps * per, rows] in (tap, channel) order; the weight's order is (channel, tap)
-    a = slices.reshape(taps, n, group, per, rows_h * rows_w).transpose(2, 0, 3, 1, 4).reshape(group, taps * per, rows)
+    a = a.reshape(group, taps * per, rows)
     gram = np.matmul(a, a.transpose(0, 2, 1)).astype(np.float64)
     order = (np.arange(taps)[None, :] * per + np.arange(per)[:, None]).reshape(-1)  # (channel, tap) -> index
     return gram[:, order][:, :, order], rows
