@@ -177,6 +177,7 @@ def per_layer_sensitivity(
     progress: LayerProgress | None = None,
     task_options: Any = None,
     producers: Mapping[str, Any] | None = None,
+    layers: Sequence[str] | None = None,
 ) -> list[LayerRow]:
     """Rank the layers ``quantize_model`` quantizes by the error each one causes.
 
@@ -186,7 +187,8 @@ def per_layer_sensitivity(
     worst output, and rows are ranked by it first (SQNR breaks ties); without, by SQNR.
     ``producers``: what makes each output, for the task inference (default: ``model``'s own,
     :func:`~trtq.compare.tasks.output_producers`; a caller that rewrote the graph passes the
-    original's: an opset upgrade turns a Softmax output into a Reshape's).
+    original's: an opset upgrade turns a Softmax output into a Reshape's). ``layers``: rank only
+    these of the quantized layers (``only`` mode).
     """
     _check_arguments(mode, top, limit)
     from trtq.config import QuantizeOptions
@@ -197,15 +199,19 @@ def per_layer_sensitivity(
     if getattr(options, "fp16", False):
         options = dataclasses.replace(options, fp16=False)
 
-    full = quantize_model(model, amax, options)
-    layers = list(full.quantized)
-    if not layers:  # the model as given (or the cache, or --exclude) leaves nothing: invalid input, exit 3
+    from trtq.quantize.prepare import prepare_model
+
+    prepared = prepare_model(model)[0]  # once: each variant would redo it (an opset upgrade, folding)
+    full = quantize_model(prepared, amax, options)
+    if not full.quantized:  # the model as given (or the cache, or --exclude) leaves nothing: invalid input, exit 3
         reasons = "; ".join(sorted({str(r) for _, r in full.left_float})[:2]) or "no Conv/Gemm/MatMul with a range"
         raise ModelError(
             f"no layer of the model is quantized ({reasons}), so there is nothing to rank for --per-layer / "
             "--float-layers",
             "check that the cache covers this model (trtq inspect-cache --model) and --exclude, or drop the flag",
         )
+    wanted = set(full.quantized if layers is None else layers)
+    layers = [n for n in full.quantized if n in wanted]
     # node names are the quantizer's (it names unnamed nodes), so take op types from its model
     op_types = {n.name: n.op_type for n in full.model.graph.node}
 
@@ -240,7 +246,7 @@ def per_layer_sensitivity(
         return metrics
 
     def variant(only: set[str]) -> Any:  # the model with just these layers quantized
-        return quantize_model(model, amax, options, only_nodes=only).model if only else model
+        return quantize_model(prepared, amax, options, only_nodes=only).model if only else model
 
     rows = _rank(mode, layers, op_types, variant, measure, full.model, progress)
     return rows[: int(top)] if top is not None else rows
@@ -295,8 +301,9 @@ def _cache_reference(fp32: OnnxRunner, names: list[str], batches: Iterable[Any],
         if plan is None:
             plan = plan_outputs(outputs, names, rows, origins, settings)
         reference = plan.valid(outputs, rows, valid, "reference", fp32)
+        # float64 once: every layer's metrics read the reference in float64
         cached.append(_CachedBatch(feeds, rows, valid,
-                                   {k: np.array(v, copy=True) for k, v in reference.items()}))
+                                   {k: np.array(v, dtype=np.float64) for k, v in reference.items()}))
     if not cached:
         raise DataError("no samples for the per-layer analysis", "check data.inputs and data.limit")
     return cached, plan
