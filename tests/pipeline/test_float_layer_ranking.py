@@ -28,7 +28,7 @@ def test_screened_ranking_chooses_what_ranking_every_layer_chooses(sample_cache,
     options = dataclasses.replace(cfg.quantize, float_layers=3, samples=16)
     with caplog.at_level(logging.INFO, logger="trtq"):
         screened = pq.choose_float_layers(model, amax, options, pq.sample_batches(model, options, cfg.data))
-    assert "layers screened on 8 samples; the 12 worst ranked on 16" in caplog.text
+    assert "layers screened on 8 samples; the 9 worst ranked on 16" in caplog.text
     monkeypatch.setattr(pq, "SCREEN_SAMPLES", pq.RANK_SAMPLES)  # no screen: every layer on every sample
     full = pq.choose_float_layers(model, amax, options, pq.sample_batches(model, options, cfg.data))
     assert sorted(screened) == sorted(full) and len(full) == 3

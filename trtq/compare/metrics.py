@@ -49,10 +49,12 @@ def looks_like_scores(array: np.ndarray) -> bool:
     return array.ndim >= 2 and array.shape[1] > 1 and all(d == 1 for d in array.shape[2:])
 
 
-def cosine_rows(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
-    """Cosine similarity of each row pair (float64 arrays of shape [n, k])."""
+def cosine_rows(ref: np.ndarray, cand: np.ndarray, norm_r: np.ndarray | None = None) -> np.ndarray:
+    """Cosine similarity of each row pair (float64 arrays of shape [n, k]); ``norm_r``: the
+    reference rows' squared norms, when the caller has them."""
     dot = np.einsum("ij,ij->i", ref, cand)
-    norm_r = np.einsum("ij,ij->i", ref, ref)  # squared norms
+    if norm_r is None:
+        norm_r = np.einsum("ij,ij->i", ref, ref)  # squared norms
     norm_c = np.einsum("ij,ij->i", cand, cand)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         denom = np.sqrt(norm_r * norm_c)  # one sqrt: identical rows give exactly 1.0
@@ -74,6 +76,26 @@ def sqnr_db(signal_energy: float, noise_energy: float) -> float:
     return 10.0 * math.log10(signal_energy / noise_energy)
 
 
+class Reference:
+    """A reference batch of one output with what every comparison against it reads computed once
+    (``compare --per-layer`` compares one reference with a candidate per layer): the float64 rows,
+    their squared norms, energy, largest magnitude and non-finite count. Pass it to
+    :meth:`OutputAccumulator.update` in place of the array; :attr:`array` is the array itself."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = np.asarray(array)
+        a = self.array.reshape(1) if self.array.ndim == 0 else self.array
+        n = a.shape[0]
+        self.rows = a.astype(np.float64, copy=False).reshape(n, -1)
+        self.norms = np.einsum("ij,ij->i", self.rows, self.rows)
+        self.energy = float(np.einsum("ij,ij->", self.rows, self.rows))
+        self.max_abs = float(np.abs(self.rows).max()) if self.rows.size else 0.0
+        self.nonfinite = int(np.count_nonzero(~np.isfinite(self.rows)))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
 class OutputAccumulator:
     """Running sums for one output. Feed it ``update(ref, cand)`` with the valid rows only."""
 
@@ -93,8 +115,9 @@ class OutputAccumulator:
         self.ref_max_abs = 0.0
         self.nonfinite = 0
 
-    def update(self, ref: np.ndarray, cand: np.ndarray) -> None:
-        ref = np.asarray(ref)
+    def update(self, ref: np.ndarray | Reference, cand: np.ndarray) -> None:
+        prepared = ref if isinstance(ref, Reference) else None
+        ref = prepared.array if prepared is not None else np.asarray(ref)
         cand = np.asarray(cand)
         if ref.shape != cand.shape:
             raise ModelError(
@@ -111,11 +134,12 @@ class OutputAccumulator:
             self.sample_shape = tuple(int(d) for d in ref.shape[1:])
         self.scores = self.scores and looks_like_scores(ref)
 
-        r = ref.astype(np.float64, copy=False).reshape(n, -1)
+        r = prepared.rows if prepared is not None else ref.astype(np.float64, copy=False).reshape(n, -1)
         c = cand.astype(np.float64, copy=False).reshape(n, -1)
-        self.nonfinite += int(np.count_nonzero(~np.isfinite(r)) + np.count_nonzero(~np.isfinite(c)))
+        ref_nonfinite = prepared.nonfinite if prepared is not None else int(np.count_nonzero(~np.isfinite(r)))
+        self.nonfinite += ref_nonfinite + int(np.count_nonzero(~np.isfinite(c)))
         diff = np.abs(r - c)
-        cos = cosine_rows(r, c)
+        cos = cosine_rows(r, c, prepared.norms if prepared is not None else None)
 
         if self.scores:
             self.top1_matches += int(np.count_nonzero(np.argmax(r, 1) == np.argmax(c, 1)))
@@ -126,9 +150,10 @@ class OutputAccumulator:
         self.cos_min = float(np.min([self.cos_min, float(cos.min())]))
         if r.size:
             self.max_abs = float(np.max([self.max_abs, float(diff.max())]))
-            self.ref_max_abs = float(np.max([self.ref_max_abs, float(np.abs(r).max())]))
+            ref_max = prepared.max_abs if prepared is not None else float(np.abs(r).max())
+            self.ref_max_abs = float(np.max([self.ref_max_abs, ref_max]))
         self.abs_sum += float(diff.sum())
-        self.ref_energy += float(np.einsum("ij,ij->", r, r))
+        self.ref_energy += prepared.energy if prepared is not None else float(np.einsum("ij,ij->", r, r))
         self.err_energy += float(np.einsum("ij,ij->", diff, diff))
 
     def result(self) -> OutputMetrics:

@@ -33,7 +33,7 @@ import numpy as np
 
 from trtq.compare.evaluate import (feeds_for, limited_batches, plan_outputs, split_accumulator, task_accumulators,
                                    with_task)
-from trtq.compare.metrics import OutputAccumulator, OutputMetrics
+from trtq.compare.metrics import OutputAccumulator, OutputMetrics, Reference
 from trtq.compare.report import fmt, gated_values, json_float, table
 from trtq.compare.tasks import TaskSettings, output_producers
 from trtq.errors import ConfigError, DataError, ModelError
@@ -108,7 +108,7 @@ def render_layer_table(rows: Sequence[LayerRow], mode: str = "only") -> str:
 
 
 class _CachedBatch:
-    __slots__ = ("feeds", "reference", "rows", "valid")
+    __slots__ = ("feeds", "prepared", "reference", "rows", "valid")
 
     def __init__(self, feeds: dict[str, np.ndarray], rows: int, valid: int,
                  reference: dict[str, np.ndarray]):
@@ -116,6 +116,8 @@ class _CachedBatch:
         self.rows = rows
         self.valid = valid
         self.reference = reference
+        # what every layer's comparison reads of the reference, once
+        self.prepared = {name: Reference(value) for name, value in reference.items()}
 
 
 def _worst(node: str, op_type: str, metrics: Sequence[OutputMetrics],
@@ -234,7 +236,7 @@ def per_layer_sensitivity(
             for c in cached:
                 out = plan.valid(runner.run(c.feeds), c.rows, c.valid, "candidate", runner)
                 for n in names:
-                    accs[n].update(c.reference[n], out[n])
+                    accs[n].update(c.prepared[n], out[n])
                     if n in tasks:
                         tasks[n].update(c.reference[n], out[n])
                 if split is not None:

@@ -155,7 +155,7 @@ def refuse_nothing_quantized(result, model_path: Path) -> None:
 
 RANK_SAMPLES = 64  # samples the float_layers ranking settles its choice on (at most)
 SCREEN_SAMPLES = 8  # samples every layer is first ranked on, when there are many layers
-SHORTLIST = 4  # that many times float_layers (at least 8) go on from the screen to the full ranking
+SHORTLIST = 3  # that many times float_layers (at least 6) go on from the screen to the full ranking
 
 
 def choose_float_layers(fp32, amax: Mapping[str, float], options: QuantizeOptions, data,
@@ -168,7 +168,7 @@ def choose_float_layers(fp32, amax: Mapping[str, float], options: QuantizeOption
     :func:`~trtq.compare.sensitivity.per_layer_sensitivity`.
 
     The ranking costs a model run per layer and sample, so every layer is first screened on
-    ``SCREEN_SAMPLES`` samples, and the ``SHORTLIST x float_layers`` worst (at least 8) are ranked
+    ``SCREEN_SAMPLES`` samples, and the ``SHORTLIST x float_layers`` worst (at least 6) are ranked
     on ``RANK_SAMPLES``; a model with no more layers than that is ranked on ``RANK_SAMPLES`` alone.
 
     Measured (PP-OCRv4 rec, 200 Chinese lines, benchmarks/bench_rec_lines.py): 8 float layers by
@@ -184,7 +184,7 @@ def choose_float_layers(fp32, amax: Mapping[str, float], options: QuantizeOption
     base = dataclasses.replace(options, float_layers=0, bias_correction=False, weight_rounding="nearest")
     limit = min(options.samples, RANK_SAMPLES, getattr(data, "num_samples", None) or RANK_SAMPLES)
     tasks = task_options or CompareOptions()
-    shortlist = max(8, SHORTLIST * options.float_layers)
+    shortlist = max(6, SHORTLIST * options.float_layers)
     layers = None
     screen = min(limit, SCREEN_SAMPLES)
     if screen < limit and len(quantize_model_layers(fp32, amax, base)) > shortlist:
