@@ -200,20 +200,7 @@ def per_layer_sensitivity(
     options = quantize_options if quantize_options is not None else QuantizeOptions()
     if getattr(options, "fp16", False):
         options = dataclasses.replace(options, fp16=False)
-
-    from trtq.quantize.prepare import prepare_model
-
-    prepared = prepare_model(model)[0]  # once: each variant would redo it (an opset upgrade, folding)
-    full = quantize_model(prepared, amax, options)
-    if not full.quantized:  # the model as given (or the cache, or --exclude) leaves nothing: invalid input, exit 3
-        reasons = "; ".join(sorted({str(r) for _, r in full.left_float})[:2]) or "no Conv/Gemm/MatMul with a range"
-        raise ModelError(
-            f"no layer of the model is quantized ({reasons}), so there is nothing to rank for --per-layer / "
-            "--float-layers",
-            "check that the cache covers this model (trtq inspect-cache --model) and --exclude, or drop the flag",
-        )
-    wanted = set(full.quantized if layers is None else layers)
-    layers = [n for n in full.quantized if n in wanted]
+    prepared, full, layers = _layers_to_rank(model, amax, options, layers)
     # node names are the quantizer's (it names unnamed nodes), so take op types from its model
     op_types = {n.name: n.op_type for n in full.model.graph.node}
 
@@ -252,6 +239,26 @@ def per_layer_sensitivity(
 
     rows = _rank(mode, layers, op_types, variant, measure, full.model, progress)
     return rows[: int(top)] if top is not None else rows
+
+
+def _layers_to_rank(model: Any, amax: Mapping[str, float], options: Any,
+                    layers: Sequence[str] | None) -> tuple[Any, Any, list[str]]:
+    """(the prepared model, its full QuantizeResult, the quantized layers to rank: ``layers`` or all);
+    ModelError (exit 3) when nothing is quantized."""
+    from trtq.quantize import quantize_model
+    from trtq.quantize.prepare import prepare_model
+
+    prepared = prepare_model(model)[0]  # once: each variant would redo it (an opset upgrade, folding)
+    full = quantize_model(prepared, amax, options)
+    if not full.quantized:  # the model as given (or the cache, or --exclude) leaves nothing: invalid input, exit 3
+        reasons = "; ".join(sorted({str(r) for _, r in full.left_float})[:2]) or "no Conv/Gemm/MatMul with a range"
+        raise ModelError(
+            f"no layer of the model is quantized ({reasons}), so there is nothing to rank for --per-layer / "
+            "--float-layers",
+            "check that the cache covers this model (trtq inspect-cache --model) and --exclude, or drop the flag",
+        )
+    wanted = set(full.quantized if layers is None else layers)
+    return prepared, full, [n for n in full.quantized if n in wanted]
 
 
 def _check_arguments(mode: str, top: int | None, limit: int | None) -> None:
