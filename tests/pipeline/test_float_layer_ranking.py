@@ -1,7 +1,6 @@
 """quantize --float-layers: every layer screened on a few samples, the shortlist ranked on
 RANK_SAMPLES; on the sample classifier the choice is the one ranking every layer on all of them."""
 import dataclasses
-import logging
 
 import pytest
 
@@ -22,13 +21,24 @@ def sample_cache(tmp_path_factory):
     return out
 
 
-def test_screened_ranking_chooses_what_ranking_every_layer_chooses(sample_cache, monkeypatch, caplog):
+def test_screened_ranking_chooses_what_ranking_every_layer_chooses(sample_cache, monkeypatch):
+    import trtq.compare.sensitivity as sensitivity
+
     cfg = load_config("configs/sample.yaml", {})
     model, amax = load_model(cfg.model), read_cache(sample_cache).amax
     options = dataclasses.replace(cfg.quantize, float_layers=3, samples=16)
-    with caplog.at_level(logging.INFO, logger="trtq"):
-        screened = pq.choose_float_layers(model, amax, options, pq.sample_batches(model, options, cfg.data))
-    assert "layers screened on 8 samples; the 9 worst ranked on 16" in caplog.text
+    calls = []
+    real = sensitivity.per_layer_sensitivity
+
+    def counted(*args, **kwargs):
+        rows = real(*args, **kwargs)
+        calls.append((kwargs["limit"], len(rows), kwargs.get("layers")))
+        return rows
+
+    monkeypatch.setattr(sensitivity, "per_layer_sensitivity", counted)
+    screened = pq.choose_float_layers(model, amax, options, pq.sample_batches(model, options, cfg.data))
+    (screen_limit, screen_rows, _), (rank_limit, _, shortlist) = calls
+    assert (screen_limit, rank_limit) == (8, 16) and screen_rows > 9 and len(shortlist) == 9
     monkeypatch.setattr(pq, "SCREEN_SAMPLES", pq.RANK_SAMPLES)  # no screen: every layer on every sample
     full = pq.choose_float_layers(model, amax, options, pq.sample_batches(model, options, cfg.data))
     assert sorted(screened) == sorted(full) and len(full) == 3

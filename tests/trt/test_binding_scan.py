@@ -1,6 +1,7 @@
 """The conformance machinery on its own (no binding needed): the pybind11 signature parser, the
 static scan and the check, the stub libraries."""
 import shutil
+import os
 import subprocess
 import sys
 import textwrap
@@ -186,8 +187,11 @@ def test_stub_libraries_satisfy_a_binding(tmp_path):
     for lib, names in plan.items():
         assert harness.exported(stubs / lib) == names
     code = f"import ctypes; ctypes.CDLL({str(so)!r}); print('loaded')"
+    # the interpreter's own library path stays (a relocated Python finds its libffi through it)
+    base = dict(os.environ)
+    paths = [str(stubs)] + [p for p in [base.get("LD_LIBRARY_PATH")] if p]
     ok = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                        env={"LD_LIBRARY_PATH": str(stubs)})
+                        env=dict(base, LD_LIBRARY_PATH=os.pathsep.join(paths)))
     assert ok.stdout.strip() == "loaded", ok.stderr
-    bare = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={})
+    bare = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=base)
     assert bare.returncode != 0 and "libnvinfer" in bare.stderr  # without the stubs it cannot load

@@ -66,7 +66,9 @@ def test_cudart_falls_back_to_cuda_cudart():
 
 
 def test_missing_cuda_python_is_exit_4(monkeypatch):
-    monkeypatch.setitem(sys.modules, "cuda", None)
+    # every module import_cudart tries, also where cuda-python is installed and imported already
+    for name in ("cuda", "cuda.bindings", "cuda.bindings.runtime", "cuda.cudart"):
+        monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(EnvironmentMissing) as info:
         compat.import_cudart()
     assert info.value.exit_code == 4 and "cuda-python" in info.value.message
