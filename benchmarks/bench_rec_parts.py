@@ -92,7 +92,7 @@ def _activation_stats(fp32_path: Path, tensors, calib: np.ndarray):
     is over 1% of the first batch."""
     import onnx
 
-    from trtq.calib.collect import OrtCollector
+    from trtq.calib.collect.exposed import OrtCollector
 
     collector = OrtCollector(onnx.load(str(fp32_path)), sorted(tensors))
     low, high, mass = {}, {}, {}

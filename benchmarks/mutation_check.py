@@ -62,12 +62,12 @@ MUTATIONS: list[Mutation] = [
     M("cache-non-finite", "trtq/calib/cache.py",
       "        if not allow_nonfinite:\n            raise _bad(path, n, f\"{what} of tensor '{name}' is {value} (not finite)\"",
       "        if False:\n            raise _bad(path, n, f\"{what} of tensor '{name}' is {value} (not finite)\""),
-    M("inspect-unusable-verdict", "trtq/calib/inspect.py", '    elif unusable:\n        verdict = "unusable"',
+    M("inspect-unusable-verdict", "trtq/calib/cache_inspect.py", '    elif unusable:\n        verdict = "unusable"',
       '    elif False:\n        verdict = "unusable"'),
     # defect 4: unreadable sub-folders
     M("unreadable-subfolder", "trtq/data/sources.py", "    for e in errors:", "    for e in []:"),
     # defect 5: providers, stdout
-    M("providers-validated", "trtq/calib/collect.py",
+    M("providers-validated", "trtq/calib/collect/exposed.py",
       "        if name not in available:\n            raise ConfigError(f\"ONNX Runtime provider '{name}'",
       "        if False:\n            raise ConfigError(f\"ONNX Runtime provider '{name}'"),
     M("stdout-guard", "trtq/cli.py", "    _guard.engage()\n    ctx = click", "    ctx = click"),
@@ -122,23 +122,23 @@ MUTATIONS: list[Mutation] = [
       (REL, "tests/data/test_data_sources.py")),
     M("npy-file-opened-once", "trtq/data/sources.py", "        with self._open_lock:\n            arr = self._cached(f)",
       "        if True:\n            arr = self._cached(f)", ("tests/data/test_data_sources.py",)),
-    M("budget-slices-rows", "trtq/calib/groups.py", "if split_rows and rows < batch",
+    M("budget-slices-rows", "trtq/calib/collect/budgeted.py", "if split_rows and rows < batch",
       "if False and rows < batch", ("tests/calib/test_budget.py",)),
-    M("probe-within-target", "trtq/calib/widen.py", "same, why = probe(model, wide, tensors, providers, budget, first, rows)",
+    M("probe-within-target", "trtq/calib/collect/batch_one.py", "same, why = probe(model, wide, tensors, providers, budget, first, rows)",
       "same, why = probe(model, wide, tensors, providers, budget, first)", ("tests/calib/test_budget.py",)),
     M("float-layers-task-ranked", "trtq/pipeline/quantize.py",
       "limit=limit,\n                                 task_options=CompareOptions(), producers=producers)",
       "limit=limit)", ("tests/quantize/test_rounding.py",)),
-    M("probe-skipped-at-one-row", "trtq/calib/widen.py", "    if rows == 1:", "    if rows == 0:",
+    M("probe-skipped-at-one-row", "trtq/calib/collect/batch_one.py", "    if rows == 1:", "    if rows == 0:",
       ("tests/calib/test_budget.py",)),
     # one-pass histograms: a range that grows must merge runs of bins, not keep the old counts
-    M("pow2-regrow-merges", "trtq/calib/pow2.py", "            self.counts[name] = regrow(self.counts[name], e - old)",
+    M("pow2-regrow-merges", "trtq/calib/collect/one_pass.py", "            self.counts[name] = regrow(self.counts[name], e - old)",
       "            pass", ("tests/calib/test_pow2.py",)),
     # the stride is per sample: a whole-batch stride would depend on the batch size
-    M("pow2-stride-per-sample", "trtq/calib/pow2.py", "            rows = 1 if self.one_sample_calls else a.shape[0]",
+    M("pow2-stride-per-sample", "trtq/calib/collect/one_pass.py", "            rows = 1 if self.one_sample_calls else a.shape[0]",
       "            rows = 1", ("tests/calib/test_pow2.py",)),
     # a prime stride: the smallest integer would line up with rows and channels
-    M("pow2-stride-prime", "trtq/calib/pow2.py", "        if all(k % p for p in range(2, int(math.isqrt(k)) + 1)) and all(",
+    M("pow2-stride-prime", "trtq/calib/collect/one_pass.py", "        if all(k % p for p in range(2, int(math.isqrt(k)) + 1)) and all(",
       "        if True and all(", ("tests/calib/test_pow2.py",)),
     # a --tensors qdq cache has no range for most tensors: an implicit build must refuse it
     M("qdq-cache-not-implicit", "trtq/pipeline/build.py",
@@ -150,68 +150,68 @@ MUTATIONS: list[Mutation] = [
       "wanted = {pair.tensor for pair in plan.pairs.values()} | set(available[:3])",
       ("tests/pipeline/test_calibrate_qdq_tensors.py",)),
     # one read (numba): a block that raises the range must merge the lanes' bins inside the kernel
-    M("pow2-kernel-regrow", "trtq/calib/jit.py", "                            lanes[j, b >> d] += c",
+    M("pow2-kernel-regrow", "trtq/calib/collect/jit.py", "                            lanes[j, b >> d] += c",
       "                            lanes[j, b] += c", ("tests/calib/test_pow2.py",)),
     # ... its blocks must start on the stride, or a row's picks depend on the block size
-    M("pow2-kernel-blocks-on-stride", "trtq/calib/jit.py",
+    M("pow2-kernel-blocks-on-stride", "trtq/calib/collect/jit.py",
       "return BLOCK - BLOCK % stride if stride <= BLOCK // 4 else stride * 4", "return BLOCK",
       ("tests/calib/test_pow2.py", "tests/calib/test_kernels.py")),
-    # the compiled kernels (trtq/calib/_native.c, rebuilt in the copy): the same rules
-    M("native-pow2-regrow", "trtq/calib/_native.c", "                            lane[b >> d] += c;",
+    # the compiled kernels (trtq/calib/collect/_kernels.c, rebuilt in the copy): the same rules
+    M("native-pow2-regrow", "trtq/calib/collect/_kernels.c", "                            lane[b >> d] += c;",
       "                            lane[b] += c;", ("tests/calib/test_pow2.py",)),
-    M("native-blocks-on-stride", "trtq/calib/_native.c",
+    M("native-blocks-on-stride", "trtq/calib/collect/_kernels.c",
       "    return stride <= BLOCK / 4 ? BLOCK - BLOCK % stride : stride * 4;", "    return BLOCK;",
       ("tests/calib/test_pow2.py",)),
-    M("native-histogram-flags-past-top", "trtq/calib/_native.c", "        *exceeded |= y >= exceed_at;\n",
+    M("native-histogram-flags-past-top", "trtq/calib/collect/_kernels.c", "        *exceeded |= y >= exceed_at;\n",
       "", ("tests/calib/test_kernels.py",)),
-    M("native-histogram-max-of-counted", "trtq/calib/_native.c",
+    M("native-histogram-max-of-counted", "trtq/calib/collect/_kernels.c",
       "block_max_bits_strided((const int32_t *)(xr + s), len, stride)",
       "block_max_bits((const int32_t *)(xr + s), len)", ("tests/calib/test_kernels.py",)),
     # ... the AVX2 loops count zeros and the tail past the last eight as the scalar ones do
-    M("native-avx2-zeros", "trtq/calib/_native.c", "            zeros -= z[i];", "            zeros += 0;",
+    M("native-avx2-zeros", "trtq/calib/collect/_kernels.c", "            zeros -= z[i];", "            zeros += 0;",
       ("tests/calib/test_kernels.py",)),
-    M("native-avx2-tail", "trtq/calib/_native.c", "return zeros + (p < n ? SCALAR(seg + p, n - p, 1, scale, lanes, nb) : 0);",
+    M("native-avx2-tail", "trtq/calib/collect/_kernels.c", "return zeros + (p < n ? SCALAR(seg + p, n - p, 1, scale, lanes, nb) : 0);",
       "return zeros;", ("tests/calib/test_kernels.py",)),
-    M("native-level-sums-weights", "trtq/calib/_native.c", "                b[t] += w * r0[t];",
+    M("native-level-sums-weights", "trtq/calib/collect/_kernels.c", "                b[t] += w * r0[t];",
       "                b[t] += r0[t];", ("tests/calib/test_search.py",)),
-    # the in-graph statistics operator (trtq/calib/_ingraph.c): the same rules as Pow2Histograms
-    M("ingraph-padding-rows", "trtq/calib/_ingraph_fold.c",
+    # the in-graph statistics operator (trtq/calib/collect/_ingraph.c): the same rules as Pow2Histograms
+    M("ingraph-padding-rows", "trtq/calib/collect/_ingraph_fold.c",
       "if (ndims > 0 && lead == c->batch && c->valid < c->batch && lead > 0)", "if (0)",
       ("tests/calib/test_ingraph.py",)),
-    M("ingraph-stride-not-a-dim", "trtq/calib/_ingraph_fold.c", "            ok = dims[i] <= 0 || dims[i] % k != 0;",
+    M("ingraph-stride-not-a-dim", "trtq/calib/collect/_ingraph_fold.c", "            ok = dims[i] <= 0 || dims[i] % k != 0;",
       "            ok = 1;", ("tests/calib/test_ingraph.py",)),
-    M("ingraph-task-ranges-merged", "trtq/calib/_ingraph_fold.c", "                d = s->e - w->e;",
+    M("ingraph-task-ranges-merged", "trtq/calib/collect/_ingraph_fold.c", "                d = s->e - w->e;",
       "                d = 0;",
       ("tests/calib/test_ingraph.py",)),
-    M("ingraph-float64-below-range", "trtq/calib/_ingraph_fold.c", "    if (s->e != NO_EXPONENT && s->e < MIN_EXP) {",
+    M("ingraph-float64-below-range", "trtq/calib/collect/_ingraph_fold.c", "    if (s->e != NO_EXPONENT && s->e < MIN_EXP) {",
       "    if (0) {", ("tests/calib/test_ingraph.py",)),
-    M("ingraph-tiny-recount", "trtq/calib/_ingraph_fold.c", "    if (trouble == POW2_TINY)", "    if (0)",
+    M("ingraph-tiny-recount", "trtq/calib/collect/_ingraph_fold.c", "    if (trouble == POW2_TINY)", "    if (0)",
       ("tests/calib/test_ingraph.py",)),
     # ... the threads' counts merged up to each one's top bin, and a worker's trouble not lost
-    M("ingraph-merge-to-top-bin", "trtq/calib/_ingraph_fold.c",
+    M("ingraph-merge-to-top-bin", "trtq/calib/collect/_ingraph_fold.c",
       "    return y < (float)(nb - 1) ? (int64_t)y : nb - 1;", "    return y < (float)(nb - 1) ? (int64_t)y - 1 : nb - 2;",
       ("tests/calib/test_ingraph.py",)),
-    M("ingraph-worker-trouble", "trtq/calib/_ingraph_fold.c",
+    M("ingraph-worker-trouble", "trtq/calib/collect/_ingraph_fold.c",
       "        if (c->workers[i].status != POW2_OK)\n            return c->workers[i].status;",
       "        if (0)\n            return c->workers[i].status;", ("tests/calib/test_ingraph.py",)),
-    M("ingraph-extremes-min", "trtq/calib/_ingraph_fold.c", "        kmin = k < kmin ? k : kmin;\n", "",
+    M("ingraph-extremes-min", "trtq/calib/collect/_ingraph_fold.c", "        kmin = k < kmin ? k : kmin;\n", "",
       ("tests/calib/test_ingraph.py",)),
-    M("ingraph-range-zero-flags", "trtq/calib/_ingraph_fold.c", "        s->exceeded |= nonzero > 0;\n", "",
+    M("ingraph-range-zero-flags", "trtq/calib/collect/_ingraph_fold.c", "        s->exceeded |= nonzero > 0;\n", "",
       ("tests/calib/test_ingraph.py",)),
-    M("ingraph-fixed-past-range-flagged", "trtq/calib/_ingraph_fold.c",
+    M("ingraph-fixed-past-range-flagged", "trtq/calib/collect/_ingraph_fold.c",
       "            s->exceeded |= w->exceeded;\n", "", ("tests/calib/test_ingraph.py",)),
     # ... and a free batch dim runs no padding rows (attention's [3, N, ...] tensors)
-    M("no-padding-rows-run", "trtq/calib/groups.py",
+    M("no-padding-rows-run", "trtq/calib/collect/budgeted.py",
       "    if free and valid is not None and valid < rows:", "    if False:",
       ("tests/calib/test_ingraph.py",)),
     # zero-padded tensors from the tensor they pad: the zeros added, at the input's sampling rate
-    M("padded-zeros-added", "trtq/calib/padded.py", "        counts[name][0] += extra\n        zeros[name] = int(",
+    M("padded-zeros-added", "trtq/calib/collect/padded.py", "        counts[name][0] += extra\n        zeros[name] = int(",
       "        zeros[name] = int(", ("tests/calib/test_padded.py",)),
-    M("padded-pow2-zeros-added", "trtq/calib/padded.py", "        counts[name][0] += extra\n        zeros[name] = zeros[src]",
+    M("padded-pow2-zeros-added", "trtq/calib/collect/padded.py", "        counts[name][0] += extra\n        zeros[name] = zeros[src]",
       "        zeros[name] = zeros[src]", ("tests/calib/test_padded.py",)),
-    M("padded-sampled-rate", "trtq/calib/padded.py", "extra = int(samples) * -(-link.zeros_per_sample // k)",
+    M("padded-sampled-rate", "trtq/calib/collect/padded.py", "extra = int(samples) * -(-link.zeros_per_sample // k)",
       "extra = int(samples) * link.zeros_per_sample", ("tests/calib/test_padded.py",)),
-    M("padded-batch-axis", "trtq/calib/padded.py", "if pads is None or pads[0] or pads[rank]:",
+    M("padded-batch-axis", "trtq/calib/collect/padded.py", "if pads is None or pads[0] or pads[rank]:",
       "if pads is None:", ("tests/calib/test_padded.py",)),
     # channel equalization (quantize --equalize): only exact rewrites, re-measured amax, the user's task
     M("equalize-one-reader-only", "trtq/quantize/equalize.py",
@@ -258,9 +258,9 @@ MUTATIONS: list[Mutation] = [
       '_ASCII_INT = re.compile(r"[+-]?\\d+")', (f"{REL}/test_user_values.py",)),
     M("shape-dims-ascii-only", "trtq/input_override.py", "        d = ascii_int(part)",
       "        d = int(part) if part.strip().isdigit() else None", (f"{REL}/test_user_values.py",)),
-    M("max-memory-ascii-only", "trtq/calib/budget.py", "                   re.IGNORECASE | re.ASCII)",
+    M("max-memory-ascii-only", "trtq/calib/collect/budget.py", "                   re.IGNORECASE | re.ASCII)",
       "                   re.IGNORECASE)", (f"{REL}/test_user_values.py",)),
-    M("max-memory-bounded", "trtq/calib/budget.py",
+    M("max-memory-bounded", "trtq/calib/collect/budget.py",
       "    if not math.isfinite(value) or value * _UNITS[unit] > MAX_SIZE:", "    if not math.isfinite(value):",
       (f"{REL}/test_user_values.py",)),
     M("num-bins-bounded", "trtq/calib/stats.py", "    if not 1 <= int(num_bins) <= MAX_NUM_BINS:",
@@ -304,14 +304,14 @@ MUTATIONS: list[Mutation] = [
     M("calibratable-reads-the-real-graph", "trtq/model.py", "    for spec in input_specs(model):",
       "    for spec in input_specs(inferred):", ("tests/test_model_shapes.py",)),
     # a block that reaches the last bin must still report values past the first-pass max
-    M("histogram-flags-past-top", "trtq/calib/jit.py", "        exceeded |= y >= exceed_at",
+    M("histogram-flags-past-top", "trtq/calib/collect/jit.py", "        exceeded |= y >= exceed_at",
       "        exceeded |= False", ("tests/calib/test_kernels.py",)),
     # ... and tasks that reached different ranges are merged at the widest one
-    M("pow2-task-ranges-merged", "trtq/calib/pow2.py",
+    M("pow2-task-ranges-merged", "trtq/calib/collect/one_pass.py",
       "            c = regrow(c, self.exponents[name] - exponent)", "            pass",
       ("tests/calib/test_pow2.py",)),
     # a stride that divides a row length samples the same columns (EfficientNet's padding column)
-    M("pow2-stride-not-a-dim", "trtq/calib/pow2.py", " and all(int(d) % k for d in dims if int(d) > 0):",
+    M("pow2-stride-not-a-dim", "trtq/calib/collect/one_pass.py", " and all(int(d) % k for d in dims if int(d) > 0):",
       ":", ("tests/calib/test_pow2.py",)),
 ]
 
@@ -339,12 +339,12 @@ def apply(tree: Path, m: Mutation) -> Optional[str]:
 def rebuild(tree: Path) -> Optional[str]:
     """Compile the patched C kernels in place (the copied library is removed first, so that a
     failed build cannot leave the unpatched one to test)."""
-    for lib in (tree / "trtq").rglob("_native*.so"):
+    for lib in (tree / "trtq").rglob("_compiled*.so"):
         lib.unlink()
     p = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tree,
                        capture_output=True, text=True)
-    if p.returncode or not any((tree / "trtq").rglob("_native*.so")):
-        return "the patched trtq/calib/_native.c did not build: " + (p.stderr.strip().splitlines() or [""])[-1][:200]
+    if p.returncode or not any((tree / "trtq").rglob("_compiled*.so")):
+        return "the patched trtq/calib/collect/_kernels.c did not build: " + (p.stderr.strip().splitlines() or [""])[-1][:200]
     return None
 
 

@@ -24,9 +24,9 @@ def test_help_does_not_import_heavy_modules():
 def test_module_entry_point_and_version():
     r = subprocess.run([sys.executable, "-m", "trtq", "--version"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("trtq, version ")
-    from trtq.calib import native
+    from trtq.calib.collect import compiled
 
-    if native.library() is not None:
+    if compiled.library() is not None:
         assert r.stdout.rstrip().endswith("(histogram kernels: compiled)")
     env = dict(os.environ, TRTQ_NO_NATIVE="1", TRTQ_NO_NUMBA="1")
     r = subprocess.run([sys.executable, "-m", "trtq", "--version"], cwd=ROOT, capture_output=True, text=True, env=env)

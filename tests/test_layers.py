@@ -129,6 +129,22 @@ def layer_violations(graph: dict[str, set[str]], group=group_of, floors=FLOORS) 
     return problems
 
 
+# a package's lower part: it may not import the rest of its package, which may import it
+# (docs/internals.md "Layers"): calib.collect gathers the statistics, calib says what they are
+SUB_FLOORS = {"trtq.calib.collect": "trtq.calib"}
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def sub_floor_violations(graph: dict[str, set[str]], sub_floors=SUB_FLOORS) -> list[str]:
+    """Each import from a package's lower part (SUB_FLOORS) up into the rest of that package."""
+    return [f"{module} -> {target}: upward inside {package} ({low} is below the rest of it)"
+            for low, package in sub_floors.items() for module in sorted(graph) if _inside(module, low)
+            for target in sorted(graph[module]) if _inside(target, package) and not _inside(target, low)]
+
+
 def floor_count(graph: dict[str, set[str]], group=group_of) -> tuple[int, dict[str, int]]:
     """How many floors the group graph really stacks: each group one above the highest it imports."""
     edges: dict[str, set[str]] = {}
@@ -166,6 +182,18 @@ def test_the_floor_count_is_the_longest_chain_of_groups():
 
 def test_every_import_points_down_a_floor():
     assert layer_violations(import_graph()) == []
+
+
+def test_the_sub_floor_check_finds_an_import_up_into_its_package():
+    graph = {"trtq.calib.collect.passes": {"trtq.calib.stats", "trtq.calib.collect.kernels", "trtq.model"},
+             "trtq.calib.stats": {"trtq.calib.collect.kernels"}, "trtq.calib.collect.kernels": set()}
+    assert sub_floor_violations(graph) == [
+        "trtq.calib.collect.passes -> trtq.calib.stats: upward inside trtq.calib (trtq.calib.collect is below the "
+        "rest of it)"]
+
+
+def test_calib_collect_imports_nothing_of_the_rest_of_calib():
+    assert sub_floor_violations(import_graph()) == []
 
 
 def test_trtq_has_at_most_seven_floors():

@@ -471,7 +471,7 @@ class _ProgressLine:
 def _print_version(ctx: click.Context, _param, value: bool) -> None:
     if not value or ctx.resilient_parsing:
         return
-    from trtq.calib.kernels import implementation
+    from trtq.calib.collect.kernels import implementation
 
     # the kernels: "numpy" on an install that built no compiled kernels and has no numba (slower)
     click.echo(f"trtq, version {__version__} (histogram kernels: {implementation()})")
@@ -579,7 +579,7 @@ def calibrate(common, model, source, batching, calib, from_stats, dry_run, progr
     if keep_batches and shard_spec is None:
         raise UsageError("--keep-batches is for the two passes of a shard", "pass --shard I/N with it")
     if from_stats:
-        from trtq.calib.calibrate import calibrate_from_stats
+        from trtq.pipeline.calibrate import calibrate_from_stats
 
         from trtq.pipeline.calibrate import warn_range_flags
 
@@ -719,7 +719,7 @@ def _dry_run(st: _State, cfg) -> None:
 def inspect_cache(cache, common, model, other, sort_key, top):
     """Decode a calibration cache (TensorRT or ONNX Runtime format): header, scales, amax, gaps, diffs."""
     st = _apply_common(common)
-    from trtq.calib import inspect as ic
+    from trtq.calib import cache_inspect as ic
     from trtq.config import load_config
 
     _declare(load_config(common.config_path, {"model": model}), common.config_path, data=False,  # writes nothing

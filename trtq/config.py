@@ -123,10 +123,10 @@ class CalibrateOptions:
     # bytes one batch of collected activations may take, e.g. "2G"; default 1/4 of available memory
     max_memory: Optional[str] = None
     # mse / percentile: elements of each tensor histogrammed per sample (a fixed prime stride past
-    # this many; the max is over every element); 0 histograms every element (trtq.calib.pow2)
+    # this many; the max is over every element); 0 histograms every element (trtq.calib.collect.one_pass)
     hist_elements: int = 65536
     # where the statistics are taken. in-graph: by trtq's operator inside ONNX Runtime as each tensor
-    # is made (trtq.calib.ingraph; compiled kernels, CPU provider); outputs: every tensor exposed as a
+    # is made (trtq.calib.collect.ingraph; compiled kernels, CPU provider); outputs: every tensor exposed as a
     # graph output and histogrammed after the call; auto: in-graph where it runs
     collect: Literal["auto", "in-graph", "outputs"] = "auto"
 

@@ -1,8 +1,8 @@
 """Switch trtq.calib's kernels in a test: the compiled ones, numba's or numpy's (through the
-environment variables trtq.calib.native and trtq.calib.kernels read)."""
+environment variables trtq.calib.collect.compiled and trtq.calib.collect.kernels read)."""
 import pytest
 
-from trtq.calib import kernels
+from trtq.calib.collect import kernels
 
 _ENV = {"compiled": ("0", "0"), "numba": ("1", "0"), "numpy": ("1", "1")}  # TRTQ_NO_NATIVE, TRTQ_NO_NUMBA
 _MISSING = {"compiled": "the compiled kernels were not built in this install (no C compiler)",

@@ -1,5 +1,5 @@
-"""--max-memory (tensor groups, trtq.calib.budget / groups) and fixed-batch-1 models fed in batches
-(trtq.calib.widen): the caches are byte-identical to the plain path, bad sizes are one-line errors."""
+"""--max-memory (tensor groups, trtq.calib.collect.budget / groups) and fixed-batch-1 models fed in batches
+(trtq.calib.collect.batch_one): the caches are byte-identical to the plain path, bad sizes are one-line errors."""
 import json
 
 import numpy as np
@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtq.calib import budget
+from trtq.calib.collect import budget
 from trtq.errors import ConfigError, UsageError
 from trtq.input_override import override_input_shapes
 
@@ -125,14 +125,15 @@ def test_fixed_batch_1_probe_stays_within_the_memory_target(trtq, sample_model, 
     """A batch of 8 over --max-memory: the probe runs the rows one call would run (2 here), never the
     whole batch; where one row is all that fits, nothing is probed and samples go one per call.
     Either way the cache is the one-sample-per-call cache, byte for byte."""
-    from trtq.calib import widen
-    from trtq.calib.collect import select_tensors
+    from trtq.calib.collect import batch_one
+    from trtq.calib.collect.exposed import select_tensors
 
     one = tmp_path / "b1.onnx"
     model = override_input_shapes(onnx.load(str(sample_model)), {"x": [1, 3, 224, 224]}, "m")
     onnx.save(model, str(one))
-    shapes = {"x": (widen.BATCH, 3, 224, 224)}  # as trtq estimates it: the widened model, a batch of 8
-    per_row = sum(budget.tensor_bytes(widen.widened(model), select_tensors(model), shapes).values()) // widen.BATCH
+    shapes = {"x": (batch_one.BATCH, 3, 224, 224)}  # as trtq estimates it: the widened model, a batch of 8
+    wide = batch_one.widened(model)
+    per_row = sum(budget.tensor_bytes(wide, select_tensors(model), shapes).values()) // batch_one.BATCH
     limit = f"{(rows_fit * per_row + per_row // 2) // 1024}K"  # rows_fit rows fit, one more does not
     probed = []
 
@@ -140,8 +141,8 @@ def test_fixed_batch_1_probe_stays_within_the_memory_target(trtq, sample_model, 
         probed.append(args[-1])
         return real(*args, **kwargs)
 
-    real = widen.probe
-    monkeypatch.setattr(widen, "probe", spy)
+    real = batch_one.probe
+    monkeypatch.setattr(batch_one, "probe", spy)
     base = ["calibrate", "--model", one, "--data", sample_images, "--preprocess", "imagenet", "--limit", "8"]
     r = trtq([*base, "--max-memory", limit, "-o", tmp_path / "a.cache"])
     assert r.code == 0, r
@@ -175,9 +176,9 @@ def test_fixed_batch_1_model_that_cannot_batch_falls_back(trtq, tmp_path, caplog
 
 
 def test_probe_mismatch_keeps_one_sample_per_call(trtq, sample_model, sample_images, tmp_path, monkeypatch):
-    from trtq.calib import widen
+    from trtq.calib.collect import batch_one
 
-    monkeypatch.setattr(widen, "probe", lambda *a, **k: (False, "'t' of sample 0 differs"))
+    monkeypatch.setattr(batch_one, "probe", lambda *a, **k: (False, "'t' of sample 0 differs"))
     one = tmp_path / "b1.onnx"
     onnx.save(override_input_shapes(onnx.load(str(sample_model)), {"x": [1, 3, 224, 224]}, "m"), str(one))
     r = trtq(["calibrate", "--model", one, "--data", sample_images, "--preprocess", "imagenet", "--limit", "3",
@@ -201,7 +202,7 @@ def test_slices_only_where_the_batch_dim_is_free(batch_dim, rows, groups):
     """A free batch dim: 2 of 4 rows per call (three tensors of 256 B a row, a 1600 B budget), every
     tensor in one call; a batch fixed at 4: whole batches, tensors in groups. Both give the values of
     an unbounded run, row for row."""
-    from trtq.calib.groups import GroupedCollector
+    from trtq.calib.collect.budgeted import GroupedCollector
 
     model = _relu_chain(batch_dim)
     x = np.linspace(-1, 1, 4 * 64, dtype=np.float32).reshape(4, 64)
@@ -220,7 +221,7 @@ def test_slices_only_where_the_batch_dim_is_free(batch_dim, rows, groups):
 def test_slices_start_below_the_budget_when_no_budget_is_given():
     """Without --max-memory a batch is sliced above SLICE_TARGET (no extra pass), while tensor
     groups (a pass each) wait for the budget itself; a given --max-memory is both."""
-    from trtq.calib.groups import GroupedCollector
+    from trtq.calib.collect.budgeted import GroupedCollector
 
     assert budget.slice_target(None, 8 << 30) == budget.SLICE_TARGET
     assert budget.slice_target(None, 256 << 20) == 256 << 20
@@ -237,7 +238,7 @@ def test_probe_finds_the_batch_on_another_axis_for_the_data_steps():
     per-sample statistics keep one sample per call; quantize's data steps (any_axis) batch it."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from trtq.calib import widen
+    from trtq.calib.collect import batch_one
     from trtq.data.batcher import Batch
 
     w = numpy_helper.from_array(np.random.default_rng(0).normal(0, 1, (6, 5)).astype(np.float32), "w")
@@ -247,10 +248,10 @@ def test_probe_finds_the_batch_on_another_axis_for_the_data_steps():
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1, 5])], [w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-    wide = widen.widened(model)
+    wide = batch_one.widened(model)
     x = np.random.default_rng(1).normal(0, 1, (8, 4, 6)).astype(np.float32)
     batch = Batch(0, {"x": x}, 8)
-    same, why = widen.probe(model, wide, ["tnc", "y"], (), 1 << 30, batch)
+    same, why = batch_one.probe(model, wide, ["tnc", "y"], (), 1 << 30, batch)
     assert not same and "not batched along dim 0" in why
-    same, why = widen.probe(model, wide, ["tnc", "y"], (), 1 << 30, batch, any_axis=True)
+    same, why = batch_one.probe(model, wide, ["tnc", "y"], (), 1 << 30, batch, any_axis=True)
     assert same and "bit-identical on 8 samples" in why, why

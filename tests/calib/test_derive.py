@@ -1,10 +1,10 @@
-"""Ranges derived from a Relu/Clip input (trtq.calib.derive) equal the measured ones."""
+"""Ranges derived from a Relu/Clip input (trtq.calib.collect.derive) equal the measured ones."""
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from trtq.calib.derive import abs_max, derive_extremes, monotone_links
-from trtq.calib.stats import AbsMaxAccumulator
+from trtq.calib.collect.derive import abs_max, derive_extremes, monotone_links
+from trtq.calib.collect.accumulators import AbsMaxAccumulator
 
 
 def _model(opset: int):

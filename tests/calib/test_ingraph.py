@@ -1,6 +1,6 @@
-"""In-graph statistics (trtq.calib.ingraph, trtq/calib/_ingraph.c): trtq's operator inside ONNX
+"""In-graph statistics (trtq.calib.collect.ingraph, trtq/calib/collect/_ingraph.c): trtq's operator inside ONNX
 Runtime must give exactly the statistics of the outputs collector (activations exposed, then
-trtq.calib.pow2.Pow2Histograms), on hand-made graphs that reach every rule (padding rows, per-sample
+trtq.calib.collect.one_pass.Pow2Histograms), on hand-made graphs that reach every rule (padding rows, per-sample
 strides, tensors whose leading dim only looks like the batch, one sample per call, ranges below the
 float32 counting range, NaN) and on real models, through the CLI."""
 import importlib.util
@@ -13,11 +13,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.calib.kernel_paths import require_kernels
-from trtq.calib import ingraph
-from trtq.calib.batchdim import batch_leading, one_sample_calls
-from trtq.calib.collect import OrtCollector, select_tensors
-from trtq.calib.pow2 import Pow2Histograms
-from trtq.calib.stats import AbsMaxAccumulator, HistogramAccumulator
+from trtq.calib.collect import ingraph
+from trtq.calib.collect.batch_leading import batch_leading, one_sample_calls
+from trtq.calib.collect.exposed import OrtCollector, select_tensors
+from trtq.calib.collect.one_pass import Pow2Histograms
+from trtq.calib.collect.accumulators import AbsMaxAccumulator, HistogramAccumulator
 from trtq.errors import DataError, ModelError
 
 

@@ -1,4 +1,4 @@
-"""trtq.calib.inspect: summaries, model coverage, diffs, text and JSON output."""
+"""trtq.calib.cache_inspect: summaries, model coverage, diffs, text and JSON output."""
 import json
 import math
 import statistics
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trtq.calib import inspect as ic
+from trtq.calib import cache_inspect as ic
 from trtq.calib.cache import CalibrationTable, read_cache, write_cache
 from trtq.errors import CacheError, ConfigError
 

@@ -1,4 +1,4 @@
-"""Zero-padded tensors take their statistics from the tensor they pad (trtq.calib.padded): the
+"""Zero-padded tensors take their statistics from the tensor they pad (trtq.calib.collect.padded): the
 collector never runs them (so ONNX Runtime can fold the Pad into its Conv), and where every element
 is counted the cache is exactly what measuring them gives; on a per-sample stride the padding zeros
 are sampled at the input's rate."""
@@ -11,8 +11,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.calib.kernel_paths import require_kernels
-from trtq.calib import padded
-from trtq.calib.padded import PadLink, pad_links
+from trtq.calib.collect import padded
+from trtq.calib.collect.padded import PadLink, pad_links
 from trtq.model import calibratable_tensors
 
 SHAPES = {"x": (4, 4, 6, 6)}
@@ -154,7 +154,7 @@ def test_on_a_stride_the_padding_zeros_are_sampled_at_the_inputs_rate(trtq, tmp_
 def test_a_session_runs_no_padded_tensor(monkeypatch, tmp_path):
     """The reason for the rule: the collector's session neither runs a statistics node on nor
     exposes a padded tensor, so ONNX Runtime may fold the Pad into the Conv."""
-    from trtq.calib import ingraph
+    from trtq.calib.collect import ingraph
 
     require_kernels(monkeypatch, "compiled")
 

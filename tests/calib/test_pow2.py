@@ -1,4 +1,5 @@
-"""One-pass power-of-two histograms (trtq.calib.pow2) and the batch-dim proof (trtq.calib.batchdim).
+"""One-pass power-of-two histograms (trtq.calib.collect.one_pass) and the batch-dim proof
+(trtq.calib.collect.batch_leading).
 
 References are written here independently: bins computed in float64 over the final range, every
 k-th element of each sample taken by plain slicing, primes found by trial division.
@@ -11,10 +12,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from tests.calib.kernel_paths import require_kernels, use_kernels
-from trtq.calib import kernels, native
-from trtq.calib import pow2 as P
+from trtq.calib.collect import compiled, kernels
+from trtq.calib.collect import one_pass as P
 from trtq.calib import stats as S
-from trtq.calib.batchdim import batch_leading, one_sample_calls
+from trtq.calib.collect.batch_leading import batch_leading, one_sample_calls
 from trtq.errors import ConfigError, DataError
 
 NB = 64
@@ -38,7 +39,7 @@ def path(request, monkeypatch):
     the numpy fallback (max first, then counts): the tests hold all three to the same references."""
     require_kernels(monkeypatch, {"native": "compiled", "two-reads": "numpy"}.get(request.param, request.param))
     if request.param == "native":
-        assert kernels.pow2_kernel() is native.pow2_count
+        assert kernels.pow2_kernel() is compiled.pow2_count
     elif request.param == "numba":
         assert kernels.pow2_kernel() is not None
     else:

@@ -122,7 +122,7 @@ def test_an_all_but_zero_activation_is_floored_not_a_refused_cache(trtq, tmp_pat
     """An untrained BatchNorm leaves activations of 1e-10: its scale would be below what a cache
     can hold. The tensor is floored like an all-zero one and named; the cache is written."""
     from trtq.calib.cache import read_cache
-    from trtq.calib.calibrate import MIN_AMAX
+    from trtq.calib.stats import MIN_AMAX
 
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.normal(0, 0.5, (16, 16)).astype(np.float32), "w")

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from tests.calib.kernel_paths import use_kernels
-from trtq.calib import kernels, search
+from trtq.calib import search
+from trtq.calib.collect import kernels
 from trtq.calib import stats as S
 
 
@@ -33,8 +34,8 @@ def real_histograms():
     """Histograms of every activation of the bundled classifier on a small batch of noise images."""
     import onnx
 
-    from trtq.calib.collect import OrtCollector, select_tensors
-    from trtq.calib.stats import AbsMaxAccumulator, HistogramAccumulator
+    from trtq.calib.collect.exposed import OrtCollector, select_tensors
+    from trtq.calib.collect.accumulators import AbsMaxAccumulator, HistogramAccumulator
     from tests.conftest import SAMPLE_MODEL
 
     model = onnx.load(str(SAMPLE_MODEL))

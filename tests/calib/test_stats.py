@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from trtq.calib import stats as S
+from trtq.calib.collect import accumulators as A
 from trtq.errors import CacheError, ConfigError, DataError
 
 # --------------------------------------------------------------------------------------------
@@ -104,9 +105,9 @@ def _dist(kind, n=200_000, seed=0):
 
 
 def _hist(x, num_bins=2048, name="t"):
-    mx = S.AbsMaxAccumulator()
+    mx = A.AbsMaxAccumulator()
     mx.update(name, x)
-    h = S.HistogramAccumulator(mx.maxima, num_bins)
+    h = A.HistogramAccumulator(mx.maxima, num_bins)
     h.update(name, x)
     return h.counts[name], mx.maxima[name]
 
@@ -121,7 +122,7 @@ KINDS = ["uniform", "gaussian", "laplace", "relu", "outliers"]
 def test_absmax_matches_numpy_over_batches():
     rng = np.random.default_rng(1)
     data = [rng.standard_normal((4, 3, 5, 5)).astype(np.float32) * (i + 1) for i in range(6)]
-    acc = S.AbsMaxAccumulator()
+    acc = A.AbsMaxAccumulator()
     for d in data:
         acc.update("x", d)
         acc.update("neg", -np.abs(d) - 1.0)
@@ -133,7 +134,7 @@ def test_absmax_matches_numpy_over_batches():
 
 
 def test_absmax_float16_and_empty():
-    acc = S.AbsMaxAccumulator()
+    acc = A.AbsMaxAccumulator()
     acc.update("h", np.array([0.5, -3.25, 2.0], dtype=np.float16))
     acc.update("e", np.zeros((0, 3), dtype=np.float32))
     assert acc.maxima == {"h": 3.25, "e": 0.0}
@@ -143,7 +144,7 @@ def test_absmax_float16_and_empty():
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_absmax_rejects_non_finite(bad):
-    acc = S.AbsMaxAccumulator()
+    acc = A.AbsMaxAccumulator()
     x = np.ones(10, dtype=np.float32)
     x[3] = bad
     with pytest.raises(DataError) as e:
@@ -153,7 +154,7 @@ def test_absmax_rejects_non_finite(bad):
 
 
 def test_absmax_merge():
-    a, b = S.AbsMaxAccumulator(), S.AbsMaxAccumulator()
+    a, b = A.AbsMaxAccumulator(), A.AbsMaxAccumulator()
     a.update("x", np.array([1.0, -2.0]))
     b.update("x", np.array([3.0]))
     b.update("y", np.array([-7.0]))
@@ -185,7 +186,7 @@ def test_histogram_agrees_with_np_histogram_away_from_edges():
 
 
 def test_histogram_all_zero_tensor():
-    h = S.HistogramAccumulator({"z": 0.0}, 16)
+    h = A.HistogramAccumulator({"z": 0.0}, 16)
     h.update("z", np.zeros((2, 3), dtype=np.float32))
     assert h.counts["z"][0] == 6 and h.counts["z"][1:].sum() == 0
     for method in ("max", "entropy", "percentile", "mse"):
@@ -200,26 +201,26 @@ def test_histogram_tiny_max():
 
 
 def test_histogram_values_above_max_go_to_last_bin_and_are_reported():
-    h = S.HistogramAccumulator({"t": 1.0}, 8)
+    h = A.HistogramAccumulator({"t": 1.0}, 8)
     h.update("t", np.array([0.5, 3.0], dtype=np.float32))
     assert h.counts["t"][-1] == 1 and h.counts["t"][4] == 1
     assert h.exceeded == {"t"}
 
 
 def test_histogram_rejects_non_finite():
-    h = S.HistogramAccumulator({"t": 1.0}, 8)
+    h = A.HistogramAccumulator({"t": 1.0}, 8)
     with pytest.raises(DataError, match="'t'"):
         h.update("t", np.array([0.5, np.nan], dtype=np.float32))
 
 
 def test_histogram_order_batch_and_shard_independent():
     x = np.concatenate([_dist("relu", 30_000, 5), _dist("outliers", 30_000, 6)]).reshape(60, 1000)
-    mx = S.AbsMaxAccumulator()
+    mx = A.AbsMaxAccumulator()
     mx.update("t", x)
     maxima = mx.maxima
 
     def run(rows, batch):
-        h = S.HistogramAccumulator(maxima, 2048)
+        h = A.HistogramAccumulator(maxima, 2048)
         for lo in range(0, len(rows), batch):
             h.update("t", rows[lo:lo + batch])
         return h
@@ -240,11 +241,11 @@ def test_histogram_order_batch_and_shard_independent():
 
 
 def test_histogram_merge_requires_same_edges():
-    a = S.HistogramAccumulator({"t": 1.0}, 16)
+    a = A.HistogramAccumulator({"t": 1.0}, 16)
     with pytest.raises(ValueError):
-        a.merge(S.HistogramAccumulator({"t": 2.0}, 16))
+        a.merge(A.HistogramAccumulator({"t": 2.0}, 16))
     with pytest.raises(ValueError):
-        a.merge(S.HistogramAccumulator({"t": 1.0}, 32))
+        a.merge(A.HistogramAccumulator({"t": 1.0}, 32))
 
 
 # --------------------------------------------------------------------------------------------
@@ -366,10 +367,10 @@ def test_mse_amax_is_inside_range_for_gaussian():
 
 def test_compute_all_and_errors():
     x = _dist("gaussian", 10_000, seed=45)
-    mx = S.AbsMaxAccumulator()
+    mx = A.AbsMaxAccumulator()
     mx.update("a", x)
     mx.update("b", 2 * x)
-    h = S.HistogramAccumulator(mx.maxima)
+    h = A.HistogramAccumulator(mx.maxima)
     h.update("a", x)
     h.update("b", 2 * x)
     got = S.compute_all("max", mx.maxima, None)
@@ -390,11 +391,11 @@ def test_compute_all_and_errors():
 @pytest.mark.parametrize("batch", [1, 8, 32])
 def test_amax_identical_for_batch_sizes(batch):
     x = _dist("laplace", 64 * 500, seed=46).reshape(64, 500)
-    mx = S.AbsMaxAccumulator()
+    mx = A.AbsMaxAccumulator()
     h_full = None
     for lo in range(0, 64, batch):
         mx.update("t", x[lo:lo + batch])
-    h_full = S.HistogramAccumulator(mx.maxima)
+    h_full = A.HistogramAccumulator(mx.maxima)
     for lo in range(0, 64, batch):
         h_full.update("t", x[lo:lo + batch])
     ref_counts, ref_m = _hist(x)
@@ -447,12 +448,12 @@ def test_stats_zeros_round_trip_and_old_files(tmp_path):
 
 def test_zeros_are_counted_and_merge():
     a = np.array([0.0, 0.0, -0.0, 1e-9, 0.5, -1.0], dtype=np.float32)
-    h = S.HistogramAccumulator({"t": 1.0, "z": 0.0}, num_bins=16)
+    h = A.HistogramAccumulator({"t": 1.0, "z": 0.0}, num_bins=16)
     h.update("t", a)
     h.update("z", np.zeros(5, dtype=np.float32))
     assert h.zeros == {"t": 3, "z": 5}  # -0.0 is zero, 1e-9 is not
     assert h.counts["t"][0] == 4
-    other = S.HistogramAccumulator({"t": 1.0}, num_bins=16)
+    other = A.HistogramAccumulator({"t": 1.0}, num_bins=16)
     other.update("t", np.zeros(7, dtype=np.float32))
     h.merge(other)
     assert h.zeros["t"] == 10
@@ -465,9 +466,9 @@ def test_entropy_leaves_exact_zeros_out_like_tensorrt():
     rng = np.random.default_rng(3)
     x = np.clip(rng.normal(1.0, 1.5, 400_000), 0.0, 6.0).astype(np.float32)
     x[: 200_000] = 0.0
-    mx = S.AbsMaxAccumulator()
+    mx = A.AbsMaxAccumulator()
     mx.update("r", x)
-    h = S.HistogramAccumulator(mx.maxima)
+    h = A.HistogramAccumulator(mx.maxima)
     h.update("r", x)
     m = mx.maxima["r"]
     with_zeros = S.compute_amax("entropy", h.counts["r"], m)

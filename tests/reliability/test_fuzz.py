@@ -21,7 +21,7 @@ from trtq.calib.cache import INT8_MAX, read_cache, scale_problem
 from trtq.config import TrtqConfig, load_config
 from trtq.data.sources import NpySource, SampleError
 from trtq.errors import CacheError, ConfigError, DataError
-from trtq.calib.inspect import load_for_inspection
+from trtq.calib.cache_inspect import load_for_inspection
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 FUZZ_CLI = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))

@@ -228,7 +228,7 @@ _SWALLOW_PASS2 = r"""
 import os, signal, sys, weakref
 from pathlib import Path
 from trtq.cli import _install_signal_handlers
-from trtq.calib.calibrate import run_calibration
+from trtq.pipeline.calibrate import calibrate_with_onnxruntime
 from trtq.config import load_config
 
 _install_signal_handlers()
@@ -258,7 +258,7 @@ model, data, out = sys.argv[1:4]
 cfg = load_config(None, {"model": model, "data.inputs": {"x": {"images": data}}, "data.batch_size": 1,
                          "calibrate.output": out, "calibrate.method": "mse"}, environ={})
 try:
-    run_calibration(cfg, progress=progress)
+    calibrate_with_onnxruntime(cfg, progress=progress)
 except KeyboardInterrupt:
     print("interrupted; cache written:", Path(out).exists())
     sys.exit(0)
@@ -268,7 +268,7 @@ sys.exit(1)
 
 
 def test_interrupt_swallowed_in_the_histogram_pass_is_raised_at_the_next_batch(kit):
-    """Images: pass 2 replays the decoded batches from a temporary file (trtq.calib.replay), so the
+    """Images: pass 2 replays the decoded batches from a temporary file (trtq.calib.collect.replay), so the
     check in the calibration loop itself is what catches it."""
     from tests.data.helpers import image_folder
 

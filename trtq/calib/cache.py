@@ -144,6 +144,14 @@ def installed_trt_version() -> Optional[str]:
         return None
 
 
+def resolve_trt_version(requested: Optional[str]) -> str:
+    """The TensorRT version a cache is written for: ``requested``, else the installed one, else
+    :data:`DEFAULT_TRT_VERSION` (ConfigError on garbage)."""
+    version = requested or installed_trt_version() or DEFAULT_TRT_VERSION
+    parse_trt_version(version)  # raises ConfigError on garbage
+    return version
+
+
 def _installed_trt_version() -> Optional[str]:
     import importlib.metadata as md
     import importlib.util

@@ -10,6 +10,7 @@ flagged; the caller decides which tensors matter (those the Q/DQ model quantizes
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -71,3 +72,14 @@ def range_flags(amax: Mapping[str, float], mse_amax: Mapping[str, float], maxima
             flags.append(RangeFlag(name, ratio, clipped_fraction(counts[name], top, float(amax[name])),
                                    clipped_fraction(counts[name], top, float(mse_amax[name]))))
     return sorted(flags, key=lambda f: -f.ratio)
+
+
+def check_ranges(method: str, amax: Mapping, maxima: Mapping, counts: Any, zeros: Any, tops: Any) -> list[RangeFlag]:
+    """:func:`range_flags` of ``method``'s ranges against mse's on the same histograms (none for mse
+    itself, or without histograms)."""
+    if method == "mse" or counts is None:
+        return []
+    from trtq.calib.stats import compute_all
+
+    mse = compute_all("mse", maxima, counts, 99.99, zeros, tops)
+    return range_flags(amax, mse, maxima, counts, tops)

@@ -16,7 +16,7 @@ levels, the in-range error of candidate ``j`` (in units of ``(w/254)^2``) is
     A_j = sum_k P1[S_k(j)],   B_j = sum_k (2k-1) P0[S_k(j)]            (k = 1 .. 127)
 
 ``S_k(j)`` depends on ``j`` only, so ``A`` and ``B`` are 127 gathers per candidate for all tensors
-together (:func:`trtq.calib.kernels.level_sums`, numba or numpy, both exact). The in-range and
+together (:func:`trtq.calib.collect.kernels.level_sums`, numba or numpy, both exact). The in-range and
 clipped sums are exact integers (int64: wrap-around in the intermediate terms cancels, the result
 is below 2^63 where :func:`mse_fits` says so); the reference sums the same terms in float64, so the
 two differ by its rounding only and pick the same candidate (tie rule: relative 1e-12, first wins).
@@ -61,7 +61,7 @@ def mse_errors_many(counts: np.ndarray, maxima: np.ndarray, start_bin: int = 128
     """Candidate indices ``j`` and the squared error [T, candidates] of every tensor (rows of
     ``counts`` [T, bins] int64, all with ``mse_fits``); the same quantity as the reference's
     ``mse_errors`` (float64, to rounding)."""
-    from trtq.calib.kernels import level_sums
+    from trtq.calib.collect.kernels import level_sums
 
     counts = np.asarray(counts, dtype=np.int64)
     t, nb = counts.shape
@@ -99,7 +99,7 @@ def mse_amax_many(counts: Sequence[np.ndarray], maxima: Sequence[float], start_b
     m = np.asarray(maxima, dtype=np.float64)
     totals = c.sum(axis=1)
     ok = (m > 0) & (totals > 0) & np.array([mse_fits(int(n), c.shape[1]) for n in totals], dtype=bool)
-    from trtq.calib.kernels import parallel_map
+    from trtq.calib.collect.kernels import parallel_map
 
     def search(part: np.ndarray) -> list[float]:
         js, err = mse_errors_many(c[part], m[part], start_bin)

@@ -30,7 +30,7 @@ from trtq.errors import CacheError, UsageError
 
 PASS_RANGES = "ranges"
 PASS_HISTOGRAM = "histogram"
-PASS_ONE = "one-pass"  # mse / percentile: power-of-two histograms, complete in one pass (trtq.calib.pow2)
+PASS_ONE = "one-pass"  # mse / percentile: power-of-two histograms, complete in one pass (trtq.calib.collect.one_pass)
 
 # the digits 0-9 only (re.ASCII: \d would take other scripts' digits, which int() reads)
 _SHARD_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$", re.ASCII)
@@ -292,7 +292,7 @@ def _merged_meta(loaded: list, count: int) -> dict:
 
 def _merge_one_pass(loaded: list, names: list, output: Path, count: int) -> MergeResult:
     """One-pass shards: each tensor's histograms raised to the widest range, then added."""
-    from trtq.calib.pow2 import Pow2Histograms, merge_into
+    from trtq.calib.collect.one_pass import Pow2Histograms, merge_into
     from trtq.calib.stats import save_stats
 
     p0, st0, _ = loaded[0]
@@ -307,7 +307,7 @@ def _merge_one_pass(loaded: list, names: list, output: Path, count: int) -> Merg
 
 
 # ------------------------------------------------------------------------------------------------
-# one shard's run (called by trtq.calib.calibrate.run_calibration)
+# one shard's run (called by trtq.pipeline.calibrate)
 # ------------------------------------------------------------------------------------------------
 
 

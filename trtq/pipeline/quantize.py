@@ -76,14 +76,14 @@ def quantize_for(model, amax: Mapping[str, float], options: QuantizeOptions, dat
 
 def batched_if_identical(model, batches, data, options: QuantizeOptions):
     """(model, batches, restore) for the data steps of a model whose inputs fix a batch of 1: the
-    model with a dynamic batch dim and its batches of 8, when :func:`trtq.calib.widen.probe` finds
+    model with a dynamic batch dim and its batches of 8, when :func:`trtq.calib.collect.batch_one.probe` finds
     every activation the steps read bit-identical batched and one sample at a time (as calibrate
     feeds such a model), and ``restore(model)`` that gives a result the user's input and output
     declarations back; else (model, batches, None) unchanged."""
     import dataclasses
 
-    from trtq.calib.budget import resolve_budget
-    from trtq.calib.widen import fixed_batch_one, widen_if_identical
+    from trtq.calib.collect.budget import resolve_budget
+    from trtq.calib.collect.batch_one import fixed_batch_one, widen_if_identical
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs
     from trtq.quantize import planned_activations

@@ -224,7 +224,7 @@ def _data_steps(fp32: onnx.ModelProto, qdq: onnx.ModelProto, options: QuantizeOp
     at nearest get their compensation settled on those levels when no bias correction follows."""
     if options.weight_rounding != "gptq" and not options.bias_correction:
         return []
-    from trtq.calib.collect import observe
+    from trtq.calib.collect.exposed import observe
     from trtq.model import calibratable_tensors
     from trtq.quantize.bias import ChannelMeans, correct_biases, correction_sources
     from trtq.quantize.rounding import SecondMoments, apply_rounding, round_weights, rounding_targets

@@ -102,7 +102,7 @@ def _apply(qdq: onnx.ModelProto, targets: list[Target], means: dict[str, np.ndar
 
 class ChannelMeans:
     """Running per-channel means (float64) of ``tensors``: axis 1 of tensors with 3+ dims (NCHW),
-    the last axis of 2-D ones. An observer for :func:`trtq.calib.collect.observe`."""
+    the last axis of 2-D ones. An observer for :func:`trtq.calib.collect.exposed.observe`."""
 
     def __init__(self, tensors: list[str]):
         self.tensors = list(tensors)

@@ -208,8 +208,9 @@ def equalize_model(model: onnx.ModelProto, amax: Mapping[str, float], batches, h
     Three passes of ONNX Runtime over ``batches``: per-channel ranges on the model, then the
     absolute max and the histogram (``how``) of every scaled tensor ``amax`` names on the equalized
     model. The copy is :func:`~trtq.quantize.prepare.prepare_model`'s, so the notes start with its."""
-    from trtq.calib.collect import observe
-    from trtq.calib.stats import AbsMaxAccumulator, HistogramAccumulator, compute_amax
+    from trtq.calib.collect.exposed import observe
+    from trtq.calib.collect.accumulators import AbsMaxAccumulator, HistogramAccumulator
+    from trtq.calib.stats import compute_amax
     from trtq.quantize.prepare import prepare_model
 
     prepared, notes = prepare_model(model)
@@ -251,7 +252,7 @@ def equalize_model(model: onnx.ModelProto, amax: Mapping[str, float], batches, h
 
 
 class _ChannelRanges:
-    """An observer (:func:`trtq.calib.collect.observe`): absolute max per channel (axis 1)."""
+    """An observer (:func:`trtq.calib.collect.exposed.observe`): absolute max per channel (axis 1)."""
 
     def __init__(self, tensors: Sequence[str]):
         self.tensors = list(tensors)
@@ -259,7 +260,7 @@ class _ChannelRanges:
         self.samples = 0
 
     def add(self, values: Mapping[str, np.ndarray]) -> None:
-        from trtq.calib.stats import nonfinite_error
+        from trtq.calib.collect.accumulators import nonfinite_error
 
         if self.tensors:
             self.samples += len(values[self.tensors[0]])

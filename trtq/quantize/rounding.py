@@ -212,7 +212,7 @@ class SecondMoments:
 
     def __init__(self, targets: list[Target]):
         self.targets = targets
-        self.tensors = sorted({t.source for t in targets})  # what :func:`trtq.calib.collect.observe` exposes
+        self.tensors = sorted({t.source for t in targets})  # what :func:`trtq.calib.collect.exposed.observe` exposes
         self.sums: dict[str, np.ndarray] = {}
         self.counts: dict[str, int] = {}
 
@@ -320,7 +320,7 @@ def rounding_targets(qdq: onnx.ModelProto, available: Collection[str]) -> list[T
 
 def round_weights(moments: SecondMoments) -> tuple[dict[str, np.ndarray], RoundingReport]:
     """Rounded weights (W's initializer name -> float array of exact levels x scale) for every
-    target of ``moments``, once it has seen the data (see :func:`trtq.calib.collect.observe`).
+    target of ``moments``, once it has seen the data (see :func:`trtq.calib.collect.exposed.observe`).
 
     Nothing is written: :func:`apply_rounding` puts the arrays into the model.
     """

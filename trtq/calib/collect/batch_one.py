@@ -84,7 +84,7 @@ def probe(model: Any, wide: Any, tensors: list[str], providers: Sequence[str], b
     its first ``rows`` rows: the rows one call of the calibration would run. ``any_axis``: a tensor
     may carry the batch on another axis than 0 (``[T, N, C]`` behind an LSTM); calibration's
     per-sample statistics need it first, quantize's data steps do not."""
-    from trtq.calib.groups import GroupedCollector
+    from trtq.calib.collect.budgeted import GroupedCollector
 
     rows = batch.valid if rows is None else min(int(rows), batch.valid)
     arrays = {n: a[:rows] for n, a in batch.arrays.items()}
@@ -123,7 +123,7 @@ def widen_if_identical(model: Any, specs: list, data: Any, tensors: list[str], p
     would be run in slices of rows anyway, the probe runs one such slice (never a whole batch over
     the memory target); where that slice is one row, batching saves nothing and nothing is probed.
     ``any_axis``: as for :func:`probe`."""
-    from trtq.calib.budget import rows_per_call, tensor_bytes
+    from trtq.calib.collect.budget import rows_per_call, tensor_bytes
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs
 

@@ -1,9 +1,9 @@
-/* trtq.calib._native: the kernels of mse / percentile calibration in C.
+/* trtq.calib.collect._compiled: the kernels of mse / percentile calibration in C.
  *
  * Built at install when a C compiler is there (setup.py, optional); loaded with ctypes by
- * trtq.calib.native. Each follows the rule of its numba twin in trtq.calib.jit, so both give the
+ * trtq.calib.collect.compiled. Each follows the rule of its numba twin in trtq.calib.collect.jit, so both give the
  * same integers:
- * - trtq_pow2_count (jit.pow2_count): the one-pass power-of-two histogram (trtq.calib.pow2). Every
+ * - trtq_pow2_count (jit.pow2_count): the one-pass power-of-two histogram (trtq.calib.collect.one_pass). Every
  *   element is read for the max, elements 0, stride, ... of each row are counted as
  *   floor(|x| * 2**-e * num_bins) in float32 into four int32 lanes, and a block whose max passes
  *   2**e first merges the lanes into the wider range (bin b -> b >> d, exact);
@@ -21,7 +21,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "_native.h"
+#include "_kernels.h"
 
 #define BLOCK 4096
 #define SMALLEST_NORMAL_BITS 0x00800000
@@ -133,7 +133,7 @@ static int cpu_has_avx2(void) {
 #endif
 
 /* tests only: on = 0 makes the kernels take the scalar loops, 1 the AVX2 ones where the CPU has
- * them; returns 1 when the AVX2 loops are now in use (trtq.calib.native.use_simd) */
+ * them; returns 1 when the AVX2 loops are now in use (trtq.calib.collect.compiled.use_simd) */
 EXPORT int trtq_native_simd(int on) {
 #ifdef HAVE_COUNT_AVX2
     use_avx2 = on ? (__builtin_cpu_supports("avx2") ? 1 : 0) : 0;
@@ -274,11 +274,11 @@ EXPORT void trtq_level_sums(const int64_t *starts, int64_t nj, int64_t nk, const
     }
 }
 
-/* the interface's version: trtq.calib.native refuses a library built from another one (an editable
+/* the interface's version: trtq.calib.collect.compiled refuses a library built from another one (an editable
  * install not rebuilt after a pull); raise it with any change of a signature or a rule */
 EXPORT int trtq_native_version(void) { return 5; }
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "see trtq.calib.native", -1,
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_compiled", "see trtq.calib.collect.compiled", -1,
                                     NULL, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__compiled(void) { return PyModule_Create(&module); }

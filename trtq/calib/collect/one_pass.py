@@ -27,8 +27,8 @@ from typing import Optional
 
 import numpy as np
 
-from trtq.calib import kernels
-from trtq.calib.stats import batch_extremes, nonfinite_error
+from trtq.calib.collect import kernels
+from trtq.calib.collect.accumulators import batch_extremes, nonfinite_error
 from trtq.errors import ConfigError
 
 # float32 scales num_bins * 2**-e are normal numbers for these exponents; outside, float64 counting

@@ -1,17 +1,17 @@
 """Calibration statistics computed inside ONNX Runtime (``--collect in-graph``, the default).
 
-The outputs collector (trtq.calib.collect) exposes every calibrated tensor as a graph output: ONNX
+The outputs collector (trtq.calib.collect.exposed) exposes every calibrated tensor as a graph output: ONNX
 Runtime must keep each one for the whole call, write it to memory and hand it back, and the
 histograms read it again from memory afterwards. Here instead one node of trtq's own operator
-(``ai.trtq.calib.Pow2Stats``, trtq/calib/_ingraph.c, in the compiled kernels' library) reads each
+(``ai.trtq.calib.Pow2Stats``, trtq/calib/collect/_ingraph.c, in the compiled kernels' library) reads each
 tensor right after the node that made it, folds it into its slot and returns a one-element dummy;
 ONNX Runtime then frees or reuses the tensor as in inference. Peak memory is inference's plus the
 statistics, and each activation is read while it is still in cache.
 
 A slot takes what the Python accumulator it stands in for would: mse / percentile's power-of-two
-histograms (trtq.calib.pow2.Pow2Histograms: padding rows of the last batch left out, the
+histograms (trtq.calib.collect.one_pass.Pow2Histograms: padding rows of the last batch left out, the
 per-sample stride, exact range merges), or entropy / max's two passes in the same session, signed
-extremes (stats.AbsMaxAccumulator) then counts over ``[0, max]`` (stats.HistogramAccumulator).
+extremes (accumulators.AbsMaxAccumulator) then counts over ``[0, max]`` (accumulators.HistogramAccumulator).
 The statistics, and so the cache, are the same integers as the outputs collector's
 (tests/calib/test_ingraph.py). A node reading a tensor keeps ONNX Runtime from fusing it away just
 as a graph output does.
@@ -28,11 +28,11 @@ from collections.abc import Collection, Mapping, Sequence
 import numpy as np
 import onnx
 
-from trtq.calib import native
-from trtq.calib.collect import _first_line
-from trtq.calib.kernels import NO_EXPONENT
-from trtq.calib.pow2 import Pow2Histograms
-from trtq.calib.stats import AbsMaxAccumulator, HistogramAccumulator, nonfinite_error
+from trtq.calib.collect import compiled
+from trtq.calib.collect.exposed import _first_line
+from trtq.calib.collect.kernels import NO_EXPONENT
+from trtq.calib.collect.one_pass import Pow2Histograms
+from trtq.calib.collect.accumulators import AbsMaxAccumulator, HistogramAccumulator, nonfinite_error
 from trtq.errors import ModelError
 
 log = logging.getLogger(__name__)
@@ -45,9 +45,9 @@ _MODE_EXTREMES, _MODE_FIXED = 1, 2  # _ingraph.h MODE_*
 
 def unavailable(providers: Sequence[str]) -> Optional[str]:
     """Why in-graph statistics cannot run here, or None."""
-    if native.library() is None:
+    if compiled.library() is None:
         return "the compiled kernels are not built (or TRTQ_NO_NATIVE is set)"
-    from trtq.calib.collect import default_providers
+    from trtq.calib.collect.exposed import default_providers
 
     use = list(providers) or default_providers()
     if use != ["CPUExecutionProvider"]:
@@ -97,7 +97,7 @@ class InGraphCollector:
                  one_sample: bool = False):
         import onnxruntime as ort
 
-        lib = native.library()
+        lib = compiled.library()
         self.tensors, self.num_bins = list(tensors), int(num_bins)
         self.free_batch = free_batch  # the model takes any batch: padding rows are not run (as groups.py)
         flags = np.array([t in leading for t in self.tensors], dtype=np.int32)
@@ -130,7 +130,7 @@ class InGraphCollector:
 
     def run_groups(self, arrays: dict, valid: Optional[int] = None):
         """Run one batch (the statistics are folded in as it runs); yields nothing to histogram."""
-        from trtq.calib.groups import without_padding
+        from trtq.calib.collect.budgeted import without_padding
 
         arrays, valid = without_padding(arrays, valid, self.free_batch)
         batch = next(iter(arrays.values())).shape[0] if arrays else 0

@@ -1,8 +1,8 @@
 """Collect the activations in tensor groups when one batch of all of them exceeds ``--max-memory``.
 
-The single collector session (trtq.calib.collect.OrtCollector) exposes every calibrated tensor as
+The single collector session (trtq.calib.collect.exposed.OrtCollector) exposes every calibrated tensor as
 a graph output, which keeps ONNX Runtime from fusing them away and from reusing their buffers: one
-call holds a batch of all of them. Here, when that is over the budget (trtq.calib.budget):
+call holds a batch of all of them. Here, when that is over the budget (trtq.calib.collect.budget):
 
 1. ONNX Runtime optimises that same all-tensor graph once (same options, nothing run) and hands
    the optimised graph back (``optimized_model_filepath``);
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 
-from trtq.calib.collect import OrtCollector, _with_outputs, default_providers
+from trtq.calib.collect.exposed import OrtCollector, _with_outputs, default_providers
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class GroupedCollector:
                  budget: int, input_shapes: dict, split_rows: bool = True, slice_at: Optional[int] = None):
         """``budget``: the most one call may hold (tensor groups above it); ``slice_at`` (default
         ``budget``): the size above which a batch runs in slices of rows."""
-        from trtq.calib.budget import plan_groups, rows_per_call, tensor_bytes
+        from trtq.calib.collect.budget import plan_groups, rows_per_call, tensor_bytes
 
         self.batch = batch = next((int(s[0]) for s in input_shapes.values() if len(s)), 1)
         self.free = batch_dim_free(model, input_shapes)  # padding rows of a last batch are not run

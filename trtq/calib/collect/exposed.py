@@ -97,7 +97,7 @@ class OrtCollector:
         self.tensors = list(tensors)
         graph_inputs = {i.name for i in model.graph.input}
         self._from_session = [t for t in self.tensors if t not in graph_inputs]
-        # optimized: a group of trtq.calib.groups, already ONNX Runtime's optimized graph; run as it
+        # optimized: a group of trtq.calib.collect.budgeted, already ONNX Runtime's optimized graph; run as it
         # is, and keep no buffers or arena between calls (the groups of a batch must not add up)
         self._reuse = optimized is None
         exposed = _with_outputs(model, self._from_session) if optimized is None else None

@@ -1,6 +1,6 @@
 """Decoded batches of one shard kept on disk between its two passes (``calibrate --keep-batches``).
 
-A single run decodes the photos once and replays them for pass 2 (trtq.calib.replay); a shard's
+A single run decodes the photos once and replays them for pass 2 (trtq.calib.collect.replay); a shard's
 two passes are separate processes, so pass 1 can write its decoded batches to a file that pass 2
 of the same shard reads instead of decoding again. The file is raw array bytes followed by a JSON
 footer (data fingerprint, shard, per-batch layout, skipped samples) and its length, written

@@ -4,7 +4,7 @@ groups that keep each ONNX Runtime call under it.
 Every collected tensor is a graph output of the collector's session, so ONNX Runtime cannot reuse
 its buffer: one call holds one batch of *all* of them. When that exceeds the budget the tensors are
 split into contiguous groups (model order) whose batch bytes fit, and each batch is run once per
-group (trtq.calib.groups.GroupedCollector). Sizes come from ONNX shape inference at the batch's
+group (trtq.calib.collect.budgeted.GroupedCollector). Sizes come from ONNX shape inference at the batch's
 input shapes, float32 assumed where a type or shape is unknown (the largest known size then).
 """
 import math

@@ -1,12 +1,12 @@
-/* trtq.calib._native, part 2: calibration statistics as an ONNX Runtime custom operator.
+/* trtq.calib.collect._compiled, part 2: calibration statistics as an ONNX Runtime custom operator.
  *
- * trtq.calib.ingraph puts one node of the operator (domain ai.trtq.calib, type Pow2Stats) after
+ * trtq.calib.collect.ingraph puts one node of the operator (domain ai.trtq.calib, type Pow2Stats) after
  * each activation to calibrate, and hands this library to ONNX Runtime
  * (SessionOptions.register_custom_ops_library). Each node then folds its input into the
- * power-of-two histogram of its slot (trtq_pow2_count, _native.c) while the tensor is still in
+ * power-of-two histogram of its slot (trtq_pow2_count, _kernels.c) while the tensor is still in
  * cache, and ONNX Runtime frees or reuses the tensor as in plain inference: no activation is
  * exposed as a graph output, copied back or held for a whole batch. The counts follow the rules of
- * trtq.calib.pow2.Pow2Histograms exactly (rows past the batch's valid ones left out, the
+ * trtq.calib.collect.one_pass.Pow2Histograms exactly (rows past the batch's valid ones left out, the
  * per-sample stride, exact merges of ranges), so the statistics are the same integers.
  *
  * ONNX Runtime's C API is used through the table it hands to RegisterCustomOps, by slot number
@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "_native.h"
+#include "_kernels.h"
 #include "_ingraph.h"
 
 #define MAX_COLLECTIONS 64

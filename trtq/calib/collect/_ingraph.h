@@ -1,4 +1,4 @@
-/* The in-graph statistics' shared types (trtq.calib._native, parts 2 and 3): a collection per
+/* The in-graph statistics' shared types (trtq.calib.collect._compiled, parts 2 and 3): a collection per
  * calibration session, a slot per calibrated tensor, and the three ways a slot folds a tensor in.
  * _ingraph.c holds the collections and the ONNX Runtime operator, _ingraph_fold.c the folding. */
 #ifndef TRTQ_INGRAPH_H
@@ -11,7 +11,7 @@
 
 /* what a collection's slots take from the tensors (trtq_ingraph_set_mode) */
 enum {
-    MODE_POW2 = 0,     /* mse / percentile: power-of-two histograms (trtq.calib.pow2.Pow2Histograms) */
+    MODE_POW2 = 0,     /* mse / percentile: power-of-two histograms (trtq.calib.collect.one_pass.Pow2Histograms) */
     MODE_EXTREMES = 1, /* pass 1 of entropy / max: signed min and max (stats.AbsMaxAccumulator) */
     MODE_FIXED = 2     /* pass 2: histograms over [0, range] (stats.HistogramAccumulator) */
 };
@@ -21,7 +21,7 @@ enum { FIXED_SCALED = 0, FIXED_RANGE_ZERO = 1, FIXED_FLOAT64 = 2 };
 typedef struct {
     int32_t e;       /* MODE_POW2: counts cover [0, 2**e); NO_EXPONENT: only zeros so far */
     int32_t status;  /* POW2_NONFINITE once a NaN / Inf was met, NO_MEMORY (sticky) */
-    int32_t leading; /* leading dim is the batch (trtq.calib.batchdim): subsampled per sample */
+    int32_t leading; /* leading dim is the batch (trtq.calib.collect.batch_leading): subsampled per sample */
     int32_t seen;    /* MODE_EXTREMES: lo / hi hold a value */
     int32_t fixed;   /* MODE_FIXED: FIXED_* */
     int32_t exceeded; /* MODE_FIXED: a value past the range (the data changed between passes) */
@@ -56,7 +56,7 @@ typedef struct {
     int32_t nworkers;
 } collection_t;
 
-/* what trtq_ingraph_read hands Python besides the counts (trtq.calib.ingraph._Stats: same layout) */
+/* what trtq_ingraph_read hands Python besides the counts (trtq.calib.collect.ingraph._Stats: same layout) */
 typedef struct {
     int64_t zeros, stride;
     double max, lo, hi;

@@ -1,19 +1,19 @@
-/* trtq.calib._native, part 3: how the in-graph operator (_ingraph.c) folds a tensor into its slot,
+/* trtq.calib.collect._compiled, part 3: how the in-graph operator (_ingraph.c) folds a tensor into its slot,
  * by the rules of the Python accumulators it stands in for, so that the statistics are the same
  * integers as the outputs collector's (tests/calib/test_ingraph.py):
- * - MODE_POW2: trtq.calib.pow2.Pow2Histograms (one pass: the per-sample stride, exact range
+ * - MODE_POW2: trtq.calib.collect.one_pass.Pow2Histograms (one pass: the per-sample stride, exact range
  *   merges, the float64 path below 2**-100);
  * - MODE_EXTREMES: trtq.calib.stats.AbsMaxAccumulator (signed min and max of every element);
  * - MODE_FIXED: trtq.calib.stats.HistogramAccumulator (counts over [0, range], clamped to the last
  *   bin, values past the range flagged).
  * Rows of a batch-sized tensor past the run's valid ones are padding and left out in every mode
- * (trtq.calib.collect.OrtCollector.run). */
+ * (trtq.calib.collect.exposed.OrtCollector.run). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "_native.h"
+#include "_kernels.h"
 #include "_ingraph.h"
 
 #if defined(_MSC_VER)
@@ -27,7 +27,7 @@
 #define FETCH_ADD64 FETCH_ADD
 #endif
 
-#define MIN_EXP (-100) /* trtq.calib.pow2._MIN_EXP / _MAX_EXP */
+#define MIN_EXP (-100) /* trtq.calib.collect.one_pass._MIN_EXP / _MAX_EXP */
 #define MAX_EXP 128
 #define TASK_ELEMENTS (1 << 16) /* elements read per parallel task (MODE_EXTREMES) */
 #define MAX_TASKS 256

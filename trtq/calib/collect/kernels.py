@@ -7,7 +7,7 @@
 ``histogram_into`` (and the one-pass :func:`pow2_histogram`, the range search's :func:`level_sums`)
 have three implementations that give bit-identical results, taken in this order:
 
-* the compiled kernels of trtq.calib.native (built at install where a C compiler is found;
+* the compiled kernels of trtq.calib.collect.compiled (built at install where a C compiler is found;
   ``TRTQ_NO_NATIVE=1`` skips them): per block of 4096 elements a vectorised max, then the counts
   (no clamp where the max is below the last bin), ~1.1-1.3 ns per element per core on the 2-core
   CI machine;
@@ -39,7 +39,7 @@ R = TypeVar("R")
 _pool: Optional[ThreadPoolExecutor] = None
 _pool_lock = threading.Lock()
 _kernel_lock = threading.Lock()  # its own: compiling must not hold up the pool (calibrate warms up during pass 1)
-_jit = None  # trtq.calib.jit once loaded
+_jit = None  # trtq.calib.collect.jit once loaded
 _jit_state = "untried"  # "untried" | "ok" | "missing"
 
 
@@ -105,7 +105,7 @@ def numba_enabled() -> bool:
 
 
 def _numba():
-    """trtq.calib.jit (the numba kernels), or None: numba missing or TRTQ_NO_NUMBA set."""
+    """trtq.calib.collect.jit (the numba kernels), or None: numba missing or TRTQ_NO_NUMBA set."""
     global _jit, _jit_state
     if os.environ.get("TRTQ_NO_NUMBA", "").strip() not in ("", "0"):
         return None
@@ -113,7 +113,7 @@ def _numba():
         with _kernel_lock:
             if _jit_state == "untried":
                 try:
-                    from trtq.calib import jit
+                    from trtq.calib.collect import jit
 
                     _jit, _jit_state = jit, "ok"
                 except ImportError:
@@ -124,20 +124,20 @@ def _numba():
 def implementation() -> str:
     """Which kernels the histograms run on: "compiled", "numba" or "numpy" (same results; the
     provenance records it, for timings)."""
-    from trtq.calib import native
+    from trtq.calib.collect import compiled
 
-    if native.library() is not None:
+    if compiled.library() is not None:
         return "compiled"
     return "numba" if _numba() is not None else "numpy"
 
 
 def _kernel(name: str):
-    """The kernel ``name`` of trtq.calib.native where it was built, else numba's (trtq.calib.jit,
+    """The kernel ``name`` of trtq.calib.collect.compiled where it was built, else numba's (trtq.calib.collect.jit,
     handed the rows' int32 view it takes after the rows), else None."""
-    from trtq.calib import native
+    from trtq.calib.collect import compiled
 
-    if native.library() is not None:
-        return getattr(native, name)
+    if compiled.library() is not None:
+        return getattr(compiled, name)
     jit = _numba()
     if jit is None:
         return None
@@ -152,11 +152,11 @@ def two_pass_kernel():
 
 
 # --------------------------------------------------------------------------------------------
-# one pass (trtq.calib.pow2): max and power-of-two histogram together
+# one pass (trtq.calib.collect.one_pass): max and power-of-two histogram together
 # --------------------------------------------------------------------------------------------
 
 POW2_OK, POW2_NONFINITE, POW2_TINY = 0, 1, 2  # pow2_histogram status
-NO_EXPONENT = -(1 << 30)  # the kernels' exponent for "only zeros so far" (trtq.calib.jit, trtq.calib.native)
+NO_EXPONENT = -(1 << 30)  # the kernels' exponent for "only zeros so far" (calib.collect.jit, calib.collect.compiled)
 
 
 def pow2_kernel():
@@ -168,7 +168,7 @@ def pow2_kernel():
 def pow2_histogram(rows: np.ndarray, stride: int, exponent: Optional[int], num_bins: int,
                    min_exp: int) -> tuple[np.ndarray, Optional[int], float, int, int]:
     """Max and histogram of float32 ``rows`` ([R, n]) in one read (:func:`pow2_kernel`; see
-    trtq.calib.pow2).
+    trtq.calib.collect.one_pass).
 
     Every element is read for the max; elements ``0, stride, ...`` of each row are counted over
     ``[0, 2**e)``, ``e`` starting at ``exponent`` (None: only zeros so far) and raised as the
@@ -264,9 +264,9 @@ def level_sums(starts: np.ndarray, weights: np.ndarray, p1: np.ndarray,
     """``A[j, t] = sum_k p1[starts[j, k], t]`` and ``B[j, t] = sum_k weights[k] * p0[starts[j, k], t]``
     (prefix sums ``p1``, ``p0``: [bins + 1, tensors]) as exact int64, identical on both paths.
 
-    The compiled kernel (trtq.calib.native) where it was built; else numba when it imports
+    The compiled kernel (trtq.calib.collect.compiled) where it was built; else numba when it imports
     (``TRTQ_NO_NUMBA`` unset); else a numpy gather."""
-    from trtq.calib import native
+    from trtq.calib.collect import compiled
 
     starts = np.ascontiguousarray(starts, dtype=np.int64)
     weights = np.ascontiguousarray(weights, dtype=np.int64)
@@ -274,8 +274,8 @@ def level_sums(starts: np.ndarray, weights: np.ndarray, p1: np.ndarray,
     p0 = np.ascontiguousarray(p0, dtype=np.int64)
     a = np.empty((starts.shape[0], p1.shape[1]), dtype=np.int64)
     b = np.empty_like(a)
-    if native.library() is not None:
-        native.level_sums(starts, weights, p1, p0, a, b)
+    if compiled.library() is not None:
+        compiled.level_sums(starts, weights, p1, p0, a, b)
         return a, b
     jit = _numba()
     if jit is not None:

@@ -71,7 +71,7 @@ def monotone_links(model, tensors: Iterable[str]) -> Links:
 def derive_extremes(extremes: Mapping[str, tuple[float, float]], links: Links,
                     padded: Optional[Mapping[str, str]] = None) -> dict[str, tuple[float, float]]:
     """``(min, max)`` of every linked output from its input's, and of every zero-padded output
-    (``padded``: output -> input, trtq.calib.padded) from its input's with 0 included; chains such
+    (``padded``: output -> input, trtq.calib.collect.padded) from its input's with 0 included; chains such
     as Relu -> Pad -> Clip resolve in any order."""
     out = dict(extremes)
     pending = dict(links)

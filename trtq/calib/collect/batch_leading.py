@@ -1,6 +1,6 @@
 """Which activations hold one sample per leading index, proven from the graph.
 
-Subsampling a tensor per sample (trtq.calib.pow2) is independent of batching only where its leading
+Subsampling a tensor per sample (trtq.calib.collect.one_pass) is independent of batching only where its leading
 dim really is the batch. ONNX shape inference carries the inputs' symbolic batch dim (say ``N``) to
 the outputs of Conv, elementwise ops, pooling, Transpose that keeps axis 0 and so on; a tensor
 whose inferred dim 0 is that same symbol is batch-leading. Anything else (a Reshape that folds the

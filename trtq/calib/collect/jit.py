@@ -1,4 +1,4 @@
-"""The numba kernels behind trtq.calib.kernels (imported only when numba is wanted: importing numba
+"""The numba kernels behind trtq.calib.collect.kernels (imported only when numba is wanted: importing numba
 costs ~0.2 s, and the first call of each kernel ~0.25 s to load its cached machine code).
 
 Two habits make these loops fast on numba: indices are unsigned (numba's signed indexing adds a
@@ -10,7 +10,7 @@ turn, so that runs of one bin (a ReLU's zeros) do not serialise on one counter.
 import numba
 import numpy as np
 
-NO_EXPONENT = -(1 << 30)  # pow2_count: only zeros seen so far (kernels.NO_EXPONENT, _native.c's too)
+NO_EXPONENT = -(1 << 30)  # pow2_count: only zeros seen so far (kernels.NO_EXPONENT, _kernels.c's too)
 
 U = np.uint64
 NONFINITE_BITS = 0x7F800000  # |x| bit patterns from here up are Inf or NaN
@@ -125,7 +125,7 @@ def histogram_f32(x, bits, scale, counts, exceed_at, stride):  # pragma: no cove
 
 @numba.njit(nogil=True, cache=True)
 def pow2_count(x, bits, stride, e0, lanes, min_exp):  # pragma: no cover - compiled
-    """One-pass histograms over ``[0, 2**e)`` (trtq.calib.pow2): every element of ``x`` (float32
+    """One-pass histograms over ``[0, 2**e)`` (trtq.calib.collect.one_pass): every element of ``x`` (float32
     [rows, n], ``bits`` its int32 view) read for the max, elements 0, stride, ... of each row
     counted into ``lanes`` (int32 [4, num_bins]). Block by block: the max first; when it passes
     ``2**e`` the lanes merge into the wider range (bin b -> b >> d, exact), then the block is

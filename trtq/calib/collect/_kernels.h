@@ -1,4 +1,4 @@
-/* What the C files of trtq.calib._native share: the kernels' statuses and constants, the
+/* What the C files of trtq.calib.collect._compiled share: the kernels' statuses and constants, the
  * target_clones and export macros, and the kernels the in-graph operator (_ingraph_fold.c) calls. */
 #ifndef TRTQ_NATIVE_H
 #define TRTQ_NATIVE_H
@@ -6,7 +6,7 @@
 #include <stdint.h>
 
 #define NONFINITE_BITS 0x7F800000
-#define NO_EXPONENT (-(1 << 30)) /* "only zeros so far" (trtq.calib.kernels.NO_EXPONENT) */
+#define NO_EXPONENT (-(1 << 30)) /* "only zeros so far" (trtq.calib.collect.kernels.NO_EXPONENT) */
 
 enum { POW2_OK = 0, POW2_NONFINITE = 1, POW2_TINY = 2 };
 
@@ -32,7 +32,7 @@ enum { POW2_OK = 0, POW2_NONFINITE = 1, POW2_TINY = 2 };
 #define EXPORT
 #endif
 
-/* the one-pass power-of-two histogram and the two-pass fixed-edge one (_native.c) */
+/* the one-pass power-of-two histogram and the two-pass fixed-edge one (_kernels.c) */
 int trtq_pow2_count(const float *x, int64_t rows, int64_t n, int64_t stride, int32_t e0, int32_t *lanes, int64_t nb,
                     int32_t min_exp, int32_t *e_out, int32_t *top_out, int64_t *zeros_out);
 int trtq_histogram_f32(const float *x, int64_t rows, int64_t n, float scale, int64_t *lanes, int64_t nb,

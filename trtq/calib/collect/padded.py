@@ -69,7 +69,7 @@ def pad_links(model, tensors: Iterable[str], input_shapes: Mapping[str, Sequence
     of a padded tensor after it), with the zeros a sample gains: from the shapes ONNX shape
     inference gives the input at ``input_shapes`` (the batches' shapes). A Pad whose input shape is
     not known there, or that pads the batch axis, is left out (its output is measured)."""
-    from trtq.calib.derive import _constants
+    from trtq.calib.collect.derive import _constants
 
     wanted = set(tensors)
     candidates = [n for n in model.graph.node if n.op_type == "Pad" and len(n.input) >= 1 and n.output
@@ -108,7 +108,7 @@ def pad_links(model, tensors: Iterable[str], input_shapes: Mapping[str, Sequence
 
 def derive_pow2(links: Mapping[str, PadLink], maxima: dict, counts: dict, zeros: dict, exponents: dict,
                 strides: dict, samples: int) -> None:
-    """One-pass statistics (trtq.calib.pow2.Pow2Histograms' dicts, updated in place) of every
+    """One-pass statistics (trtq.calib.collect.one_pass.Pow2Histograms' dicts, updated in place) of every
     linked output from its source's: same max and range, the padding zeros added to bin 0 at the
     source's per-sample stride, which the output is then recorded with too."""
     for name, link in links.items():  # graph order: a source that is padded itself comes first
