@@ -17,7 +17,7 @@ and the table prints wall time and peak RSS next to the goals of issue 13: calib
 bytes, printed). Start-up and imports are inside every case alike; trtq's modules are byte-compiled
 first, as an install leaves them.
 
-``--numba`` adds ``numba-mse`` (``TRTQ_NO_NATIVE=1``: the numba kernels instead of the compiled
+``--numpy`` adds ``numpy-mse`` (``TRTQ_NO_NATIVE=1``: the numpy kernels instead of the compiled
 ones, same caches). ``--outputs`` adds ``outputs-METHOD`` (``--collect outputs``: every activation
 exposed as an ONNX Runtime output and histogrammed after the call, the collection before the
 in-graph statistics; same caches) before each method's run.
@@ -116,7 +116,7 @@ from trtq.calib import stats as S
 st = S.load_stats(sys.argv[1])
 names = [n for n in st.maxima if st.maxima[n] > 0 and st.counts[n].sum() > 0]
 mx = {n: st.maxima[n] for n in names}
-S.compute_all("mse", dict(list(mx.items())[:2]), st.counts)  # numba compile / cache load
+S.compute_all("mse", dict(list(mx.items())[:2]), st.counts)  # warm up: the kernels' library loaded
 for rep in range(3):
     row = []
     for method in ("mse", "entropy"):
@@ -220,8 +220,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--batch1", action="store_true", help="also PP-OCR cls with a fixed batch of 1")
     ap.add_argument("--search", action="store_true", help="time the range search alone, old vs new")
     ap.add_argument("--main-python", help="also run mse with this Python's trtq (e.g. main's venv), side by side")
-    ap.add_argument("--numba", action="store_true",
-                    help="also run mse on numba's kernels, not the compiled ones (TRTQ_NO_NATIVE=1), side by side")
+    ap.add_argument("--numpy", action="store_true",
+                    help="also run mse on numpy's kernels, not the compiled ones (TRTQ_NO_NATIVE=1), side by side")
     ap.add_argument("--outputs", action="store_true",
                     help="also run each method with --collect outputs (activations exposed as outputs), side by side")
     ap.add_argument("--qdq", action="store_true",
@@ -248,8 +248,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         runs = [("trtq-" + m, m, batch, ()) for m in a.methods.split(",")]
         if a.main_python:
             runs.insert(0, ("main-mse", "mse", batch, ()))
-        if a.numba:
-            runs.insert(0, ("numba-mse", "mse", batch, ()))
+        if a.numpy:
+            runs.insert(0, ("numpy-mse", "mse", batch, ()))
         if a.outputs:  # each method's exposed-outputs run just before its default (in-graph) one
             for i, m in reversed(list(enumerate(a.methods.split(",")))):
                 runs.insert(i, (f"outputs-{m}", m, batch, ("--collect", "outputs")))
@@ -267,7 +267,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             if case == "trtq-mse" and a.search:  # writing the statistics is not part of calibrating
                 extra = ("--save-stats", str(a.work / f"{name}.npz"))
             python = a.main_python if case == "main-mse" else sys.executable
-            env = dict(os.environ, TRTQ_NO_NATIVE="1") if case == "numba-mse" else None
+            env = dict(os.environ, TRTQ_NO_NATIVE="1") if case == "numpy-mse" else None
             jobs.append((_trtq(model, data, method, b, out, extra, python),
                          Path(a.main_python).parents[2] if case == "main-mse" else None, env))
         base, *measured = interleaved(jobs, a)

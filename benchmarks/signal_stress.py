@@ -3,7 +3,7 @@
 Not a test: a reproduction tool for rare signal races. Each run starts ``python -m trtq calibrate``
 on a tiny model and ~40000 single-sample batches (about a minute when not interrupted), sends the
 signal after a random delay from the start of the process (start-up, imports, ONNX Runtime session,
-numba warm-up, batches), and records the outcome. A run still alive ``--stuck`` seconds after the
+kernels' warm-up, batches), and records the outcome. A run still alive ``--stuck`` seconds after the
 signal is a failure: its threads are dumped with py-spy (when installed) and with faulthandler
 (SIGABRT; the child runs with PYTHONFAULTHANDLER=1), then it is killed.
 
@@ -129,8 +129,6 @@ def main() -> int:
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for the child (repeatable)")
     ap.add_argument("--entry", choices=["module", "script"], default="module",
                     help="python -m trtq, or the installed trtq console script")
-    ap.add_argument("--fresh-numba-cache", action="store_true",
-                    help="an empty NUMBA_CACHE_DIR per run: the warm-up thread compiles the kernel")
     a = ap.parse_args()
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped from outside: still clean up below
@@ -162,8 +160,6 @@ def main() -> int:
                 old.write_bytes(b"previous " + old.name.encode())
             cmd = _entry(a.entry) + _command(what, work, model, data, out)
             run_env = dict(env)
-            if a.fresh_numba_cache:
-                run_env["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(dir=work, prefix="numba-")
             t0 = time.monotonic()
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=run_env)
             if a.after_handlers:
@@ -211,8 +207,6 @@ def main() -> int:
                   f"{last[:60]}", flush=True)
             for f in work.glob(f"c{i}.cache*"):
                 f.unlink()
-            for d in work.glob("numba-*"):
-                shutil.rmtree(d, ignore_errors=True)
     finally:
         if p is not None and p.poll() is None:
             p.kill()

@@ -28,7 +28,7 @@ def test_module_entry_point_and_version():
 
     if compiled.library() is not None:
         assert r.stdout.rstrip().endswith("(histogram kernels: compiled)")
-    env = dict(os.environ, TRTQ_NO_NATIVE="1", TRTQ_NO_NUMBA="1")
+    env = dict(os.environ, TRTQ_NO_NATIVE="1")
     r = subprocess.run([sys.executable, "-m", "trtq", "--version"], cwd=ROOT, capture_output=True, text=True, env=env)
     assert r.returncode == 0 and r.stdout.rstrip().endswith("(histogram kernels: numpy)")
 

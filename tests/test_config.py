@@ -116,7 +116,7 @@ def test_environment_errors():
 
 def test_environment_variables_read_elsewhere_are_not_config_keys():
     # TRTQ_SIGNAL_GRACE: the CLI's signal watchdog (trtq.cli), not an option
-    others = {"TRTQ_SIGNAL_GRACE": "3", "TRTQ_NO_NUMBA": "1", "TRTQ_NO_NATIVE": "1"}
+    others = {"TRTQ_SIGNAL_GRACE": "3", "TRTQ_NO_NATIVE": "1"}
     assert load_config(None, environ=others) == load_config(None, environ={})
 
 

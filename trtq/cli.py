@@ -473,14 +473,14 @@ def _print_version(ctx: click.Context, _param, value: bool) -> None:
         return
     from trtq.calib.collect.kernels import implementation
 
-    # the kernels: "numpy" on an install that built no compiled kernels and has no numba (slower)
+    # the kernels: "numpy" on an install that built no compiled kernels (slower)
     click.echo(f"trtq, version {__version__} (histogram kernels: {implementation()})")
     ctx.exit()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
-              help="Show the version and the histogram kernels this install uses (compiled, numba or numpy).")
+              help="Show the version and the histogram kernels this install uses (compiled or numpy).")
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-vv: debug, tracebacks).")
 @click.option("-q", "--quiet", is_flag=True, help="Only print errors on stderr.")
 @click.pass_context
@@ -1250,7 +1250,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 signal.signal(sig, handler)
     if argv is None:
         # the command is over: leave without the interpreter's shutdown (tearing down numpy, onnx,
-        # ONNX Runtime and numba takes a while, during which Python has reset the signal handlers:
+        # ONNX Runtime takes a while, during which Python has reset the signal handlers:
         # a Ctrl-C there killed the process and lost its exit code)
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):

@@ -347,7 +347,7 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
 
 
 # TRTQ_* variables with another meaning (read elsewhere, not config keys)
-_ENV_IGNORED = {"TRTQ_TEST_MODELS", "TRTQ_BENCH_DIR", "TRTQ_GPU_TESTS", "TRTQ_NO_NUMBA", "TRTQ_NO_NATIVE",
+_ENV_IGNORED = {"TRTQ_TEST_MODELS", "TRTQ_BENCH_DIR", "TRTQ_GPU_TESTS", "TRTQ_NO_NATIVE",
                  "TRTQ_SIGNAL_GRACE"}
 
 

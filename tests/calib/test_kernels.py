@@ -1,7 +1,7 @@
 """The per-array kernels of trtq.calib.collect.kernels and the I/O-bound collector of trtq.calib.collect.exposed.
 
-The compiled and the numba kernels and the numpy fallback must give the same counts, bit for bit,
-as a direct numpy statement of the binning rule; the collector must return what a plain ONNX
+The compiled kernels and the numpy fallback must give the same counts, bit for bit, as a direct
+numpy statement of the binning rule; the collector must return what a plain ONNX
 Runtime run returns.
 """
 import logging
@@ -34,13 +34,11 @@ def _arrays():
             "half": heavy[:4099].astype(np.float16), "double": heavy[:5000].astype(np.float64)}
 
 
-@pytest.fixture(params=["native", "numba", "numpy"])
+@pytest.fixture(params=["native", "numpy"])
 def implementation(request, monkeypatch):
     require_kernels(monkeypatch, "compiled" if request.param == "native" else request.param)
     if request.param == "native":
         assert kernels.two_pass_kernel() is compiled.histogram_f32
-    elif request.param == "numba":
-        assert kernels.numba_enabled() and kernels.two_pass_kernel() is not None
     else:
         assert kernels.two_pass_kernel() is None
     return request.param

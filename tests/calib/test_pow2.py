@@ -33,15 +33,13 @@ def _reference(values: np.ndarray, nb: int = NB):
     return np.bincount(k, minlength=nb), top, m, int((a == 0).sum())
 
 
-@pytest.fixture(params=["native", "numba", "two-reads"])
+@pytest.fixture(params=["native", "two-reads"])
 def path(request, monkeypatch):
-    """The compiled kernel and the numba kernel that take the max and the counts in one read, and
-    the numpy fallback (max first, then counts): the tests hold all three to the same references."""
-    require_kernels(monkeypatch, {"native": "compiled", "two-reads": "numpy"}.get(request.param, request.param))
+    """The compiled kernel that takes the max and the counts in one read, and the numpy fallback
+    (max first, then counts): the tests hold both to the same references."""
+    require_kernels(monkeypatch, {"native": "compiled", "two-reads": "numpy"}[request.param])
     if request.param == "native":
         assert kernels.pow2_kernel() is compiled.pow2_count
-    elif request.param == "numba":
-        assert kernels.pow2_kernel() is not None
     else:
         assert kernels.pow2_kernel() is None
     return request.param
@@ -292,9 +290,9 @@ def test_calibrate_on_photos_subsamples_and_keeps_caches_batch_independent(trtq,
 
 
 def test_calibrate_records_its_kernels_and_each_writes_the_same_cache(trtq, sample_config, tmp_path, monkeypatch):
-    """The provenance names the kernels a run used ("compiled", "numba", "numpy"); the caches agree."""
+    """The provenance names the kernels a run used ("compiled", "numpy"); the caches agree."""
     caches = []
-    for name in ("numpy", "numba", "compiled"):
+    for name in ("numpy", "compiled"):
         if not use_kernels(monkeypatch, name):
             continue
         for method in ("mse", "entropy"):

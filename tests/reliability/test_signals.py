@@ -101,14 +101,14 @@ def _valid_model(path):
 
 
 CASES = [(sig, i) for sig in (signal.SIGINT, signal.SIGTERM) for i in range(2)]
-DELAYS = (0.0, 0.5)  # after the first progress line: the numba warm-up thread has just started / is loading
+DELAYS = (0.0, 0.5)  # after the first progress line: the kernels' warm-up thread has just started / is loading
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,i", CASES, ids=[f"{signal.Signals(s).name}-{i}" for s, i in CASES])
 def test_calibrate_while_it_runs(kit, sig, i):
     """Signalled in pass 1 (the first progress line is printed after its first batch, right after the
-    numba warm-up thread was started), not at a random time: a time that the start-up of a loaded
+    kernels' warm-up thread was started), not at a random time: a time that the start-up of a loaded
     machine can stretch past any point. The start-up itself: test_signal_while_starting_up, the
     import-time paths: test_signal_inside_an_import_is_raised_after_it."""
     big = _big_npy(kit)
@@ -200,8 +200,8 @@ sys.exit(1)
 
 
 def test_interrupt_swallowed_by_a_finalizer_is_raised_at_the_next_batch(kit):
-    """The cause of the flaky Ctrl-C test: numba/llvmlite finalizers run on the main thread while
-    the warm-up thread compiles; a SIGINT handled inside one is 'ignored' by Python."""
+    """The cause of a flaky Ctrl-C test: finalizers run on the main thread (numba's did while its
+    warm-up thread compiled); a SIGINT handled inside one is 'ignored' by Python."""
     p = subprocess.run([sys.executable, "-c", _SWALLOW, str(kit.data)], capture_output=True, text=True,
                        env=child_env(), timeout=60)
     assert "Exception ignored" in p.stderr and "KeyboardInterrupt" in p.stderr  # Python did swallow it
@@ -473,8 +473,8 @@ def report_when_waiting(main_id):
 
 
 def emit_while_stuck(*args, **kwargs):
-    # the command's main thread waits for another thread that never lets go (the numba warm-up thread
-    # stuck in its import of numba, say): in a module lock (the handler defers a signal inside an import
+    # the command's main thread waits for another thread that never lets go (a warm-up thread
+    # stuck in an import, say): in a module lock (the handler defers a signal inside an import
     # until the import is over) or in the import lock itself (a C wait: no Python handler runs at all)
     threading.Thread(target=hold_the_import_lock if how == "import-lock" else import_a_module_that_never_finishes,
                      daemon=True).start()

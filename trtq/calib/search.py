@@ -16,7 +16,7 @@ levels, the in-range error of candidate ``j`` (in units of ``(w/254)^2``) is
     A_j = sum_k P1[S_k(j)],   B_j = sum_k (2k-1) P0[S_k(j)]            (k = 1 .. 127)
 
 ``S_k(j)`` depends on ``j`` only, so ``A`` and ``B`` are 127 gathers per candidate for all tensors
-together (:func:`trtq.calib.collect.kernels.level_sums`, numba or numpy, both exact). The in-range and
+together (:func:`trtq.calib.collect.kernels.level_sums`, compiled or numpy, both exact). The in-range and
 clipped sums are exact integers (int64: wrap-around in the intermediate terms cancels, the result
 is below 2^63 where :func:`mse_fits` says so); the reference sums the same terms in float64, so the
 two differ by its rounding only and pick the same candidate (tie rule: relative 1e-12, first wins).

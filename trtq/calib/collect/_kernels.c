@@ -1,16 +1,16 @@
 /* trtq.calib.collect._compiled: the kernels of mse / percentile calibration in C.
  *
  * Built at install when a C compiler is there (setup.py, optional); loaded with ctypes by
- * trtq.calib.collect.compiled. Each follows the rule of its numba twin in trtq.calib.collect.jit, so both give the
- * same integers:
- * - trtq_pow2_count (jit.pow2_count): the one-pass power-of-two histogram (trtq.calib.collect.one_pass). Every
+ * trtq.calib.collect.compiled. Each follows the rule of its numpy reference in trtq.calib.collect, so
+ * both give the same integers (tests/calib/test_kernels.py, test_pow2.py, test_search.py):
+ * - trtq_pow2_count (one_pass.Pow2Histograms): the one-pass power-of-two histogram. Every
  *   element is read for the max, elements 0, stride, ... of each row are counted as
  *   floor(|x| * 2**-e * num_bins) in float32 into four int32 lanes, and a block whose max passes
  *   2**e first merges the lanes into the wider range (bin b -> b >> d, exact);
- * - trtq_histogram_f32 (jit.histogram_f32): the two-pass histograms (entropy, max --save-stats) over
+ * - trtq_histogram_f32 (kernels.histogram_into): the two-pass histograms (entropy, max --save-stats) over
  *   fixed edges: a block's max of the counted elements first, then its counts, clamped to the last
  *   bin (and flagged past exceed_at) only where the block reaches it;
- * - trtq_level_sums (jit.level_sums): the gathered prefix sums of the range search (trtq.calib.search).
+ * - trtq_level_sums (kernels.level_sums): the gathered prefix sums of the range search (trtq.calib.search).
  *
  * Built as a CPython extension only so that setuptools places it next to the package and Python
  * finds it by name; the module itself is empty.
@@ -56,7 +56,7 @@ static inline int32_t block_max_bits_strided(const int32_t *bits, int64_t n, int
 /* add floor(|x| * scale) of elements 0, stride, ... of a block to four lanes in turn (so that runs
  * of one bin do not serialise on one counter), every value known below the last bin; returns the
  * exact zeros among them. Two lane types: int32 for the one-pass kernel (a task holds < 2**31
- * elements, as numba's), int64 for the two-pass one. */
+ * elements), int64 for the two-pass one. */
 #define DEFINE_COUNT_BLOCK(NAME, LANE)                                                                  \
     static inline int64_t NAME(const float *seg, int64_t n, int64_t stride, float scale, LANE *lanes,  \
                                int64_t nb) {                                                            \

@@ -1,7 +1,7 @@
 /* What the C files of trtq.calib.collect._compiled share: the kernels' statuses and constants, the
  * target_clones and export macros, and the kernels the in-graph operator (_ingraph_fold.c) calls. */
-#ifndef TRTQ_NATIVE_H
-#define TRTQ_NATIVE_H
+#ifndef TRTQ_KERNELS_H
+#define TRTQ_KERNELS_H
 
 #include <stdint.h>
 
@@ -12,8 +12,7 @@ enum { POW2_OK = 0, POW2_NONFINITE = 1, POW2_TINY = 2 };
 
 /* x86-64's baseline (SSE2) has no int32 max instruction: the block max would take four
  * instructions per vector. GCC / clang on glibc compile the kernel for SSE4.1 and AVX2 too and
- * pick one when the library loads (on Python 3.11, 2 cores: rec's strided counts 113 -> 92 ms per
- * batch of 8, level with numba, which compiles for the host CPU). */
+ * pick one when the library loads (the timings: benchmarks/README.md, "Compiled kernels"). */
 #if defined(__x86_64__) && defined(__has_attribute)
 #if __has_attribute(target_clones) && defined(__GLIBC__)
 #define HOST_CLONES __attribute__((target_clones("avx2", "sse4.1", "default")))

@@ -1,11 +1,9 @@
-"""The compiled kernels (trtq/calib/collect/_kernels.c), loaded with ctypes: the one-pass and the two-pass
-histograms and the mse search's level sums.
+"""The compiled kernels (trtq/calib/collect/_kernels.c), loaded with ctypes: the one-pass and the
+two-pass histograms and the mse search's level sums.
 
 ``pip install`` builds them where a C compiler is found (setup.py marks the extension optional);
-otherwise, or with ``TRTQ_NO_NATIVE=1``, :func:`library` is None and trtq.calib.collect.kernels falls back
-to numba, then numpy. They give the same integers as the numba kernels (trtq.calib.collect.jit) at about
-the same speed per element, without numba's import (~0.2 s, ~60 MB) and first call (~0.25 s to
-load its cached machine code, ~35 MB): what every calibration paid before any work. ctypes
+otherwise, or with ``TRTQ_NO_NATIVE=1``, :func:`library` is None and trtq.calib.collect.kernels
+runs numpy, which gives the same integers (the reference these kernels are tested against). ctypes
 releases the GIL for the call, so the thread pool runs them side by side. The wrappers check
 dtypes and layout: the C code trusts them.
 """
@@ -37,7 +35,7 @@ def _load() -> Optional[ctypes.CDLL]:
         built = lib.trtq_native_version()
         if built != VERSION:
             log.warning("the compiled kernels were built from another trtq (interface %s, this one %s); "
-                        "using numba / numpy. Rebuild them: pip install -e . (in the checkout)", built, VERSION)
+                        "using numpy. Rebuild them: pip install -e . (in the checkout)", built, VERSION)
             return None
         lib.trtq_pow2_count.restype = ctypes.c_int
         lib.trtq_pow2_count.argtypes = [_P, _I64, _I64, _I64, _I32, _P, _I64, _I32, _P, _P, _P]
@@ -95,7 +93,7 @@ def _checked(a: np.ndarray, dtype) -> int:
 
 
 def pow2_count(rows: np.ndarray, stride: int, e0: int, lanes: np.ndarray, min_exp: int) -> tuple[int, int, int, int]:
-    """trtq.calib.collect.jit.pow2_count's contract: ``rows`` float32 [R, n] C-contiguous, ``lanes`` int32
+    """The one-pass kernel (kernels.pow2_histogram): ``rows`` float32 [R, n] C-contiguous, ``lanes`` int32
     [4, num_bins] C-contiguous (updated); returns (e, max bits, zeros, status)."""
     lib = library()
     e, top, zeros = _I32(), _I32(), _I64()
@@ -107,7 +105,7 @@ def pow2_count(rows: np.ndarray, stride: int, e0: int, lanes: np.ndarray, min_ex
 
 def histogram_f32(rows: np.ndarray, scale: np.float32, lanes: np.ndarray, exceed_at: np.float32,
                   stride: int) -> tuple[int, bool, bool]:
-    """trtq.calib.collect.jit.histogram_f32's contract: ``rows`` float32 [R, n] and ``lanes`` int64
+    """The two-pass kernel (kernels.histogram_into): ``rows`` float32 [R, n] and ``lanes`` int64
     [4, num_bins] (updated), both C-contiguous; returns (zeros, non-finite seen, a value at or
     above ``exceed_at``)."""
     zeros, exceeded = _I64(), _I32()
@@ -119,7 +117,7 @@ def histogram_f32(rows: np.ndarray, scale: np.float32, lanes: np.ndarray, exceed
 
 def level_sums(starts: np.ndarray, weights: np.ndarray, p1: np.ndarray, p0: np.ndarray,
                a_out: np.ndarray, b_out: np.ndarray) -> None:
-    """trtq.calib.collect.jit.level_sums's contract; every array int64 and C-contiguous."""
+    """kernels.level_sums's gathers; every array int64 and C-contiguous."""
     if weights.dtype != np.int64 or not weights.flags.c_contiguous or weights.shape != (starts.shape[1],):
         raise ValueError("compiled kernel: weights must be C-contiguous int64, one per column of starts")
     if p0.shape != p1.shape or a_out.shape != b_out.shape or a_out.shape != (starts.shape[0], p1.shape[1]):

@@ -5,18 +5,18 @@
   one array to ``counts``, and report exact zeros, non-finite values and values past the last edge.
 
 ``histogram_into`` (and the one-pass :func:`pow2_histogram`, the range search's :func:`level_sums`)
-have three implementations that give bit-identical results, taken in this order:
+have two implementations that give bit-identical results:
 
-* the compiled kernels of trtq.calib.collect.compiled (built at install where a C compiler is found;
-  ``TRTQ_NO_NATIVE=1`` skips them): per block of 4096 elements a vectorised max, then the counts
-  (no clamp where the max is below the last bin), ~1.1-1.3 ns per element per core on the 2-core
-  CI machine;
-* the same in numba (``pip install numba``, the ``fast`` extra), used when numba imports;
-* a numpy fallback on small reused scratch buffers (~5 ns per element).
+* the compiled kernels of trtq.calib.collect.compiled (built at install where a C compiler is
+  found; ``TRTQ_NO_NATIVE=1`` skips them): per block of 4096 elements a vectorised max, then the
+  counts (no clamp where the max is below the last bin);
+* numpy on small reused scratch buffers: the reference the compiled kernels are tested against
+  (tests/calib/test_kernels.py, test_pow2.py, test_search.py), and the fallback where they were
+  not built (slower per element: benchmarks/README.md has the figures).
 
-``TRTQ_NO_NUMBA=1`` skips numba (the tests compare all three). Work is split into parts of
-at most :data:`PART` elements and run on a thread pool as wide as the usable cores; each part has
-its own counts, summed at the end, so the result is independent of the split and the thread count.
+Work is split into parts of at most :data:`PART` elements and run on a thread pool as wide as the
+usable cores; each part has its own counts, summed at the end, so the result is independent of the
+split and the thread count.
 """
 import os
 import threading
@@ -38,9 +38,6 @@ R = TypeVar("R")
 
 _pool: Optional[ThreadPoolExecutor] = None
 _pool_lock = threading.Lock()
-_kernel_lock = threading.Lock()  # its own: compiling must not hold up the pool (calibrate warms up during pass 1)
-_jit = None  # trtq.calib.collect.jit once loaded
-_jit_state = "untried"  # "untried" | "ok" | "missing"
 
 
 def usable_cores() -> int:
@@ -99,55 +96,24 @@ def abs_max_min(part: np.ndarray) -> tuple[float, float]:
 # --------------------------------------------------------------------------------------------
 
 
-def numba_enabled() -> bool:
-    """True when the numba kernels are in use (numba installed and TRTQ_NO_NUMBA not set)."""
-    return _numba() is not None
-
-
-def _numba():
-    """trtq.calib.collect.jit (the numba kernels), or None: numba missing or TRTQ_NO_NUMBA set."""
-    global _jit, _jit_state
-    if os.environ.get("TRTQ_NO_NUMBA", "").strip() not in ("", "0"):
-        return None
-    if _jit_state == "untried":
-        with _kernel_lock:
-            if _jit_state == "untried":
-                try:
-                    from trtq.calib.collect import jit
-
-                    _jit, _jit_state = jit, "ok"
-                except ImportError:
-                    _jit_state = "missing"
-    return _jit
-
-
 def implementation() -> str:
-    """Which kernels the histograms run on: "compiled", "numba" or "numpy" (same results; the
-    provenance records it, for timings)."""
+    """Which kernels the histograms run on: "compiled" or "numpy" (same results; the provenance
+    records it, for timings)."""
     from trtq.calib.collect import compiled
 
-    if compiled.library() is not None:
-        return "compiled"
-    return "numba" if _numba() is not None else "numpy"
+    return "compiled" if compiled.library() is not None else "numpy"
 
 
 def _kernel(name: str):
-    """The kernel ``name`` of trtq.calib.collect.compiled where it was built, else numba's (trtq.calib.collect.jit,
-    handed the rows' int32 view it takes after the rows), else None."""
+    """The kernel ``name`` of trtq.calib.collect.compiled where it was built, else None (numpy)."""
     from trtq.calib.collect import compiled
 
-    if compiled.library() is not None:
-        return getattr(compiled, name)
-    jit = _numba()
-    if jit is None:
-        return None
-    kernel = getattr(jit, name)
-    return lambda rows, *rest: kernel(rows, rows.view(np.int32), *rest)
+    return getattr(compiled, name) if compiled.library() is not None else None
 
 
 def two_pass_kernel():
     """The two-pass kernel, ``kernel(rows, scale, lanes, exceed_at, stride) -> (zeros, non-finite,
-    exceeded)``: compiled, numba's or None (:func:`_kernel`)."""
+    exceeded)``: compiled, or None (:func:`_kernel`)."""
     return _kernel("histogram_f32")
 
 
@@ -156,12 +122,12 @@ def two_pass_kernel():
 # --------------------------------------------------------------------------------------------
 
 POW2_OK, POW2_NONFINITE, POW2_TINY = 0, 1, 2  # pow2_histogram status
-NO_EXPONENT = -(1 << 30)  # the kernels' exponent for "only zeros so far" (calib.collect.jit, calib.collect.compiled)
+NO_EXPONENT = -(1 << 30)  # the compiled kernels' exponent for "only zeros so far" (_kernels.h)
 
 
 def pow2_kernel():
     """The one-pass kernel, ``kernel(rows, stride, e0, lanes, min_exp) -> (e, max bits, zeros,
-    status)``: compiled, numba's or None (:func:`_kernel`)."""
+    status)``: compiled, or None (:func:`_kernel`)."""
     return _kernel("pow2_count")
 
 
@@ -186,9 +152,8 @@ def pow2_histogram(rows: np.ndarray, stride: int, exponent: Optional[int], num_b
 
 
 def warm_up(one_pass: bool) -> None:
-    """Load the kernel a calibration will use, and run it once (numba loads its compiled code on
-    the first call: ~0.25 s, done on a side thread while the session starts; the compiled kernels
-    load in about a millisecond)."""
+    """Load the kernel a calibration will use and run it once, on a side thread while the session
+    starts (the first call loads the library)."""
     if one_pass:
         if pow2_kernel() is not None:
             pow2_histogram(np.ones((1, 8), np.float32), 1, None, 16, -100)
@@ -264,8 +229,7 @@ def level_sums(starts: np.ndarray, weights: np.ndarray, p1: np.ndarray,
     """``A[j, t] = sum_k p1[starts[j, k], t]`` and ``B[j, t] = sum_k weights[k] * p0[starts[j, k], t]``
     (prefix sums ``p1``, ``p0``: [bins + 1, tensors]) as exact int64, identical on both paths.
 
-    The compiled kernel (trtq.calib.collect.compiled) where it was built; else numba when it imports
-    (``TRTQ_NO_NUMBA`` unset); else a numpy gather."""
+    The compiled kernel (trtq.calib.collect.compiled) where it was built; else a numpy gather."""
     from trtq.calib.collect import compiled
 
     starts = np.ascontiguousarray(starts, dtype=np.int64)
@@ -276,10 +240,6 @@ def level_sums(starts: np.ndarray, weights: np.ndarray, p1: np.ndarray,
     b = np.empty_like(a)
     if compiled.library() is not None:
         compiled.level_sums(starts, weights, p1, p0, a, b)
-        return a, b
-    jit = _numba()
-    if jit is not None:
-        jit.level_sums(starts, weights, p1, p0, a, b)
         return a, b
     for t in range(p1.shape[1]):  # per tensor: [C, K] temporaries
         a[:, t] = p1[:, t][starts].sum(axis=1)

@@ -142,7 +142,7 @@ class Pow2Histograms:
             self._update_two_reads(rest)
 
     def _update_one_read(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """float32 tensors, max and counts in one read (numba); returns the tensors whose range
+        """float32 tensors, max and counts in one read (the compiled kernel); returns the tensors whose range
         stays below 2**_MIN_EXP, for the float64 path."""
         tasks = []
         for name, a in arrays.items():

@@ -71,8 +71,8 @@ class Setup:
         return [t for t in self.tensors if t not in self.padded]
 
 
-_NUMPY_FALLBACK = ("histograms on the numpy fallback; reinstalling trtq where a C compiler is found (or pip "
-                   "install numba) makes this pass faster")
+_NUMPY_FALLBACK = ("histograms on the numpy fallback; reinstalling trtq where a C compiler is found makes this pass "
+                   "faster")
 
 
 class _Stream:
@@ -125,7 +125,7 @@ def collect(run: Setup, progress: Optional[ProgressFn] = None, keep_batches: Opt
     # the max pass (trtq.calib.collect.derive)
     links = monotone_links(run.model, run.tensors)
     measured = [t for t in run.counted if t not in links]
-    if run.need_hist:  # load the kernels (numba: its compiled code, ~0.25 s) while the session starts
+    if run.need_hist:  # load the kernels while the session starts
         threading.Thread(target=warm_up, args=(run.one_pass,), name="trtq-kernel-warmup", daemon=True).start()
     # one session for both passes when there are two (every counted tensor: pass 1 reads the
     # measured ones); the max-only pass runs only the measured ones
