@@ -16,16 +16,8 @@
 #include "_kernels.h"
 #include "_ingraph.h"
 
-#if defined(_MSC_VER)
-#include <intrin.h>
-#define THREAD_LOCAL __declspec(thread)
-#define FETCH_ADD(p, v) _InterlockedExchangeAdd((volatile long *)(p), (v))
-#define FETCH_ADD64(p, v) _InterlockedExchangeAdd64((volatile __int64 *)(p), (v))
-#else
 #define THREAD_LOCAL __thread
 #define FETCH_ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_RELAXED)
-#define FETCH_ADD64 FETCH_ADD
-#endif
 
 #define MIN_EXP (-100) /* trtq.calib.collect.one_pass._MIN_EXP / _MAX_EXP */
 #define MAX_EXP 128
@@ -163,7 +155,7 @@ typedef struct {
 static THREAD_LOCAL uint64_t my_node; /* the node run this thread last claimed a worker for */
 static THREAD_LOCAL int32_t my_worker;
 static uint64_t node_runs;            /* one number per node run, in any session */
-#define NEXT_NODE() (FETCH_ADD64(&node_runs, 1) + 1)
+#define NEXT_NODE() (FETCH_ADD(&node_runs, 1) + 1)
 
 /* this thread's worker for the node, claimed on its first piece; NULL when the piece is not to be
  * counted: no worker was left (the node is marked to run again, alone) or the worker met trouble */

@@ -22,14 +22,9 @@ enum { POW2_OK = 0, POW2_NONFINITE = 1, POW2_TINY = 2 };
 #define HOST_CLONES
 #endif
 
-/* entry points are looked up by name (ctypes; ONNX Runtime's RegisterCustomOps) */
-#if defined(_WIN32)
-#define EXPORT __declspec(dllexport)
-#elif defined(__GNUC__)
+/* entry points are looked up by name (ctypes; ONNX Runtime's RegisterCustomOps); Linux only
+ * (setup.py builds the library there, with GCC or clang; elsewhere trtq runs numpy) */
 #define EXPORT __attribute__((visibility("default")))
-#else
-#define EXPORT
-#endif
 
 /* the one-pass power-of-two histogram and the two-pass fixed-edge one (_kernels.c) */
 int trtq_pow2_count(const float *x, int64_t rows, int64_t n, int64_t stride, int32_t e0, int32_t *lanes, int64_t nb,
