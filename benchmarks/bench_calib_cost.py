@@ -112,18 +112,18 @@ def batch1_model(model: Path, shape: tuple[int, int, int], out: Path) -> Path:
 
 _SEARCH = r"""
 import sys, time, numpy as np
-from trtq.calib import stats as S
+from trtq.calib import methods as M, stats as S
 st = S.load_stats(sys.argv[1])
 names = [n for n in st.maxima if st.maxima[n] > 0 and st.counts[n].sum() > 0]
 mx = {n: st.maxima[n] for n in names}
-S.compute_all("mse", dict(list(mx.items())[:2]), st.counts)  # warm up: the kernels' library loaded
+M.compute_all("mse", dict(list(mx.items())[:2]), st.counts)  # warm up: the kernels' library loaded
 for rep in range(3):
     row = []
     for method in ("mse", "entropy"):
         t0 = time.perf_counter()
-        ref = {n: S.compute_amax(method, st.counts[n], mx[n], zeros=st.zeros.get(n, 0)) for n in names}
+        ref = {n: M.compute_amax(method, st.counts[n], mx[n], zeros=st.zeros.get(n, 0)) for n in names}
         t1 = time.perf_counter()
-        new = S.compute_all(method, mx, st.counts, zeros=st.zeros)
+        new = M.compute_all(method, mx, st.counts, zeros=st.zeros)
         t2 = time.perf_counter()
         row.append(f"{method} {(t1 - t0) / len(names) * 1e3:.2f} -> {(t2 - t1) / len(names) * 1e3:.3f} ms/tensor"
                    f" (same amax: {ref == new})")

@@ -8,8 +8,10 @@
 #
 # Run it from the same checkout folder both times: provenance records the model and data paths.
 # Zoo models come from $TRTQ_ZOO (default .zoo); without them those cases are skipped. Statistics
-# files (.npz) are compared array by array (zip member timestamps differ between runs); everything
-# else byte for byte. The result lines of calibrate and merge-stats (calibrate's hold a timing) are not compared.
+# files (.npz) are compared array by array (zip member timestamps differ between runs); a report
+# page whose bytes differ is compared as Chromium renders it, where Chromium is installed;
+# everything else byte for byte. The result lines of calibrate and merge-stats (calibrate's hold a
+# timing) are not compared.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: scripts/byte_identity.sh OUT [REF]}
@@ -106,7 +108,21 @@ import json, sys
 from pathlib import Path
 import numpy as np
 ref, out = Path(sys.argv[1]), Path(sys.argv[2])
-bad = same = 0
+
+
+def rendered(page: Path):
+    """The DOM headless Chromium renders from ``page``, scripts and whitespace between tags left
+    out (None without Chromium): a report whose script changed must still draw the same page."""
+    import re, shutil, subprocess
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        return None
+    dom = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+                          "--dump-dom", page.resolve().as_uri()], capture_output=True, text=True, timeout=120).stdout
+    if 'data-rendered="ok"' not in dom:
+        return "not rendered"
+    return re.sub(r">\s+<", "><", re.sub(r"<script[^>]*>.*?</script>", "", dom, flags=re.S))
+bad = same = drawn = 0
 for r in sorted(p for p in ref.rglob("*") if p.is_file()):
     o = out / r.relative_to(ref)
     if not o.is_file():
@@ -130,6 +146,12 @@ for r in sorted(p for p in ref.rglob("*") if p.is_file()):
                 print(f"note: {r.name}: meta.collection.kernels {ka} -> {kb} (the rest compared)")
     else:
         ok = r.read_bytes() == o.read_bytes()
+        if not ok and r.suffix == ".html" and rendered(r) is not None:
+            ok = rendered(r) == rendered(o)
+            print(f"note: {r.name}: bytes differ, the page Chromium renders is "
+                  + ("the same (scripts aside)" if ok else "different"))
+            drawn += ok
+            same -= ok
     if ok:
         same += 1
     else:
@@ -137,6 +159,6 @@ for r in sorted(p for p in ref.rglob("*") if p.is_file()):
 extra = [p for p in out.rglob("*") if p.is_file() and not (ref / p.relative_to(out)).exists()]
 for p in extra:
     print(f"EXTRA {p}")
-print(f"byte_identity: {same} identical, {bad} different or missing, {len(extra)} extra")
+print(f"byte_identity: {same} identical, {drawn} rendered the same, {bad} different or missing, {len(extra)} extra")
 sys.exit(1 if bad or extra else 0)
 EOF

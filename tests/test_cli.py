@@ -63,6 +63,22 @@ def test_environment_variables_are_checked(trtq, monkeypatch):
     assert r.code == 2 and "calibrate.method" in r.err
 
 
+@pytest.mark.parametrize("bad, key, other_case", [("calibrate: {method: median}", "calibrate.method", "MSE"),
+                                                  ("compare: {task: dettect}", "compare.task", "CTC")])
+def test_every_command_checks_the_registered_names_of_its_config(trtq, tmp_path, bad, key, other_case):
+    """The method and task names are checked against their registries when the config loads, as
+    its other values are: also by a command that does not use them; another case is taken."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(bad + "\n")
+    cache = tmp_path / "x.cache"
+    cache.write_text("TRT-8600-EntropyCalibration2\nx: 3c010a14\n")
+    r = trtq(["inspect-cache", cache, "--config", cfg])
+    assert r.code == 2 and f"config key '{key}' must be one of" in r.err, r
+    section, field = key.split(".")
+    cfg.write_text(f"{section}: {{{field}: {other_case}}}\n")
+    assert trtq(["inspect-cache", cache, "--config", cfg]).code == 0
+
+
 def test_bad_model_exits_3_with_one_line(trtq, tmp_path):
     r = trtq(["calibrate", "--model", tmp_path / "nope.onnx", "--data", tmp_path])
     assert r.code == 3 and r.err.count("\n") == 1 and "model not found" in r.err

@@ -86,7 +86,7 @@ def test_unknown_keys_are_named_with_their_path(tmp_path, text, where):
 
 
 @pytest.mark.parametrize("text, key", [
-    ("calibrate: {method: median}", "calibrate.method"),
+    ("calibrate: {collect: everywhere}", "calibrate.collect"),
     ("data: {batch_size: 2.5}", "data.batch_size"),
     ("data: {shuffle: 'yes please'}", "data.shuffle"),
     ("calibrate: {percentile: [1, 2]}", "calibrate.percentile"),
@@ -110,8 +110,8 @@ def test_missing_and_invalid_files(tmp_path):
 def test_environment_errors():
     with pytest.raises(ConfigError, match="unknown environment variable TRTQ_CALIBRATE_METOD"):
         load_config(None, environ={"TRTQ_CALIBRATE_METOD": "max"})
-    with pytest.raises(ConfigError, match="calibrate.method"):
-        load_config(None, environ={"TRTQ_CALIBRATE_METHOD": "nonsense"})
+    with pytest.raises(ConfigError, match="calibrate.backend"):
+        load_config(None, environ={"TRTQ_CALIBRATE_BACKEND": "nonsense"})
 
 
 def test_environment_variables_read_elsewhere_are_not_config_keys():

@@ -185,9 +185,7 @@ def _load_config(config_path: Optional[Path], overrides: dict[str, Any]):
     rewritten copy of the model at those input shapes (checked, removed when the command ends)."""
     import dataclasses
 
-    from trtq.config import load_config
-
-    cfg = load_config(config_path, overrides)
+    cfg = load_checked_config(config_path, overrides)
     flags = click.get_current_context().meta.get(_OVERRIDE_KEY, ())
     if flags:
         from trtq.input_override import parse_override
@@ -199,6 +197,63 @@ def _load_config(config_path: Optional[Path], overrides: dict[str, Any]):
         click.get_current_context().meta[_USER_MODEL_KEY] = cfg.model  # what the output checks protect
         cfg = dataclasses.replace(cfg, model=write_overridden(cfg.model, cfg.model_input_shapes))
     return cfg
+
+
+def load_checked_config(config_path: Optional[Path], overrides: dict[str, Any]):
+    """:func:`trtq.config.load_config`, with the method and task names checked against their
+    registries (trtq.calib.methods, trtq.compare.tasks) as the config's other values are when it
+    loads: one line, exit 2, for every command (a case other than theirs is taken, as for the
+    config's fixed choices)."""
+    import dataclasses
+
+    from trtq.config import load_config
+
+    cfg = load_config(config_path, overrides)
+    if cfg.calibrate.method is not None:
+        from trtq.calib import methods
+
+        method = methods.get(_canonical(cfg.calibrate.method, methods.names())).name
+        cfg = dataclasses.replace(cfg, calibrate=dataclasses.replace(cfg.calibrate, method=method))
+    if cfg.compare.task != "auto":
+        from trtq.compare.tasks import get_task, task_names
+
+        task = _canonical(cfg.compare.task, ("auto", *task_names()))
+        task = task if task == "auto" else get_task(task).name
+        cfg = dataclasses.replace(cfg, compare=dataclasses.replace(cfg.compare, task=task))
+    return cfg
+
+
+def _canonical(value: Any, names: Sequence[str]) -> Any:
+    return value.lower() if isinstance(value, str) and value not in names and value.lower() in names else value
+
+
+class _Registered(click.Choice):
+    """A click.Choice of a registry's names (trtq.calib.methods, trtq.compare.tasks), read when
+    first needed: ``trtq --help`` imports neither registry."""
+
+    def __init__(self, names: Callable[[], Sequence[str]], case_sensitive: bool = True):
+        super().__init__((), case_sensitive)
+        self._names = names
+
+    @property
+    def choices(self) -> Sequence[str]:
+        return tuple(self._names())
+
+    @choices.setter
+    def choices(self, value: Sequence[str]) -> None:
+        pass
+
+
+def _method_names() -> Sequence[str]:
+    from trtq.calib.methods import names
+
+    return names()
+
+
+def _task_names() -> Sequence[str]:
+    from trtq.compare.tasks import task_names
+
+    return ("auto", *task_names())
 
 
 _OVERRIDE_KEY = "trtq.override_input_shapes"
@@ -509,7 +564,7 @@ def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
 # how the ranges are computed and written (calibrate.* keys)
 _calibration = _option_group(
     "calib",
-    click.option("--method", type=click.Choice(["max", "entropy", "percentile", "mse"]),
+    click.option("--method", type=_Registered(_method_names),
                  help="Range method (default mse; with --backend tensorrt: entropy)."),
     click.option("--percentile", type=_FLOAT, help="Percentile for --method percentile (default 99.99)."),
     click.option("--num-bins", type=_INT, help="Histogram bins (default 2048)."),
@@ -644,9 +699,8 @@ def merge_stats(stats, common, output):
     """Merge the --save-stats files of the N shards of one pass (trtq calibrate --shard I/N)."""
     st = _apply_common(common)
     from trtq.calib.shard import merge_stats_files
-    from trtq.config import load_config
 
-    _declare(load_config(common.config_path, {}), common.config_path, data=False,
+    _declare(load_checked_config(common.config_path, {}), common.config_path, data=False,
              inputs=[("shard file", p) for p in stats], outputs=[("merged statistics file", output)])
     r = merge_stats_files([Path(p) for p in stats], Path(output))
     nxt = ("next: trtq calibrate --shard I/N --ranges {0} --save-stats hist-I.npz" if r.pass_name == "ranges"
@@ -720,9 +774,8 @@ def inspect_cache(cache, common, model, other, sort_key, top):
     """Decode a calibration cache (TensorRT or ONNX Runtime format): header, scales, amax, gaps, diffs."""
     st = _apply_common(common)
     from trtq.calib import cache_inspect as ic
-    from trtq.config import load_config
 
-    _declare(load_config(common.config_path, {"model": model}), common.config_path, data=False,  # writes nothing
+    _declare(load_checked_config(common.config_path, {"model": model}), common.config_path, data=False,  # writes nothing
              inputs=[("cache", cache), ("cache provenance", f"{cache}.json"), ("other cache", other),
                      ("other cache provenance", f"{other}.json" if other else None)])
     table = ic.load_for_inspection(Path(cache))
@@ -848,10 +901,9 @@ def report(common, cache, stats, compare_json, quantize_json, bench_json, output
     from trtq import interrupt
     from trtq.fileio import atomic_write_text
     from trtq.report.data import build_report, summary
-    from trtq.config import load_config
     from trtq.report.page import render_html
 
-    _declare(load_config(common.config_path, {}), common.config_path, data=False,
+    _declare(load_checked_config(common.config_path, {}), common.config_path, data=False,
              inputs=[("cache", cache), ("cache provenance", f"{cache}.json"), ("statistics file", stats),
                      ("compare JSON", compare_json), ("quantize JSON", quantize_json), ("bench JSON", bench_json)],
              outputs=[("report", output)])
@@ -885,7 +937,7 @@ _per_layer = _option_group(
 # compare: what the outputs are for (the task metric that gates and ranks)
 _task = _option_group(
     "task",
-    click.option("--task", type=click.Choice(["auto", "classify", "detect", "segment", "ctc", "raw"]),
+    click.option("--task", type=_Registered(_task_names),
                  help="What the outputs are for; sets the task metric that --min-agreement gates and --per-layer "
                       "ranks by (default auto: inferred from each output's shape, stated in the report)."),
     click.option("--detect-format", type=click.Choice(["auto", "v8", "v5"]),

@@ -105,13 +105,14 @@ class DataOptions:
 # calibrate / quantize / compare
 # --------------------------------------------------------------------------------------------
 
-Method = Literal["max", "entropy", "percentile", "mse"]
 WeightRounding = Literal["nearest", "gptq"]
 
 
 @dataclass(frozen=True)
 class CalibrateOptions:
-    method: Optional[Method] = None  # None: the backend's default, see DEFAULT_METHOD / resolved()
+    # None: the backend's default, see DEFAULT_METHOD / resolved(); the names are trtq.calib.methods' (the
+    # CLI checks them when it loads the config: trtq.cli.flags.load_checked_config)
+    method: Optional[str] = None
     percentile: float = 99.99
     num_bins: int = 2048
     tensors: tuple[str, ...] = ()  # empty: every tensor a TensorRT cache can name
@@ -166,7 +167,7 @@ class CompareOptions:
     # how a Q/DQ ONNX candidate is run: "qdq" (what TensorRT computes) or "onnxruntime" (its int8 kernels)
     semantics: Literal["qdq", "onnxruntime"] = "qdq"
     # what the outputs are for (trtq.compare.tasks): auto infers it from each output's shape
-    task: Literal["auto", "classify", "detect", "segment", "ctc", "raw"] = "auto"
+    task: str = "auto"  # auto or a task of trtq.compare.tasks (checked as method is)
     detect_format: Literal["auto", "v8", "v5"] = "auto"  # v8 [N, 4+C, A]; v5 [N, A, 5+C] objectness
     score_threshold: float = 0.25  # detect: a detection's least score
     nms_iou: float = 0.45  # detect: NMS drops a box overlapping a better one of its class by more

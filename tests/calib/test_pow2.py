@@ -14,6 +14,7 @@ from onnx import TensorProto, helper
 from tests.calib.kernel_paths import require_kernels, use_kernels
 from trtq.calib.collect import compiled, kernels
 from trtq.calib.collect import one_pass as P
+from trtq.calib import methods as M
 from trtq.calib import stats as S
 from trtq.calib.collect.batch_leading import batch_leading, one_sample_calls
 from trtq.errors import ConfigError, DataError
@@ -223,12 +224,12 @@ def test_methods_on_pow2_histograms_search_the_range_and_stop_at_the_max():
     h = P.Pow2Histograms(["t"], 2048)
     h.update_batch({"t": x})
     m, top = h.maxima["t"], h.tops["t"]
-    mse = S.compute_all("mse", {"t": m}, h.counts, tops=h.tops)["t"]
+    mse = M.compute_all("mse", {"t": m}, h.counts, tops=h.tops)["t"]
     assert mse == S.mse_amax(h.counts["t"], top) < m  # heavy tails: mse clips
-    pct = S.compute_all("percentile", {"t": m}, h.counts, 100.0, tops=h.tops)["t"]
+    pct = M.compute_all("percentile", {"t": m}, h.counts, 100.0, tops=h.tops)["t"]
     assert pct == m  # the 100th percentile is the top bin's edge, capped at the max
     with pytest.raises(ValueError, match="entropy"):
-        S.compute_all("entropy", {"t": m}, h.counts, tops=h.tops)
+        M.compute_all("entropy", {"t": m}, h.counts, tops=h.tops)
 
 
 def test_stats_file_keeps_the_tops_and_old_readers_formats(tmp_path):

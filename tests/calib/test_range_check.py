@@ -34,7 +34,7 @@ def test_a_range_that_clips_what_matters_and_one_spread_over_an_outlier_are_flag
     """Bulk in [0, 1) plus a tail to 8 that holds much of the energy: a range of 1 clips it. One
     outlier at 1000 beside 13M values below 64: a range of 1000 leaves the bulk 8 levels. mse's
     own ranges are never flagged."""
-    from trtq.calib.stats import compute_all
+    from trtq.calib.methods import compute_all
 
     tail = np.zeros(2048, np.int64)
     tail[:256] = 1000  # [0, 1) of [0, 8)
@@ -92,7 +92,8 @@ def test_entropy_flags_agree_with_the_saved_histograms(trtq, tmp_path, sample_co
     """On the sample (a real PP-LCNet classifier, real photos) entropy clips some hard-swish outputs;
     each flag's ratio is recomputed by hand from the --save-stats histograms, and only tensors the
     Q/DQ model quantizes are named."""
-    from trtq.calib.stats import compute_all, load_stats
+    from trtq.calib.methods import compute_all
+    from trtq.calib.stats import load_stats
     from trtq.model import load_model
     from trtq.quantize import planned_activations
 
@@ -122,7 +123,7 @@ def test_an_all_but_zero_activation_is_floored_not_a_refused_cache(trtq, tmp_pat
     """An untrained BatchNorm leaves activations of 1e-10: its scale would be below what a cache
     can hold. The tensor is floored like an all-zero one and named; the cache is written."""
     from trtq.calib.cache import read_cache
-    from trtq.calib.stats import MIN_AMAX
+    from trtq.calib.methods import MIN_AMAX
 
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.normal(0, 0.5, (16, 16)).astype(np.float32), "w")

@@ -7,6 +7,7 @@ import pytest
 from tests.calib.kernel_paths import use_kernels
 from trtq.calib import search
 from trtq.calib.collect import kernels
+from trtq.calib import methods as M
 from trtq.calib import stats as S
 
 
@@ -75,8 +76,8 @@ def test_mse_and_entropy_identical_on_real_histograms(real_histograms):
     got = search.mse_amax_many([counts[n] for n in names], [maxima[n] for n in names])
     assert got == _reference_mse([counts[n] for n in names], [maxima[n] for n in names])
     for method in ("mse", "entropy"):
-        fast = S.compute_all(method, maxima, counts, zeros=zeros)
-        slow = {n: S.compute_amax(method, counts[n], maxima[n], zeros=zeros[n]) for n in maxima}
+        fast = M.compute_all(method, maxima, counts, zeros=zeros)
+        slow = {n: M.compute_amax(method, counts[n], maxima[n], zeros=zeros[n]) for n in maxima}
         assert fast == slow and list(fast) == list(slow)
 
 
@@ -117,9 +118,9 @@ def test_compute_all_special_tensors_take_the_per_tensor_path():
     c["big"], m["big"] = big, 2.0
     assert not search.mse_fits(int(big.sum()), 2048)
     for method in ("mse", "entropy"):
-        got = S.compute_all(method, m, c)
-        assert got == {n: S.compute_amax(method, c[n], m[n]) for n in m}
-    assert list(S.compute_all("mse", m, c)) == list(m)
+        got = M.compute_all(method, m, c)
+        assert got == {n: M.compute_amax(method, c[n], m[n]) for n in m}
+    assert list(M.compute_all("mse", m, c)) == list(m)
 
 
 def test_level_sums_identical_on_every_path(monkeypatch):

@@ -9,6 +9,7 @@ import zipfile
 import numpy as np
 import pytest
 
+from trtq.calib import methods as M
 from trtq.calib import stats as S
 from trtq.calib.collect import accumulators as A
 from trtq.errors import CacheError, ConfigError, DataError
@@ -190,7 +191,7 @@ def test_histogram_all_zero_tensor():
     h.update("z", np.zeros((2, 3), dtype=np.float32))
     assert h.counts["z"][0] == 6 and h.counts["z"][1:].sum() == 0
     for method in ("max", "entropy", "percentile", "mse"):
-        assert S.compute_amax(method, h.counts["z"], 0.0) == 0.0
+        assert M.compute_amax(method, h.counts["z"], 0.0) == 0.0
 
 
 def test_histogram_tiny_max():
@@ -237,7 +238,7 @@ def test_histogram_order_batch_and_shard_independent():
     assert np.array_equal(merged.counts["t"], base)
     # and so every method gives the same amax
     for method in ("entropy", "percentile", "mse"):
-        assert S.compute_amax(method, merged.counts["t"], maxima["t"]) == S.compute_amax(method, base, maxima["t"])
+        assert M.compute_amax(method, merged.counts["t"], maxima["t"]) == M.compute_amax(method, base, maxima["t"])
 
 
 def test_histogram_merge_requires_same_edges():
@@ -261,7 +262,7 @@ def test_entropy_matches_reference(kind):
     finite = np.isfinite(ref_kls)
     assert np.array_equal(np.isfinite(kls), finite)
     assert np.allclose(kls[finite], np.array(ref_kls)[finite], rtol=1e-9, atol=1e-12)
-    assert S.compute_amax("entropy", counts, m) == pytest.approx(ref_amax, rel=1e-12)
+    assert M.compute_amax("entropy", counts, m) == pytest.approx(ref_amax, rel=1e-12)
 
 
 @pytest.mark.slow
@@ -269,7 +270,7 @@ def test_entropy_matches_reference(kind):
 def test_entropy_matches_reference_2048_bins(kind):
     counts, m = _hist(_dist(kind, 200_000, seed=12), num_bins=2048)
     ref_amax, _ = ref_entropy(counts, m)
-    assert S.compute_amax("entropy", counts, m) == pytest.approx(ref_amax, rel=1e-12)
+    assert M.compute_amax("entropy", counts, m) == pytest.approx(ref_amax, rel=1e-12)
 
 
 def test_entropy_empty_last_group_and_empty_prefix():
@@ -295,13 +296,13 @@ def test_entropy_empty_last_group_and_empty_prefix():
 @pytest.mark.parametrize("p", [99.0, 99.99, 100.0])
 def test_percentile_matches_reference(kind, p):
     counts, m = _hist(_dist(kind, 50_000, seed=21))
-    assert S.compute_amax("percentile", counts, m, p) == pytest.approx(ref_percentile(counts, m, p), rel=1e-12)
+    assert M.compute_amax("percentile", counts, m, p) == pytest.approx(ref_percentile(counts, m, p), rel=1e-12)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_mse_matches_reference(kind):
     counts, m = _hist(_dist(kind, 20_000, seed=31), num_bins=256)
-    assert S.compute_amax("mse", counts, m) == pytest.approx(ref_mse(counts, m), rel=1e-12)
+    assert M.compute_amax("mse", counts, m) == pytest.approx(ref_mse(counts, m), rel=1e-12)
 
 
 # --------------------------------------------------------------------------------------------
@@ -312,12 +313,12 @@ def test_mse_matches_reference(kind):
 def test_percentile_on_uniform_is_p_times_max():
     counts, m = _hist(_dist("uniform", 400_000, seed=41))
     for p in (50.0, 90.0, 99.0, 99.99):
-        assert S.compute_amax("percentile", counts, m, p) == pytest.approx(p / 100 * m, abs=2 * m / 2048 + 0.002 * m)
+        assert M.compute_amax("percentile", counts, m, p) == pytest.approx(p / 100 * m, abs=2 * m / 2048 + 0.002 * m)
 
 
 def test_entropy_on_uniform_is_close_to_max():
     counts, m = _hist(_dist("uniform", 400_000, seed=42))
-    assert S.compute_amax("entropy", counts, m) >= 0.97 * m
+    assert M.compute_amax("entropy", counts, m) >= 0.97 * m
 
 
 @pytest.mark.parametrize("method", ["entropy", "percentile"])
@@ -325,7 +326,7 @@ def test_far_outliers_are_clipped(method):
     x = _dist("outliers", 400_000, seed=43)  # N(0,1) with 1e-4 of values at +-100
     counts, m = _hist(x)
     assert m == 100.0
-    amax = S.compute_amax(method, counts, m, 99.9)
+    amax = M.compute_amax(method, counts, m, 99.9)
     assert amax < 0.1 * m
     assert amax > 2.0  # still covers the body of the gaussian
 
@@ -336,12 +337,12 @@ def test_entropy_keeps_a_saturated_mode_and_a_discrete_input():
     x = np.clip(rng.normal(0.3, 0.15, 200_000), 0.0, 1.0).astype(np.float32)
     x[: 60_000] = 1.0
     counts, m = _hist(x)
-    assert S.compute_amax("entropy", counts, m) >= 0.99 * m
+    assert M.compute_amax("entropy", counts, m) >= 0.99 * m
     # a normalised 8-bit image: only 256 distinct values per channel, so most bins are empty
     pixels = rng.integers(0, 256, 300_000)
     img = ((pixels / 255.0 - 0.45) / 0.225).astype(np.float32)
     counts, m = _hist(img)
-    assert S.compute_amax("entropy", counts, m) >= 0.99 * m
+    assert M.compute_amax("entropy", counts, m) >= 0.99 * m
 
 
 def test_mse_clips_rare_far_outliers_but_not_frequent_ones():
@@ -350,18 +351,18 @@ def test_mse_clips_rare_far_outliers_but_not_frequent_ones():
     # least-squares range keeps the outliers; with f = 2.5e-7: 0.002 < 0.05 -> clipped.
     x = _dist("outliers", 400_000, seed=43)
     counts, m = _hist(x)
-    assert S.compute_amax("mse", counts, m) > 0.5 * m
+    assert M.compute_amax("mse", counts, m) > 0.5 * m
     rng = np.random.default_rng(47)
     y = rng.standard_normal(4_000_000).astype(np.float32)
     y[[10, 20]] = 100.0
     counts, m = _hist(y)
-    amax = S.compute_amax("mse", counts, m)
+    amax = M.compute_amax("mse", counts, m)
     assert amax < 0.2 * m and amax > 5.0  # clipped, body (|x| < ~5.3) kept
 
 
 def test_mse_amax_is_inside_range_for_gaussian():
     counts, m = _hist(_dist("gaussian", 400_000, seed=44))
-    amax = S.compute_amax("mse", counts, m)
+    amax = M.compute_amax("mse", counts, m)
     assert 2.0 < amax < m  # clips the sparse tail but keeps the body
 
 
@@ -373,19 +374,19 @@ def test_compute_all_and_errors():
     h = A.HistogramAccumulator(mx.maxima)
     h.update("a", x)
     h.update("b", 2 * x)
-    got = S.compute_all("max", mx.maxima, None)
+    got = M.compute_all("max", mx.maxima, None)
     assert got == mx.maxima
-    ent = S.compute_all("entropy", mx.maxima, h.counts)
+    ent = M.compute_all("entropy", mx.maxima, h.counts)
     assert list(ent) == ["a", "b"]
     assert ent["b"] == pytest.approx(2 * ent["a"], rel=1e-6)
     with pytest.raises(ConfigError):
-        S.compute_all("kl", mx.maxima, h.counts)
+        M.compute_all("kl", mx.maxima, h.counts)
     with pytest.raises(ValueError):
-        S.compute_all("entropy", mx.maxima, None)
+        M.compute_all("entropy", mx.maxima, None)
     with pytest.raises(ConfigError):
-        S.compute_amax("percentile", h.counts["a"], 1.0, 120.0)
+        M.compute_amax("percentile", h.counts["a"], 1.0, 120.0)
     with pytest.raises(ConfigError):
-        S.compute_amax("entropy", np.ones(64, dtype=np.int64), 1.0)
+        M.compute_amax("entropy", np.ones(64, dtype=np.int64), 1.0)
 
 
 @pytest.mark.parametrize("batch", [1, 8, 32])
@@ -471,14 +472,14 @@ def test_entropy_leaves_exact_zeros_out_like_tensorrt():
     h = A.HistogramAccumulator(mx.maxima)
     h.update("r", x)
     m = mx.maxima["r"]
-    with_zeros = S.compute_amax("entropy", h.counts["r"], m)
-    without = S.compute_amax("entropy", h.counts["r"], m, zeros=h.zeros["r"])
+    with_zeros = M.compute_amax("entropy", h.counts["r"], m)
+    without = M.compute_amax("entropy", h.counts["r"], m, zeros=h.zeros["r"])
     assert with_zeros < 0.5 * m
     assert without >= 0.99 * m
-    assert S.compute_all("entropy", mx.maxima, h.counts, zeros=h.zeros)["r"] == without
+    assert M.compute_all("entropy", mx.maxima, h.counts, zeros=h.zeros)["r"] == without
     # the other methods count zeros as values
     for method in ("percentile", "mse"):
-        assert S.compute_amax(method, h.counts["r"], m, zeros=h.zeros["r"]) == S.compute_amax(method, h.counts["r"], m)
+        assert M.compute_amax(method, h.counts["r"], m, zeros=h.zeros["r"]) == M.compute_amax(method, h.counts["r"], m)
 
 
 def test_stats_name_without_npz_suffix(tmp_path):

@@ -50,23 +50,8 @@ _FLOAT32_TINY = 1.1754943508222875e-38  # smallest normal float32
 
 ALGORITHMS = ("EntropyCalibration2", "EntropyCalibration", "MinMaxCalibration", "LegacyCalibration")
 UNKNOWN_ALGORITHM = "unknown"  # tables read from ONNX Runtime's format record no algorithm
-
-# percentile and mse have no TensorRT calibrator: a cache with the EntropyCalibration2 header is
-# read by TensorRT's entropy calibrator (the values are used as given); the real method is kept in
-# the provenance JSON.
-ALGORITHM_FOR_METHOD = {
-    "max": "MinMaxCalibration",
-    "entropy": "EntropyCalibration2",
-    "percentile": "EntropyCalibration2",
-    "mse": "EntropyCalibration2",
-}
-# the methods TensorRT's own calibrators compute (trtq calibrate --backend tensorrt)
-TENSORRT_METHODS = ("max", "entropy")
-
-
-def method_for_algorithm(algorithm: str) -> str:
-    """The TensorRT-computed method an algorithm header stands for (``max`` or ``entropy``)."""
-    return next((m for m in TENSORRT_METHODS if ALGORITHM_FOR_METHOD[m] == algorithm), "entropy")
+# the algorithm each method's cache is written under: trtq.calib.methods (its registry's
+# ``algorithm``)
 
 # TensorRT 10.16 is the newest release with calibrators (TensorRT 11 removed implicit
 # quantization and IInt8Calibrator), so it is the newest that reads a calibration cache at all.

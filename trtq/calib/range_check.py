@@ -79,7 +79,7 @@ def check_ranges(method: str, amax: Mapping, maxima: Mapping, counts: Any, zeros
     itself, or without histograms)."""
     if method == "mse" or counts is None:
         return []
-    from trtq.calib.stats import compute_all
+    from trtq.calib.methods import compute_all
 
     mse = compute_all("mse", maxima, counts, 99.99, zeros, tops)
     return range_flags(amax, mse, maxima, counts, tops)

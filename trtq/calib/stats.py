@@ -1,13 +1,14 @@
-"""The range methods, and the statistics file that keeps the histograms for later.
+"""The range rules of the histogram methods, and the statistics file that keeps histograms.
 
-Range methods turn ``(counts, max_value)`` into one ``amax`` (symmetric int8, ``scale = amax/127``):
-``entropy`` (TensorRT EntropyCalibration2 search), ``percentile`` and ``mse``; ``max`` needs no
-histogram. See :func:`entropy_amax`, :func:`percentile_amax` and :func:`mse_amax` for the exact rules.
-The histograms come from trtq.calib.collect (its accumulators and one-pass histograms).
+The rules turn one tensor's ``(counts, max_value)`` into its ``amax`` (symmetric int8,
+``scale = amax/127``): :func:`entropy_amax` (TensorRT's EntropyCalibration2 search),
+:func:`percentile_amax` and :func:`mse_amax` (with :func:`entropy_divergences` and :func:`mse_errors`,
+the per-tensor references of trtq.calib.search). Which method runs which rule, and what each needs,
+is the registry of trtq.calib.methods. The histograms come from trtq.calib.collect.
 
 A tensor whose ``max|x|`` is 0 (always exactly zero) has no usable edges: its histogram puts every
 value in bin 0 and every method returns ``amax = 0.0``. Callers decide what to write for it (a
-TensorRT scale must be > 0; ``trtq calibrate`` floors it).
+TensorRT scale must be > 0; ``trtq calibrate`` floors it: trtq.calib.methods.finalize_amax).
 """
 import io
 import itertools
@@ -26,7 +27,6 @@ from trtq.calib.collect.accumulators import DEFAULT_NUM_BINS
 from trtq.errors import CacheError, ConfigError
 from trtq.fileio import atomic_write_bytes, require_input_file
 
-METHODS = ("max", "entropy", "percentile", "mse")
 MAX_NUM_BINS = 1 << 20  # TensorRT's calibrators use 2048; a million bins is already 8 MB per tensor
 
 
@@ -52,12 +52,9 @@ EMPTY_Q_COUNT = 1e-4  # entropy: floor of an empty Q bin facing a non-empty P bi
 STATS_FORMAT = "trtq-stats/1"  # histograms over [0, max] (two passes)
 STATS_FORMAT_POW2 = "trtq-stats/2"  # histograms over [0, top], top a power of two (trtq.calib.collect.one_pass)
 
-# smallest amax written: a tensor that was (all but) zero on every sample still needs scale > 0
-MIN_AMAX = 1e-8
-
 # Two candidates whose criterion differs by less than this count as tied (the first one wins).
 # The criteria are sums of thousands of float64 terms; summation order alone moves them by ~1e-15.
-_TIE_ABS = 1e-12
+TIE_ABS = 1e-12
 
 
 # --------------------------------------------------------------------------------------------
@@ -65,7 +62,7 @@ _TIE_ABS = 1e-12
 # --------------------------------------------------------------------------------------------
 
 
-def _check_hist(counts, max_value: float) -> tuple[np.ndarray, float]:
+def check_hist(counts, max_value: float) -> tuple[np.ndarray, float]:
     c = np.asarray(counts)
     if c.ndim != 1 or c.size == 0:
         raise ValueError("counts must be a non-empty 1-D histogram")
@@ -80,11 +77,11 @@ def _check_hist(counts, max_value: float) -> tuple[np.ndarray, float]:
 
 
 def _first_min(values: np.ndarray) -> int:
-    """Index of the first value within _TIE_ABS of the minimum (inf values never win unless all are inf)."""
+    """Index of the first value within TIE_ABS of the minimum (inf values never win unless all are inf)."""
     best = float(np.min(values))
     if not math.isfinite(best):
         return int(np.argmin(values))
-    return int(np.flatnonzero(values <= best + _TIE_ABS)[0])
+    return int(np.flatnonzero(values <= best + TIE_ABS)[0])
 
 
 def entropy_divergences(counts, num_quantized_bins: int = NUM_QUANTIZED_BINS) -> np.ndarray:
@@ -168,7 +165,7 @@ def entropy_amax(counts, max_value: float, num_quantized_bins: int = NUM_QUANTIZ
     """TensorRT EntropyCalibration2: ``amax = (i + 0.5) * bin_width`` for the candidate ``i``
     (``num_quantized_bins .. num_bins``, step 1) with the smallest KL divergence (the first one
     on ties, see :func:`entropy_divergences`). ``bin_width = max_value / num_bins``."""
-    c, m = _check_hist(counts, max_value)
+    c, m = check_hist(counts, max_value)
     if m == 0.0:
         return 0.0
     kl = entropy_divergences(c, num_quantized_bins)
@@ -186,7 +183,7 @@ def percentile_amax(counts, max_value: float, percentile: float = 99.99) -> floa
     p = float(percentile)
     if not (0.0 < p <= 100.0):
         raise ConfigError(f"percentile must be in (0, 100], got {percentile}", "e.g. --percentile 99.99")
-    c, m = _check_hist(counts, max_value)
+    c, m = check_hist(counts, max_value)
     total = int(c.sum())
     if m == 0.0 or total == 0:
         return 0.0 if m == 0.0 else m
@@ -211,7 +208,7 @@ def mse_errors(counts, max_value: float, start_bin: int = NUM_QUANTIZED_BINS) ->
     it are all clipped, and ``sum c_b (x_b - a)^2`` over them is evaluated exactly in integers from
     ``sum c``, ``sum c (2b+1)``, ``sum c (2b+1)^2``.
     """
-    c, m = _check_hist(counts, max_value)
+    c, m = check_hist(counts, max_value)
     nb = c.size
     j0 = min(max(int(start_bin), 1), nb)
     w = m / nb
@@ -252,7 +249,7 @@ def mse_errors(counts, max_value: float, start_bin: int = NUM_QUANTIZED_BINS) ->
 def mse_amax(counts, max_value: float, start_bin: int = NUM_QUANTIZED_BINS) -> float:
     """Candidate amax (a bin edge) with the least squared error (see :func:`mse_errors`); the
     smallest one on ties (relative 1e-12)."""
-    c, m = _check_hist(counts, max_value)
+    c, m = check_hist(counts, max_value)
     if m == 0.0 or int(c.sum()) == 0:
         return 0.0 if m == 0.0 else m
     cand, err = mse_errors(c, m, start_bin)
@@ -261,113 +258,13 @@ def mse_amax(counts, max_value: float, start_bin: int = NUM_QUANTIZED_BINS) -> f
     return float(cand[i])
 
 
-def compute_amax(method: str, counts, max_value: float, percentile: float = 99.99, zeros: int = 0,
-                 top: Optional[float] = None) -> float:
-    """amax of one tensor by ``method`` (``max`` ignores ``counts``, which may be None).
-
-    ``zeros``: how many of bin 0's values were exactly zero; ``entropy`` leaves them out of the
-    distribution (TensorRT's EntropyCalibration2 behaviour), the other methods count them.
-    ``top``: the histogram's upper edge when it is not ``max_value`` (see :func:`compute_all`)."""
-    if method == "max":
-        return float(max_value)
-    if top is not None:
-        if method == "entropy":
-            raise ValueError("entropy needs histograms over [0, max], not power-of-two ranges")
-        return min(compute_amax(method, counts, top, percentile, zeros), float(max_value))
-    if method not in METHODS:
-        raise ConfigError(f"unknown calibration method '{method}'", "use one of: " + ", ".join(METHODS))
-    if counts is None:
-        raise ValueError(f"method '{method}' needs a histogram")
-    if method == "entropy":
-        return entropy_amax(_without_zeros(counts, zeros) if zeros else counts, max_value)
-    if method == "percentile":
-        return percentile_amax(counts, max_value, percentile)
-    return mse_amax(counts, max_value)
-
-
-def finalize_amax(amax: dict[str, float]) -> tuple[dict[str, float], list[str]]:
-    """amax floored at :data:`MIN_AMAX` (a tensor that was zero, or all but zero, on every sample:
-    an untrained BatchNorm's 1e-10 activations would otherwise refuse the whole cache), and the
-    names floored."""
-    floored = [name for name, a in amax.items() if not a >= MIN_AMAX]
-    return {name: (a if a >= MIN_AMAX else MIN_AMAX) for name, a in amax.items()}, floored
-
-
-def _without_zeros(counts, zeros: int) -> np.ndarray:
+def without_zeros(counts, zeros: int) -> np.ndarray:
     """A copy of ``counts`` with the ``zeros`` exact zeros taken out of bin 0 (what entropy sees)."""
     c = np.array(counts, dtype=np.int64)
     if not 0 <= int(zeros) <= c[0]:
         raise ValueError(f"zeros ({zeros}) must be between 0 and the count of bin 0 ({c[0]})")
     c[0] -= int(zeros)
     return c
-
-
-def compute_all(
-    method: str,
-    maxima: Mapping[str, float],
-    counts: Optional[Mapping[str, np.ndarray]],
-    percentile: float = 99.99,
-    zeros: Optional[Mapping[str, int]] = None,
-    tops: Optional[Mapping[str, float]] = None,
-) -> dict[str, float]:
-    """amax for every tensor of ``maxima`` (same order). ``counts`` may be None for ``max``;
-    ``zeros``: exact zeros per tensor (see :func:`compute_amax`), none when omitted.
-
-    ``tops``: the histograms' upper edges when they are not the maxima (one-pass histograms over
-    power-of-two ranges, trtq.calib.collect.one_pass): the search runs over ``[0, top]`` and its result is
-    capped at the max (a range past the max clips nothing and only coarsens the step). entropy
-    is TensorRT's search over ``[0, max]`` and refuses them."""
-    if method not in METHODS:
-        raise ConfigError(f"unknown calibration method '{method}'", "use one of: " + ", ".join(METHODS))
-    if tops is not None and method != "max":
-        if method == "entropy":
-            raise ValueError("entropy needs histograms over [0, max], not power-of-two ranges")
-        raw = compute_all(method, {n: float(tops[n]) for n in maxima}, counts, percentile, zeros)
-        return {n: min(float(raw[n]), float(m)) for n, m in maxima.items()}
-    if method != "max":
-        if counts is None:
-            raise ValueError(f"method '{method}' needs histograms")
-        missing = [n for n in maxima if n not in counts]
-        if missing:
-            raise ValueError(f"no histogram for {len(missing)} tensor(s), e.g. '{missing[0]}'")
-    if method in ("mse", "entropy"):
-        return _search_all(method, maxima, counts, zeros or {})
-    return {
-        name: compute_amax(method, None if counts is None else counts.get(name), m, percentile,
-                           int((zeros or {}).get(name, 0)))
-        for name, m in maxima.items()
-    }
-
-
-def _search_all(method: str, maxima: Mapping[str, float], counts: Mapping[str, np.ndarray],
-                zeros: Mapping[str, int]) -> dict[str, float]:
-    """mse / entropy for all tensors at once (trtq.calib.search): the same amax as
-    :func:`compute_amax` tensor by tensor. Tensors with max 0, an empty histogram, a bin count
-    other than the first's or counts too large for the exact sums take the per-tensor path."""
-    from trtq.calib import search
-
-    batch: dict[str, tuple[np.ndarray, float]] = {}
-    for name, mx in maxima.items():
-        c, m = _check_hist(counts[name], mx)
-        if method == "entropy" and zeros.get(name):
-            c = _without_zeros(c, zeros[name])
-        first = next(iter(batch.values()), (c, m))[0]
-        if m > 0 and c.size == first.size and c.size >= NUM_QUANTIZED_BINS and int(c.sum()) > 0:
-            batch[name] = (c, m)
-    names = list(batch)
-    arrays = [batch[n][0] for n in names]
-    if method == "mse":
-        found = search.mse_amax_many(arrays, [batch[n][1] for n in names])
-    else:
-        found = [None if i is None else (i + 0.5) * (batch[n][1] / batch[n][0].size)
-                 for n, i in zip(names, search.entropy_choices(arrays, NUM_QUANTIZED_BINS, _TIE_ABS))]
-    solved = dict(zip(names, found))
-    out: dict[str, float] = {}
-    for name, mx in maxima.items():  # the order of maxima
-        a = solved.get(name)
-        out[name] = a if a is not None else compute_amax(method, counts[name], mx, 99.99,
-                                                         int(zeros.get(name, 0)))
-    return out
 
 
 # --------------------------------------------------------------------------------------------

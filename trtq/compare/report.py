@@ -7,6 +7,7 @@ from typing import Any
 from collections.abc import Sequence
 
 from trtq.compare.metrics import OutputMetrics
+from trtq.compare.tasks import gated_task_names, reported_apart
 from trtq.errors import ConfigError
 from trtq.numbers import format_number as fmt
 from trtq.numbers import json_number as json_float
@@ -219,7 +220,7 @@ class CompareReport:
         if self.other is not None:
             for o in self.other.outputs:
                 top1 = "" if o.top1_agreement is None else f"top-1 agree {o.top1_agreement:.4f}, "
-                if o.task is not None and o.task.gate_metric is not None and o.task.task != "classify":
+                if o.task is not None and reported_apart(o.task.task):
                     top1 = f"{o.task.gate_label} {fmt(o.task.value, '.4f')}, "
                 notes.append(f"{o.name} {self.other.runtime}: {top1}SQNR {fmt(o.sqnr_db, '.2f')} dB")
         notes += [f"warning: {w}" for w in self.warnings]
@@ -245,7 +246,7 @@ class CompareReport:
             if not scored:
                 failed.append(
                     "--min-agreement cannot be checked: no output has a task metric (pass --task "
-                    "classify|detect|segment|ctc) or looks like classifier scores ([N, C] with C > 1)"
+                    f"{'|'.join(gated_task_names())}) or looks like classifier scores ([N, C] with C > 1)"
                 )
             for o, label, value in scored:
                 why = o.task.undefined if o.task is not None else None

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -46,16 +46,7 @@ from trtq.compare.segment import SegmentAccumulator
 from trtq.compare.split_detect import BOX_FORMATS
 from trtq.errors import ConfigError, UsageError
 
-TASKS = ("classify", "detect", "segment", "ctc", "raw")
 DETECT_FORMATS = ("auto", "v8", "v5")
-LAYOUTS = {"ctc": ("NTC", "TNC"), "segment": ("NCHW", "NHWC")}
-# the metric each task gates (--min-agreement) and ranks layers by, with its printed name
-GATE_METRIC = {
-    "classify": ("top1_agreement", "top-1 agreement"),
-    "detect": ("f1", "detection F1"),
-    "segment": ("iou", "mask IoU"),
-    "ctc": ("sequence_agreement", "sequence agreement"),
-}
 SOFTMAX_OPS = ("Softmax", "LogSoftmax")
 DETECT_MIN_ROW = 5  # 4 box values and at least one score
 DETECT_MIN_RATIO = 4  # anchors >= 4x the row length
@@ -108,8 +99,8 @@ class TaskSettings:
         return settings
 
     def check(self) -> None:
-        if self.task not in ("auto",) + TASKS:
-            raise ConfigError(f"unknown compare task '{self.task}'", "use one of: auto, " + ", ".join(TASKS))
+        if self.task != "auto" and self.task not in _TASKS:
+            raise ConfigError(f"unknown compare task '{self.task}'", "use one of: auto, " + ", ".join(_TASKS))
         if self.detect_format not in DETECT_FORMATS:
             raise ConfigError(f"unknown detect format '{self.detect_format}'",
                               "use one of: " + ", ".join(DETECT_FORMATS))
@@ -120,10 +111,14 @@ class TaskSettings:
             raise ConfigError(f"--mask-threshold must be a finite number, got {self.mask_threshold}",
                               "give the value that separates mask from background, e.g. 0.5")
         if self.layout != "auto":
-            allowed = LAYOUTS.get(self.task)
+            row = _TASKS.get(self.task)
+            allowed = row.layouts if row is not None and row.layouts else None
             if allowed is None:
-                raise ConfigError(f"--layout is for --task ctc (NTC, TNC) or segment (NCHW, NHWC), not "
-                                  f"--task {self.task}", "drop --layout, or pass --task ctc / segment")
+                laid = sorted((t for t in _TASKS.values() if t.layouts), key=lambda t: t.name)
+                raise ConfigError("--layout is for --task " + " or ".join(f"{t.name} ({', '.join(t.layouts)})"
+                                                                          for t in laid)
+                                  + f", not --task {self.task}",
+                                  "drop --layout, or pass --task " + " / ".join(t.name for t in laid))
             if self.layout not in allowed:
                 raise ConfigError(f"--layout {self.layout} is not a {self.task} layout",
                                   "use one of: " + ", ".join(allowed))
@@ -143,7 +138,7 @@ class TaskSettings:
 
     def batch_axis_of(self, rank: int) -> int | None:
         """The batch axis ``layout`` states for an output of this rank (None: not stated)."""
-        if self.task == "ctc" and rank == 3 and self.layout in LAYOUTS["ctc"]:
+        if self.task == "ctc" and rank == 3 and self.layout in _TASKS["ctc"].layouts:
             return self.layout.index("N")
         return None
 
@@ -156,11 +151,13 @@ class TaskResult:
 
     @property
     def gate_metric(self) -> str | None:
-        return GATE_METRIC[self.task][0] if self.task in GATE_METRIC else None
+        gate = _TASKS[self.task].gate if self.task in _TASKS else None
+        return gate[0] if gate else None
 
     @property
     def gate_label(self) -> str | None:
-        return GATE_METRIC[self.task][1] if self.task in GATE_METRIC else None
+        gate = _TASKS[self.task].gate if self.task in _TASKS else None
+        return gate[1] if gate else None
 
     @property
     def value(self) -> float | None:
@@ -175,6 +172,71 @@ class TaskResult:
         return str(reason) if reason else None
 
 
+# --------------------------------------------------------------------------------------------
+# the tasks: one registry, one row a task
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task an output can serve: whether it fits an output, what scores it, what it gates.
+
+    Everything that names tasks reads this table: ``--task``'s choices, the check of
+    ``compare.task`` (:func:`get_task`), :class:`TaskSettings`, :func:`fits`,
+    :class:`TaskAccumulator` and the gate. A new task is one accumulator (``update(ref, cand)``,
+    ``metrics()``), its fit test and one :func:`register_task` call."""
+
+    name: str
+    # None when the task can score an output of this batch-first shape, else why not:
+    # (shape, settings, origin) -> str | None
+    fits: Callable[[Sequence[int], Any, Any], str | None]
+    # the accumulator of one output, chosen on its first batch: (TaskAccumulator, shape) -> it
+    # (None: the tensor metrics only); it may add to the accumulator's ``how``
+    accumulator: Callable[[Any, tuple], Any] | None = None
+    gate: tuple[str, str] | None = None  # the metric it gates (--min-agreement) and ranks by, its printed name
+    layouts: tuple[str, ...] = ()  # the --layout values it takes
+    keeps_top1: bool = False  # its metric is top-1 agreement, which the tensor metrics keep for it
+
+
+_TASKS: dict[str, Task] = {}
+
+
+def register_task(task: Task) -> Task:
+    """Add ``task`` to the table (the order of registration is the order shown everywhere)."""
+    _TASKS[task.name] = task
+    return task
+
+
+def unregister_task(name: str) -> None:
+    """Remove a task (tests that register one of their own)."""
+    _TASKS.pop(name, None)
+
+
+def task_names() -> tuple[str, ...]:
+    return tuple(_TASKS)
+
+
+def get_task(name: Any, key: str = "compare.task") -> Task:
+    """The task ``name``; ConfigError naming ``key`` for another value."""
+    task = _TASKS.get(name) if isinstance(name, str) else None
+    if task is None:
+        raise ConfigError(f"config key '{key}' must be one of " + ", ".join(repr(n) for n in ("auto", *_TASKS))
+                          + f", got {name!r}")
+    return task
+
+
+def gated_task_names() -> tuple[str, ...]:
+    """The tasks that have a task metric."""
+    return tuple(t.name for t in _TASKS.values() if t.gate is not None)
+
+
+def reported_apart(task: str) -> bool:
+    """Its task metric is printed beside the tensor metrics (every gated task but those whose metric
+    is top-1 agreement, which the tensor metrics keep)."""
+    row = _TASKS.get(task)
+    return row is not None and row.gate is not None and not row.keeps_top1
+
+
 def _dims(shape: Sequence[int]) -> str:
     return "[N, " + ", ".join(str(d) for d in shape[1:]) + "]"
 
@@ -187,7 +249,7 @@ def _layout(shape: Sequence[int], detect_format: str) -> Layout:
 
 def _segment_axis(origin: OutputOrigin | None, layout: str) -> tuple[int | None, str]:
     """The class axis of a 4-D output (1 or 3) and the words for it; None when unknown."""
-    if layout in LAYOUTS["segment"]:
+    if layout in ("NCHW", "NHWC"):
         return layout.index("C"), f"--layout {layout}"
     if origin is not None and origin.class_axis is not None and origin.class_axis % 4 in (1, 3):
         return origin.class_axis % 4, origin.class_evidence
@@ -196,29 +258,72 @@ def _segment_axis(origin: OutputOrigin | None, layout: str) -> tuple[int | None,
 
 def fits(task: str, shape: Sequence[int], settings: TaskSettings, origin: Any = None) -> str | None:
     """None when ``task`` can score an output of this (batch-first) shape, else why not."""
-    if task == "raw":
-        return None
-    if task == "classify":
-        ok = len(shape) >= 2 and shape[1] > 1 and all(d == 1 for d in shape[2:])
-        return None if ok else "classify needs [N, C] scores (C > 1, trailing dims 1)"
-    if task == "segment":
-        if len(shape) != 4:
-            return "segment needs [N, C, H, W] or [N, H, W, C] maps"
-        axis, _ = _segment_axis(as_origin(origin), settings.layout)
-        spatial = [shape[i] for i in (1, 2, 3) if i != (axis or 1)]
-        return None if spatial[0] * spatial[1] > 1 else "segment needs maps of more than one pixel"
-    if task == "ctc":
-        ok = len(shape) == 3 and shape[2] > 1
-        return None if ok else "ctc needs [N, T, C] or [T, N, C] scores (C > 1, class 0 the blank)"
-    if task == "detect":
-        if len(shape) != 3:
-            return "detect needs [N, 4+C, A], [N, A, 4+C] or [N, A, 5+C]"
-        layout = _layout(shape, settings.detect_format)
-        row = min(shape[1], shape[2]) if settings.detect_format == "auto" else (
-            shape[1] if layout.channels_first else shape[2])
-        need = DETECT_MIN_ROW + int(layout.objectness)
-        return None if row >= need else f"detect ({layout.name}) needs rows of at least {need} values"
-    raise ConfigError(f"unknown compare task '{task}'", "use one of: " + ", ".join(TASKS))
+    if task not in _TASKS:
+        raise ConfigError(f"unknown compare task '{task}'", "use one of: " + ", ".join(_TASKS))
+    return _TASKS[task].fits(shape, settings, origin)
+
+
+def _fits_raw(shape: Sequence[int], settings: TaskSettings, origin: Any) -> str | None:
+    return None
+
+
+def _fits_classify(shape: Sequence[int], settings: TaskSettings, origin: Any) -> str | None:
+    ok = len(shape) >= 2 and shape[1] > 1 and all(d == 1 for d in shape[2:])
+    return None if ok else "classify needs [N, C] scores (C > 1, trailing dims 1)"
+
+
+def _fits_segment(shape: Sequence[int], settings: TaskSettings, origin: Any) -> str | None:
+    if len(shape) != 4:
+        return "segment needs [N, C, H, W] or [N, H, W, C] maps"
+    axis, _ = _segment_axis(as_origin(origin), settings.layout)
+    spatial = [shape[i] for i in (1, 2, 3) if i != (axis or 1)]
+    return None if spatial[0] * spatial[1] > 1 else "segment needs maps of more than one pixel"
+
+
+def _fits_ctc(shape: Sequence[int], settings: TaskSettings, origin: Any) -> str | None:
+    ok = len(shape) == 3 and shape[2] > 1
+    return None if ok else "ctc needs [N, T, C] or [T, N, C] scores (C > 1, class 0 the blank)"
+
+
+def _fits_detect(shape: Sequence[int], settings: TaskSettings, origin: Any) -> str | None:
+    if len(shape) != 3:
+        return "detect needs [N, 4+C, A], [N, A, 4+C] or [N, A, 5+C]"
+    layout = _layout(shape, settings.detect_format)
+    row = min(shape[1], shape[2]) if settings.detect_format == "auto" else (
+        shape[1] if layout.channels_first else shape[2])
+    need = DETECT_MIN_ROW + int(layout.objectness)
+    return None if row >= need else f"detect ({layout.name}) needs rows of at least {need} values"
+
+
+def _classify_accumulator(acc: Any, shape: tuple) -> Any:
+    return ClassifyAccumulator(int(np.prod(shape[1:])))
+
+
+def _detect_accumulator(acc: Any, shape: tuple) -> Any:
+    s = acc.settings
+    return DetectAccumulator(_layout(shape, s.detect_format), s.score_threshold, s.nms_iou)
+
+
+def _segment_accumulator(acc: Any, shape: tuple) -> Any:
+    axis, how = _segment_axis(acc.origin, acc.settings.layout)
+    if axis is None:  # an explicit --task segment on a graph that does not say: the NCHW convention
+        axis, how = 1, "NCHW assumed: pass --layout NHWC if the classes are the last axis"
+    if acc.settings.task != "auto":
+        acc.how += f", {'NCHW' if axis == 1 else 'NHWC'} ({how})"
+    return SegmentAccumulator(shape[axis], acc.settings.mask_threshold, axis)
+
+
+def _ctc_accumulator(acc: Any, shape: tuple) -> Any:
+    return CtcAccumulator("TNC" if acc.batch_axis == 1 else "NTC")
+
+
+register_task(Task("classify", _fits_classify, _classify_accumulator, ("top1_agreement", "top-1 agreement"),
+                   keeps_top1=True))
+register_task(Task("detect", _fits_detect, _detect_accumulator, ("f1", "detection F1")))
+register_task(Task("segment", _fits_segment, _segment_accumulator, ("iou", "mask IoU"), layouts=("NCHW", "NHWC")))
+register_task(Task("ctc", _fits_ctc, _ctc_accumulator, ("sequence_agreement", "sequence agreement"),
+                   layouts=("NTC", "TNC")))
+register_task(Task("raw", _fits_raw))
 
 
 def _classify_or_features(shape: Sequence[int], origin: OutputOrigin | None) -> tuple[str, str]:
@@ -342,21 +447,8 @@ class TaskAccumulator:
                     self.how += ", TNC"
             else:
                 self.task, self.how = "raw", f"--task {requested} does not fit {_dims(shape)}"
-        s = self.settings
-        if self.task == "classify":
-            self._impl = ClassifyAccumulator(int(np.prod(shape[1:])))
-        elif self.task == "detect":
-            layout = _layout(shape, s.detect_format)
-            self._impl = DetectAccumulator(layout, s.score_threshold, s.nms_iou)
-        elif self.task == "segment":
-            axis, how = _segment_axis(self.origin, s.layout)
-            if axis is None:  # an explicit --task segment on a graph that does not say: the NCHW convention
-                axis, how = 1, "NCHW assumed: pass --layout NHWC if the classes are the last axis"
-            if requested != "auto":
-                self.how += f", {'NCHW' if axis == 1 else 'NHWC'} ({how})"
-            self._impl = SegmentAccumulator(shape[axis], s.mask_threshold, axis)
-        elif self.task == "ctc":
-            self._impl = CtcAccumulator("TNC" if self.batch_axis == 1 else "NTC")
+        make = _TASKS[self.task].accumulator
+        self._impl = make(self, shape) if make is not None else None
 
     def update(self, ref: np.ndarray, cand: np.ndarray) -> None:
         if self.task is None:

@@ -155,19 +155,22 @@ def _qdq_tensors(cfg: Any) -> Any:
 
 def calibrate_with_tensorrt(cfg: Any) -> Any:
     """``--backend tensorrt``: TensorRT's MinMax or EntropyCalibration2 calibrator over the data."""
-    from trtq.calib.cache import ALGORITHM_FOR_METHOD, TENSORRT_METHODS, resolve_trt_version
+    from trtq.calib import methods
+    from trtq.calib.cache import resolve_trt_version
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs, load_model
 
-    if cfg.calibrate.method not in TENSORRT_METHODS:
+    method = methods.get(cfg.calibrate.method)
+    if not method.tensorrt:
+        computed = " or ".join(m.name for m in methods.all_methods() if m.tensorrt)
         raise UsageError(
-            f"--backend tensorrt supports --method max or entropy, not {cfg.calibrate.method}",
+            f"--backend tensorrt supports --method {computed}, not {cfg.calibrate.method}",
             "TensorRT has MinMax and EntropyCalibration2 calibrators only",
         )
     t0 = time.perf_counter()
     specs = input_specs(load_model(cfg.model))
     batcher = Batcher(cfg.data, specs)
-    algorithm = ALGORITHM_FOR_METHOD[cfg.calibrate.method]
+    algorithm = method.algorithm
     out = Path(cfg.calibrate.output)
     table = calibrate_file_with_tensorrt(Path(cfg.model), batcher, algorithm, out, options=cfg.build)
     return CalibrationResult(
@@ -184,7 +187,8 @@ def calibrate_file_with_tensorrt(model_path: Path, batcher: Any, algorithm: str,
     ``algorithm``: ``EntropyCalibration2`` / ``MinMaxCalibration`` (or ``entropy`` / ``max``);
     ``options``: the throw-away calibration build's settings (see ``run_tensorrt_calibration``).
     """
-    from trtq.calib.cache import method_for_algorithm, read_cache, write_provenance
+    from trtq.calib.cache import read_cache, write_provenance
+    from trtq.calib.methods import tensorrt_method
     from trtq.calib.provenance import calibration_provenance, data_entry, model_entry
     from trtq.fileio import atomic_path
     from trtq.interrupt import held_for_outputs
@@ -197,7 +201,7 @@ def calibrate_file_with_tensorrt(model_path: Path, batcher: Any, algorithm: str,
     with held_for_outputs(), atomic_path(output_cache) as tmp:  # cache and provenance as one step (signals)
         tmp.write_bytes(run.cache)
         table = read_cache(tmp)  # refuse to publish anything trtq cannot read back
-        method = {"name": method_for_algorithm(run.algorithm), "backend": "tensorrt"}
+        method = {"name": tensorrt_method(run.algorithm), "backend": "tensorrt"}
         write_provenance(output_cache, calibration_provenance(
             model_entry(model_path, specs), data_entry(batcher, run.samples), method, run.algorithm,
             run.trt_version, table.amax, seconds=round(run.seconds, 3)))
@@ -218,8 +222,8 @@ def calibrate_with_onnxruntime(cfg: Any, progress: Any = None, shard: tuple[int,
     the shard's decoded batches there and pass 2 reads them back (trtq.calib.collect.kept_batches).
     """
     from trtq.calib.collect.passes import collect
+    from trtq.calib.methods import compute_all, finalize_amax
     from trtq.calib.range_check import check_ranges
-    from trtq.calib.stats import compute_all, finalize_amax
 
     run, trt_version, algorithm = _prepare(cfg, shard, ranges, keep_batches)
     opts, tensors = run.opts, run.tensors
@@ -231,8 +235,8 @@ def calibrate_with_onnxruntime(cfg: Any, progress: Any = None, shard: tuple[int,
 
         counts = {n: np.zeros(opts.num_bins, dtype=np.int64) for n in tensors}
         zeros = {n: 0 for n in tensors}
-    raw_amax = compute_all("max" if run.shard_pass else opts.method, maxima, counts, opts.percentile, zeros,
-                           None if run.shard_pass else tops)
+    # a shard saves statistics, not ranges: its amax is only the max (no method runs)
+    raw_amax = maxima if run.shard_pass else compute_all(opts.method, maxima, counts, opts.percentile, zeros, tops)
     amax, zero = finalize_amax({name: float(raw_amax[name]) for name in tensors})
     flags = [] if run.shard_pass else check_ranges(opts.method, raw_amax, maxima, counts, zeros, tops)
     seconds = st.seconds + time.perf_counter() - started
@@ -267,7 +271,8 @@ def refuse_quantized(model, model_path: Path) -> None:
 def _prepare(cfg: Any, shard: tuple[int, int] | None, ranges: Path | None,
              keep_batches: Path | None) -> tuple[Setup, str, str]:
     """Model, data and options checked, before any batch is read."""
-    from trtq.calib.cache import ALGORITHM_FOR_METHOD, resolve_trt_version
+    from trtq.calib import methods
+    from trtq.calib.cache import resolve_trt_version
     from trtq.calib.collect.budget import resolve_budget, slice_target
     from trtq.calib.collect.exposed import check_providers, select_tensors
     from trtq.data.batcher import Batcher
@@ -298,16 +303,18 @@ def _prepare(cfg: Any, shard: tuple[int, int] | None, ranges: Path | None,
 
         feed_model, feed_specs, data, feed_mode = widen_if_identical(
             model, specs, cfg.data, tensors, opts.providers, budget, slice_at)
-    trt_version, algorithm = resolve_trt_version(opts.trt_version), ALGORITHM_FOR_METHOD[opts.method]
+    method = methods.get(opts.method)
+    trt_version, algorithm = resolve_trt_version(opts.trt_version), method.algorithm
     run = Setup(opts, model_path, feed_model, specs, Batcher(data, feed_specs), tensors,
-                need_hist=opts.method != "max" or opts.save_stats is not None, budget=budget, feed_mode=feed_mode,
+                need_hist=method.histogram or opts.save_stats is not None, budget=budget, feed_mode=feed_mode,
                 slice_at=slice_at)
     from trtq.calib.collect.one_pass import is_pow2
 
-    # max takes the one pass too (its histograms feed the range check), except for shards and
-    # --save-stats, whose files keep the fixed-edge histograms entropy can be computed from
-    one_pass_max = opts.method == "max" and shard is None and ranges is None and opts.save_stats is None
-    run.one_pass = (opts.method in ("mse", "percentile") or one_pass_max) and is_pow2(int(opts.num_bins))
+    # a method without histograms takes the one pass too (its histograms feed the range check),
+    # except for shards and --save-stats, whose files keep the fixed-edge histograms a two-pass
+    # method can be computed from
+    plain = shard is None and ranges is None and opts.save_stats is None
+    run.one_pass = method.one_pass and (method.histogram or plain) and is_pow2(int(opts.num_bins))
     run.need_hist = run.need_hist or run.one_pass
     from trtq.calib.collect.padded import pad_links
 
@@ -322,7 +329,8 @@ def _prepare(cfg: Any, shard: tuple[int, int] | None, ranges: Path | None,
                                                   run.one_pass)
         run.need_hist = run.shard_pass != "ranges"
         if keep_batches is not None and run.one_pass:
-            raise UsageError(f"--keep-batches is for the two passes of an entropy or max shard; --method "
+            two = " or ".join(m.name for m in methods.all_methods() if not (m.one_pass and m.histogram))
+            raise UsageError(f"--keep-batches is for the two passes of a shard of --method {two}; --method "
                              f"{opts.method} takes one", "drop --keep-batches")
     elif keep_batches is not None:
         raise UsageError("--keep-batches is for the two passes of a shard", "pass --shard I/N with it")
@@ -382,9 +390,10 @@ def build_provenance(cfg, model_path, specs, batcher, samples, trt_version, algo
 
 def calibrate_from_stats(cfg: Any, stats_path: Path) -> CalibrationResult:
     """Apply ``cfg.calibrate.method`` to histograms saved by ``--save-stats`` (no model run)."""
-    from trtq.calib.cache import ALGORITHM_FOR_METHOD, resolve_trt_version
+    from trtq.calib import methods
+    from trtq.calib.cache import resolve_trt_version
     from trtq.calib.range_check import check_ranges
-    from trtq.calib.stats import compute_all, finalize_amax, load_stats
+    from trtq.calib.stats import load_stats
 
     t0 = time.perf_counter()
     opts = cfg.calibrate.resolved()
@@ -396,10 +405,11 @@ def calibrate_from_stats(cfg: Any, stats_path: Path) -> CalibrationResult:
     if shard is not None and shard.get("index") is not None and shard["count"] > 1:
         raise CacheError(f"{stats_path} is shard {shard['index']}/{shard['count']} only",
                          "merge all shards first: trtq merge-stats part-*.npz -o merged.npz")
-    if shard is not None and shard.get("pass") == "ranges" and opts.method != "max":
+    method = methods.get(opts.method)
+    if shard is not None and shard.get("pass") == "ranges" and method.histogram:
         raise CacheError(f"{stats_path} holds pass-1 ranges only; --method {opts.method} needs histograms",
                          "run pass 2 (trtq calibrate --shard I/N --ranges this.npz --save-stats ...) and merge it, "
-                         "or use --method max")
+                         "or use --method " + " / ".join(m.name for m in methods.all_methods() if not m.histogram))
     model_meta = meta.get("model") or {}
     if cfg.model:
         from trtq.model import model_sha256
@@ -415,17 +425,20 @@ def calibrate_from_stats(cfg: Any, stats_path: Path) -> CalibrationResult:
             f"--num-bins {opts.num_bins} differs from the saved histograms ({stats.num_bins} bins)",
             "omit it: saved statistics keep their bin count",
         )
-    if stats.edges == "pow2" and opts.method == "entropy":
-        raise CacheError(f"{stats_path} holds one-pass histograms (power-of-two ranges, from --method mse or "
-                         "percentile); entropy is TensorRT's search over [0, max]",
-                         "re-run trtq calibrate --method entropy --save-stats, or use --method mse / percentile / max")
+    if stats.edges == "pow2" and not method.one_pass:
+        one_pass = [m.name for m in methods.all_methods() if m.one_pass]
+        raise CacheError(f"{stats_path} holds one-pass histograms (power-of-two ranges, from --method "
+                         f"{' or '.join(n for n in one_pass if methods.get(n).histogram)}); {opts.method} "
+                         "searches over [0, max]",
+                         f"re-run trtq calibrate --method {opts.method} --save-stats, or use --method "
+                         + " / ".join(one_pass))
     tensors = list(meta.get("tensors") or list(stats.maxima))
-    raw = compute_all(opts.method, stats.maxima, stats.counts, opts.percentile, stats.zeros, stats.tops)
-    amax, zero = finalize_amax({n: float(raw[n]) for n in tensors})
+    raw = methods.compute_all(opts.method, stats.maxima, stats.counts, opts.percentile, stats.zeros, stats.tops)
+    amax, zero = methods.finalize_amax({n: float(raw[n]) for n in tensors})
     flags = check_ranges(opts.method, {n: raw[n] for n in tensors}, {n: stats.maxima[n] for n in tensors},
                          stats.counts, stats.zeros, stats.tops)
     trt_version = resolve_trt_version(opts.trt_version)
-    algorithm = ALGORITHM_FOR_METHOD[opts.method]
+    algorithm = method.algorithm
     from trtq.calib.provenance import restamped_provenance
 
     method = {"name": opts.method, "percentile": opts.percentile, "num_bins": stats.num_bins}

@@ -120,13 +120,15 @@ def remeasure_from(provenance, algorithm: Optional[str] = None):
     if isinstance(method, dict) and isinstance(method.get("name"), str):
         return Remeasure(method["name"], float(method.get("percentile", default.percentile)),
                          int(method.get("num_bins", default.num_bins)))
-    if algorithm in _COMPUTED_BY:
-        return Remeasure(_COMPUTED_BY[algorithm])
+    if algorithm in _TENSORRT_ALGORITHMS:  # a cache without provenance: what TensorRT's calibrator computes
+        from trtq.calib.methods import tensorrt_method
+
+        return Remeasure(tensorrt_method(algorithm))
     return default
 
 
-# what a cache without provenance was computed by, from its header
-_COMPUTED_BY = {"MinMaxCalibration": "max", "EntropyCalibration": "entropy", "EntropyCalibration2": "entropy"}
+# the headers of TensorRT's own calibrators (MinMax, the entropy ones)
+_TENSORRT_ALGORITHMS = ("MinMaxCalibration", "EntropyCalibration", "EntropyCalibration2")
 
 
 def refuse_nothing_quantized(result, model_path: Path) -> None:

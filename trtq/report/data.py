@@ -16,7 +16,6 @@ from trtq.errors import CacheError, InputError
 
 REPORT_FORMAT = "trtq-report/1"
 DISPLAY_BINS = 256  # histogram bins kept for the page (the saved ones summed in groups)
-METHODS = ("max", "entropy", "percentile", "mse")
 
 
 def _num(v) -> Optional[float]:
@@ -52,7 +51,7 @@ def tensor_rows(table, stats, percentile: float) -> list[dict]:
     """One row per tensor of the cache (file order); histogram fields when ``stats`` has the tensor."""
     import numpy as np
 
-    from trtq.calib.stats import compute_amax
+    from trtq.calib.methods import all_methods, compute_amax
 
     rows = []
     for name, amax in table.amax.items():
@@ -61,8 +60,9 @@ def tensor_rows(table, stats, percentile: float) -> list[dict]:
             counts = stats.counts[name]
             m, top = stats.maxima[name], stats.top(name)  # top: the histogram's upper edge (>= max)
             zeros = int(stats.zeros.get(name, 0))
-            # one-pass (power-of-two) histograms: entropy is TensorRT's search over [0, max], not shown
-            methods = [meth for meth in METHODS if stats.edges == "max" or meth != "entropy"]
+            # one-pass (power-of-two) histograms: a two-pass method (entropy, TensorRT's search over
+            # [0, max]) is not shown
+            methods = [meth.name for meth in all_methods() if stats.edges == "max" or meth.one_pass]
             ranges = {meth: float(compute_amax(meth, counts, m, percentile, zeros,
                                                top if stats.edges == "pow2" else None))
                       for meth in methods}

@@ -11,7 +11,12 @@ import json
 from typing import Any
 from collections.abc import Iterable, Sequence
 
+from trtq.calib.methods import all_methods
 from trtq.report.data import summary
+
+# the methods' colours in the page, in the order of trtq.calib.methods' table (a new method takes
+# the next one); the cache's own range is red
+PALETTE = ("#7f7f7f", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1d2228;background:#f6f7f9}
@@ -41,8 +46,10 @@ JS = r"""
 (function () {
   var D = JSON.parse(document.getElementById('trtq-data').textContent);
   var NS = 'http://www.w3.org/2000/svg';
-  var COLORS = {max: '#7f7f7f', entropy: '#1f77b4', percentile: '#2ca02c', mse: '#9467bd', cache: '#d62728'};
-  var METHODS = ['max', 'entropy', 'percentile', 'mse'];
+  var TABLE = JSON.parse(document.getElementById('trtq-methods').textContent);  // trtq.calib.methods
+  var COLORS = {cache: '#d62728'};
+  TABLE.forEach(function (m) { COLORS[m.name] = m.color; });
+  var METHODS = TABLE.map(function (m) { return m.name; });
   function num(v, d) {
     if (v === null || v === undefined) return '-';
     if (typeof v !== 'number') return String(v);  // "inf" / "nan" as trtq compare writes them
@@ -151,11 +158,10 @@ JS = r"""
     ['ratio', 'amax / max', function (r) { return r.amax_over_max; }],
     ['clipped', 'clipped', function (r) { return r.clipped; }],
     ['step', 'INT8 step', function (r) { return r.step; }],
-    ['zeros', 'zeros', function (r) { return r.zeros; }],
-    ['entropy', 'entropy', function (r) { return r.ranges ? r.ranges.entropy : null; }],
-    ['percentile', 'percentile', function (r) { return r.ranges ? r.ranges.percentile : null; }],
-    ['mse', 'mse', function (r) { return r.ranges ? r.ranges.mse : null; }]
-  ];
+    ['zeros', 'zeros', function (r) { return r.zeros; }]
+  ].concat(TABLE.filter(function (m) { return m.histogram; }).map(function (m) {
+    return [m.name, m.name, function (r) { return r.ranges ? r.ranges[m.name] : null; }];
+  }));
   part('tensor table', function () {
   var table = document.getElementById('tensor-table');
   var thead = table.querySelector('thead tr'), tbody = table.querySelector('tbody');
@@ -338,8 +344,9 @@ def render_html(report: dict) -> str:
                  '<svg id=hist-svg width="100%" role="img" aria-label="histogram of |x|"></svg>'
                  "<div id=hist-legend class=legend></div></section>")
     parts.append("<section id=tensors><h2>Tensors</h2><p class=muted>Click a column to sort. clipped: share of "
-                 "values above the cache's amax (histogram resolution); INT8 step = amax / 127; entropy / "
-                 "percentile / mse: the range that method picks on the same histogram.</p>"
+                 "values above the cache's amax (histogram resolution); INT8 step = amax / 127; "
+                 + " / ".join(m.name for m in all_methods() if m.histogram)
+                 + ": the range that method picks on the same histogram.</p>"
                  "<div class=scroll><table id=tensor-table><thead><tr></tr></thead><tbody></tbody></table>"
                  "</div></section>")
     if report.get("layers"):
@@ -355,6 +362,8 @@ def render_html(report: dict) -> str:
     if report.get("latency"):
         parts.append("<section id=latency><h2>Latency</h2>" + _latency(report["latency"]) + "</section>")
     blob = json.dumps(report, allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
+    table = json.dumps([dict(m.describe(), color=PALETTE[i % len(PALETTE)]) for i, m in enumerate(all_methods())],
+                       separators=(",", ":")).replace("</", "<\\/")
     return (
         "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
         "<meta name=viewport content=\"width=device-width, initial-scale=1\">"
@@ -363,6 +372,7 @@ def render_html(report: dict) -> str:
         f"<header><h1>{_e(title)}</h1><p>{_e(p.get('calibrated_by'))} · {_e(p.get('algorithm'))} · "
         f"TensorRT {_e(p.get('trt_version'))}</p></header><main>\n"
         + "\n".join(parts)
-        + f"\n</main><script type=\"application/json\" id=trtq-data>{blob}</script>\n<script>{JS}</script>"
+        + f"\n</main><script type=\"application/json\" id=trtq-data>{blob}</script>\n"
+        f"<script type=\"application/json\" id=trtq-methods>{table}</script>\n<script>{JS}</script>"
         "</body></html>\n"
     )

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from trtq import interrupt
-from trtq.calib.cache import ALGORITHM_FOR_METHOD, TENSORRT_METHODS
+from trtq.calib.methods import all_methods
 from trtq.config import BuildOptions
 from trtq.errors import ConfigError, DataError, TrtqError, UsageError
 from trtq.trt import compat
@@ -35,8 +35,8 @@ CALIBRATOR_CLASSES = {
     "MinMaxCalibration": "IInt8MinMaxCalibrator",
     "EntropyCalibration": "IInt8EntropyCalibrator",
 }
-# the --method names TensorRT's own calibrators compute -> their algorithm (calib.cache's table)
-METHOD_ALGORITHMS = {m: ALGORITHM_FOR_METHOD[m] for m in TENSORRT_METHODS}
+# the --method names TensorRT's own calibrators compute -> their algorithm (trtq.calib.methods)
+METHOD_ALGORITHMS = {m.name: m.algorithm for m in all_methods() if m.tensorrt}
 
 
 def normalize_algorithm(name: str) -> str:
