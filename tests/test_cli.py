@@ -134,9 +134,9 @@ def test_a_flag_group_reaches_the_command_as_one_object():
     import click
     from click.testing import CliRunner
 
-    from trtq.cli import _option_group
+    from trtq.cli.flags import option_group
 
-    pair = _option_group("pair", click.option("--a", type=int), click.option("--b-value", default="x"))
+    pair = option_group("pair", click.option("--a", type=int), click.option("--b-value", default="x"))
     seen = {}
 
     @click.command()

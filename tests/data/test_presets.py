@@ -45,7 +45,7 @@ def test_unknown_preset():
 
 
 def test_cli_preset_choice_names_every_preset():
-    from trtq.cli import _PRESET_CHOICE
+    from trtq.cli.flags import PRESET_CHOICE
     from trtq.data.presets import PRESETS
 
-    assert list(_PRESET_CHOICE.choices) == list(PRESETS)
+    assert list(PRESET_CHOICE.choices) == list(PRESETS)

@@ -26,7 +26,7 @@ RUNS = 24  # benchmarks/signal_stress.py --entry script runs 200
 PARALLEL = 4
 # frames of a KeyboardInterrupt traceback that mean the signal reached trtq's own start-up (the CLI
 # import, its dependencies) without a trtq handler in place: the defect this file guards against
-TRTQ_FRAMES = ("trtq/cli.py", "click", "numpy", "onnx")
+TRTQ_FRAMES = ("trtq/cli/", "click", "numpy", "onnx")
 
 
 def console_script() -> Path:

@@ -28,13 +28,13 @@ def test_only_the_result_reaches_stdout(kit):
     while a command runs, the result alone to stdout."""
     code = f"""
 import os, onnxruntime as ort
-from trtq.cli import _guard
-_guard.engage()
+from trtq.cli.process import stdout_guard as guard
+guard.engage()
 ort.InferenceSession({str(kit.model)!r}, providers=["Bogus"])   # prints its EP error banner
 print("a library print")
 os.write(1, b"a write to fd 1\\n")
-_guard.result.write('{{"result": 1}}\\n')
-_guard.restore()
+guard.result.write('{{"result": 1}}\\n')
+guard.restore()
 print("after the command")
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=60)

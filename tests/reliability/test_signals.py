@@ -158,12 +158,12 @@ def test_double_ctrl_c_stops_at_once_without_a_traceback(kit):
 _SWALLOW = r"""
 import os, signal, sys, weakref
 import numpy as np
-from trtq.cli import _install_signal_handlers
+from trtq.cli.process import install_signal_handlers
 from trtq.config import DataOptions, InputSource
 from trtq.data.batcher import Batcher
 from trtq.model import TensorSpec
 
-_install_signal_handlers()
+install_signal_handlers()
 
 
 class Finalized:
@@ -227,11 +227,11 @@ def test_signal_while_starting_up(sig):
 _SWALLOW_PASS2 = r"""
 import os, signal, sys, weakref
 from pathlib import Path
-from trtq.cli import _install_signal_handlers
+from trtq.cli.process import install_signal_handlers
 from trtq.pipeline.calibrate import calibrate_with_onnxruntime
 from trtq.config import load_config
 
-_install_signal_handlers()
+install_signal_handlers()
 
 
 class Finalized:
@@ -282,10 +282,10 @@ def test_interrupt_swallowed_in_the_histogram_pass_is_raised_at_the_next_batch(k
 
 _SECOND_SIGNAL_WHILE_WRITING = r"""
 import os, signal, sys
-from trtq.cli import _install_signal_handlers
+from trtq.cli.process import install_signal_handlers
 from trtq.fileio import atomic_path
 
-_install_signal_handlers()
+install_signal_handlers()
 
 
 class Finalized:
@@ -319,11 +319,11 @@ _SIGTERM_WHILE_WRITING = r"""
 import os, signal, sys
 from trtq.cli import main
 from trtq.fileio import atomic_path, declare_outputs
-import trtq.cli as cli
+import trtq.cli.process as process
 
 # run a real command whose write is cut by SIGTERM: the console-script entry (trtq.cli:main) has no
 # early handler of its own, so only trtq's handler stands between the signal and a leftover temp file
-real = cli._emit
+real = process.emit
 def emit_while_writing(*args, **kwargs):
     declare_outputs([sys.argv[1]])  # as a command's guard would (trtq.outputs)
     with atomic_path(sys.argv[1]) as tmp:
@@ -331,7 +331,7 @@ def emit_while_writing(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)
         for _ in range(1000000):
             pass
-cli._emit = emit_while_writing
+process.emit = emit_while_writing
 main(["inspect-cache", sys.argv[2]])
 """
 
@@ -349,9 +349,9 @@ def test_sigterm_during_a_write_unwinds_like_ctrl_c(kit, tmp_path):
 
 _SIGNAL_IN_IMPORT = r"""
 import os, signal, sys
-from trtq.cli import _install_signal_handlers
+from trtq.cli.process import install_signal_handlers
 
-_install_signal_handlers()
+install_signal_handlers()
 sys.path.insert(0, sys.argv[1])
 try:
     import slow_module  # sends itself SIGINT while it initialises
@@ -394,7 +394,7 @@ _ABANDONED = []
 def test_temp_files_of_abandoned_writes_are_removed_when_the_command_ends(trtq, kit, tmp_path, monkeypatch):
     """A write whose context was left without its exit (a signal between the temporary file's creation
     and the with-block, its generator still referenced) still leaves no temporary file."""
-    import trtq.cli as cli
+    import trtq.cli.process as process
     from trtq.fileio import atomic_path, declare_outputs
 
     dest = tmp_path / "out.txt"
@@ -406,7 +406,7 @@ def test_temp_files_of_abandoned_writes_are_removed_when_the_command_ends(trtq, 
         cm.__enter__().write_bytes(b"half")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_emit", emit_then_interrupted)
+    monkeypatch.setattr(process, "emit", emit_then_interrupted)
     r = trtq(["inspect-cache", kit.cache])
     assert r.code == 130 and "interrupted; nothing was written" in r.err, r
     assert not dest.exists() and not temp_leftovers(tmp_path)
@@ -450,6 +450,7 @@ _MAIN_THREAD_STUCK = r"""
 import sys, threading, time
 sys.path.insert(0, sys.argv[1])
 import trtq.cli as cli
+import trtq.cli.process as process
 
 how, cache = sys.argv[2], sys.argv[3]
 
@@ -486,7 +487,7 @@ def emit_while_stuck(*args, **kwargs):
         import never_finishes
 
 
-cli._emit = emit_while_stuck
+process.emit = emit_while_stuck
 sys.argv = ["trtq", "inspect-cache", cache]
 cli.main()  # the console-script path: argv from sys.argv, the process leaves through os._exit
 """
@@ -525,6 +526,7 @@ def test_a_signal_stops_the_process_even_when_its_main_thread_is_stuck(kit, tmp_
 _SIGNAL_BEFORE_THE_COMMAND = r"""
 import os, signal, sys
 import trtq.cli as cli
+import trtq.cli.process as process
 
 SIG = signal.SIGINT if sys.argv[1] == "SIGINT" else signal.SIGTERM
 
@@ -535,7 +537,7 @@ def watchdog_start_cut_by_a_signal():  # the signal lands right after trtq's han
         pass
 
 
-cli._start_signal_watchdog = watchdog_start_cut_by_a_signal
+process.start_signal_watchdog = watchdog_start_cut_by_a_signal
 sys.argv = ["trtq", "--version"]
 cli.main()
 print("not interrupted")
@@ -545,7 +547,7 @@ print("not interrupted")
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_between_the_handlers_and_the_command(sig):
     """Seen in a loaded run of this suite: SIGINT while the watchdog thread was being started (after
-    trtq's handlers, before _run's try) escaped main() as a traceback."""
+    trtq's handlers, before run's try) escaped main() as a traceback."""
     p = subprocess.run([sys.executable, "-c", _SIGNAL_BEFORE_THE_COMMAND, signal.Signals(sig).name],
                        capture_output=True, text=True, env=child_env(), timeout=60)
     assert p.returncode == EXIT[sig], (p.returncode, p.stderr)
@@ -555,9 +557,9 @@ def test_a_signal_between_the_handlers_and_the_command(sig):
 
 _SIGNAL_IN_DEL = r"""
 import os, signal, sys, time
-from trtq.cli import _install_signal_handlers
+from trtq.cli.process import install_signal_handlers
 
-_install_signal_handlers()
+install_signal_handlers()
 
 
 class Finalized:

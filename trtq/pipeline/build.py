@@ -28,6 +28,13 @@ from trtq.trt.build import BuildResult, build_plan, resolve_profiles
 log = logging.getLogger(__name__)
 
 
+def build(cfg, model_path: Path, cache_path: Optional[Path], output: Path) -> BuildResult:
+    """``trtq build``'s step: the engine ``output`` (and ``output.json``) of ``model_path`` with the
+    ranges of ``cache_path`` (None: a Q/DQ model or a float engine), as ``cfg.build`` says;
+    ``cfg.quantize`` and ``cfg.data`` for an explicit INT8 build that quantizes."""
+    return build_engine(Path(model_path), Path(output), cfg.build, cache_path=Path(cache_path) if cache_path else None,
+                        quantize_options=cfg.quantize, data_options=cfg.data)
+
 def build_engine(
     model_path: Path,
     output: Path,

@@ -62,15 +62,69 @@ class CalibrationResult:
         }
 
 
-def calibrate(cfg: Any, progress: Any = None, shard: tuple[int, int] | None = None,
-              ranges: Path | None = None, keep_batches: Path | None = None) -> Any:
-    """Calibrate ``cfg.model`` on ``cfg.data`` with the configured backend; a CalibrationResult."""
+def calibrate(cfg: Any, ranges: Path | None = None, cache: Path | None = None, statistics: Path | None = None, *,
+              keep_batches: Path | None = None, shard: tuple[int, int] | None = None, progress: Any = None) -> Any:
+    """``trtq calibrate``'s step: calibrate ``cfg.model`` on ``cfg.data`` with the configured backend
+    and write ``cache`` and its provenance, and ``statistics`` (``--save-stats``; None: the config's
+    ``calibrate.output`` / ``save_stats``); a CalibrationResult. ``shard=(I, N)``: pass 1 of shard I of
+    N, or pass 2 with the merged pass-1 ``ranges``; ``keep_batches``: pass 1 of a shard writes its
+    decoded batches there, pass 2 reads them back. ``progress`` is called after every batch."""
+    cfg = _writing(cfg, cache, statistics)
     cfg, selection = _tensor_selection(cfg)
     if cfg.calibrate.backend == "tensorrt":
         return calibrate_with_tensorrt(cfg)
     result = calibrate_with_onnxruntime(cfg, progress=progress, shard=shard, ranges=ranges,
                                         keep_batches=keep_batches, selection=selection)
     return warn_range_flags(cfg, result)
+
+
+def calibrate_from_stats(cfg: Any, statistics: Path, cache: Path | None = None) -> Any:
+    """``trtq calibrate --from-stats``'s step: ``cfg.calibrate.method`` on the histograms of
+    ``statistics`` (``--save-stats``, or merged shards; no model run), written to ``cache`` (None:
+    the config's ``calibrate.output``) and its provenance; a CalibrationResult."""
+    cfg = _writing(cfg, cache, None)
+    return warn_range_flags(cfg, _ranges_from_stats(cfg, Path(statistics)))
+
+
+def merge_stats(cfg: Any, shards: list[Path], merged: Path) -> Any:
+    """``trtq merge-stats``'s step: the --save-stats files of the N shards of one pass, merged into
+    ``merged`` (trtq.calib.shard.merge_stats_files); a MergeResult."""
+    from trtq.calib.shard import merge_stats_files
+
+    return merge_stats_files([Path(p) for p in shards], Path(merged))
+
+
+@dataclass
+class DataPreview:
+    """What ``trtq calibrate --dry-run`` shows: the model's inputs, the batches and their summary."""
+
+    specs: list
+    batcher: Any
+    summary: Any
+
+
+def summarize_data(cfg: Any) -> DataPreview:
+    """``trtq calibrate --dry-run``'s step: one pass over the batches of ``cfg.data`` for the inputs of
+    ``cfg.model`` (trtq.data.summary); writes nothing."""
+    from trtq.data.batcher import Batcher
+    from trtq.data.summary import summarize
+    from trtq.model import input_specs, load_model
+
+    specs = input_specs(load_model(cfg.model))
+    batcher = Batcher(cfg.data, specs)
+    return DataPreview(specs, batcher, summarize(batcher))
+
+
+def _writing(cfg: Any, cache: Path | None, statistics: Path | None) -> Any:
+    """``cfg`` with the cache and statistics paths a step was given (None: the config's)."""
+    import dataclasses
+
+    opts = cfg.calibrate
+    output = str(cache) if cache is not None else opts.output
+    save_stats = str(statistics) if statistics is not None else opts.save_stats
+    if (output, save_stats) == (opts.output, opts.save_stats):
+        return cfg
+    return dataclasses.replace(cfg, calibrate=dataclasses.replace(opts, output=output, save_stats=save_stats))
 
 
 def warn_range_flags(cfg: Any, result: Any) -> Any:
@@ -388,7 +442,7 @@ def build_provenance(cfg, model_path, specs, batcher, samples, trt_version, algo
     )
 
 
-def calibrate_from_stats(cfg: Any, stats_path: Path) -> CalibrationResult:
+def _ranges_from_stats(cfg: Any, stats_path: Path) -> CalibrationResult:
     """Apply ``cfg.calibrate.method`` to histograms saved by ``--save-stats`` (no model run)."""
     from trtq.calib import methods
     from trtq.calib.cache import resolve_trt_version

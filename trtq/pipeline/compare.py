@@ -1,14 +1,17 @@
-"""The ``compare`` command's orchestration: batches from the config, the runners, the report."""
+"""``trtq compare``'s step: batches from the config, the runners, the accuracy report."""
 import dataclasses
 from pathlib import Path
 from typing import Optional
 
 
-def run_compare(cfg, candidate: Path, cache: Optional[Path], per_layer_mode: Optional[str], top: Optional[int]):
-    """Return (CompareReport, per-layer rows or None).
+def compare(cfg, reference: Path, candidate: Path, cache: Optional[Path] = None, *,
+            per_layer_mode: Optional[str] = None, top: Optional[int] = None):
+    """(CompareReport, per-layer rows or None) of ``candidate`` against ``reference`` on ``cfg.data``;
+    ``per_layer_mode`` (with the calibration ``cache``) ranks the quantized layers too.
 
     A Q/DQ ONNX candidate is run with ``cfg.compare.semantics`` and, in the same pass, with the
     other semantics; the report carries both and a warning where they differ by more than noise."""
+    cfg = dataclasses.replace(cfg, model=str(reference))
     from trtq.compare import per_layer_sensitivity
     from trtq.compare.evaluate import compare_many
     from trtq.compare.semantics import semantics_gaps

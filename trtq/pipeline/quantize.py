@@ -321,8 +321,11 @@ def _warn_tensorrt8_float_convs(result) -> None:
                     " --exclude ".join(f"'^{re.escape(n)}$'" for n in consumers[:3]))
 
 
-def quantize_file(model_path: Path, cache_path: Path, output: Path, options: QuantizeOptions, data=None,
-                  task_options=None):
+def quantize(cfg, model_path: Path, cache_path: Path, output: Path):
+    """``trtq quantize``'s step: the Q/DQ model of ``model_path`` with the ranges of ``cache_path``
+    (``cfg.quantize``; the data steps read ``cfg.data``, float layers rank by ``cfg.compare``),
+    checked and written to ``output``; the QuantizeResult."""
+    options, data, task_options = cfg.quantize, cfg.data, cfg.compare
     result, fp32, shapes = _quantized(model_path, cache_path, options, data, task_options)
     save_model(result.model, output, check_batch(result.model, data, shapes), fp32,
                f"the Q/DQ model of {Path(model_path).name}")
