@@ -27,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from tests.compare import scoring  # noqa: E402
-from trtq.compare.report import wilson_interval  # noqa: E402
+from trtq.compare.accuracy import wilson_interval  # noqa: E402
 
 
 def _package_file(package: str, relative: str) -> Optional[Path]:

@@ -133,13 +133,13 @@ MUTATIONS: list[Mutation] = [
       ("tests/calib/test_budget.py",)),
     # one-pass histograms: a range that grows must merge runs of bins, not keep the old counts
     M("pow2-regrow-merges", "trtq/calib/collect/one_pass.py", "            self.counts[name] = regrow(self.counts[name], e - old)",
-      "            pass", ("tests/calib/test_pow2.py",)),
+      "            pass", ("tests/calib/test_one_pass.py",)),
     # the stride is per sample: a whole-batch stride would depend on the batch size
     M("pow2-stride-per-sample", "trtq/calib/collect/one_pass.py", "            rows = 1 if self.one_sample_calls else a.shape[0]",
-      "            rows = 1", ("tests/calib/test_pow2.py",)),
+      "            rows = 1", ("tests/calib/test_one_pass.py",)),
     # a prime stride: the smallest integer would line up with rows and channels
     M("pow2-stride-prime", "trtq/calib/collect/one_pass.py", "        if all(k % p for p in range(2, int(math.isqrt(k)) + 1)) and all(",
-      "        if True and all(", ("tests/calib/test_pow2.py",)),
+      "        if True and all(", ("tests/calib/test_one_pass.py",)),
     # a --tensors qdq cache has no range for most tensors: an implicit build must refuse it
     M("qdq-cache-not-implicit", "trtq/pipeline/build.py",
       'if ((prov.get("collection") or {}).get("tensors")) == "qdq":', "if False:",
@@ -153,10 +153,10 @@ MUTATIONS: list[Mutation] = [
     # raises the range must merge the lanes' bins; its blocks must start on the stride, or a row's picks
     # depend on the block size
     M("native-pow2-regrow", "trtq/calib/collect/_kernels.c", "                            lane[b >> d] += c;",
-      "                            lane[b] += c;", ("tests/calib/test_pow2.py",)),
+      "                            lane[b] += c;", ("tests/calib/test_one_pass.py",)),
     M("native-blocks-on-stride", "trtq/calib/collect/_kernels.c",
       "    return stride <= BLOCK / 4 ? BLOCK - BLOCK % stride : stride * 4;", "    return BLOCK;",
-      ("tests/calib/test_pow2.py",)),
+      ("tests/calib/test_one_pass.py",)),
     M("native-histogram-flags-past-top", "trtq/calib/collect/_kernels.c", "        *exceeded |= y >= exceed_at;\n",
       "", ("tests/calib/test_kernels.py",)),
     M("native-histogram-max-of-counted", "trtq/calib/collect/_kernels.c",
@@ -249,7 +249,7 @@ MUTATIONS: list[Mutation] = [
       "    install_early_handlers()\n    from trtq.cli import main as cli_main", "    from trtq.cli import main as cli_main",
       (f"{REL}/test_console_script.py",)),
     # issue 29: user values (digits 0-9 only, bounded sizes) and click's errors as one line
-    M("number-flags-ascii-only", "trtq/numbers.py", '_ASCII_INT = re.compile(r"[+-]?[0-9]{1,18}")',
+    M("number-flags-ascii-only", "trtq/formatting.py", '_ASCII_INT = re.compile(r"[+-]?[0-9]{1,18}")',
       '_ASCII_INT = re.compile(r"[+-]?\\d+")', (f"{REL}/test_user_values.py",)),
     M("shape-dims-ascii-only", "trtq/input_override.py", "        d = ascii_int(part)",
       "        d = int(part) if part.strip().isdigit() else None", (f"{REL}/test_user_values.py",)),
@@ -304,10 +304,10 @@ MUTATIONS: list[Mutation] = [
     # ... and tasks that reached different ranges are merged at the widest one
     M("pow2-task-ranges-merged", "trtq/calib/collect/one_pass.py",
       "            c = regrow(c, self.exponents[name] - exponent)", "            pass",
-      ("tests/calib/test_pow2.py",)),
+      ("tests/calib/test_one_pass.py",)),
     # a stride that divides a row length samples the same columns (EfficientNet's padding column)
     M("pow2-stride-not-a-dim", "trtq/calib/collect/one_pass.py", " and all(int(d) % k for d in dims if int(d) > 0):",
-      ":", ("tests/calib/test_pow2.py",)),
+      ":", ("tests/calib/test_one_pass.py",)),
 ]
 
 

@@ -98,7 +98,7 @@ FLOORS = {"core": 1, "data": 2, "calib": 3, "quantize": 4, "compare": 5, "trt": 
 MAX_FLOORS = 7
 # top-level modules of trtq/ that are core (they import only core) and the command line
 CORE_MODULES = {"trtq", "trtq.errors", "trtq.fileio", "trtq.config", "trtq.model", "trtq.interrupt", "trtq.memory",
-                "trtq.outputs", "trtq.qdq_info", "trtq.input_override", "trtq.numbers",
+                "trtq.outputs", "trtq.qdq_info", "trtq.input_override", "trtq.formatting",
                 "trtq.closing", "trtq.model_check"}
 CLI_MODULES = {"trtq.cli", "trtq.__main__", "trtq.console"}
 
@@ -165,12 +165,12 @@ def floor_count(graph: dict[str, set[str]], group=group_of) -> tuple[int, dict[s
 
 def test_the_layer_check_finds_upward_and_sideways_imports():
     graph = {"trtq.model": {"trtq.data.batcher"}, "trtq.data.batcher": set(),
-             "trtq.trt.build": {"trtq.compare.runners", "trtq.quantize.fp16"},
-             "trtq.compare.runners": set(), "trtq.quantize.fp16": set(), "trtq.newthing": set()}
+             "trtq.trt.build": {"trtq.compare.onnx_runner", "trtq.quantize.fp16"},
+             "trtq.compare.onnx_runner": set(), "trtq.quantize.fp16": set(), "trtq.newthing": set()}
     assert layer_violations(graph) == [
         "trtq.newthing has no floor: add it to tests/test_layers.py and docs/internals.md",
         "trtq.model -> trtq.data.batcher: upward (core is floor 1, data floor 2)",
-        "trtq.trt.build -> trtq.compare.runners: sideways (trt and compare are peers on floor 5)",
+        "trtq.trt.build -> trtq.compare.onnx_runner: sideways (trt and compare are peers on floor 5)",
     ]
 
 

@@ -7,10 +7,10 @@ import onnxruntime as ort
 import pytest
 
 from trtq.compare.metrics import OutputMetrics
-from trtq.compare.report import CompareReport
+from trtq.compare.accuracy import CompareReport
 from trtq.compare.semantics import semantics_gaps
 from trtq.quantize import quantize_model
-from trtq.compare.runners import OnnxRunner
+from trtq.compare.onnx_runner import OnnxRunner
 from tests.trt.models import activation_amax, qat_style_cnn, residual_cnn, write_trt_cache
 
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 from trtq.errors import ModelError, UsageError
 from trtq.model import format_shape
-from trtq.numbers import ascii_int
+from trtq.formatting import ascii_int
 
 _temp_dirs: list[str] = []
 

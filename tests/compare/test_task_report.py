@@ -3,7 +3,7 @@ import json
 import math
 
 from trtq.compare.metrics import OutputMetrics
-from trtq.compare.report import CompareReport
+from trtq.compare.accuracy import CompareReport
 from trtq.compare.semantics import semantics_gaps
 from trtq.compare.tasks import TaskResult
 from trtq.config import CompareOptions
@@ -33,7 +33,7 @@ def test_json_is_strict_and_names_the_gated_metric():
 
 
 def test_wilson_interval_known_values():
-    from trtq.compare.report import wilson_interval
+    from trtq.compare.accuracy import wilson_interval
 
     import numpy as np
 

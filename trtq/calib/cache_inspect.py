@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from trtq.calib.cache import INT8_MAX, CalibrationTable, scale_hex, scale_of, scale_problem, version_code
 from trtq.errors import ConfigError, TrtqError
-from trtq.numbers import format_number, json_number
+from trtq.formatting import format_number, json_number
 
 SORT_KEYS = ("file", "name", "amax", "scale", "rel-diff")
 

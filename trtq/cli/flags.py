@@ -60,7 +60,7 @@ OUT_PATH = click.Path(readable=False)
 
 class Number(click.ParamType):
     """An integer (``INT``) or a finite number (``FLOAT``) written with the ASCII digits 0-9, at most
-    18 of them (trtq.numbers): click's INT and FLOAT take other scripts' digits (``--batch-size ١٢``),
+    18 of them (trtq.formatting): click's INT and FLOAT take other scripts' digits (``--batch-size ١٢``),
     ``1_000``, ``nan``, ``inf`` and numbers of any length. ``low`` / ``high`` bound it."""
 
     def __init__(self, integer: bool, low: Optional[float] = None, high: Optional[float] = None):
@@ -68,7 +68,7 @@ class Number(click.ParamType):
         self.name = "integer" if integer else "number"
 
     def convert(self, value, param, ctx):
-        from trtq.numbers import ascii_float, ascii_int
+        from trtq.formatting import ascii_float, ascii_int
 
         number = ascii_int(value) if self.integer else ascii_float(value)
         flag = max(param.opts, key=len) if param is not None and param.opts else "the value"

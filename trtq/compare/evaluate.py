@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from trtq.compare.metrics import OutputAccumulator
-from trtq.compare.report import CompareReport
+from trtq.compare.accuracy import CompareReport
 from trtq.compare.tasks import TaskAccumulator, TaskSettings, require_fit
 from trtq.errors import DataError, ModelError
 

@@ -34,10 +34,10 @@ import numpy as np
 from trtq.compare.evaluate import (feeds_for, limited_batches, plan_outputs, split_accumulator, task_accumulators,
                                    with_task)
 from trtq.compare.metrics import OutputAccumulator, OutputMetrics, Reference
-from trtq.compare.report import fmt, gated_values, json_float, table
+from trtq.compare.accuracy import fmt, gated_values, json_float, table
 from trtq.compare.tasks import TaskSettings, output_producers
 from trtq.errors import ConfigError, DataError, ModelError
-from trtq.compare.runners import OnnxRunner
+from trtq.compare.onnx_runner import OnnxRunner
 
 log = logging.getLogger(__name__)
 

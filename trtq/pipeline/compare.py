@@ -19,8 +19,8 @@ def compare(cfg, reference: Path, candidate: Path, cache: Optional[Path] = None,
     from trtq.data.batcher import Batcher
     from trtq.errors import UsageError
     from trtq.model import input_specs, load_model
-    from trtq.compare.runners import SEMANTICS
-    from trtq.pipeline.runners import open_runner
+    from trtq.compare.onnx_runner import SEMANTICS
+    from trtq.pipeline.open_runner import open_runner
 
     semantics = cfg.compare.semantics
     reference_model = load_model(cfg.model)

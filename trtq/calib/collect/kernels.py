@@ -11,7 +11,7 @@ have two implementations that give bit-identical results:
   found; ``TRTQ_NO_NATIVE=1`` skips them): per block of 4096 elements a vectorised max, then the
   counts (no clamp where the max is below the last bin);
 * numpy on small reused scratch buffers: the reference the compiled kernels are tested against
-  (tests/calib/test_kernels.py, test_pow2.py, test_search.py), and the fallback where they were
+  (tests/calib/test_kernels.py, test_one_pass.py, test_search.py), and the fallback where they were
   not built (slower per element: benchmarks/README.md has the figures).
 
 Work is split into parts of at most :data:`PART` elements and run on a thread pool as wide as the

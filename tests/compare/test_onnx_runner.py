@@ -1,4 +1,4 @@
-"""trtq.compare.runners: ONNX Runtime runners, provider choice, one-line errors."""
+"""trtq.compare.onnx_runner: ONNX Runtime runners, provider choice, one-line errors."""
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trtq.errors import ConfigError, DataError, ModelError
 from trtq.model import TensorSpec
-from trtq.compare.runners import (
+from trtq.compare.onnx_runner import (
     OnnxRunner,
     make_session,
     resolve_providers,

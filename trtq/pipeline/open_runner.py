@@ -1,6 +1,6 @@
 """Choosing a runner by the model file's kind: ``.onnx`` -> compare's ONNX Runtime runner,
 ``.plan`` / ``.engine`` -> trt's runtime runner (imported only then, so that ONNX models run
-without TensorRT). Both have the :class:`trtq.compare.runners.Runner` surface."""
+without TensorRT). Both have the :class:`trtq.compare.onnx_runner.Runner` surface."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from trtq.closing import ClosesOnExit
-from trtq.compare.runners import DEFAULT_SEMANTICS, OnnxRunner, Runner, check_model_file
+from trtq.compare.onnx_runner import DEFAULT_SEMANTICS, OnnxRunner, Runner, check_model_file
 from trtq.errors import EnvironmentMissing, ModelError
 from trtq.model import TensorSpec
 

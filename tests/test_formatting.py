@@ -1,8 +1,8 @@
-"""trtq.numbers: the one way a possibly missing or non-finite number is written."""
+"""trtq.formatting: the one way a possibly missing or non-finite number is written."""
 import json
 import math
 
-from trtq.numbers import format_number, json_number
+from trtq.formatting import format_number, json_number
 
 
 def test_format_number_names_what_is_not_a_number():

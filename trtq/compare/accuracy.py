@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from trtq.compare.metrics import OutputMetrics
 from trtq.compare.tasks import gated_task_names, reported_apart
 from trtq.errors import ConfigError
-from trtq.numbers import format_number as fmt
-from trtq.numbers import json_number as json_float
+from trtq.formatting import format_number as fmt
+from trtq.formatting import json_number as json_float
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
@@ -155,7 +155,7 @@ class CompareReport:
         raise KeyError(name)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict (see :func:`trtq.numbers.json_number` for how inf / nan are written)."""
+        """Plain JSON-able dict (see :func:`trtq.formatting.json_number` for how inf / nan are written)."""
         out = {
             "reference": self.reference,
             "candidate": self.candidate,

@@ -1,4 +1,4 @@
-"""trtq.pipeline.runners: choosing a runner by the file's kind, the TensorRT engine adapter."""
+"""trtq.pipeline.open_runner: choosing a runner by the file's kind, the TensorRT engine adapter."""
 import importlib.util
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 
 from trtq.errors import EnvironmentMissing, ModelError
 from trtq.model import TensorSpec
-from trtq.pipeline.runners import EngineRunner, open_runner
+from trtq.pipeline.open_runner import EngineRunner, open_runner
 
 
 @pytest.mark.parametrize("name, content", [("missing.onnx", None), ("empty.onnx", b""),

@@ -14,15 +14,14 @@ optimization level that gives the semantics asked for (:data:`SEMANTICS`). A mod
 nodes is scored by default as TensorRT computes it ("qdq": Q/DQ pairs as written, float math in
 between: ONNX Runtime with basic graph optimizations only). ONNX Runtime's extended optimizations
 replace Q/DQ pairs by its own int8 kernels (QDQS8ToU8Transformer and the QLinear fusions), whose
-results can differ a lot from TensorRT's (EfficientNet-Lite0, dynamo export: 1.8 dB logit SQNR
-with them, 17.2 dB without, 17.2 dB on the TensorRT 8.6 engine); "onnxruntime" asks for exactly
+results can differ a lot from TensorRT's (docs/decisions.md D1 has the figures); "onnxruntime" asks for exactly
 that, to score a model as ONNX Runtime would deploy it. Models without Q/DQ nodes always get all
 optimizations (float results are the same up to rounding, and faster). Providers default to CPU;
 CUDA (or another provider) is used when asked for and present in this onnxruntime build,
 otherwise it is dropped with a warning.
 
 Opening a file by its kind (``.onnx`` here, a TensorRT ``.plan`` through ``trtq.trt.runtime``) is
-``trtq.pipeline.runners.open_runner``: compare never imports trt.
+``trtq.pipeline.open_runner.open_runner``: compare never imports trt.
 """
 from __future__ import annotations
 
@@ -231,7 +230,7 @@ def _spec_from_node_arg(arg) -> TensorSpec:
 class OnnxRunner(ClosesOnExit):
     """Runs an ONNX model with ONNX Runtime.
 
-    Use :meth:`from_path` (or ``trtq.pipeline.runners.open_runner``) for files and :meth:`from_model`
+    Use :meth:`from_path` (or ``trtq.pipeline.open_runner.open_runner``) for files and :meth:`from_model`
     for an in-memory ``ModelProto``.
     ``run`` casts a float feed to the float type the model declares (a float32 batch can feed a
     float16 model); any other mismatch is reported by ONNX Runtime as a DataError.
