@@ -284,8 +284,8 @@ _FLOAT_TENSOR_TYPES = (1, 10, 11, 16)  # float32, float16, float64, bfloat16
 def infer_shapes(model, strict_mode: bool = False, input_shapes: Optional[Mapping[str, Sequence[int]]] = None):
     """ONNX shape inference, for reading types and shapes: float initializers of at least
     :data:`LIGHT_INITIALIZER` elements take part as graph inputs of their type and shape instead
-    of with their values (onnx serialises the whole model for every inference: EfficientNet-Lite0's
-    18 MB, five inferences in one calibrate, 0.26 s). ``input_shapes`` replaces the dims of those
+    of with their values (onnx serialises the whole model for every inference, several times a
+    calibration: docs/decisions.md D22). ``input_shapes`` replaces the dims of those
     inputs. The returned model lacks those initializers: read it, do not run it. Raises what
     onnx.shape_inference.infer_shapes raises."""
     import numpy as np

@@ -108,8 +108,8 @@ def mse_amax_many(counts: Sequence[np.ndarray], maxima: Sequence[float], start_b
     out: list = [None] * len(c)
     idx = np.flatnonzero(ok)
     # parts of at most 32 tensors side by side on the cores (the gathers run in C without the GIL,
-    # and so do numpy's larger operations), each with temporaries of [32, candidates]: PP-OCR cls's
-    # 235 tensors 55 -> 33 ms on 2 cores, in no more memory than one part of 64 at a time took
+    # and so do numpy's larger operations), each with temporaries of [32, candidates]: faster on
+    # two cores than parts of 64 one at a time, in no more memory (docs/decisions.md D22)
     parts = np.array_split(idx, -(-idx.size // 32)) if idx.size else []
     for part, found in zip(parts, parallel_map(search, parts)):
         for r, a in zip(part, found):

@@ -27,7 +27,7 @@ from trtq.calib.collect.accumulators import DEFAULT_NUM_BINS
 from trtq.errors import CacheError, ConfigError
 from trtq.fileio import atomic_write_bytes, require_input_file
 
-MAX_NUM_BINS = 1 << 20  # TensorRT's calibrators use 2048; a million bins is already 8 MB per tensor
+MAX_NUM_BINS = 1 << 20  # TensorRT's calibrators use 2048; a million int64 bins is 8 MiB a tensor
 
 
 def check_num_bins(num_bins: int, tensors: int) -> None:

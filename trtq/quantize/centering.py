@@ -20,12 +20,10 @@ Two forms of the same function:
 
 Readers that pad (a Pad node or a Conv's ``pads``) are not centred: their zeros would have to become
 ``-c``, and TensorRT 8.6 runs a Pad with a non-zero value as a layer of its own. Centring them too
-(explicit ``Pad(-c)``) was exact on TensorRT 8.6.0 (H100) but 4.3x slower on EfficientNet-Lite0
-(3.61 vs 0.83 ms per batch of 64), for engine top-1 agreement 0.950 / 24.2 dB against 0.920 /
-21.0 dB without them (2000 photo crops, gptq + bias correction). The other forms tried there: the
-producer's bias and the clip bounds moved by ``-c`` (a Clip with a negative lower bound before
-QuantizeLinear: computed 0.51 of the output range off), the Add left in the engine (exact, 3x
-slower: not fused into the convolution).
+(explicit ``Pad(-c)``) was exact on TensorRT 8.6.0 but much slower, for a better engine top-1
+(docs/decisions.md D12 has the measurements). The other forms tried there: the producer's bias
+and the clip bounds moved by ``-c`` (a Clip with a negative lower bound before QuantizeLinear:
+computed wrongly), the Add left in the engine (exact, slower: not fused into the convolution).
 
 Only activations whose lower bound is 0 are shifted (then 0 lands on a level; with another bound,
 e.g. HardSwish's -0.375, every zero would share one rounding error, a bias nothing corrects).
@@ -206,9 +204,7 @@ def settle_on_levels(qdq: onnx.ModelProto, centrings: list[Centring], readers: O
     model, in place (only for the reader node names in ``readers`` when given). The reader then
     errs by ``(Wq - W) x`` exactly as without centring, instead of ``(Wq - W)(x - c)``: for ReLU
     outputs, mostly below ``c``, that keeps the mean error small when no gptq rounding chose the
-    levels for the shifted inputs (measured on EfficientNet-Lite0, nearest rounding: 14.7 dB
-    without this, 18.1 with it, 17.6 not centred; gptq without bias correction, its classifier
-    kept nearest: 23.5 dB without, 24.9 with)."""
+    levels for the shifted inputs (measured on EfficientNet-Lite0: docs/decisions.md D4)."""
     from trtq.quantize.bias import rounded_weight
 
     index = GraphIndex(qdq)

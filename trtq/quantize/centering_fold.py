@@ -2,7 +2,7 @@
 
 :func:`~trtq.quantize.centering.apply_centrings` writes each centring as ``producer -> Relu/Clip ->
 Add(-c) -> [reshape, pooling ...] -> QuantizeLinear``. TensorRT 8.6 cannot fuse the Add into the
-convolution (3x slower engines), and the other float form, a Clip with a negative lower bound
+convolution (slower engines: docs/decisions.md D12), and the other float form, a Clip with a negative lower bound
 feeding QuantizeLinear, it computes wrongly. This pass turns the Q/DQ model into a form with
 neither, computing the same INT8 levels:
 

@@ -6,8 +6,8 @@ mean square is ``d H d^T`` per output channel, ``d`` the row of ``Wq - W`` and `
 second moment of the layer's input patches. When ``H`` has a dominant direction (a large common
 level in the input, as after ReLU6), nearest rounding can leave a large error along it: filters
 whose taps nearly cancel (edge detectors with a large gain after BatchNorm folding) then pass a
-slice of the input's level through. EfficientNet-Lite0's first depthwise convolution alone takes
-the logits' SQNR from 49 to 19 dB that way.
+slice of the input's level through (on EfficientNet-Lite0 one depthwise convolution alone does most
+of the damage: docs/decisions.md D22).
 
 The solver keeps each channel's scale (``max|W| / 127``, as the placement rules set it) and only
 chooses, per weight, the integer level:

@@ -84,10 +84,9 @@ def version_of(trt: Any) -> TrtVersion:
 
 def float_grouped_conv_is_unsafe(trt: Any) -> bool:
     """TensorRT 8.x: a grouped (depthwise) Conv left float between INT8 layers of a Q/DQ network
-    built without an error into engines whose outputs were garbage (TensorRT 8.6.0, H100,
-    EfficientNet-Lite0: top-1 agreement 0 with any one depthwise conv excluded; a 1x1 conv excluded
-    was fine, and so was a depthwise conv excluded together with the 1x1 conv it feeds). 10+ not
-    run here."""
+    built without an error into engines whose outputs were garbage (TensorRT 8.6.0; a 1x1 conv
+    left float was fine, and so was a depthwise conv left float together with the 1x1 conv it
+    feeds: docs/decisions.md D5). 10+ not run here."""
     return float_grouped_conv_is_unsafe_for(str(version_of(trt)))
 
 
@@ -97,22 +96,16 @@ def float_grouped_conv_is_unsafe_for(trt_version: Optional[str]) -> bool:
     return bool(trt_version) and TrtVersion.parse(trt_version).major < 10
 
 
-CENTRING_MEASURED = (
-    "TensorRT 8.6.0 (H100) built centred models in engine form (the activation folded into the quantizer's "
-    "clamp) exactly and at the uncentred engine's speed: EfficientNet-Lite0, batch 64, 0.856 vs 0.852 ms, "
-    "engine top-1 0.920 vs 0.927 on ONNX Runtime; its INT8 quantizer clamps at -128 inside fused convolutions"
-)
-
-
 def centring_in_engines(trt: Any) -> Optional[str]:
     """Why ``quantize.center_activations`` stays off in builds on this TensorRT, or None where an
-    engine has shown it exact and free at run time: 8.6 (see :data:`CENTRING_MEASURED`; the Add
-    form was 3x slower there, and a Clip with a negative lower bound before QuantizeLinear was
-    computed wrongly, see :mod:`trtq.quantize.centering`). 10 and 11 have not run here."""
+    engine has shown it exact and free at run time: 8.6 (docs/decisions.md D12; the Add form was
+    slower there, and a Clip with a negative lower bound before QuantizeLinear was computed
+    wrongly, see :mod:`trtq.quantize.centering`). 10 and 11 have not run here."""
     v = version_of(trt)
     if (v.major, v.minor) == (8, 6):
         return None
-    return f"centred engines have not been measured on TensorRT {v} (only on 8.6: {CENTRING_MEASURED})"
+    return (f"centred engines have not been measured on TensorRT {v} (only on 8.6, where they were exact and "
+            "as fast as uncentred ones: docs/decisions.md D12)")
 
 
 def import_tensorrt(importer: Callable[[str], Any] = importlib.import_module) -> Any:

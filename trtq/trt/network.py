@@ -96,12 +96,12 @@ def add_conv_kernel_shapes(model: Any) -> int:
 
 
 def parse_model(trt: Any, parser: Any, logger: Any, model: Any, model_path: Path, work_dir: Path) -> None:
-    """Parse an in-memory ONNX ModelProto (via a temporary file when it is over protobuf's 2 GB)."""
+    """Parse an in-memory ONNX ModelProto (via a temporary file when it is over protobuf's 2 GiB)."""
     if add_conv_kernel_shapes(model):
         log.debug("added kernel_shape to convolutions whose weights pass through Q/DQ")
     if model.ByteSize() < (2 << 30) - (1 << 20):
         ok = parser.parse(model.SerializeToString(), str(model_path))
-    else:  # pragma: no cover - needs a > 2 GB model
+    else:  # pragma: no cover - needs a model over 2 GiB
         import tempfile
 
         import onnx

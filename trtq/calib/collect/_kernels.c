@@ -2,7 +2,7 @@
  *
  * Built at install when a C compiler is there (setup.py, optional); loaded with ctypes by
  * trtq.calib.collect.compiled. Each follows the rule of its numpy reference in trtq.calib.collect, so
- * both give the same integers (tests/calib/test_kernels.py, test_pow2.py, test_search.py):
+ * both give the same integers (tests/calib/test_kernels.py, test_one_pass.py, test_search.py):
  * - trtq_pow2_count (one_pass.Pow2Histograms): the one-pass power-of-two histogram. Every
  *   element is read for the max, elements 0, stride, ... of each row are counted as
  *   floor(|x| * 2**-e * num_bins) in float32 into four int32 lanes, and a block whose max passes
@@ -87,8 +87,8 @@ DEFINE_COUNT_BLOCK(count_block64, int64_t)
 
 /* count_block / count_block64 of a whole block (stride 1) on AVX2: eight bins from one multiply
  * and one convert, taken out of the register two at a time (no trip through memory) and added to
- * the lanes in turn; the same integers as the scalar loops, at about 1.7x their speed on an EPYC
- * (the counting is most of what mse calibration adds to inference on PP-OCR cls, issue 13). */
+ * the lanes in turn; the same integers as the scalar loops, faster (the counting is most of what
+ * mse calibration adds to inference on small models: docs/decisions.md D22). */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define HAVE_COUNT_AVX2 1

@@ -57,12 +57,9 @@ def resolve_budget(setting) -> int:
 
 def slice_target(setting, budget: int) -> int:
     """Bytes of activations above which a batch runs in slices of rows: the budget when
-    --max-memory is given; else at most :data:`SLICE_TARGET` (slicing costs no extra pass).
-    Measured with the one-read histograms (128 samples, batch 8, median of 3, wall s / peak RSS),
-    slices of 1 GiB -> 256 MiB: PP-OCRv4 det 5.1 s / 1050 MB -> 6.2 s / 500 MB, rec 5.7 s / 706 MB
-    -> 6.5 s / 501 MB, EfficientNet-Lite0 3.3 s / 979 MB -> 3.4 s / 492 MB (whole batches had been
-    slower still: det 14.3 s / 1.83 GB before the one-pass work). Tensor groups, which cost a
-    pass each, still start at the budget only."""
+    --max-memory is given; else at most :data:`SLICE_TARGET` (slicing costs no extra pass, and
+    halved the peak memory for a little time: docs/decisions.md D22). Tensor groups, which cost
+    a pass each, still start at the budget only."""
     return budget if setting is not None else min(budget, SLICE_TARGET)
 
 
@@ -105,7 +102,7 @@ def rows_within(total: int, batch: int, budget: int) -> int:
     divisor of ``batch`` whose rows fit in ``budget``, at least 1 (one row over the budget is then
     grouped by tensor). A divisor, so every slice has one shape: ONNX Runtime's bound output
     buffers are reused, where a shorter last slice made it allocate a second set each batch
-    (PP-OCRv4 det at --max-memory 512M: 8 rows as 3 + 3 + 2, 1.40 GB peak; as 4 x 2, 698 MB)."""
+    (twice the peak memory: docs/decisions.md D22)."""
     batch = max(int(batch), 1)
     per_row = -(-int(total) // batch)
     fit = max(1, min(batch, int(budget) // max(per_row, 1)))

@@ -85,7 +85,7 @@ class OrtCollector:
 
     Activations are written by ONNX Runtime straight into buffers allocated on the first batch and
     reused for every later batch of the same input shapes (I/O binding): no per-batch allocation or
-    copy of the ~100s of MiB a full set of activations takes. The arrays returned by :meth:`run`
+    copy of the full set of activations. The arrays returned by :meth:`run`
     are therefore only valid until the next call. Tensors that are model inputs come from the
     feed itself.
     """
@@ -147,7 +147,7 @@ class OrtCollector:
         if not self._reuse:
             return values
         # ONNX Runtime's own arrays become the bound buffers: no copy, no second set in memory
-        # (copying them into numpy-allocated buffers was measured slower and +460 MiB peak RSS)
+        # (copying them into numpy-allocated buffers was measured slower and larger: decisions.md D22)
         self._buffers = [np.ascontiguousarray(v) for v in values]
         self._bound_key = key
         if all(b.size > 0 for b in self._buffers):

@@ -111,11 +111,11 @@ class InGraphCollector:
             opts.log_severity_level = 3
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             # ONNX Runtime's default order ran the statistics nodes late, keeping every activation
-            # alive (EfficientNet-Lite0, 128 samples: 1.43 GB, 3.5 s); by priority, then graph order, each
-            # runs right after its tensor's producer (450 MB, 2.3 s; inference alone 317 MB, 0.8 s)
+            # alive; by priority, then graph order, each runs right after its tensor's producer
+            # (docs/decisions.md D22 has the memory and time of both)
             opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-            # the memory pattern (one block planned from the first run) held 460-560 MB where
-            # allocating per run holds ~400 (EfficientNet-Lite0, --tensors qdq); same speed
+            # the memory pattern (one block planned from the first run) held more than allocating
+            # per run does, at the same speed (D22)
             opts.enable_mem_pattern = False
             opts.register_custom_ops_library(lib._name)
             blob = _with_stats_nodes(model, self.tensors, self._id).SerializeToString()

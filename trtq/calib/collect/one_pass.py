@@ -63,8 +63,8 @@ def regrow(counts: np.ndarray, d: int) -> np.ndarray:
 def stride_for(elements: int, cap: int, dims: tuple = ()) -> int:
     """1 when ``elements <= cap`` (or cap is 0: everything), else the smallest prime ``k`` with
     ``ceil(elements / k) <= cap`` that divides none of the sample's ``dims``: a stride that divides
-    a row length would visit the same columns of every row (measured: EfficientNet-Lite0's padded
-    11 x 11 maps sampled on a stride of 11 saw only the zero padding column and got 8% ranges)."""
+    a row length would visit the same columns of every row (on padded maps: only the zero padding
+    column, docs/decisions.md D13)."""
     if cap <= 0 or elements <= cap:
         return 1
     k = max(2, -(-elements // cap))

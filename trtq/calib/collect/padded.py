@@ -3,8 +3,8 @@
 A ``Pad`` node in constant mode with value 0 (constant pads, none on the batch axis) outputs its
 input plus zeros. When both tensors are calibrated, measuring the output costs far more than its
 counting: ONNX Runtime folds such a Pad into the Conv that reads it unless something else reads the
-padded tensor, and the Pad run on its own, with the layout copies around it, took 0.5 s of
-EfficientNet-Lite0's 1.6 s calibration run (17 Pads, TensorFlow's "same" padding). So the output is
+padded tensor, and the Pad run on its own, with the layout copies around it, took a third of
+EfficientNet-Lite0's calibration run (docs/decisions.md D18). So the output is
 not run through the collector: its max and signed extremes are the input's with 0 included, its
 histogram the input's plus the padding zeros in bin 0, sampled at the rate the input was:
 ``ceil(P / k)`` zeros per sample, ``P`` the zeros one sample gains and ``k`` the input's per-sample
