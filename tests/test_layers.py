@@ -98,7 +98,7 @@ FLOORS = {"core": 1, "data": 2, "calib": 3, "quantize": 4, "compare": 5, "trt": 
 MAX_FLOORS = 7
 # top-level modules of trtq/ that are core (they import only core) and the command line
 CORE_MODULES = {"trtq", "trtq.errors", "trtq.fileio", "trtq.config", "trtq.model", "trtq.interrupt", "trtq.memory",
-                "trtq.outputs", "trtq.qdq_info", "trtq.input_override", "trtq.formatting",
+                "trtq.outputs", "trtq.qdq_info", "trtq.input_override", "trtq.formatting", "trtq.registry",
                 "trtq.closing", "trtq.model_check"}
 CLI_MODULES = {"trtq.cli", "trtq.__main__", "trtq.console"}
 

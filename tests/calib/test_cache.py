@@ -76,15 +76,15 @@ def test_decode_version_code_garbage(bad):
 
 def test_default_version_and_algorithms():
     assert C.version_code(C.DEFAULT_TRT_VERSION) == "101600"
-    from trtq.calib.methods import all_methods, tensorrt_method
+    from trtq.calib.methods import METHODS, tensorrt_method
 
-    assert {m.name: m.algorithm for m in all_methods()} == {
+    assert {m.name: m.algorithm for m in METHODS.rows()} == {
         "max": "MinMaxCalibration",
         "entropy": "EntropyCalibration2",
         "percentile": "EntropyCalibration2",
         "mse": "EntropyCalibration2",
     }
-    assert [m.name for m in all_methods() if m.tensorrt] == ["max", "entropy"]  # --backend tensorrt
+    assert [m.name for m in METHODS.rows() if m.tensorrt] == ["max", "entropy"]  # --backend tensorrt
     assert [tensorrt_method(a) for a in ("MinMaxCalibration", "EntropyCalibration2", "EntropyCalibration")] == [
         "max", "entropy", "entropy"]
 

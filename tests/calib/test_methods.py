@@ -20,16 +20,16 @@ def toy_method():
     methods.register(methods.Method("half-range", half_range, histogram=True, passes=2,
                                     algorithm="EntropyCalibration2"))
     yield "half-range"
-    methods.unregister("half-range")
+    methods.METHODS.unregister("half-range")
 
 
 def test_the_registry_holds_the_four_methods_in_order():
-    assert methods.names() == ("max", "entropy", "percentile", "mse")
-    assert [m.passes for m in methods.all_methods()] == [1, 2, 1, 1]
-    assert [m.histogram for m in methods.all_methods()] == [False, True, True, True]
+    assert methods.METHODS.names() == ("max", "entropy", "percentile", "mse")
+    assert [m.passes for m in methods.METHODS.rows()] == [1, 2, 1, 1]
+    assert [m.histogram for m in methods.METHODS.rows()] == [False, True, True, True]
     with pytest.raises(ValueError, match="passes"):
         methods.register(methods.Method("bad", half_range, histogram=False, passes=2, algorithm="MinMaxCalibration"))
-    assert "bad" not in methods.names()
+    assert "bad" not in methods.METHODS.names()
 
 
 def test_a_registered_method_calibrates_end_to_end(trtq, sample_config, tmp_path, toy_method):
@@ -69,7 +69,7 @@ def test_a_registered_method_is_a_config_and_cli_choice(trtq, sample_config, tmp
     out = tmp_path / "c.cache"
     r = trtq(["calibrate", "-c", cfg, "--limit", "8", "-o", out])
     assert r.code == 0 and "with half-range" in r.out, r
-    methods.unregister(toy_method)
+    methods.METHODS.unregister(toy_method)
     r = trtq(["calibrate", "-c", cfg, "--limit", "8", "-o", tmp_path / "d.cache"])
     assert r.code == 2 and "config key 'calibrate.method' must be one of" in r.err
 

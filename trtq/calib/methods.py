@@ -3,10 +3,10 @@
 A row (:class:`Method`) says how the method turns a tensor's statistics into its ``amax``, what it
 needs (histograms or the max alone, one model pass or two) and the TensorRT cache header it is
 written under. Everything that names methods reads this table: ``trtq calibrate --method``'s
-choices, the check of ``calibrate.method`` (:func:`get`), the cache's algorithm header
+choices, the check of ``calibrate.method`` (``METHODS.get``), the cache's algorithm header
 (trtq.calib.cache), the passes a calibration takes (trtq.pipeline.calibrate), ``--backend
 tensorrt`` and the report (its data and, embedded as JSON, its page). A new method is one function
-and one :func:`register` call.
+and one :func:`register` call (:data:`METHODS` is a trtq.registry.Registry).
 
 Importing this module imports no numpy (``trtq --help`` reads the names); the rules themselves are
 in trtq.calib.stats and trtq.calib.search.
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from trtq.errors import ConfigError
+from trtq.registry import Registry
 
 # smallest amax written: a tensor that was (all but) zero on every sample still needs scale > 0
 MIN_AMAX = 1e-8
@@ -53,43 +54,20 @@ class Method:
                 "algorithm": self.algorithm, "tensorrt": self.tensorrt}
 
 
-_REGISTRY: dict[str, Method] = {}
+METHODS: Registry[Method] = Registry("calibrate.method")
 
 
 def register(method: Method) -> Method:
-    """Add ``method`` to the table (the order of registration is the order shown everywhere)."""
+    """Add ``method`` to :data:`METHODS` (the order of registration is the order shown everywhere)."""
     if method.passes not in (1, 2) or (not method.histogram and method.passes != 1):
         raise ValueError(f"method {method.name}: passes must be 1 or 2, and 1 without histograms")
-    _REGISTRY[method.name] = method
-    return method
-
-
-def unregister(name: str) -> None:
-    """Remove a method (tests that register one of their own)."""
-    _REGISTRY.pop(name, None)
-
-
-def names() -> tuple[str, ...]:
-    return tuple(_REGISTRY)
-
-
-def all_methods() -> tuple[Method, ...]:
-    return tuple(_REGISTRY.values())
-
-
-def get(name: Any, key: str = "calibrate.method") -> Method:
-    """The method ``name``; ConfigError naming ``key`` for another value."""
-    method = _REGISTRY.get(name) if isinstance(name, str) else None
-    if method is None:
-        raise ConfigError(f"config key '{key}' must be one of " + ", ".join(repr(n) for n in _REGISTRY)
-                          + f", got {name!r}")
-    return method
+    return METHODS.register(method)
 
 
 def tensorrt_method(algorithm: str) -> str:
     """The method TensorRT's calibrator of this cache header computes (its entropy calibrator for
     a header no TensorRT method writes, as TensorRT reads such caches)."""
-    computed = [m for m in _REGISTRY.values() if m.tensorrt]
+    computed = [m for m in METHODS.rows() if m.tensorrt]
     found = next((m for m in computed if m.algorithm == algorithm), None)
     return (found or next(m for m in computed if m.algorithm == "EntropyCalibration2")).name
 
@@ -157,7 +135,7 @@ def compute_amax(method: str, counts, max_value: float, percentile: float = 99.9
     ``zeros``: how many of bin 0's values were exactly zero; ``entropy`` leaves them out of the
     distribution (TensorRT's EntropyCalibration2 behaviour), the other methods count them.
     ``top``: the histogram's upper edge when it is not ``max_value`` (see :func:`compute_all`)."""
-    m = _REGISTRY.get(method)
+    m = METHODS.find(method)
     if m is not None and not m.histogram:
         return float(m.amax(None, max_value, percentile))
     if top is not None:
@@ -175,9 +153,9 @@ def compute_amax(method: str, counts, max_value: float, percentile: float = 99.9
 
 
 def _method(name: str) -> Method:
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown calibration method '{name}'", "use one of: " + ", ".join(_REGISTRY))
-    return _REGISTRY[name]
+    if name not in METHODS:
+        raise ConfigError(f"unknown calibration method '{name}'", "use one of: " + ", ".join(METHODS.names()))
+    return METHODS.get(name)
 
 
 def compute_all(

@@ -111,15 +111,15 @@ class Registered(click.Choice):
 
 
 def _method_names() -> Sequence[str]:
-    from trtq.calib.methods import names
+    from trtq.calib.methods import METHODS
 
-    return names()
+    return METHODS.names()
 
 
 def _task_names() -> Sequence[str]:
-    from trtq.compare.tasks import task_names
+    from trtq.compare.tasks import TASKS
 
-    return ("auto", *task_names())
+    return ("auto", *TASKS.names())
 
 
 OVERRIDE_KEY = "trtq.override_input_shapes"

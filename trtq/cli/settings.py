@@ -91,13 +91,13 @@ def load_checked_config(config_path: Optional[Path], overrides: dict[str, Any]):
     if cfg.calibrate.method is not None:
         from trtq.calib import methods
 
-        method = methods.get(_canonical(cfg.calibrate.method, methods.names())).name
+        method = methods.METHODS.get(_canonical(cfg.calibrate.method, methods.METHODS.names())).name
         cfg = dataclasses.replace(cfg, calibrate=dataclasses.replace(cfg.calibrate, method=method))
     if cfg.compare.task != "auto":
-        from trtq.compare.tasks import get_task, task_names
+        from trtq.compare.tasks import TASKS
 
-        task = _canonical(cfg.compare.task, ("auto", *task_names()))
-        task = task if task == "auto" else get_task(task).name
+        task = _canonical(cfg.compare.task, ("auto", *TASKS.names()))
+        task = task if task == "auto" else TASKS.get(task).name
         cfg = dataclasses.replace(cfg, compare=dataclasses.replace(cfg.compare, task=task))
     return cfg
 

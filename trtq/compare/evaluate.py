@@ -292,12 +292,12 @@ def with_task(metrics: Any, task: TaskAccumulator, split: Any = None) -> Any:
     """``metrics`` (an OutputMetrics) carrying the task result of the same output: the split heads'
     detection result on the first ``--scores`` output. Top-1 agreement is kept for classify
     outputs only: on any other it would be a number with no meaning."""
-    from trtq.compare.tasks import TaskResult, get_task
+    from trtq.compare.tasks import TASKS, TaskResult
 
     result = task.result()
     if split is not None and task.name == split.heads.scores[0]:
         result = TaskResult("detect", split.how, split.metrics())
-    if result is not None and not get_task(result.task).keeps_top1:
+    if result is not None and not TASKS.get(result.task).keeps_top1:
         metrics = dataclasses.replace(metrics, top1_agreement=None, top1_matches=None)
     return dataclasses.replace(metrics, task=result)
 

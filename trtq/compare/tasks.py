@@ -45,6 +45,7 @@ from trtq.compare.origin import FEATURE_OPS, OutputOrigin, output_origins
 from trtq.compare.segment import SegmentAccumulator
 from trtq.compare.split_detect import BOX_FORMATS
 from trtq.errors import ConfigError, UsageError
+from trtq.registry import Registry
 
 DETECT_FORMATS = ("auto", "v8", "v5")
 SOFTMAX_OPS = ("Softmax", "LogSoftmax")
@@ -99,8 +100,8 @@ class TaskSettings:
         return settings
 
     def check(self) -> None:
-        if self.task != "auto" and self.task not in _TASKS:
-            raise ConfigError(f"unknown compare task '{self.task}'", "use one of: auto, " + ", ".join(_TASKS))
+        if self.task != "auto" and self.task not in TASKS:
+            raise ConfigError(f"unknown compare task '{self.task}'", "use one of: auto, " + ", ".join(TASKS.names()))
         if self.detect_format not in DETECT_FORMATS:
             raise ConfigError(f"unknown detect format '{self.detect_format}'",
                               "use one of: " + ", ".join(DETECT_FORMATS))
@@ -111,10 +112,10 @@ class TaskSettings:
             raise ConfigError(f"--mask-threshold must be a finite number, got {self.mask_threshold}",
                               "give the value that separates mask from background, e.g. 0.5")
         if self.layout != "auto":
-            row = _TASKS.get(self.task)
+            row = TASKS.find(self.task)
             allowed = row.layouts if row is not None and row.layouts else None
             if allowed is None:
-                laid = sorted((t for t in _TASKS.values() if t.layouts), key=lambda t: t.name)
+                laid = sorted((t for t in TASKS.rows() if t.layouts), key=lambda t: t.name)
                 raise ConfigError("--layout is for --task " + " or ".join(f"{t.name} ({', '.join(t.layouts)})"
                                                                           for t in laid)
                                   + f", not --task {self.task}",
@@ -138,7 +139,7 @@ class TaskSettings:
 
     def batch_axis_of(self, rank: int) -> int | None:
         """The batch axis ``layout`` states for an output of this rank (None: not stated)."""
-        if self.task == "ctc" and rank == 3 and self.layout in _TASKS["ctc"].layouts:
+        if self.task == "ctc" and rank == 3 and self.layout in TASKS.get("ctc").layouts:
             return self.layout.index("N")
         return None
 
@@ -151,13 +152,13 @@ class TaskResult:
 
     @property
     def gate_metric(self) -> str | None:
-        gate = _TASKS[self.task].gate if self.task in _TASKS else None
-        return gate[0] if gate else None
+        row = TASKS.find(self.task)
+        return row.gate[0] if row is not None and row.gate else None
 
     @property
     def gate_label(self) -> str | None:
-        gate = _TASKS[self.task].gate if self.task in _TASKS else None
-        return gate[1] if gate else None
+        row = TASKS.find(self.task)
+        return row.gate[1] if row is not None and row.gate else None
 
     @property
     def value(self) -> float | None:
@@ -182,9 +183,10 @@ class Task:
     """One task an output can serve: whether it fits an output, what scores it, what it gates.
 
     Everything that names tasks reads this table: ``--task``'s choices, the check of
-    ``compare.task`` (:func:`get_task`), :class:`TaskSettings`, :func:`fits`,
+    ``compare.task`` (``TASKS.get``), :class:`TaskSettings`, :func:`fits`,
     :class:`TaskAccumulator` and the gate. A new task is one accumulator (``update(ref, cand)``,
-    ``metrics()``), its fit test and one :func:`register_task` call."""
+    ``metrics()``), its fit test and one ``TASKS.register`` call (:data:`TASKS`, a
+    trtq.registry.Registry)."""
 
     name: str
     # None when the task can score an output of this batch-first shape, else why not:
@@ -198,42 +200,18 @@ class Task:
     keeps_top1: bool = False  # its metric is top-1 agreement, which the tensor metrics keep for it
 
 
-_TASKS: dict[str, Task] = {}
-
-
-def register_task(task: Task) -> Task:
-    """Add ``task`` to the table (the order of registration is the order shown everywhere)."""
-    _TASKS[task.name] = task
-    return task
-
-
-def unregister_task(name: str) -> None:
-    """Remove a task (tests that register one of their own)."""
-    _TASKS.pop(name, None)
-
-
-def task_names() -> tuple[str, ...]:
-    return tuple(_TASKS)
-
-
-def get_task(name: Any, key: str = "compare.task") -> Task:
-    """The task ``name``; ConfigError naming ``key`` for another value."""
-    task = _TASKS.get(name) if isinstance(name, str) else None
-    if task is None:
-        raise ConfigError(f"config key '{key}' must be one of " + ", ".join(repr(n) for n in ("auto", *_TASKS))
-                          + f", got {name!r}")
-    return task
+TASKS: Registry[Task] = Registry("compare.task", also=("auto",))
 
 
 def gated_task_names() -> tuple[str, ...]:
     """The tasks that have a task metric."""
-    return tuple(t.name for t in _TASKS.values() if t.gate is not None)
+    return tuple(t.name for t in TASKS.rows() if t.gate is not None)
 
 
 def reported_apart(task: str) -> bool:
     """Its task metric is printed beside the tensor metrics (every gated task but those whose metric
     is top-1 agreement, which the tensor metrics keep)."""
-    row = _TASKS.get(task)
+    row = TASKS.find(task)
     return row is not None and row.gate is not None and not row.keeps_top1
 
 
@@ -258,9 +236,9 @@ def _segment_axis(origin: OutputOrigin | None, layout: str) -> tuple[int | None,
 
 def fits(task: str, shape: Sequence[int], settings: TaskSettings, origin: Any = None) -> str | None:
     """None when ``task`` can score an output of this (batch-first) shape, else why not."""
-    if task not in _TASKS:
-        raise ConfigError(f"unknown compare task '{task}'", "use one of: " + ", ".join(_TASKS))
-    return _TASKS[task].fits(shape, settings, origin)
+    if task not in TASKS:
+        raise ConfigError(f"unknown compare task '{task}'", "use one of: " + ", ".join(TASKS.names()))
+    return TASKS.get(task).fits(shape, settings, origin)
 
 
 def _fits_raw(shape: Sequence[int], settings: TaskSettings, origin: Any) -> str | None:
@@ -317,13 +295,13 @@ def _ctc_accumulator(acc: Any, shape: tuple) -> Any:
     return CtcAccumulator("TNC" if acc.batch_axis == 1 else "NTC")
 
 
-register_task(Task("classify", _fits_classify, _classify_accumulator, ("top1_agreement", "top-1 agreement"),
+TASKS.register(Task("classify", _fits_classify, _classify_accumulator, ("top1_agreement", "top-1 agreement"),
                    keeps_top1=True))
-register_task(Task("detect", _fits_detect, _detect_accumulator, ("f1", "detection F1")))
-register_task(Task("segment", _fits_segment, _segment_accumulator, ("iou", "mask IoU"), layouts=("NCHW", "NHWC")))
-register_task(Task("ctc", _fits_ctc, _ctc_accumulator, ("sequence_agreement", "sequence agreement"),
+TASKS.register(Task("detect", _fits_detect, _detect_accumulator, ("f1", "detection F1")))
+TASKS.register(Task("segment", _fits_segment, _segment_accumulator, ("iou", "mask IoU"), layouts=("NCHW", "NHWC")))
+TASKS.register(Task("ctc", _fits_ctc, _ctc_accumulator, ("sequence_agreement", "sequence agreement"),
                    layouts=("NTC", "TNC")))
-register_task(Task("raw", _fits_raw))
+TASKS.register(Task("raw", _fits_raw))
 
 
 def _classify_or_features(shape: Sequence[int], origin: OutputOrigin | None) -> tuple[str, str]:
@@ -447,7 +425,7 @@ class TaskAccumulator:
                     self.how += ", TNC"
             else:
                 self.task, self.how = "raw", f"--task {requested} does not fit {_dims(shape)}"
-        make = _TASKS[self.task].accumulator
+        make = TASKS.get(self.task).accumulator
         self._impl = make(self, shape) if make is not None else None
 
     def update(self, ref: np.ndarray, cand: np.ndarray) -> None:

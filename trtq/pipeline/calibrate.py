@@ -214,9 +214,9 @@ def calibrate_with_tensorrt(cfg: Any) -> Any:
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs, load_model
 
-    method = methods.get(cfg.calibrate.method)
+    method = methods.METHODS.get(cfg.calibrate.method)
     if not method.tensorrt:
-        computed = " or ".join(m.name for m in methods.all_methods() if m.tensorrt)
+        computed = " or ".join(m.name for m in methods.METHODS.rows() if m.tensorrt)
         raise UsageError(
             f"--backend tensorrt supports --method {computed}, not {cfg.calibrate.method}",
             "TensorRT has MinMax and EntropyCalibration2 calibrators only",
@@ -357,7 +357,7 @@ def _prepare(cfg: Any, shard: tuple[int, int] | None, ranges: Path | None,
 
         feed_model, feed_specs, data, feed_mode = widen_if_identical(
             model, specs, cfg.data, tensors, opts.providers, budget, slice_at)
-    method = methods.get(opts.method)
+    method = methods.METHODS.get(opts.method)
     trt_version, algorithm = resolve_trt_version(opts.trt_version), method.algorithm
     run = Setup(opts, model_path, feed_model, specs, Batcher(data, feed_specs), tensors,
                 need_hist=method.histogram or opts.save_stats is not None, budget=budget, feed_mode=feed_mode,
@@ -383,7 +383,7 @@ def _prepare(cfg: Any, shard: tuple[int, int] | None, ranges: Path | None,
                                                   run.one_pass)
         run.need_hist = run.shard_pass != "ranges"
         if keep_batches is not None and run.one_pass:
-            two = " or ".join(m.name for m in methods.all_methods() if not (m.one_pass and m.histogram))
+            two = " or ".join(m.name for m in methods.METHODS.rows() if not (m.one_pass and m.histogram))
             raise UsageError(f"--keep-batches is for the two passes of a shard of --method {two}; --method "
                              f"{opts.method} takes one", "drop --keep-batches")
     elif keep_batches is not None:
@@ -459,11 +459,11 @@ def _ranges_from_stats(cfg: Any, stats_path: Path) -> CalibrationResult:
     if shard is not None and shard.get("index") is not None and shard["count"] > 1:
         raise CacheError(f"{stats_path} is shard {shard['index']}/{shard['count']} only",
                          "merge all shards first: trtq merge-stats part-*.npz -o merged.npz")
-    method = methods.get(opts.method)
+    method = methods.METHODS.get(opts.method)
     if shard is not None and shard.get("pass") == "ranges" and method.histogram:
         raise CacheError(f"{stats_path} holds pass-1 ranges only; --method {opts.method} needs histograms",
                          "run pass 2 (trtq calibrate --shard I/N --ranges this.npz --save-stats ...) and merge it, "
-                         "or use --method " + " / ".join(m.name for m in methods.all_methods() if not m.histogram))
+                         "or use --method " + " / ".join(m.name for m in methods.METHODS.rows() if not m.histogram))
     model_meta = meta.get("model") or {}
     if cfg.model:
         from trtq.model import model_sha256
@@ -480,9 +480,9 @@ def _ranges_from_stats(cfg: Any, stats_path: Path) -> CalibrationResult:
             "omit it: saved statistics keep their bin count",
         )
     if stats.edges == "pow2" and not method.one_pass:
-        one_pass = [m.name for m in methods.all_methods() if m.one_pass]
+        one_pass = [m.name for m in methods.METHODS.rows() if m.one_pass]
         raise CacheError(f"{stats_path} holds one-pass histograms (power-of-two ranges, from --method "
-                         f"{' or '.join(n for n in one_pass if methods.get(n).histogram)}); {opts.method} "
+                         f"{' or '.join(n for n in one_pass if methods.METHODS.get(n).histogram)}); {opts.method} "
                          "searches over [0, max]",
                          f"re-run trtq calibrate --method {opts.method} --save-stats, or use --method "
                          + " / ".join(one_pass))

@@ -210,8 +210,7 @@ def equalize_model(model: onnx.ModelProto, amax: Mapping[str, float], batches, h
     model. The copy is :func:`~trtq.quantize.prepare.prepare_model`'s, so the notes start with its."""
     from trtq.calib.collect.exposed import observe
     from trtq.calib.collect.accumulators import AbsMaxAccumulator, HistogramAccumulator
-    from trtq.calib.methods import compute_amax
-    from trtq.calib.methods import get as method_by_name
+    from trtq.calib.methods import METHODS, compute_amax
     from trtq.quantize.prepare import prepare_model
 
     prepared, notes = prepare_model(model)
@@ -233,7 +232,7 @@ def equalize_model(model: onnx.ModelProto, amax: Mapping[str, float], batches, h
         maxima = AbsMaxAccumulator()
         observe(prepared, [_Feed(remeasured, maxima.update_batch)], batches, providers)
         top = maxima.maxima
-        if not method_by_name(how.method).histogram:
+        if not METHODS.get(how.method).histogram:
             new = {t: float(compute_amax(how.method, None, top[t], how.percentile)) for t in remeasured}
         else:
             hist = HistogramAccumulator(top, how.num_bins)

@@ -51,7 +51,7 @@ def tensor_rows(table, stats, percentile: float) -> list[dict]:
     """One row per tensor of the cache (file order); histogram fields when ``stats`` has the tensor."""
     import numpy as np
 
-    from trtq.calib.methods import all_methods, compute_amax
+    from trtq.calib.methods import METHODS, compute_amax
 
     rows = []
     for name, amax in table.amax.items():
@@ -62,7 +62,7 @@ def tensor_rows(table, stats, percentile: float) -> list[dict]:
             zeros = int(stats.zeros.get(name, 0))
             # one-pass (power-of-two) histograms: a two-pass method (entropy, TensorRT's search over
             # [0, max]) is not shown
-            methods = [meth.name for meth in all_methods() if stats.edges == "max" or meth.one_pass]
+            methods = [meth.name for meth in METHODS.rows() if stats.edges == "max" or meth.one_pass]
             ranges = {meth: float(compute_amax(meth, counts, m, percentile, zeros,
                                                top if stats.edges == "pow2" else None))
                       for meth in methods}

@@ -11,7 +11,7 @@ import json
 from typing import Any
 from collections.abc import Iterable, Sequence
 
-from trtq.calib.methods import all_methods
+from trtq.calib.methods import METHODS
 from trtq.report.data import summary
 
 # the methods' colours in the page, in the order of trtq.calib.methods' table (a new method takes
@@ -345,7 +345,7 @@ def render_html(report: dict) -> str:
                  "<div id=hist-legend class=legend></div></section>")
     parts.append("<section id=tensors><h2>Tensors</h2><p class=muted>Click a column to sort. clipped: share of "
                  "values above the cache's amax (histogram resolution); INT8 step = amax / 127; "
-                 + " / ".join(m.name for m in all_methods() if m.histogram)
+                 + " / ".join(m.name for m in METHODS.rows() if m.histogram)
                  + ": the range that method picks on the same histogram.</p>"
                  "<div class=scroll><table id=tensor-table><thead><tr></tr></thead><tbody></tbody></table>"
                  "</div></section>")
@@ -362,7 +362,7 @@ def render_html(report: dict) -> str:
     if report.get("latency"):
         parts.append("<section id=latency><h2>Latency</h2>" + _latency(report["latency"]) + "</section>")
     blob = json.dumps(report, allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
-    table = json.dumps([dict(m.describe(), color=PALETTE[i % len(PALETTE)]) for i, m in enumerate(all_methods())],
+    table = json.dumps([dict(m.describe(), color=PALETTE[i % len(PALETTE)]) for i, m in enumerate(METHODS.rows())],
                        separators=(",", ":")).replace("</", "<\\/")
     return (
         "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from trtq import interrupt
-from trtq.calib.methods import all_methods
+from trtq.calib.methods import METHODS
 from trtq.config import BuildOptions
 from trtq.errors import ConfigError, DataError, TrtqError, UsageError
 from trtq.trt import compat
@@ -36,7 +36,7 @@ CALIBRATOR_CLASSES = {
     "EntropyCalibration": "IInt8EntropyCalibrator",
 }
 # the --method names TensorRT's own calibrators compute -> their algorithm (trtq.calib.methods)
-METHOD_ALGORITHMS = {m.name: m.algorithm for m in all_methods() if m.tensorrt}
+METHOD_ALGORITHMS = {m.name: m.algorithm for m in METHODS.rows() if m.tensorrt}
 
 
 def normalize_algorithm(name: str) -> str:

@@ -207,6 +207,13 @@ static void run_piece(void *data, size_t i) {
     w->e = e, w->top = top > w->top ? top : w->top, w->zeros += zeros;
 }
 
+/* how many workers the node ran (at most MAX_WORKERS); *trouble: the first status not OK among them */
+static int32_t node_workers(collection_t *c, int32_t *trouble) {
+    int32_t n = c->nworkers < MAX_WORKERS ? c->nworkers : MAX_WORKERS;
+    *trouble = first_trouble(c, n);
+    return n;
+}
+
 /* the highest bin a worker's lanes can hold: that of its max at its range */
 static int64_t top_bin(const worker_t *w, int64_t nb) {
     if (w->e == NO_EXPONENT || w->e < MIN_EXP || w->e > MAX_EXP)
@@ -220,7 +227,7 @@ static int64_t top_bin(const worker_t *w, int64_t nb) {
 /* the workers of a node into slot s (Pow2Histograms.add, each at its own range); their lanes are
  * left zero. Returns POW2_OK, or the first trouble a worker met (its counts are then dropped) */
 static int32_t merge_workers(collection_t *c, slot_t *s, int keep) {
-    int32_t n = c->nworkers < MAX_WORKERS ? c->nworkers : MAX_WORKERS, trouble = first_trouble(c, n);
+    int32_t trouble, n = node_workers(c, &trouble);
     int64_t nb = c->nb;
     for (int32_t i = 0; i < n; i++) {
         worker_t *w = &c->workers[i];
@@ -382,12 +389,12 @@ static void run_fixed_piece(void *data, size_t i) {
 /* the workers of a MODE_FIXED node into slot s; their lanes are left zero. Returns POW2_OK, or the
  * first trouble a worker met (the node's counts are then dropped) */
 static int32_t merge_fixed(collection_t *c, slot_t *s, int keep) {
-    int32_t n = c->nworkers < MAX_WORKERS ? c->nworkers : MAX_WORKERS, trouble = first_trouble(c, n);
-    int64_t nb = c->nb;
+    int32_t trouble, n = node_workers(c, &trouble);
     for (int32_t i = 0; i < n; i++) {
         worker_t *w = &c->workers[i];
         if (w->lanes64 == NULL)
             continue;
+        int64_t nb = c->nb;
         if (keep && trouble == POW2_OK) {
             for (int j = 0; j < 4; j++)
                 for (int64_t b = 0; b < nb; b++)

@@ -132,6 +132,14 @@ static int cpu_has_avx2(void) {
 }
 #endif
 
+/* one block's counts: the AVX2 loop for an unstrided block where the CPU has it, else SCALAR's */
+#ifdef HAVE_COUNT_AVX2
+#define COUNT(AVX2, SCALAR, seg, n, stride, scale, lanes, nb)                                          \
+    ((stride) == 1 && cpu_has_avx2() ? AVX2(seg, n, scale, lanes, nb) : SCALAR(seg, n, stride, scale, lanes, nb))
+#else
+#define COUNT(AVX2, SCALAR, seg, n, stride, scale, lanes, nb) SCALAR(seg, n, stride, scale, lanes, nb)
+#endif
+
 /* tests only: on = 0 makes the kernels take the scalar loops, 1 the AVX2 ones where the CPU has
  * them; returns 1 when the AVX2 loops are now in use (trtq.calib.collect.compiled.use_simd) */
 EXPORT int trtq_native_simd(int on) {
@@ -186,13 +194,7 @@ EXPORT HOST_CLONES int trtq_pow2_count(const float *x, int64_t rows, int64_t n, 
                 e = em;
                 scale = (float)ldexp((double)nb, -e);
             }
-#ifdef HAVE_COUNT_AVX2
-            if (stride == 1 && cpu_has_avx2()) {
-                zeros += count_block_avx2(xr + s, len, scale, lanes, nb);
-                continue;
-            }
-#endif
-            zeros += count_block(xr + s, len, stride, scale, lanes, nb);
+            zeros += COUNT(count_block_avx2, count_block, xr + s, len, stride, scale, lanes, nb);
         }
     }
     *e_out = e;
@@ -238,13 +240,7 @@ EXPORT HOST_CLONES int trtq_histogram_f32(const float *x, int64_t rows, int64_t 
             float top;
             memcpy(&top, &m, sizeof top);
             if (top * scale < flast) { /* the usual case: no clamp, no flags */
-#ifdef HAVE_COUNT_AVX2
-                if (stride == 1 && cpu_has_avx2()) {
-                    zeros += count_block64_avx2(xr + s, len, scale, lanes, nb);
-                    continue;
-                }
-#endif
-                zeros += count_block64(xr + s, len, stride, scale, lanes, nb);
+                zeros += COUNT(count_block64_avx2, count_block64, xr + s, len, stride, scale, lanes, nb);
             } else {
                 zeros += count_block_clipped64(xr + s, len, stride, scale, lanes, nb, exceed_at, &exceeded);
             }
