@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
 # at most 18 digits: every count trtq takes fits an int64 (ONNX dims, numpy sizes, file offsets)
@@ -63,3 +64,9 @@ def json_number(value: float | None) -> Any:
         return None
     value = float(value)
     return nonfinite_name(value) or value
+
+
+def first_few(names: Sequence[str], shown: int = 5) -> str:
+    """The first ``shown`` of ``names`` comma-separated, `` ...`` after them when there are more
+    (the one way a message lists what it refuses)."""
+    return ", ".join(names[:shown]) + (" ..." if len(names) > shown else "")

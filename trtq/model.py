@@ -269,11 +269,12 @@ def resolve_shapes(
     return out
 
 
+# ops that draw random values (quantize keeps them float and never evaluates them ahead of time)
+RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial"})
 # Ops whose outputs are never activations a TensorRT calibration cache would hold.
 _NON_ACTIVATION_OPS = {
     "Shape", "Size", "NonZero", "ArgMax", "ArgMin", "Constant", "ConstantOfShape", "Range",
-    "TopK", "NonMaxSuppression", "Unique", "EyeLike", "RandomNormal", "RandomUniform",
-    "RandomNormalLike", "RandomUniformLike", "Multinomial", "QuantizeLinear", "DynamicQuantizeLinear",
+    "TopK", "NonMaxSuppression", "Unique", "EyeLike", *RANDOM_OPS, "QuantizeLinear", "DynamicQuantizeLinear",
 }
 
 

@@ -204,18 +204,50 @@ class MergeResult:
                 "samples": self.samples, "tensors": self.tensors}
 
 
-def merge_stats_files(paths: Sequence[Path], output: Path) -> MergeResult:
-    """Merge the N shard files of one pass into one statistics file (written atomically).
+class Merged:
+    """The N shards of one pass merged: what a statistics file holds (``tops`` for one-pass
+    histograms), the shard count and the pass."""
+
+    def __init__(self, maxima: dict, counts: dict, zeros: dict, tops: Optional[dict], meta: dict, shards: int,
+                 pass_name: str):
+        self.maxima, self.counts, self.zeros, self.tops, self.meta = maxima, counts, zeros, tops, meta
+        self.shards, self.pass_name = shards, pass_name
+
+
+def merge_shards(paths: Sequence[Path]) -> Merged:
+    """Merge the N shard files of one pass (trtq.pipeline.calibrate.merge_stats writes the result).
 
     Pass ``ranges``: maxima by max (counts stay empty); pass ``histogram``: maxima must be the same
-    edges in every shard, counts and exact-zero counts add up. The output's meta is the shards'
-    with ``data.samples`` / ``data.skipped`` summed and ``shard.index`` null (merged).
+    edges in every shard, counts and exact-zero counts add up; one pass: each tensor's histograms
+    raised to the widest range, then added. The meta is the shards' with ``data.samples`` /
+    ``data.skipped`` summed and ``shard.index`` null (merged).
     """
     import numpy as np
 
-    from trtq.calib.stats import load_stats, save_stats
+    loaded = _load_shards([Path(p) for p in paths])
+    count, pass_name = _check_shards(loaded)
+    st0 = loaded[0][1]
+    names = list(st0.maxima)
+    if pass_name == PASS_ONE:
+        return _merge_one_pass(loaded, names, count)
+    if pass_name == PASS_RANGES:
+        maxima = {n: max(st.maxima[n] for _, st, _ in loaded) for n in names}
+    else:
+        maxima = dict(st0.maxima)  # same edges in every shard (ranges_sha256 checked above)
+    counts = {n: np.zeros(st0.num_bins, dtype=np.int64) for n in names}
+    zeros = {n: 0 for n in names}
+    if pass_name == PASS_HISTOGRAM:
+        for _, st, _ in loaded:
+            for n in names:
+                counts[n] += st.counts[n]
+                zeros[n] += st.zeros.get(n, 0)
+    return Merged(maxima, counts, zeros, None, _merged_meta(loaded, count), count, pass_name)
 
-    paths = [Path(p) for p in paths]
+
+def _load_shards(paths: list[Path]) -> list:
+    """(path, StatsFile, shard meta) of each file; CacheError for one that is no unmerged shard."""
+    from trtq.calib.stats import load_stats
+
     if not paths:
         raise UsageError("no statistics files to merge",
                          "pass the shard files, e.g. trtq merge-stats part-*.npz -o merged.npz")
@@ -227,6 +259,12 @@ def merge_stats_files(paths: Sequence[Path], output: Path) -> MergeResult:
             what = "a merged file" if s is not None else "not a shard (no --shard)"
             raise CacheError(f"{p} is {what}", "merge the files written by trtq calibrate --shard I/N --save-stats")
         loaded.append((p, st, s))
+    return loaded
+
+
+def _check_shards(loaded: list) -> tuple[int, Optional[str]]:
+    """(shard count, pass) of shards of one origin, split, pass, bin count and statistics, each
+    once and none missing; CacheError naming the first difference otherwise."""
     p0, st0, s0 = loaded[0]
     count, pass_name = s0["count"], s0.get("pass")
     seen: dict[int, Path] = {}
@@ -259,24 +297,7 @@ def merge_stats_files(paths: Sequence[Path], output: Path) -> MergeResult:
         raise CacheError(f"missing shard(s) {', '.join(f'{i}/{count}' for i in missing)}"
                          + (" ..." if count - len(seen) > 5 else ""),
                          "pass all N shard files: the merged statistics must cover every sample")
-
-    names = list(st0.maxima)
-    if pass_name == PASS_ONE:
-        return _merge_one_pass(loaded, names, output, count)
-    if pass_name == PASS_RANGES:
-        maxima = {n: max(st.maxima[n] for _, st, _ in loaded) for n in names}
-    else:
-        maxima = dict(st0.maxima)  # same edges in every shard (ranges_sha256 checked above)
-    counts = {n: np.zeros(st0.num_bins, dtype=np.int64) for n in names}
-    zeros = {n: 0 for n in names}
-    if pass_name == PASS_HISTOGRAM:
-        for _, st, _ in loaded:
-            for n in names:
-                counts[n] += st.counts[n]
-                zeros[n] += st.zeros.get(n, 0)
-    meta = _merged_meta(loaded, count)
-    save_stats(output, maxima, counts, meta, zeros)
-    return MergeResult(Path(output), count, pass_name, meta["data"]["samples"], len(names))
+    return count, pass_name
 
 
 def _merged_meta(loaded: list, count: int) -> dict:
@@ -290,10 +311,9 @@ def _merged_meta(loaded: list, count: int) -> dict:
     return meta
 
 
-def _merge_one_pass(loaded: list, names: list, output: Path, count: int) -> MergeResult:
+def _merge_one_pass(loaded: list, names: list, count: int) -> Merged:
     """One-pass shards: each tensor's histograms raised to the widest range, then added."""
     from trtq.calib.collect.one_pass import Pow2Histograms, merge_into
-    from trtq.calib.stats import save_stats
 
     p0, st0, _ = loaded[0]
     total = Pow2Histograms(names, st0.num_bins)
@@ -301,9 +321,7 @@ def _merge_one_pass(loaded: list, names: list, output: Path, count: int) -> Merg
         if st.tops is None:
             raise CacheError(f"{p} holds histograms over [0, max], not one-pass ones", "merge the shards of one run")
         merge_into(total, st.maxima, st.tops, st.counts, st.zeros)
-    meta = _merged_meta(loaded, count)
-    save_stats(output, total.maxima, total.counts, meta, total.zeros, total.tops)
-    return MergeResult(Path(output), count, PASS_ONE, meta["data"]["samples"], len(names))
+    return Merged(total.maxima, total.counts, total.zeros, total.tops, _merged_meta(loaded, count), count, PASS_ONE)
 
 
 # ------------------------------------------------------------------------------------------------

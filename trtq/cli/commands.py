@@ -111,10 +111,8 @@ def merge_stats(stats, common, output):
     """Merge the --save-stats files of the N shards of one pass (trtq calibrate --shard I/N)."""
     from trtq.pipeline.calibrate import merge_stats as step
 
-    st = settings.apply_common(common)
-    cfg = settings.load_checked_config(common.config_path, {})
-    settings.declare(cfg, common.config_path, data=False, inputs=[("shard file", p) for p in stats],
-                     outputs=[("merged statistics file", output)])
+    st, cfg = settings.begin_without_data(common, inputs=[("shard file", p) for p in stats],
+                                          outputs=[("merged statistics file", output)])
     r = step(cfg, [Path(p) for p in stats], Path(output))
     process.emit(st, r.to_dict(), text.merge_text(r))
 
@@ -133,11 +131,10 @@ def inspect_cache(cache, common, model, other, sort_key, top):
     from trtq.pipeline.inspect_cache import inspect_cache as step
     from trtq.pipeline.inspect_cache import unusable
 
-    st = settings.apply_common(common)
-    cfg = settings.load_checked_config(common.config_path, {"model": model})
-    settings.declare(cfg, common.config_path, data=False,  # writes nothing
-                     inputs=[("cache", cache), ("cache provenance", f"{cache}.json"), ("other cache", other),
-                             ("other cache provenance", f"{other}.json" if other else None)])
+    st, cfg = settings.begin_without_data(common, {"model": model},  # writes nothing
+                                          inputs=[("cache", cache), ("cache provenance", f"{cache}.json"),
+                                                  ("other cache", other),
+                                                  ("other cache provenance", f"{other}.json" if other else None)])
     result = step(cfg, Path(cache), _path(model), _path(other), sort=sort_key, top=top)
     process.emit(st, ic.to_jsonable(result), ic.render_text(result))
     refusal = unusable(result, cache, model)
@@ -161,15 +158,10 @@ def quantize(common, model, cache, output, quantizing, source):
 
     st = settings.apply_common(common)
     config_path = common.config_path
-    cfg = settings.load_config(config_path, {"model": model, "quantize.output": output,
-                                             **{f"quantize.{k}": v for k, v in vars(quantizing).items()},
-                                             "quantize.exclude": list(quantizing.exclude) or None})
+    cfg = settings.load_config(config_path, settings.quantize_overrides(model, output, quantizing))
     cfg = settings.apply_data_flags(cfg, source)
-    if not cfg.model:
-        raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
-    out = Path(cfg.quantize.output) if cfg.quantize.output else Path(cfg.model).with_suffix(".qdq.onnx")
-    settings.declare(cfg, config_path, inputs=[("cache", cache), ("cache provenance", f"{cache}.json")],
-                     outputs=[("output model", out)])
+    out = settings.output_path(cfg, cfg.quantize.output, ".qdq.onnx")
+    settings.declare_with_cache(cfg, config_path, cache, [("output model", out)])
     result = step(cfg, Path(cfg.model), Path(cache), out)
     data = result.to_dict()
     data["output"] = str(out)
@@ -193,13 +185,10 @@ def report(common, cache, stats, compare_json, quantize_json, bench_json, output
     """Write one self-contained HTML page: histograms and ranges per tensor, sensitivity, accuracy, latency."""
     from trtq.pipeline.report import report as step
 
-    st = settings.apply_common(common)
-    cfg = settings.load_checked_config(common.config_path, {})
-    settings.declare(cfg, common.config_path, data=False,
-                     inputs=[("cache", cache), ("cache provenance", f"{cache}.json"), ("statistics file", stats),
-                             ("compare JSON", compare_json), ("quantize JSON", quantize_json),
-                             ("bench JSON", bench_json)],
-                     outputs=[("report", output)])
+    st, cfg = settings.begin_without_data(
+        common, inputs=[("cache", cache), ("cache provenance", f"{cache}.json"), ("statistics file", stats),
+                        ("compare JSON", compare_json), ("quantize JSON", quantize_json), ("bench JSON", bench_json)],
+        outputs=[("report", output)])
     data = step(cfg, Path(cache), _path(stats), _path(compare_json), _path(quantize_json), _path(bench_json),
                 Path(output))
     process.emit(st, dict(data, report=str(output)), text.report_text(data, output))
@@ -273,19 +262,10 @@ def build(common, model, cache, output, engine, exclude, allow_stale):
 
     st = settings.apply_common(common)
     config_path = common.config_path
-    cfg = settings.load_config(config_path, {
-        "model": model, "build.output": output, **{f"build.{k}": v for k, v in vars(engine).items()},
-        "build.tactic_sources": settings.split_csv([engine.tactic_sources]) if engine.tactic_sources else None,
-        "build.allow_stale": allow_stale, "quantize.exclude": list(exclude) or None,
-        "quantize.allow_stale": allow_stale,
-    })
-    if not cfg.model:
-        raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
-    out = Path(cfg.build.output) if cfg.build.output else Path(cfg.model).with_suffix(".plan")
-    settings.declare(cfg, config_path,
-                     inputs=[("cache", cache), ("cache provenance", f"{cache}.json" if cache else None)],
-                     outputs=[("engine", out), ("engine metadata", f"{out}.json"),
-                              ("timing cache", cfg.build.timing_cache)])
+    cfg = settings.load_config(config_path, settings.build_overrides(model, output, engine, exclude, allow_stale))
+    out = settings.output_path(cfg, cfg.build.output, ".plan")
+    engine_files = [("engine", out), ("engine metadata", f"{out}.json"), ("timing cache", cfg.build.timing_cache)]
+    settings.declare_with_cache(cfg, config_path, cache, engine_files)
     result = step(cfg, Path(cfg.model), _path(cache), out)
     process.emit(st, {"plan": str(out), "seconds": round(result.seconds, 3), "metadata": result.metadata},
                  text.build_text(result, out))

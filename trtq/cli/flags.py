@@ -125,16 +125,20 @@ def _task_names() -> Sequence[str]:
 OVERRIDE_KEY = "trtq.override_input_shapes"
 
 
-def _remember_overrides(ctx, param, value):
-    ctx.meta[OVERRIDE_KEY] = tuple(value or ())
-    return value
+def _remembered(key: str, *decls: str, **kwargs: Any) -> Callable:
+    """A repeatable option whose values go to the click context's ``meta[key]``, not to the
+    command (read where the config is merged)."""
+
+    def remember(ctx, param, value):
+        ctx.meta[key] = tuple(value or ())
+        return value
+
+    return click.option(*decls, multiple=True, expose_value=False, callback=remember, **kwargs)
 
 
-def override_option(f):
-    return click.option("--override-input-shape", multiple=True, metavar="INPUT=DIMS", expose_value=False,
-                        callback=_remember_overrides,
-                        help="Run the model at another declared input shape, e.g. input=1x3x240x320 (checked "
-                             "by ONNX shape inference and one run; config model_input_shapes).")(f)
+override_option = _remembered(OVERRIDE_KEY, "--override-input-shape", metavar="INPUT=DIMS",
+                              help="Run the model at another declared input shape, e.g. input=1x3x240x320 (checked "
+                                   "by ONNX shape inference and one run; config model_input_shapes).")
 
 
 USER_MODEL_KEY = "trtq.user_model"  # the --model given, when --override-input-shape swapped cfg.model
@@ -143,16 +147,10 @@ USER_MODEL_KEY = "trtq.user_model"  # the --model given, when --override-input-s
 SHAPES_KEY = "trtq.shapes"
 
 
-def _remember_shapes(ctx, param, value):
-    ctx.meta[SHAPES_KEY] = tuple(value or ())
-    return value
-
-
-def shape_option(f):
-    """--shape, handed to settings.apply_data_flags through the click context (not a command parameter)."""
-    return click.option("--shape", multiple=True, metavar="[INPUT=]DIMS", expose_value=False, callback=_remember_shapes,
-                        help="Full shape of an input with dynamic dims, batch first, e.g. x=8x3x48x320 "
-                             "(as data.shapes; presets are sized from it).")(f)
+# --shape, handed to settings.apply_data_flags through the click context (not a command parameter)
+shape_option = _remembered(SHAPES_KEY, "--shape", metavar="[INPUT=]DIMS",
+                           help="Full shape of an input with dynamic dims, batch first, e.g. x=8x3x48x320 "
+                                "(as data.shapes; presets are sized from it).")
 
 
 def data_source(data_help: str, preprocess_help: str) -> Callable:

@@ -120,6 +120,30 @@ def declare(cfg, config_path, inputs=(), models=(), outputs=(), data: bool = Tru
                       models=[("model", model), *models], outputs=outputs))
 
 
+def begin_without_data(common: Flags, overrides: Optional[dict[str, Any]] = None, inputs=(), outputs=()):
+    """(State, config) of a command that runs no model over data (merge-stats, inspect-cache,
+    report): -v / -q / --json applied, the config loaded, what it reads and writes declared."""
+    st = apply_common(common)
+    cfg = load_checked_config(common.config_path, overrides or {})
+    declare(cfg, common.config_path, data=False, inputs=inputs, outputs=outputs)
+    return st, cfg
+
+
+def output_path(cfg: Any, configured: Optional[str], suffix: str) -> Path:
+    """Where a command writes what it makes of ``cfg.model``: the configured path, else the model's
+    with ``suffix``; UsageError when no model was given."""
+    if not cfg.model:
+        raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
+    return Path(configured) if configured else Path(cfg.model).with_suffix(suffix)
+
+
+def declare_with_cache(cfg: Any, config_path: Optional[Path], cache: Optional[str], outputs: list) -> None:
+    """:func:`declare` for a command that reads a calibration cache (and its provenance) and
+    writes ``outputs``."""
+    declare(cfg, config_path, inputs=[("cache", cache), ("cache provenance", f"{cache}.json" if cache else None)],
+            outputs=outputs)
+
+
 def split_csv(values: Sequence[str]) -> list[str]:
     out: list[str] = []
     for v in values:
@@ -241,6 +265,21 @@ def calibrate_overrides(model: Optional[str], calib: Flags) -> dict[str, Any]:
     overrides.update({"model": model, "calibrate.tensors": split_csv(calib.tensors) or None,
                       "calibrate.providers": list(calib.providers) or None})
     return overrides
+
+
+def quantize_overrides(model: Optional[str], output: Optional[str], quantizing: Flags) -> dict[str, Any]:
+    """The config keys ``trtq quantize``'s flags set."""
+    return {"model": model, "quantize.output": output, **{f"quantize.{k}": v for k, v in vars(quantizing).items()},
+            "quantize.exclude": list(quantizing.exclude) or None}
+
+
+def build_overrides(model: Optional[str], output: Optional[str], engine: Flags, exclude: Sequence[str],
+                    allow_stale: Optional[bool]) -> dict[str, Any]:
+    """The config keys ``trtq build``'s flags set (--exclude and --allow-stale apply to its quantize step too)."""
+    return {"model": model, "build.output": output, **{f"build.{k}": v for k, v in vars(engine).items()},
+            "build.tactic_sources": split_csv([engine.tactic_sources]) if engine.tactic_sources else None,
+            "build.allow_stale": allow_stale, "quantize.exclude": list(exclude) or None,
+            "quantize.allow_stale": allow_stale}
 
 
 def calibrate_outputs(cfg, shard_spec, keep_batches: Optional[str] = None) -> list:

@@ -4,6 +4,8 @@ import sys
 import time
 from typing import Any
 
+from trtq.formatting import first_few
+
 
 class ProgressLine:
     """One self-rewriting progress line on stderr (only when stderr is a TTY or --progress)."""
@@ -103,7 +105,7 @@ def quantize_text(result: Any, out: Any) -> str:
             lines.append(f"  ... {len(result.left_float) - 20} more (see --json)")
     if result.missing_amax:
         lines.append(f"missing     {len(result.missing_amax)} tensors not in the cache (their consumers stay float): "
-                     + ", ".join(result.missing_amax[:5]) + (" ..." if len(result.missing_amax) > 5 else ""))
+                     + first_few(result.missing_amax))
     return "\n".join(lines)
 
 

@@ -45,7 +45,6 @@ def build_engine(
     data_options: Optional[DataOptions] = None,
 ) -> BuildResult:
     """Build ``output`` (a plan) and ``output.json``; nothing is written when the build fails."""
-    from trtq.model import input_specs, load_model
     from trtq.trt import cuda
 
     model_path, output = Path(model_path), Path(output)
@@ -53,8 +52,28 @@ def build_engine(
     data_options = data_options or DataOptions()
     if output.suffix == ".onnx" or output.resolve() == model_path.resolve():
         raise UsageError(f"refusing to write the engine over {output}", "choose an output path ending in .plan")
-
     # everything that can be checked without TensorRT first: model, cache, shapes
+    model, prequantized, cache_path, table, fallback, profiles = _checked_inputs(
+        model_path, options, cache_path, quantize_options, data_options)
+    trt = compat.import_tensorrt()
+    if prequantized is not None:
+        refuse_float_grouped_convs_feeding_int8(trt, model, model_path)
+    cuda.require_gpu()
+    recipe = compat.plan_build(trt, options.precision, options.mode, options.fp16)
+    t0 = time.perf_counter()
+    network_model, quant_info = _network_model(trt, model, model_path, prequantized, recipe, table, quantize_options,
+                                               data_options, cache_path, profiles, fallback)
+    del model
+    return build_plan(trt, recipe, network_model, model_path, output, options, profiles, table=table,
+                      cache_path=cache_path, quant_info=quant_info, started=t0)
+
+
+def _checked_inputs(model_path: Path, options: BuildOptions, cache_path: Optional[Path],
+                    quantize_options: QuantizeOptions, data_options: DataOptions) -> tuple:
+    """(model, its Q/DQ form or None, the cache path used, its table, its calibrated shapes, the
+    optimization profiles): the model, the cache and the shapes checked before TensorRT loads."""
+    from trtq.model import input_specs, load_model
+
     model = load_model(model_path)
     prequantized = prequantized_model(model, model_path, options, cache_path, quantize_options)
     if options.precision == "int8" and cache_path is None and prequantized is None:
@@ -72,12 +91,14 @@ def build_engine(
         if unused:
             log.warning("build.mode implicit builds the FP32 model with TensorRT's calibrator: %s apply only to "
                         "explicit (Q/DQ) builds and are ignored", ", ".join(unused))
-    trt = compat.import_tensorrt()
-    if prequantized is not None:
-        refuse_float_grouped_convs_feeding_int8(trt, model, model_path)
-    cuda.require_gpu()
-    recipe = compat.plan_build(trt, options.precision, options.mode, options.fp16)
-    t0 = time.perf_counter()
+    return model, prequantized, cache_path, table, fallback, profiles
+
+
+def _network_model(trt: Any, model: Any, model_path: Path, prequantized: Any, recipe: Any, table: Any,
+                   quantize_options: QuantizeOptions, data_options: DataOptions, cache_path: Optional[Path],
+                   profiles: dict, fallback: dict) -> tuple[Any, dict[str, Any]]:
+    """(the model TensorRT parses, None for the file as it is; what quantizing it did), checked
+    where trtq made or changed it."""
     if prequantized is not None:
         network_model, quant_info = _prequantized_network_model(model, prequantized, recipe)
     elif recipe.quantize:
@@ -95,9 +116,7 @@ def build_engine(
         check_produced_model(network_model, f"the Q/DQ model built from {model_path.name}",
                              check_batch(network_model, data_options, min_shapes or fallback),
                              model if network_model is not model else None)
-    del model
-    return build_plan(trt, recipe, network_model, model_path, output, options, profiles, table=table,
-                      cache_path=cache_path, quant_info=quant_info, started=t0)
+    return network_model, quant_info
 
 
 def _refuse_qdq_only_cache(cache_path: Optional[Path]) -> None:

@@ -87,11 +87,14 @@ def calibrate_from_stats(cfg: Any, statistics: Path, cache: Path | None = None) 
 
 
 def merge_stats(cfg: Any, shards: list[Path], merged: Path) -> Any:
-    """``trtq merge-stats``'s step: the --save-stats files of the N shards of one pass, merged into
-    ``merged`` (trtq.calib.shard.merge_stats_files); a MergeResult."""
-    from trtq.calib.shard import merge_stats_files
+    """``trtq merge-stats``'s step: the --save-stats files of the N shards of one pass, merged
+    (trtq.calib.shard.merge_shards) and written to ``merged``; a MergeResult."""
+    from trtq.calib.shard import MergeResult, merge_shards
+    from trtq.calib.stats import save_stats
 
-    return merge_stats_files([Path(p) for p in shards], Path(merged))
+    m = merge_shards(shards)
+    save_stats(Path(merged), m.maxima, m.counts, m.meta, m.zeros, m.tops)
+    return MergeResult(Path(merged), m.shards, m.pass_name, m.meta["data"]["samples"], len(m.maxima))
 
 
 @dataclass
@@ -327,30 +330,10 @@ def _prepare(cfg: Any, shard: tuple[int, int] | None, ranges: Path | None,
     """Model, data and options checked, before any batch is read."""
     from trtq.calib import methods
     from trtq.calib.cache import resolve_trt_version
-    from trtq.calib.collect.budget import resolve_budget, slice_target
-    from trtq.calib.collect.exposed import check_providers, select_tensors
     from trtq.data.batcher import Batcher
-    from trtq.model import input_specs, load_model
 
     opts = cfg.calibrate.resolved()
-    if not cfg.model:
-        raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
-    budget = resolve_budget(opts.max_memory)  # a bad --max-memory fails before any work
-    if int(opts.hist_elements) < 0:
-        raise UsageError(f"--hist-elements {opts.hist_elements} is negative",
-                         "pass a count of elements per sample, or 0 to histogram every element")
-    model_path = Path(cfg.model)
-    check_providers(opts.providers)  # before any work: a typo must not fall back to CPU silently
-    model = load_model(model_path)
-    specs = input_specs(model)
-    if not any(s.is_float for s in specs):
-        raise DataError(f"model {model_path} has no float input to calibrate", "pass an FP32 model")
-    refuse_quantized(model, model_path)
-    tensors = select_tensors(model, opts.tensors)
-    from trtq.calib.stats import check_num_bins
-
-    check_num_bins(opts.num_bins, len(tensors))
-    slice_at = slice_target(opts.max_memory, budget)
+    model_path, model, specs, tensors, budget, slice_at = _checked_model(cfg, opts)
     feed_model, feed_specs, data, feed_mode = model, specs, cfg.data, None
     if shard is None and ranges is None:  # a fixed batch of 1: fed in batches where that is identical
         from trtq.calib.collect.batch_one import widen_if_identical
@@ -376,10 +359,46 @@ def _prepare(cfg: Any, shard: tuple[int, int] | None, ranges: Path | None,
     if run.padded:
         log.info("%d zero-padded tensor(s) take their statistics from the tensor they pad (not run)",
                  len(run.padded))
+    _prepare_shard(run, shard, ranges, keep_batches)
+    return run, trt_version, algorithm
+
+
+def _checked_model(cfg: Any, opts: Any) -> tuple:
+    """(model path, model, its input specs, the tensors to calibrate, the memory budget, the slice
+    size): the model and the options checked before any work."""
+    from trtq.calib.collect.budget import resolve_budget, slice_target
+    from trtq.calib.collect.exposed import check_providers, select_tensors
+    from trtq.model import input_specs, load_model
+
+    if not cfg.model:
+        raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
+    budget = resolve_budget(opts.max_memory)  # a bad --max-memory fails before any work
+    if int(opts.hist_elements) < 0:
+        raise UsageError(f"--hist-elements {opts.hist_elements} is negative",
+                         "pass a count of elements per sample, or 0 to histogram every element")
+    model_path = Path(cfg.model)
+    check_providers(opts.providers)  # before any work: a typo must not fall back to CPU silently
+    model = load_model(model_path)
+    specs = input_specs(model)
+    if not any(s.is_float for s in specs):
+        raise DataError(f"model {model_path} has no float input to calibrate", "pass an FP32 model")
+    refuse_quantized(model, model_path)
+    tensors = select_tensors(model, opts.tensors)
+    from trtq.calib.stats import check_num_bins
+
+    check_num_bins(opts.num_bins, len(tensors))
+    return model_path, model, specs, tensors, budget, slice_target(opts.max_memory, budget)
+
+
+def _prepare_shard(run: Setup, shard: tuple[int, int] | None, ranges: Path | None, keep_batches: Path | None) -> None:
+    """A shard's run: its samples alone, pass 1 or (with the merged ``ranges``) pass 2."""
+    from trtq.calib import methods
+
+    opts = run.opts
     if shard is not None or ranges is not None:
         from trtq.calib.shard import prepare_shard
 
-        run.shard_pass, run.given = prepare_shard(run.batcher, shard, ranges, opts, model_path, run.tensors,
+        run.shard_pass, run.given = prepare_shard(run.batcher, shard, ranges, opts, run.model_path, run.tensors,
                                                   run.one_pass)
         run.need_hist = run.shard_pass != "ranges"
         if keep_batches is not None and run.one_pass:
@@ -388,7 +407,6 @@ def _prepare(cfg: Any, shard: tuple[int, int] | None, ranges: Path | None,
                              f"{opts.method} takes one", "drop --keep-batches")
     elif keep_batches is not None:
         raise UsageError("--keep-batches is for the two passes of a shard", "pass --shard I/N with it")
-    return run, trt_version, algorithm
 
 
 def _write_run(run: Setup, algorithm: str, trt_version: str, out: Path, stats_path: Path | None, provenance: dict,
@@ -442,17 +460,10 @@ def build_provenance(cfg, model_path, specs, batcher, samples, trt_version, algo
     )
 
 
-def _ranges_from_stats(cfg: Any, stats_path: Path) -> CalibrationResult:
-    """Apply ``cfg.calibrate.method`` to histograms saved by ``--save-stats`` (no model run)."""
+def _method_fits_stats(cfg: Any, opts: Any, stats: Any, meta: dict, stats_path: Path) -> Any:
+    """The method's registry row, once the statistics are known to be whole (merged), of this
+    model, of these bins and of edges the method can use; CacheError / UsageError otherwise."""
     from trtq.calib import methods
-    from trtq.calib.cache import resolve_trt_version
-    from trtq.calib.range_check import check_ranges
-    from trtq.calib.stats import load_stats
-
-    t0 = time.perf_counter()
-    opts = cfg.calibrate.resolved()
-    stats = load_stats(Path(stats_path))
-    meta = dict(stats.meta)
     from trtq.calib.shard import shard_meta
 
     shard = shard_meta(meta, Path(stats_path))
@@ -486,6 +497,21 @@ def _ranges_from_stats(cfg: Any, stats_path: Path) -> CalibrationResult:
                          "searches over [0, max]",
                          f"re-run trtq calibrate --method {opts.method} --save-stats, or use --method "
                          + " / ".join(one_pass))
+    return method
+
+
+def _ranges_from_stats(cfg: Any, stats_path: Path) -> CalibrationResult:
+    """Apply ``cfg.calibrate.method`` to histograms saved by ``--save-stats`` (no model run)."""
+    from trtq.calib import methods
+    from trtq.calib.cache import resolve_trt_version
+    from trtq.calib.range_check import check_ranges
+    from trtq.calib.stats import load_stats
+
+    t0 = time.perf_counter()
+    opts = cfg.calibrate.resolved()
+    stats = load_stats(Path(stats_path))
+    meta = dict(stats.meta)
+    method = _method_fits_stats(cfg, opts, stats, meta, stats_path)
     tensors = list(meta.get("tensors") or list(stats.maxima))
     raw = methods.compute_all(opts.method, stats.maxima, stats.counts, opts.percentile, stats.zeros, stats.tops)
     amax, zero = methods.finalize_amax({n: float(raw[n]) for n in tensors})

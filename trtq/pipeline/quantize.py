@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from trtq.config import QuantizeOptions
 from trtq.errors import ModelError, UsageError
 from trtq.fileio import atomic_path
+from trtq.formatting import first_few
 
 log = logging.getLogger(__name__)
 
@@ -298,11 +299,11 @@ def warn_float_grouped_convs(trt_version: str, result) -> list[str]:
 
     risky = float_grouped_convs(GraphIndex(result.model), result.left_float)
     extra = [n for n, why in result.left_float if why == GROUPED_CONSUMER_REASON]
-    shown = ", ".join(risky[:3]) + (" ..." if len(risky) > 3 else "")
+    shown = first_few(risky, 3)
     if extra:
         log.warning(
             "TensorRT %s builds wrong engines when a float grouped/depthwise Conv (%s) feeds INT8 layers: "
-            "also leaving float %s", trt_version, shown, ", ".join(extra[:5]) + (" ..." if len(extra) > 5 else ""))
+            "also leaving float %s", trt_version, shown, first_few(extra))
     elif risky:
         log.warning("%d grouped/depthwise Conv(s) left float between INT8 layers (%s): TensorRT %s built such "
                     "engines with wrong outputs in our tests; check this engine with trtq compare",

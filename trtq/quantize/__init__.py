@@ -23,6 +23,7 @@ import onnx
 
 from trtq.config import QuantizeOptions
 from trtq.errors import CacheError, ModelError, UsageError
+from trtq.formatting import first_few
 from trtq.model import QUANTIZED_OPS, is_quantized
 from trtq.quantize.fp16 import cast_float_rest
 from trtq.quantize.graph import GraphIndex, default_opset
@@ -161,8 +162,7 @@ def _check_only_nodes(index: GraphIndex, only_nodes: Optional[Collection[str]]) 
     unknown = sorted(set(only_nodes) - {n.name for n in index.nodes})
     if unknown:
         raise UsageError(
-            f"only_nodes names {len(unknown)} node(s) that are not in the model: " + ", ".join(unknown[:5])
-            + (" ..." if len(unknown) > 5 else ""),
+            f"only_nodes names {len(unknown)} node(s) that are not in the model: " + first_few(unknown),
             "use node names from a quantize report",
         )
 
@@ -188,7 +188,7 @@ def _plan(index: GraphIndex, amax: Mapping[str, float], options: QuantizeOptions
 def _centring_note(centred) -> str:
     if centred:
         return (f"centred activations: {len(centred)} shifted to use both halves of INT8: "
-                + ", ".join(c.describe() for c in centred[:3]) + (" ..." if len(centred) > 3 else ""))
+                + first_few([c.describe() for c in centred], 3))
     return ("centred activations: none (no Relu/Clip output with a biased producer feeds only "
             "quantized Conv/Gemm)")
 

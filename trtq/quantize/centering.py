@@ -120,10 +120,11 @@ def _reader_ok(index: GraphIndex, node: onnx.NodeProto, slot: int) -> bool:
     return False
 
 
+# ops that only move values around: f(x - c) = f(x) - c and f(clip(x)) = clip(f(x))
+RESHAPING_OPS = frozenset({"Identity", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze"})
 # ops with f(x - c) = f(x) - c for a scalar c, the activation's output may reach the quantized
 # tensor through (each read by nothing else); not Pad (see the module docstring)
-COMMUTING_OPS = frozenset({"Identity", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze",
-                           "GlobalAveragePool", "GlobalMaxPool", "MaxPool", "AveragePool",
+COMMUTING_OPS = frozenset({*RESHAPING_OPS, "GlobalAveragePool", "GlobalMaxPool", "MaxPool", "AveragePool",
                            "ReduceMean", "ReduceMax", "ReduceMin"})
 
 

@@ -23,14 +23,13 @@ import numpy as np
 import onnx
 
 from trtq.model import set_nodes
-from trtq.quantize.centering import LOWEST, _activation_bounds
+from trtq.quantize.centering import LOWEST, RESHAPING_OPS, _activation_bounds
 from trtq.quantize.edit import InitializerEditor
 from trtq.quantize.graph import GraphIndex, attr
 from trtq.quantize.rules import QMAX
 
 # ops between the shift and the quantizer through which a clamp may move unchanged
-CLAMP_COMMUTING = frozenset({"Identity", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze",
-                             "MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin"})
+CLAMP_COMMUTING = frozenset({*RESHAPING_OPS, "MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin"})
 
 
 def _quantized(x: float, scale: np.ndarray) -> int:

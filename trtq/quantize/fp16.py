@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from trtq.model import set_nodes
+from trtq.model import RANDOM_OPS, set_nodes
 from trtq.quantize.graph import FLOAT, FLOAT16, GraphIndex, default_opset, has_subgraph
 from trtq.quantize.rewrite import Namer, taken_names
 
@@ -39,10 +39,7 @@ FP16_MAX = 65504.0
 # data may exceed the calibration maximum, and float16 overflows at 65504
 FP16_SAFE_AMAX = FP16_MAX / 4
 _KEEP_FP32_OPS = frozenset(
-    {
-        "QuantizeLinear", "DequantizeLinear", "Cast", "ConstantOfShape", "EyeLike", "RandomNormal",
-        "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
-    }
+    {"QuantizeLinear", "DequantizeLinear", "Cast", "ConstantOfShape", "EyeLike", *RANDOM_OPS, "Bernoulli"}
 )
 _SUFFIX = {FLOAT16: "fp16", FLOAT: "fp32"}
 

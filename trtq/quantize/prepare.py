@@ -27,7 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from trtq.errors import ModelError
-from trtq.model import set_nodes
+from trtq.model import RANDOM_OPS, set_nodes
 from trtq.quantize.graph import attr, default_opset, subgraph_names
 
 MIN_QDQ_OPSET = 13  # QuantizeLinear/DequantizeLinear with per-axis scales
@@ -190,8 +190,7 @@ _NUMERIC = {
 
 
 # never evaluated ahead of time: random or stateful ops, and the quantization ops themselves
-_NOT_FOLDED = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-               "Bernoulli", "Dropout", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
+_NOT_FOLDED = {*RANDOM_OPS, "Bernoulli", "Dropout", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
 _MAX_FOLDED_ELEMENTS = 1 << 26  # a weight is far smaller; a larger constant stays a run-time computation
 
 

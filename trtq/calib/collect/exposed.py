@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 
 from trtq.errors import ConfigError, DataError, ModelError
+from trtq.formatting import first_few
 from trtq.model import calibratable_tensors, infer_shapes
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ def select_tensors(model: onnx.ModelProto, requested: Sequence[str] = ()) -> lis
     if unknown:
         raise DataError(
             f"--tensors names {len(unknown)} tensor(s) that are not float activations of the model: "
-            + ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else ""),
+            + first_few(unknown),
             "list them with: trtq inspect-cache CACHE --model MODEL, or omit --tensors",
         )
     wanted = set(requested)
