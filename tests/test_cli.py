@@ -1,4 +1,5 @@
 """The CLI contract: one-line errors, exit codes, nothing written on failure."""
+
 import os
 import subprocess
 import sys
@@ -48,9 +49,11 @@ def test_usage_errors_exit_2(trtq, tmp_path):
     bad.write_text("calibrate: {metod: max}\n")
     r = trtq(["calibrate", "--config", bad])
     assert r.code == 2
-    assert r.err.strip() == ("trtq: error: unknown config key 'calibrate.metod'; valid keys here: method, percentile, "
-                             "num_bins, tensors, output, trt_version, backend, providers, save_stats, max_memory, "
-                             "hist_elements, collect")
+    assert r.err.strip() == (
+        "trtq: error: unknown config key 'calibrate.metod'; valid keys here: method, percentile, "
+        "num_bins, tensors, output, trt_version, backend, providers, save_stats, max_memory, "
+        "hist_elements, collect"
+    )
     r = trtq(["calibrate", "--config", tmp_path / "missing.yaml"])
     assert r.code == 2 and "config file not found" in r.err
     r = trtq(["calibrate"])
@@ -63,8 +66,10 @@ def test_environment_variables_are_checked(trtq, monkeypatch):
     assert r.code == 2 and "calibrate.method" in r.err
 
 
-@pytest.mark.parametrize("bad, key, other_case", [("calibrate: {method: median}", "calibrate.method", "MSE"),
-                                                  ("compare: {task: dettect}", "compare.task", "CTC")])
+@pytest.mark.parametrize(
+    "bad, key, other_case",
+    [("calibrate: {method: median}", "calibrate.method", "MSE"), ("compare: {task: dettect}", "compare.task", "CTC")],
+)
 def test_every_command_checks_the_registered_names_of_its_config(trtq, tmp_path, bad, key, other_case):
     """The method and task names are checked against their registries when the config loads, as
     its other values are: also by a command that does not use them; another case is taken."""

@@ -1,4 +1,5 @@
 """trtq.formatting: the one way a possibly missing or non-finite number is written."""
+
 import json
 import math
 

@@ -9,6 +9,7 @@ that exits at once with one line: nothing was started, nothing is left to clean 
 handlers (``trtq.cli.main``) take over once it is imported. Only what runs before this module, the
 interpreter's own start-up, is out of reach.
 """
+
 import os
 import signal
 

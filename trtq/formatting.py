@@ -2,6 +2,7 @@
 formatter behind ``compare``'s and ``inspect-cache``'s tables and their ``--json``; and how it reads
 one that a user typed (``ascii_int``, ``ascii_float``: every flag and flag-like value goes through
 them)."""
+
 from __future__ import annotations
 
 import math
@@ -21,7 +22,7 @@ def ascii_int(text: Any) -> int | None:
     if isinstance(text, bool):
         return None
     if isinstance(text, int):
-        return text if abs(text) < 10 ** 18 else None
+        return text if abs(text) < 10**18 else None
     t = str(text).strip()
     return int(t) if _ASCII_INT.fullmatch(t) else None
 

@@ -6,10 +6,11 @@ KeyboardInterrupt the handler raises is "ignored" by the interpreter and
 the run would go on. So the handler also records the signal here, and every batch loop calls
 :func:`check`, which raises again: an interrupt is never lost for more than one batch.
 """
+
 import contextlib
 import signal
-from typing import Optional
 from collections.abc import Iterator
+from typing import Optional
 
 _requested: Optional[int] = None
 _raised = False  # an exception for the requested signal has been raised already

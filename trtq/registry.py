@@ -1,6 +1,7 @@
 """One registry per extension point: named rows in the order they were registered. The calibration
 methods (trtq.calib.methods) and compare's tasks (trtq.compare.tasks) are the two; everything that
 names a method or a task reads its table, so a new one is one function and one row."""
+
 from __future__ import annotations
 
 from typing import Any, Generic, TypeVar
@@ -40,8 +41,11 @@ class Registry(Generic[Row]):
         """The row ``name``; for another value a ConfigError naming the key and the choices."""
         row = self.find(name)
         if row is None:
-            raise ConfigError(f"config key '{self.key}' must be one of "
-                              + ", ".join(repr(n) for n in (*self.also, *self._rows)) + f", got {name!r}")
+            raise ConfigError(
+                f"config key '{self.key}' must be one of "
+                + ", ".join(repr(n) for n in (*self.also, *self._rows))
+                + f", got {name!r}"
+            )
         return row
 
     def __contains__(self, name: Any) -> bool:

@@ -1,5 +1,6 @@
 """Switch trtq.calib.collect's kernels in a test: the compiled ones or numpy's (through the
 environment variable trtq.calib.collect.compiled reads)."""
+
 import pytest
 
 from trtq.calib.collect import kernels

@@ -1,5 +1,6 @@
 """--max-memory (tensor groups, trtq.calib.collect.budget / groups) and fixed-batch-1 models fed in batches
 (trtq.calib.collect.batch_one): the caches are byte-identical to the plain path, bad sizes are one-line errors."""
+
 import json
 
 import numpy as np
@@ -12,8 +13,18 @@ from trtq.errors import ConfigError, UsageError
 from trtq.input_override import override_input_shapes
 
 
-@pytest.mark.parametrize("text,size", [("2G", 2 << 30), ("512M", 512 << 20), ("1.5GiB", 3 << 29), ("64k", 64 << 10),
-                                       ("1048576", 1 << 20), (" 3 MB ", 3 << 20), (4096, 4096)])
+@pytest.mark.parametrize(
+    "text,size",
+    [
+        ("2G", 2 << 30),
+        ("512M", 512 << 20),
+        ("1.5GiB", 3 << 29),
+        ("64k", 64 << 10),
+        ("1048576", 1 << 20),
+        (" 3 MB ", 3 << 20),
+        (4096, 4096),
+    ],
+)
 def test_parse_size(text, size):
     assert budget.parse_size(text) == size
 
@@ -43,8 +54,22 @@ def test_plan_groups_contiguous_and_bounded():
 
 
 def _sample_args(sample_model, sample_images, out, *extra):
-    return ["calibrate", "--model", sample_model, "--data", sample_images, "--preprocess", "imagenet",
-            "--limit", "8", "--batch-size", "4", "-o", out, *extra]
+    return [
+        "calibrate",
+        "--model",
+        sample_model,
+        "--data",
+        sample_images,
+        "--preprocess",
+        "imagenet",
+        "--limit",
+        "8",
+        "--batch-size",
+        "4",
+        "-o",
+        out,
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize("method", ["mse", "max"])
@@ -62,8 +87,21 @@ def test_budgets_give_the_same_cache(trtq, sample_model, sample_images, tmp_path
         out = tmp_path / f"{size}.cache"
         # --collect outputs: the budget bounds exposed activations (mse's default, in-graph, has none;
         # so for mse this also holds the two collections to the same statistics)
-        r = trtq(_sample_args(sample_model, sample_images, out, "--method", method, "--max-memory", size,
-                              "--save-stats", tmp_path / f"{size}.npz", "--collect", "outputs"))
+        r = trtq(
+            _sample_args(
+                sample_model,
+                sample_images,
+                out,
+                "--method",
+                method,
+                "--max-memory",
+                size,
+                "--save-stats",
+                tmp_path / f"{size}.npz",
+                "--collect",
+                "outputs",
+            )
+        )
         assert r.code == 0, r
         assert ref.read_bytes() == out.read_bytes()
         b = np.load(tmp_path / f"{size}.npz")
@@ -85,11 +123,14 @@ def test_rows_within():
     assert budget.rows_within(700, 7, 600) == 1  # 7 is prime
 
 
-@pytest.mark.parametrize("size,needle", [("2X", "must be a size such as 2G"), ("0", "must be positive"),
-                                         ("1K", "raise --max-memory to at least")])
+@pytest.mark.parametrize(
+    "size,needle",
+    [("2X", "must be a size such as 2G"), ("0", "must be positive"), ("1K", "raise --max-memory to at least")],
+)
 def test_max_memory_errors_are_one_line_exit_2(trtq, sample_model, sample_images, tmp_path, size, needle):
-    r = trtq(_sample_args(sample_model, sample_images, tmp_path / "c.cache", "--max-memory", size, "--collect",
-                          "outputs"))
+    r = trtq(
+        _sample_args(sample_model, sample_images, tmp_path / "c.cache", "--max-memory", size, "--collect", "outputs")
+    )
     assert r.code == 2, r
     assert needle in r.err and len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err
     assert not (tmp_path / "c.cache").exists()
@@ -106,8 +147,19 @@ def test_max_memory_config_key(trtq, sample_model, sample_images, tmp_path):
 def test_fixed_batch_1_model_fed_in_batches_gives_the_same_cache(trtq, sample_model, sample_images, tmp_path):
     one = tmp_path / "b1.onnx"
     onnx.save(override_input_shapes(onnx.load(str(sample_model)), {"x": [1, 3, 224, 224]}, "m"), str(one))
-    base = ["calibrate", "--model", one, "--data", sample_images, "--preprocess", "imagenet", "--limit", "12",
-            "--method", "mse"]
+    base = [
+        "calibrate",
+        "--model",
+        one,
+        "--data",
+        sample_images,
+        "--preprocess",
+        "imagenet",
+        "--limit",
+        "12",
+        "--method",
+        "mse",
+    ]
     r = trtq([*base, "-o", tmp_path / "batched.cache"])
     assert r.code == 0, r
     r = trtq([*base, "-o", tmp_path / "single.cache", "--batch-size", "1"])
@@ -120,8 +172,9 @@ def test_fixed_batch_1_model_fed_in_batches_gives_the_same_cache(trtq, sample_mo
 
 
 @pytest.mark.parametrize("rows_fit,mode", [(1, "per-sample"), (2, "batched")])
-def test_fixed_batch_1_probe_stays_within_the_memory_target(trtq, sample_model, sample_images, tmp_path,
-                                                             monkeypatch, rows_fit, mode):
+def test_fixed_batch_1_probe_stays_within_the_memory_target(
+    trtq, sample_model, sample_images, tmp_path, monkeypatch, rows_fit, mode
+):
     """A batch of 8 over --max-memory: the probe runs the rows one call would run (2 here), never the
     whole batch; where one row is all that fits, nothing is probed and samples go one per call.
     Either way the cache is the one-sample-per-call cache, byte for byte."""
@@ -156,21 +209,49 @@ def test_fixed_batch_1_probe_stays_within_the_memory_target(trtq, sample_model, 
 def _reshape_model(path):
     """x[1,4] -> Reshape to the constant [1, 4] -> Relu: cannot take a batch of 8."""
     nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
-                              initializer=[numpy_helper.from_array(np.array([1, 4], dtype=np.int64), "shape")])
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        initializer=[numpy_helper.from_array(np.array([1, 4], dtype=np.int64), "shape")],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(path))
 
 
 def test_fixed_batch_1_model_that_cannot_batch_falls_back(trtq, tmp_path, caplog):
     _reshape_model(tmp_path / "m.onnx")
     np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(0, 1, (10, 1, 4)).astype(np.float32)[:, 0])
-    r = trtq(["calibrate", "--model", tmp_path / "m.onnx", "--data", tmp_path / "x.npy", "-o", tmp_path / "a.cache",
-              "--method", "entropy"])
+    r = trtq(
+        [
+            "calibrate",
+            "--model",
+            tmp_path / "m.onnx",
+            "--data",
+            tmp_path / "x.npy",
+            "-o",
+            tmp_path / "a.cache",
+            "--method",
+            "entropy",
+        ]
+    )
     assert r.code == 0, r
     assert json.loads((tmp_path / "a.cache.json").read_text())["collection"]["fixed_batch_1"] == "per-sample"
-    r = trtq(["calibrate", "--model", tmp_path / "m.onnx", "--data", tmp_path / "x.npy", "-o", tmp_path / "b.cache",
-              "--method", "entropy", "--batch-size", "1"])
+    r = trtq(
+        [
+            "calibrate",
+            "--model",
+            tmp_path / "m.onnx",
+            "--data",
+            tmp_path / "x.npy",
+            "-o",
+            tmp_path / "b.cache",
+            "--method",
+            "entropy",
+            "--batch-size",
+            "1",
+        ]
+    )
     assert r.code == 0, r
     assert (tmp_path / "a.cache").read_bytes() == (tmp_path / "b.cache").read_bytes()
 
@@ -181,8 +262,21 @@ def test_probe_mismatch_keeps_one_sample_per_call(trtq, sample_model, sample_ima
     monkeypatch.setattr(batch_one, "probe", lambda *a, **k: (False, "'t' of sample 0 differs"))
     one = tmp_path / "b1.onnx"
     onnx.save(override_input_shapes(onnx.load(str(sample_model)), {"x": [1, 3, 224, 224]}, "m"), str(one))
-    r = trtq(["calibrate", "--model", one, "--data", sample_images, "--preprocess", "imagenet", "--limit", "3",
-              "-o", tmp_path / "c.cache"])
+    r = trtq(
+        [
+            "calibrate",
+            "--model",
+            one,
+            "--data",
+            sample_images,
+            "--preprocess",
+            "imagenet",
+            "--limit",
+            "3",
+            "-o",
+            tmp_path / "c.cache",
+        ]
+    )
     assert r.code == 0, r
     prov = json.loads((tmp_path / "c.cache.json").read_text())
     assert prov["collection"]["fixed_batch_1"] == "per-sample" and prov["data"]["batch_size"] == 1
@@ -192,8 +286,11 @@ def _relu_chain(batch_dim):
     """x [batch_dim, 64] -> Relu -> Neg -> Relu: three 256-byte-a-row tensors."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch_dim, 64])
     y = helper.make_tensor_value_info("c", TensorProto.FLOAT, [batch_dim, 64])
-    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]),
-             helper.make_node("Relu", ["b"], ["c"])]
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Neg", ["a"], ["b"]),
+        helper.make_node("Relu", ["b"], ["c"]),
+    ]
     return helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 13)])
 
 
@@ -243,10 +340,15 @@ def test_probe_finds_the_batch_on_another_axis_for_the_data_steps():
 
     w = numpy_helper.from_array(np.random.default_rng(0).normal(0, 1, (6, 5)).astype(np.float32), "w")
     graph = helper.make_graph(
-        [helper.make_node("Transpose", ["x"], ["tnc"], perm=[1, 0, 2]),
-         helper.make_node("MatMul", ["tnc", "w"], ["y"])], "g",
+        [
+            helper.make_node("Transpose", ["x"], ["tnc"], perm=[1, 0, 2]),
+            helper.make_node("MatMul", ["tnc", "w"], ["y"]),
+        ],
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1, 5])], [w])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1, 5])],
+        [w],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     wide = batch_one.widened(model)
     x = np.random.default_rng(1).normal(0, 1, (8, 4, 6)).astype(np.float32)

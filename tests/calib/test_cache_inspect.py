@@ -1,4 +1,5 @@
 """trtq.calib.cache_inspect: summaries, model coverage, diffs, text and JSON output."""
+
 import json
 import math
 import statistics
@@ -38,7 +39,8 @@ def tiny_model():
         helper.make_node("Sigmoid", ["r"], ["y"], name="sig"),
     ]
     graph = helper.make_graph(
-        nodes, "g",
+        nodes,
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])],
         initializer=[w],
@@ -69,7 +71,7 @@ def test_summary_of_tensorrt_cache():
     assert [r.hex for r in s.rows] == file_hex
     for r in s.rows:
         assert r.scale == f32(GOLDEN_8600[r.name] / 127.0)
-        assert r.amax == pytest.approx(GOLDEN_8600[r.name], rel=2 ** -23)
+        assert r.amax == pytest.approx(GOLDEN_8600[r.name], rel=2**-23)
     assert s.zero_amax == [] and s.nonfinite == []
 
 
@@ -126,8 +128,9 @@ def test_check_against_tiny_model():
     assert check.model_tensors == 4 and check.covered == 4
     assert check.missing_from_cache == [] and check.not_in_model == []
 
-    partial = CalibrationTable("8.6.0", "EntropyCalibration2",
-                               {"x": 1.0, "(Unnamed Layer* 3) [Constant]_output": 1.0, "c": 2.0, "other": 3.0})
+    partial = CalibrationTable(
+        "8.6.0", "EntropyCalibration2", {"x": 1.0, "(Unnamed Layer* 3) [Constant]_output": 1.0, "c": 2.0, "other": 3.0}
+    )
     check = ic.check_against_model(partial, model)
     assert check.verdict == "incomplete"
     assert check.covered == 2
@@ -172,8 +175,7 @@ def test_sample_model_cache_from_invented_amax(tmp_path):
     for r in d.rows[:4]:
         assert r.rel_diff == pytest.approx(0.1 / 1.1, rel=1e-6)
     assert d.rows[4].rel_diff < 1e-6
-    text = ic.render_text({"summary": ic.summarize(table, path, sort="amax", top=3),
-                           "model_check": check, "diff": d})
+    text = ic.render_text({"summary": ic.summarize(table, path, sort="amax", top=3), "model_check": check, "diff": d})
     assert "TRT-100300-EntropyCalibration2" in text
     assert "incomplete" in text and dropped[0] in text
     assert "9.09%" in text
@@ -186,8 +188,9 @@ def test_sample_model_cache_from_invented_amax(tmp_path):
 
 def test_diff_values_and_lists():
     a = CalibrationTable("8.6.0", "EntropyCalibration2", {"p": 1.0, "q": 2.0, "r": 0.0, "s": 4.0, "only a": 1.0})
-    b = CalibrationTable(None, "unknown", {"s": 3.0, "q": 2.0, "p": 1.5, "r": 0.0, "only b": 2.0},
-                         source_format="onnxruntime")
+    b = CalibrationTable(
+        None, "unknown", {"s": 3.0, "q": 2.0, "p": 1.5, "r": 0.0, "only b": 2.0}, source_format="onnxruntime"
+    )
     d = ic.diff(a, b)
     assert d.compared == 4
     assert [r.name for r in d.rows] == ["p", "q", "r", "s"]  # a's order
@@ -224,26 +227,30 @@ def test_render_text_columns_are_aligned():
     assert lines[0] == "cache      c.cache"
     assert "TRT-100300-MinMaxCalibration (TensorRT 10.3.0, MinMaxCalibration)" in lines[1]
     start = next(i for i, ln in enumerate(lines) if ln.strip().startswith("amax") and "hex" in ln)
-    rows = lines[start:start + 4]
+    rows = lines[start : start + 4]
     # every row's hex column ends where the header's "hex" ends, and the name follows
     end = rows[0].index("hex") + len("hex")
     for ln, row in zip(rows[1:], ic.summarize(table).rows):
-        assert ln[end - 8:end] == row.hex
-        assert ln[end + 2:] == row.name
+        assert ln[end - 8 : end] == row.hex
+        assert ln[end + 2 :] == row.name
     assert "(Unnamed Layer* 93) [Constant]_output" in text
 
 
 def test_render_text_of_combined_result_has_sections_in_order():
     a = read_cache(GOLDEN / "trt8600_entropy2.cache")
     b = read_cache(GOLDEN / "trt110400_entropy2.cache")
-    result = {"diff": ic.diff(a, b), "summary": ic.summarize(a, "a.cache"),
-              "model_check": ic.check_against_model(a, tiny_model())}
+    result = {
+        "diff": ic.diff(a, b),
+        "summary": ic.summarize(a, "a.cache"),
+        "model_check": ic.check_against_model(a, tiny_model()),
+    }
     text = ic.render_text(result)
     blocks = text.split("\n\n")
     assert blocks[0].startswith("cache      a.cache")
     assert blocks[1].startswith("model      1 of 4")
-    assert blocks[2].startswith("diff       cache (TRT-8600-EntropyCalibration2) vs other "
-                                "(TRT-110400-EntropyCalibration2)")
+    assert blocks[2].startswith(
+        "diff       cache (TRT-8600-EntropyCalibration2) vs other (TRT-110400-EntropyCalibration2)"
+    )
     assert "only in other  1: fetch_name_0" in text
     data = ic.to_jsonable(result)
     assert json.loads(json.dumps(data, allow_nan=False))["model_check"]["verdict"] == "incomplete"
@@ -270,8 +277,25 @@ def test_inspect_cache_names_the_range_method_from_matching_provenance(trtq, tmp
     model = make_model(tmp_path / "m.onnx")
     np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(0, 1, (8, 3, 8, 8)).astype(np.float32))
     cache = tmp_path / "p.cache"
-    assert trtq(["calibrate", "--model", model, "--data", tmp_path / "x.npy", "-o", cache, "--method", "percentile",
-                 "--percentile", "99.9", "-q"]).code == 0
+    assert (
+        trtq(
+            [
+                "calibrate",
+                "--model",
+                model,
+                "--data",
+                tmp_path / "x.npy",
+                "-o",
+                cache,
+                "--method",
+                "percentile",
+                "--percentile",
+                "99.9",
+                "-q",
+            ]
+        ).code
+        == 0
+    )
     r = trtq(["inspect-cache", cache])
     assert r.code == 0 and "\nmethod     percentile 99.9 (trtq calibrate" in r.out, r
     r = trtq(["inspect-cache", cache, "--json"])

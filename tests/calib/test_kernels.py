@@ -4,7 +4,9 @@ The compiled kernels and the numpy fallback must give the same counts, bit for b
 numpy statement of the binning rule; the collector must return what a plain ONNX
 Runtime run returns.
 """
+
 import logging
+
 import numpy as np
 import onnx
 import pytest
@@ -12,8 +14,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tests.calib.kernel_paths import require_kernels
 from trtq.calib.collect import compiled, kernels
-from trtq.calib.collect.exposed import OrtCollector, select_tensors
 from trtq.calib.collect.accumulators import AbsMaxAccumulator, HistogramAccumulator
+from trtq.calib.collect.exposed import OrtCollector, select_tensors
 
 NUM_BINS = 2048
 
@@ -30,8 +32,13 @@ def _arrays():
     relu = np.maximum(rng.normal(size=(3, 17, 31)), 0).astype(np.float32)  # many zeros, odd size
     heavy = rng.standard_t(2, size=100_003).astype(np.float32)
     tiny = np.array([0.0, -0.0, 1e-30, 5.0], np.float32)
-    return {"relu": relu, "heavy": heavy, "tiny": tiny,
-            "half": heavy[:4099].astype(np.float16), "double": heavy[:5000].astype(np.float64)}
+    return {
+        "relu": relu,
+        "heavy": heavy,
+        "tiny": tiny,
+        "half": heavy[:4099].astype(np.float16),
+        "double": heavy[:5000].astype(np.float64),
+    }
 
 
 @pytest.fixture(params=["native", "numpy"])
@@ -64,8 +71,9 @@ def test_histogram_into_flags(implementation):
     assert flags == kernels.EXCEEDED  # 3.0 * 16 is past the 16 bins: counted in the last one
     assert counts[8] == 1 and counts[15] == 1
     for bad in (np.nan, np.inf, -np.inf):
-        _, flags = kernels.histogram_into(np.array([1.0, bad, 0.25], np.float32), np.float32(8.0),
-                                          np.zeros(16, np.int64))
+        _, flags = kernels.histogram_into(
+            np.array([1.0, bad, 0.25], np.float32), np.float32(8.0), np.zeros(16, np.int64)
+        )
         assert flags & kernels.NONFINITE
 
 
@@ -159,8 +167,10 @@ def test_compiled_kernels_from_another_version_are_not_used(monkeypatch, caplog)
 def test_accumulators_split_large_tensors_in_parallel(monkeypatch):
     """Parts and threads must not change the result: compare with one-part, inline runs."""
     rng = np.random.default_rng(3)
-    batch = {"a": rng.normal(size=(4, 64, 33, 33)).astype(np.float32),
-             "b": np.maximum(rng.normal(size=(4, 1000)), 0).astype(np.float32)}
+    batch = {
+        "a": rng.normal(size=(4, 64, 33, 33)).astype(np.float32),
+        "b": np.maximum(rng.normal(size=(4, 1000)), 0).astype(np.float32),
+    }
     results = []
     for part, cores in ((1 << 21, 1), (1000, 4)):
         monkeypatch.setattr(kernels, "PART", part)
@@ -191,9 +201,12 @@ def _conv_model(path):
         helper.make_node("Flatten", ["pool"], ["out"]),
     ]
     graph = helper.make_graph(
-        nodes, "conv", [helper.make_tensor_value_info("img", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        nodes,
+        "conv",
+        [helper.make_tensor_value_info("img", TensorProto.FLOAT, ["N", 3, 8, 8])],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 4])],
-        initializer=[numpy_helper.from_array(w, "w")])
+        initializer=[numpy_helper.from_array(w, "w")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     onnx.save(model, str(path))
     return model

@@ -1,5 +1,6 @@
 """The methods registry (trtq.calib.methods): a method added there alone is one the whole tool
 knows: the --method choices, the passes it takes, the cache header, --from-stats and the report."""
+
 import json
 
 import numpy as np
@@ -17,8 +18,9 @@ def half_range(counts, max_value: float, percentile: float) -> float:
 
 @pytest.fixture
 def toy_method():
-    methods.register(methods.Method("half-range", half_range, histogram=True, passes=2,
-                                    algorithm="EntropyCalibration2"))
+    methods.register(
+        methods.Method("half-range", half_range, histogram=True, passes=2, algorithm="EntropyCalibration2")
+    )
     yield "half-range"
     methods.METHODS.unregister("half-range")
 
@@ -34,8 +36,22 @@ def test_the_registry_holds_the_four_methods_in_order():
 
 def test_a_registered_method_calibrates_end_to_end(trtq, sample_config, tmp_path, toy_method):
     cache, stats = tmp_path / "toy.cache", tmp_path / "toy.npz"
-    r = trtq(["calibrate", "-c", sample_config, "--limit", "8", "--method", toy_method, "-o", cache,
-              "--save-stats", stats, "--json"])
+    r = trtq(
+        [
+            "calibrate",
+            "-c",
+            sample_config,
+            "--limit",
+            "8",
+            "--method",
+            toy_method,
+            "-o",
+            cache,
+            "--save-stats",
+            stats,
+            "--json",
+        ]
+    )
     assert r.code == 0, r
     assert json.loads(r.out)["method"] == toy_method
     table, st = read_cache(cache), load_stats(stats)
@@ -64,8 +80,11 @@ def test_a_registered_method_is_a_config_and_cli_choice(trtq, sample_config, tmp
     r = trtq(["calibrate", "--help"])
     assert toy_method in r.out
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(sample_config.read_text().replace("method: mse", f"method: {toy_method}")
-                   .replace("../", str(sample_config.parent.parent) + "/"))
+    cfg.write_text(
+        sample_config.read_text()
+        .replace("method: mse", f"method: {toy_method}")
+        .replace("../", str(sample_config.parent.parent) + "/")
+    )
     out = tmp_path / "c.cache"
     r = trtq(["calibrate", "-c", cfg, "--limit", "8", "-o", out])
     assert r.code == 0 and "with half-range" in r.out, r
@@ -81,4 +100,5 @@ def test_compute_all_runs_a_methods_search_and_its_rule_alike():
     maxima = {n: float(1 + i) for i, n in enumerate(counts)}
     for name in ("mse", "entropy"):
         assert methods.compute_all(name, maxima, counts) == {
-            n: methods.compute_amax(name, counts[n], maxima[n]) for n in counts}
+            n: methods.compute_amax(name, counts[n], maxima[n]) for n in counts
+        }

@@ -4,6 +4,7 @@
 References are written here independently: bins computed in float64 over the final range, every
 k-th element of each sample taken by plain slicing, primes found by trial division.
 """
+
 import json
 import math
 
@@ -12,10 +13,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from tests.calib.kernel_paths import require_kernels, use_kernels
-from trtq.calib.collect import compiled, kernels
-from trtq.calib.collect import one_pass as P
 from trtq.calib import methods as M
 from trtq.calib import stats as S
+from trtq.calib.collect import compiled, kernels
+from trtq.calib.collect import one_pass as P
 from trtq.calib.collect.batch_leading import batch_leading, one_sample_calls
 from trtq.errors import ConfigError, DataError
 
@@ -57,8 +58,7 @@ def _fold(batches, **kw):
 def test_any_split_and_order_gives_the_histogram_of_the_final_range(seed, path):
     rng = np.random.default_rng(seed)
     # ranges that grow by 1 to 40 binades across batches, with zeros and a ReLU-like half
-    parts = [np.maximum(rng.standard_normal((rng.integers(1, 5), 7)), 0) * 10.0 ** rng.uniform(-6, 6)
-             for _ in range(8)]
+    parts = [np.maximum(rng.standard_normal((rng.integers(1, 5), 7)), 0) * 10.0 ** rng.uniform(-6, 6) for _ in range(8)]
     x = np.concatenate(parts).astype(np.float32)
     counts, top, m, zeros = _reference(x)
     for order in (parts, parts[::-1], [x], list(x[:, None, :])):
@@ -112,7 +112,7 @@ def test_one_read_kernel_statuses(path):
 def test_regrow_merges_runs_of_bins():
     c = np.arange(NB, dtype=np.int64)
     assert np.array_equal(P.regrow(c, 1)[: NB // 2], c[0::2] + c[1::2])
-    assert P.regrow(c, 1)[NB // 2:].sum() == 0
+    assert P.regrow(c, 1)[NB // 2 :].sum() == 0
     assert P.regrow(c, 6)[0] == c.sum() and P.regrow(c, 60)[0] == c.sum()
     assert P.regrow(c, 0) is c
 
@@ -137,8 +137,11 @@ def test_zero_tensor_then_values_and_tiny_ranges(path):
 def test_a_range_below_the_float32_counting_range_stays_exact_in_later_batches(path):
     # a first batch of 5e-38 leaves the range at 2**-124; later batches of zeros and of values
     # under that range must still count (the scale 64 * 2**124 is no float32)
-    batches = [np.full((2, 5), 5e-38, np.float32), np.zeros((3, 5000), np.float32),
-               np.array([[0.0, 2e-38, -4e-38]], np.float32)]
+    batches = [
+        np.full((2, 5), 5e-38, np.float32),
+        np.zeros((3, 5000), np.float32),
+        np.array([[0.0, 2e-38, -4e-38]], np.float32),
+    ]
     h = _fold(batches)
     counts, top, _, zeros = _reference(np.concatenate([b.reshape(-1) for b in batches]))
     assert np.array_equal(h.counts["t"], counts) and h.tops["t"] == top and h.zeros["t"] == zeros == 15001
@@ -194,7 +197,7 @@ def test_subsample_is_every_kth_element_of_each_sample_whatever_the_batching(pat
     counts[np.floor(np.abs(x).max() / 2 ** math.ceil(math.log2(np.abs(x).max())) * NB).astype(int)] -= 1
     results = []
     for rows in (1, 3, 10):
-        h = _fold([x[i:i + rows] for i in range(0, 10, rows)], hist_elements=16, batch_leading={"t"})
+        h = _fold([x[i : i + rows] for i in range(0, 10, rows)], hist_elements=16, batch_leading={"t"})
         assert h.strides == {"t": k} and h.maxima["t"] == float(np.abs(x).max())
         results.append(h.counts["t"])
     assert all(np.array_equal(r, counts) for r in results)
@@ -202,7 +205,7 @@ def test_subsample_is_every_kth_element_of_each_sample_whatever_the_batching(pat
     h = _fold([x], hist_elements=16)
     assert h.strides == {} and h.counts["t"].sum() == x.size
     # one sample per call: the whole array is the sample
-    h = _fold([x[i:i + 1] for i in range(10)], hist_elements=16, one_sample_calls=True)
+    h = _fold([x[i : i + 1] for i in range(10)], hist_elements=16, one_sample_calls=True)
     assert np.array_equal(h.counts["t"], counts)
 
 
@@ -250,8 +253,11 @@ def _model(reshape_to):
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
     w = helper.make_tensor("w", TensorProto.FLOAT, [3, 2, 1, 1], np.ones(6, np.float32))
     shape = helper.make_tensor("shape", TensorProto.INT64, [len(reshape_to)], reshape_to)
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
-             helper.make_node("Reshape", ["r", "shape"], ["y"])]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Reshape", ["r", "shape"], ["y"]),
+    ]
     g = helper.make_graph(nodes, "g", [x], [y], [w, shape])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
 
@@ -275,8 +281,9 @@ def test_calibrate_on_photos_subsamples_and_keeps_caches_batch_independent(trtq,
     caches = []
     for bs in ("1", "3", "8"):
         out = tmp_path / f"b{bs}.cache"
-        r = trtq(["calibrate", "-c", sample_config, "--limit", "10", "--batch-size", bs, "--hist-elements", "500",
-                  "-o", out])
+        r = trtq(
+            ["calibrate", "-c", sample_config, "--limit", "10", "--batch-size", bs, "--hist-elements", "500", "-o", out]
+        )
         assert r.code == 0, r
         caches.append(out.read_bytes())
     assert caches[0] == caches[1] == caches[2]

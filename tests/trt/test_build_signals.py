@@ -6,6 +6,7 @@ pybind11 printed its traceback ("At: ... build_plan ...") and TensorRT went on b
 signal watchdog stopped the process. ``interrupt.deferred`` records such a signal and raises it
 when the TensorRT calls return. These tests run the CLI's real handler on fake TensorRT modules.
 """
+
 import signal
 from pathlib import Path
 

@@ -5,13 +5,14 @@ compare two caches. Pure functions returning dataclasses; :func:`to_jsonable` an
 Sort keys: ``file`` (order in the file), ``name`` (A-Z), ``amax`` and ``scale`` (largest first),
 ``rel-diff`` (largest difference first; diffs only, summaries fall back to file order).
 """
+
 import math
 import re
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
-from collections.abc import Mapping, Sequence
 
 from trtq.calib.cache import INT8_MAX, CalibrationTable, scale_hex, scale_of, scale_problem, version_code
 from trtq.errors import ConfigError, TrtqError
@@ -169,7 +170,7 @@ def summarize(
 
 
 def _method_from_provenance(table: CalibrationTable, path: Union[str, Path, None]) -> Optional[str]:
-    """"mse" / "percentile 99.99" / ... when ``<cache>.json`` was written with this very cache."""
+    """ "mse" / "percentile 99.99" / ... when ``<cache>.json`` was written with this very cache."""
     from trtq.calib.cache import read_provenance
 
     if path is None:
@@ -182,8 +183,9 @@ def _method_from_provenance(table: CalibrationTable, path: Union[str, Path, None
         return None
     recorded = data["amax"]
     if set(recorded) != set(table.amax) or any(
-            not isinstance(recorded[n], (int, float)) or _hex(float(recorded[n])) != _hex(float(a))
-            for n, a in table.amax.items()):
+        not isinstance(recorded[n], (int, float)) or _hex(float(recorded[n])) != _hex(float(a))
+        for n, a in table.amax.items()
+    ):
         return None  # the JSON belongs to another version of the cache
     name = str(data["method"].get("name", "?"))
     if name == "percentile" and data["method"].get("percentile") is not None:
@@ -211,21 +213,41 @@ def check_against_qdq_model(table: CalibrationTable, model) -> ModelCheck:
 
     acts = read_qdq(model).activations
     missing = [n for n in acts if n not in table.amax]
-    differing = [n for n, a in acts.items() if n in table.amax
-                 and abs(a - table.amax[n]) > QDQ_SAME_REL * max(abs(a), abs(table.amax[n]))]
+    differing = [
+        n
+        for n, a in acts.items()
+        if n in table.amax and abs(a - table.amax[n]) > QDQ_SAME_REL * max(abs(a), abs(table.amax[n]))
+    ]
     covered = len(acts) - len(missing)
     if covered == 0:
-        verdict, message = "no-match", (f"none of the model's {len(acts)} quantized activations is in the cache: "
-                                        "it was made for another model (or another export of it)")
+        verdict, message = (
+            "no-match",
+            (
+                f"none of the model's {len(acts)} quantized activations is in the cache: "
+                "it was made for another model (or another export of it)"
+            ),
+        )
     elif missing or differing:
         verdict = "qdq-differs"
-        message = (f"{len(differing)} of {covered} quantized activations have another scale in the model than in "
-                   f"the cache" + (f"; {len(missing)} are not in the cache" if missing else "")
-                   + ": the model was not quantized from this cache (or was changed since)")
+        message = (
+            f"{len(differing)} of {covered} quantized activations have another scale in the model than in "
+            f"the cache"
+            + (f"; {len(missing)} are not in the cache" if missing else "")
+            + ": the model was not quantized from this cache (or was changed since)"
+        )
     else:
         verdict, message = "qdq-same", f"all {len(acts)} quantized activations have the cache's scale"
-    return ModelCheck(model_tensors=len(acts), covered=covered, missing_from_cache=missing, not_in_model=[],
-                      tensorrt_internal=0, verdict=verdict, message=message, qdq_model=True, differing=differing)
+    return ModelCheck(
+        model_tensors=len(acts),
+        covered=covered,
+        missing_from_cache=missing,
+        not_in_model=[],
+        tensorrt_internal=0,
+        verdict=verdict,
+        message=message,
+        qdq_model=True,
+        differing=differing,
+    )
 
 
 def check_against_model(table: CalibrationTable, model, selection: Optional[str] = None) -> ModelCheck:
@@ -233,8 +255,7 @@ def check_against_model(table: CalibrationTable, model, selection: Optional[str]
     cache entries the model does not have. A Q/DQ model is checked by :func:`check_against_qdq_model`.
     ``selection``: the provenance's ``collection.tensors``; ``"qdq"`` (calibrate --tensors qdq) makes
     the uncovered rest expected: verdict ``qdq-set`` instead of ``incomplete``."""
-    from trtq.model import calibratable_tensors
-    from trtq.model import has_qdq
+    from trtq.model import calibratable_tensors, has_qdq
 
     if has_qdq(model):
         return check_against_qdq_model(table, model)
@@ -318,8 +339,11 @@ def diff(
 ) -> CacheDiff:
     """Per tensor in both: amax in each and the relative difference; tensors in only one; summary."""
     _check_sort(sort, top)
-    rows = [DiffRow(n, float(v), float(b.amax[n]), rel_diff(float(v), float(b.amax[n])))
-            for n, v in a.amax.items() if n in b.amax]
+    rows = [
+        DiffRow(n, float(v), float(b.amax[n]), rel_diff(float(v), float(b.amax[n])))
+        for n, v in a.amax.items()
+        if n in b.amax
+    ]
     finite = [r.rel_diff for r in rows if not math.isnan(r.rel_diff)]
     worst = max((r for r in rows if not math.isnan(r.rel_diff)), key=lambda r: r.rel_diff, default=None)
     if sort == "name":
@@ -406,25 +430,34 @@ def _render_summary(s: CacheSummary) -> list[str]:
         f"format     {fmt}",
     ]
     if s.method:
-        out.append(f"method     {s.method} (trtq calibrate, from the provenance JSON; the header names TensorRT's "
-                   "calibrator format, not the range method)")
+        out.append(
+            f"method     {s.method} (trtq calibrate, from the provenance JSON; the header names TensorRT's "
+            "calibrator format, not the range method)"
+        )
     out += [
         f"tensors    {s.count}",
         f"amax       min {format_number(s.amax_min)}   median {format_number(s.amax_median)}   "
         f"max {format_number(s.amax_max)}",
     ]
-    out += _name_lines([
-        (f"zero amax  {len(s.zero_amax)}: ", s.zero_amax),
-        (f"non-finite {len(s.nonfinite)}: ", s.nonfinite),
-        (f"unusable   {len(s.unusable)} (zero, denormal, huge or non-finite scale; quantize refuses the cache): ",
-         s.unusable),
-    ])
+    out += _name_lines(
+        [
+            (f"zero amax  {len(s.zero_amax)}: ", s.zero_amax),
+            (f"non-finite {len(s.nonfinite)}: ", s.nonfinite),
+            (
+                f"unusable   {len(s.unusable)} (zero, denormal, huge or non-finite scale; "
+                "quantize refuses the cache): ",
+                s.unusable,
+            ),
+        ]
+    )
     if s.rows:
         order = {"file": "file order", "name": "by name", "amax": "largest amax first", "scale": "largest scale first"}
         shown = f"{len(s.rows)} of {s.count}" if len(s.rows) < s.count else f"all {s.count}"
         out.append(f"rows       {shown}, {order.get(s.sort, s.sort)}")
-        out += _table(["amax", "scale", "hex", "tensor"],
-                      [[format_number(r.amax), format_number(r.scale), r.hex, r.name] for r in s.rows])
+        out += _table(
+            ["amax", "scale", "hex", "tensor"],
+            [[format_number(r.amax), format_number(r.scale), r.hex, r.name] for r in s.rows],
+        )
     return out
 
 
@@ -434,11 +467,13 @@ def _render_check(c: ModelCheck) -> list[str]:
         f"model      {c.covered} of {c.model_tensors} {what} have a range in the cache",
         f"verdict    {c.verdict}: {c.message}",
     ]
-    return out + _name_lines([
-        ("differ     ", c.differing),
-        ("missing    ", c.missing_from_cache),
-        (f"extra      {len(c.not_in_model)} not tensors of the model: ", c.not_in_model),
-    ])
+    return out + _name_lines(
+        [
+            ("differ     ", c.differing),
+            ("missing    ", c.missing_from_cache),
+            (f"extra      {len(c.not_in_model)} not tensors of the model: ", c.not_in_model),
+        ]
+    )
 
 
 def _render_diff(d: CacheDiff) -> list[str]:
@@ -448,10 +483,12 @@ def _render_diff(d: CacheDiff) -> list[str]:
         f"max {_pct(d.max_rel_diff)}" + (f" ({d.max_rel_diff_tensor})" if d.max_rel_diff_tensor else ""),
         f"           {d.over_1pct} differ by more than 1%, {d.over_10pct} by more than 10%",
     ]
-    out += _name_lines([
-        (f"only in {d.label_a}  {len(d.only_in_a)}: ", d.only_in_a),
-        (f"only in {d.label_b}  {len(d.only_in_b)}: ", d.only_in_b),
-    ])
+    out += _name_lines(
+        [
+            (f"only in {d.label_a}  {len(d.only_in_a)}: ", d.only_in_a),
+            (f"only in {d.label_b}  {len(d.only_in_b)}: ", d.only_in_b),
+        ]
+    )
     if d.rows:
         out += _table(
             ["rel diff", f"amax {d.label_a}", f"amax {d.label_b}", "tensor"],
@@ -464,8 +501,11 @@ def render_text(result: Any) -> str:
     """Readable text for a CacheSummary, ModelCheck, CacheDiff, or a dict holding any of them
     under "summary", "model_check", "diff" (printed in that order, separated by blank lines)."""
     parts: list[list[str]] = []
-    items = [result[k] for k in ("summary", "model_check", "diff") if k in result] if isinstance(result, Mapping) \
+    items = (
+        [result[k] for k in ("summary", "model_check", "diff") if k in result]
+        if isinstance(result, Mapping)
         else [result]
+    )
     for item in items:
         if isinstance(item, CacheSummary):
             parts.append(_render_summary(item))

@@ -11,6 +11,7 @@ and one :func:`register` call (:data:`METHODS` is a trtq.registry.Registry).
 Importing this module imports no numpy (``trtq --help`` reads the names); the rules themselves are
 in trtq.calib.stats and trtq.calib.search.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -50,8 +51,13 @@ class Method:
 
     def describe(self) -> dict[str, Any]:
         """The row as JSON data (the report page embeds the table)."""
-        return {"name": self.name, "histogram": self.histogram, "passes": self.passes,
-                "algorithm": self.algorithm, "tensorrt": self.tensorrt}
+        return {
+            "name": self.name,
+            "histogram": self.histogram,
+            "passes": self.passes,
+            "algorithm": self.algorithm,
+            "tensorrt": self.tensorrt,
+        }
 
 
 METHODS: Registry[Method] = Registry("calibrate.method")
@@ -91,8 +97,10 @@ def _entropy_search(counts: list, maxima: list) -> list:
     from trtq.calib import search
     from trtq.calib.stats import NUM_QUANTIZED_BINS, TIE_ABS
 
-    return [None if i is None else (i + 0.5) * (m / c.size)
-            for c, m, i in zip(counts, maxima, search.entropy_choices(counts, NUM_QUANTIZED_BINS, TIE_ABS))]
+    return [
+        None if i is None else (i + 0.5) * (m / c.size)
+        for c, m, i in zip(counts, maxima, search.entropy_choices(counts, NUM_QUANTIZED_BINS, TIE_ABS))
+    ]
 
 
 def _percentile(counts: Any, max_value: float, percentile: float) -> float:
@@ -117,8 +125,18 @@ def _mse_search(counts: list, maxima: list) -> list:
 # read by TensorRT's entropy calibrator (the values are used as given); the real method is kept in
 # the provenance JSON.
 register(Method("max", _max, histogram=False, passes=1, algorithm="MinMaxCalibration", tensorrt=True))
-register(Method("entropy", _entropy, histogram=True, passes=2, algorithm="EntropyCalibration2", tensorrt=True,
-                search=_entropy_search, drops_zeros=True))
+register(
+    Method(
+        "entropy",
+        _entropy,
+        histogram=True,
+        passes=2,
+        algorithm="EntropyCalibration2",
+        tensorrt=True,
+        search=_entropy_search,
+        drops_zeros=True,
+    )
+)
 register(Method("percentile", _percentile, histogram=True, passes=1, algorithm="EntropyCalibration2"))
 register(Method("mse", _mse, histogram=True, passes=1, algorithm="EntropyCalibration2", search=_mse_search))
 
@@ -128,8 +146,9 @@ register(Method("mse", _mse, histogram=True, passes=1, algorithm="EntropyCalibra
 # --------------------------------------------------------------------------------------------
 
 
-def compute_amax(method: str, counts, max_value: float, percentile: float = 99.99, zeros: int = 0,
-                 top: float | None = None) -> float:
+def compute_amax(
+    method: str, counts, max_value: float, percentile: float = 99.99, zeros: int = 0, top: float | None = None
+) -> float:
     """amax of one tensor by ``method`` (one without histograms ignores ``counts``, which may be None).
 
     ``zeros``: how many of bin 0's values were exactly zero; ``entropy`` leaves them out of the
@@ -188,14 +207,16 @@ def compute_all(
     if m.search is not None:
         return _search_all(m, maxima, counts, zeros or {})
     return {
-        name: compute_amax(method, None if counts is None else counts.get(name), mx, percentile,
-                           int((zeros or {}).get(name, 0)))
+        name: compute_amax(
+            method, None if counts is None else counts.get(name), mx, percentile, int((zeros or {}).get(name, 0))
+        )
         for name, mx in maxima.items()
     }
 
 
-def _search_all(m: Method, maxima: Mapping[str, float], counts: Mapping[str, Any],
-                zeros: Mapping[str, int]) -> dict[str, float]:
+def _search_all(
+    m: Method, maxima: Mapping[str, float], counts: Mapping[str, Any], zeros: Mapping[str, int]
+) -> dict[str, float]:
     """``m.search`` over all tensors at once: the same amax as :func:`compute_amax` tensor by
     tensor. Tensors with max 0, an empty histogram, a bin count other than the first's or counts
     too large for the exact sums take the per-tensor path."""
@@ -224,4 +245,3 @@ def finalize_amax(amax: dict[str, float]) -> tuple[dict[str, float], list[str]]:
     names floored."""
     floored = [name for name, a in amax.items() if not a >= MIN_AMAX]
     return {name: (a if a >= MIN_AMAX else MIN_AMAX) for name, a in amax.items()}, floored
-

@@ -33,6 +33,7 @@ here, where the reference's float rounding may pick ``k``: the error is the same
 ``[g*m, (g+1)*m)``; only the last group ``[127*m, i)`` and the tail differ. So the cross term
 ``sum_g S_g log(G_g / k_g)`` is 16 sums of 127 groups plus one term per candidate.
 """
+
 import functools
 import math
 from collections.abc import Sequence
@@ -45,7 +46,7 @@ INT8_LEVELS = 127
 def mse_fits(total: int, num_bins: int) -> bool:
     """Whether the exact int64 sums hold: every candidate's error, ``<= total * (2*num_bins)^2``
     in its units, must stay below 2^62."""
-    return int(total) * (2 * int(num_bins)) ** 2 < 2 ** 62
+    return int(total) * (2 * int(num_bins)) ** 2 < 2**62
 
 
 @functools.lru_cache(maxsize=4)
@@ -76,8 +77,7 @@ def mse_errors_many(counts: np.ndarray, maxima: np.ndarray, start_bin: int = 128
     a_sum, b_sum = a_sum.T, b_sum.T
     w = np.asarray(maxima, dtype=np.float64) / nb
     j = js[None, :]
-    inside = (16129 * p2[:, js] - 508 * j * (127 * p1[:, js] - a_sum)
-              + 4 * j * j * (16129 * p0[:, js] - b_sum))
+    inside = 16129 * p2[:, js] - 508 * j * (127 * p1[:, js] - a_sum) + 4 * j * j * (16129 * p0[:, js] - b_sum)
     u0, u1, u2 = p0[:, -1:] - p0[:, js], p1[:, -1:] - p1[:, js], p2[:, -1:] - p2[:, js]
     clipped = u2 - 4 * j * u1 + 4 * j * j * u0  # sum c (o - 2j)^2 over bins >= j
     err = inside.astype(np.float64) + 16129.0 * clipped.astype(np.float64)
@@ -166,9 +166,10 @@ def entropy_choices(counts: Sequence[np.ndarray], num_quantized_bins: int = 128,
     None when no candidate is finite (an empty histogram)."""
     out: list = []
     for lo in range(0, len(counts), 64):  # bounded temporaries: [64, candidates]
-        kl = entropy_divergences_many(np.stack(counts[lo:lo + 64]), num_quantized_bins)
+        kl = entropy_divergences_many(np.stack(counts[lo : lo + 64]), num_quantized_bins)
         best = kl.min(axis=1, keepdims=True)
         first = np.argmax(kl <= best + tie_abs, axis=1)
-        out += [int(num_quantized_bins) + int(i) if math.isfinite(float(b)) else None
-                for i, b in zip(first, best[:, 0])]
+        out += [
+            int(num_quantized_bins) + int(i) if math.isfinite(float(b)) else None for i, b in zip(first, best[:, 0])
+        ]
     return out

@@ -10,15 +10,16 @@ A tensor whose ``max|x|`` is 0 (always exactly zero) has no usable edges: its hi
 value in bin 0 and every method returns ``amax = 0.0``. Callers decide what to write for it (a
 TensorRT scale must be > 0; ``trtq calibrate`` floors it: trtq.calib.methods.finalize_amax).
 """
+
 import io
 import itertools
 import json
 import math
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Union
-from collections.abc import Mapping
 
 import numpy as np
 
@@ -36,14 +37,18 @@ def check_num_bins(num_bins: int, tensors: int) -> None:
     from trtq.memory import available_memory
 
     if not 1 <= int(num_bins) <= MAX_NUM_BINS:
-        raise ConfigError(f"num_bins must be a positive integer up to {MAX_NUM_BINS}, got {num_bins}",
-                          f"e.g. --num-bins {DEFAULT_NUM_BINS} (TensorRT's)")
+        raise ConfigError(
+            f"num_bins must be a positive integer up to {MAX_NUM_BINS}, got {num_bins}",
+            f"e.g. --num-bins {DEFAULT_NUM_BINS} (TensorRT's)",
+        )
     need = int(num_bins) * 8 * max(int(tensors), 1)
     avail = available_memory()
     if avail and need > avail // 2:
-        raise ConfigError(f"--num-bins {num_bins} needs {need / 2**30:.1f} GiB of histograms for {tensors} tensors, "
-                          f"more than half of the {avail / 2**30:.1f} GiB available",
-                          f"use fewer bins, e.g. --num-bins {DEFAULT_NUM_BINS}")
+        raise ConfigError(
+            f"--num-bins {num_bins} needs {need / 2**30:.1f} GiB of histograms for {tensors} tensors, "
+            f"more than half of the {avail / 2**30:.1f} GiB available",
+            f"use fewer bins, e.g. --num-bins {DEFAULT_NUM_BINS}",
+        )
 
 
 NUM_QUANTIZED_BINS = 128  # int8 magnitude levels the entropy search merges into
@@ -228,7 +233,7 @@ def mse_errors(counts, max_value: float, start_bin: int = NUM_QUANTIZED_BINS) ->
     p2 = [0] + list(itertools.accumulate(cc * o * o for cc, o in zip(ci, odd)))
     block = 64
     for lo in range(0, js.size, block):
-        jb = js[lo:lo + block]
+        jb = js[lo : lo + block]
         j_hi = int(jb[-1])
         n_band = int(np.searchsorted(nz, j_hi))  # bins b < j_hi
         if n_band:
@@ -236,7 +241,7 @@ def mse_errors(counts, max_value: float, start_bin: int = NUM_QUANTIZED_BINS) ->
             t = x[None, :n_band] * (INT8_LEVELS / a)
             q = np.minimum(np.round(t), INT8_LEVELS) * (a / INT8_LEVELS)
             d = x[None, :n_band] - q
-            err[lo:lo + jb.size] = (d * d) @ cnt[:n_band]
+            err[lo : lo + jb.size] = (d * d) @ cnt[:n_band]
         if n_band < nz.size:  # bins >= j_hi: clipped to a for every candidate of the block
             u0, u1, u2 = p0[-1] - p0[n_band], p1[-1] - p1[n_band], p2[-1] - p2[n_band]
             for k, j in enumerate(jb):
@@ -364,8 +369,13 @@ def _stats_error(path: Path, what: str) -> CacheError:
 def load_stats(path: Union[str, Path]) -> StatsFile:
     """Read a file written by :func:`save_stats`; CacheError (with the fix) on anything wrong."""
     path = Path(path)
-    require_input_file(path, CacheError, "statistics file", "check the path, or run trtq calibrate --save-stats",
-                       "pass a .npz file written by trtq calibrate --save-stats")
+    require_input_file(
+        path,
+        CacheError,
+        "statistics file",
+        "check the path, or run trtq calibrate --save-stats",
+        "pass a .npz file written by trtq calibrate --save-stats",
+    )
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -417,13 +427,13 @@ def load_stats(path: Union[str, Path]) -> StatsFile:
         raise _stats_error(path, f"counts has shape {ct.shape} {ct.dtype}, expected ({t}, {num_bins}) int64")
     if not np.all(np.isfinite(mx)) or np.any(mx < 0) or np.any(ct < 0):
         raise _stats_error(path, "negative or non-finite values")
-    if zr is not None and (zr.dtype != np.int64 or zr.shape != (t,) or np.any(zr < 0)
-                           or (t and np.any(zr > ct[:, 0]))):
+    if zr is not None and (zr.dtype != np.int64 or zr.shape != (t,) or np.any(zr < 0) or (t and np.any(zr > ct[:, 0]))):
         raise _stats_error(path, "bad zeros array")
     if pow2 != (tp is not None):
         raise _stats_error(path, "tops array and format disagree")
-    if tp is not None and (tp.dtype != np.float64 or tp.shape != (t,) or not np.all(np.isfinite(tp))
-                           or np.any(tp < mx)):
+    if tp is not None and (
+        tp.dtype != np.float64 or tp.shape != (t,) or not np.all(np.isfinite(tp)) or np.any(tp < mx)
+    ):
         raise _stats_error(path, "bad tops array")
     return StatsFile(
         maxima={n: float(v) for n, v in zip(names, mx)},

@@ -11,8 +11,9 @@
 Both entry points, the ``trtq`` console script and ``python -m trtq``, go through
 trtq.console.main, which installs early signal handlers before it imports this package.
 """
-from typing import Optional
+
 from collections.abc import Sequence
+from typing import Optional
 
 from trtq.cli.commands import cli
 

@@ -9,6 +9,7 @@ nothing else of trtq.cli: trtq.cli.main hands it the command group.
 Exit codes: 0 ok, 1 operation failed, 2 usage/config error, 3 invalid input (data, model, cache),
 4 environment missing (TensorRT, GPU), 130 interrupted, 143 terminated.
 """
+
 import contextlib
 import json
 import logging
@@ -60,9 +61,9 @@ class StdoutGuard:
             self.saved_fd = None
         if uses_fd1 and self.saved_fd is not None:
             # the saved stdout outlives this call: closed by restore(), not by a with-block
-            self.own = open(os.dup(self.saved_fd), "w",  # noqa: SIM115
-                            encoding=getattr(sys.stdout, "encoding", None) or "utf-8",
-                            errors=getattr(sys.stdout, "errors", None) or "strict")
+            encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+            errors = getattr(sys.stdout, "errors", None) or "strict"
+            self.own = open(os.dup(self.saved_fd), "w", encoding=encoding, errors=errors)  # noqa: SIM115
             self.result = self.own
         sys.stdout = sys.stderr
 
@@ -234,14 +235,19 @@ def _watchdog(fd: int, grace: float) -> None:
     signum = interrupt.requested() or data[0]
     try:
         what = b"terminated (SIGTERM)" if signum == signal.SIGTERM else b"interrupted"
-        os.write(2, b"trtq: " + what + b"; the command did not stop within %.0f s of the signal, stopped it; "
-                 b"nothing was written\n" % grace)
+        os.write(
+            2,
+            b"trtq: " + what + b"; the command did not stop within %.0f s of the signal, stopped it; "
+            b"nothing was written\n" % grace,
+        )
         if faulthandler.is_enabled():
             faulthandler.dump_traceback(all_threads=True)
     except OSError:
         pass
-    for module, clean_up in (("trtq.fileio", "remove_pending_temp_files"),
-                             ("trtq.input_override", "remove_temp_models")):
+    for module, clean_up in (
+        ("trtq.fileio", "remove_pending_temp_files"),
+        ("trtq.input_override", "remove_temp_models"),
+    ):
         loaded = sys.modules.get(module)  # not imported here: the import lock may be what is stuck
         if loaded is not None:
             getattr(loaded, clean_up)()
@@ -264,8 +270,9 @@ def main(group: click.Group, argv: Optional[Sequence[str]] = None) -> None:
     from trtq import interrupt
 
     args = list(sys.argv[1:] if argv is None else argv)
-    verbose = sum(a.count("v") for a in args
-                  if a.startswith("-") and not a.startswith("--") and set(a[1:]) <= {"v", "q"})
+    verbose = sum(
+        a.count("v") for a in args if a.startswith("-") and not a.startswith("--") and set(a[1:]) <= {"v", "q"}
+    )
     verbose += args.count("--verbose")
     interrupt.reset()
     previous: dict[int, Any] = {}
@@ -327,16 +334,30 @@ def run(group: click.Group, args: list[str], verbose: int) -> int:
         return 1
     except ImportError as e:  # a dependency is missing or broken: the environment, not trtq (exit 4)
         name = getattr(e, "name", None) or "a dependency"
-        return fail(e, f"cannot import {name} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
-                        f"install it (pip install -e . installs all of trtq's dependencies)", 4, verbose)
+        return fail(
+            e,
+            f"cannot import {name} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+            f"install it (pip install -e . installs all of trtq's dependencies)",
+            4,
+            verbose,
+        )
     except OSError as e:  # an operating-system failure that no library turned into a TrtqError
         where = f" {e.filename}" if getattr(e, "filename", None) else ""
-        return fail(e, f"system error{where}: {e.strerror or type(e).__name__}; check the path, its "
-                        "permissions and the free disk space", 1, verbose)
+        return fail(
+            e,
+            f"system error{where}: {e.strerror or type(e).__name__}; check the path, its "
+            "permissions and the free disk space",
+            1,
+            verbose,
+        )
     except Exception as e:  # a bug: still one line, the traceback only with -vv
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return fail(e, f"internal error: {type(e).__name__}: {msg} (run with -vv for the traceback; please report "
-                       "it)", 1, verbose)
+        return fail(
+            e,
+            f"internal error: {type(e).__name__}: {msg} (run with -vv for the traceback; please report it)",
+            1,
+            verbose,
+        )
     return rv if isinstance(rv, int) else 0
 
 

@@ -3,6 +3,7 @@
 flags merged into it (:func:`apply_data_flags`) and the one declaration of what the command reads
 and writes (:func:`declare`, checked by trtq.outputs before any work).
 """
+
 import logging
 import os
 import sys
@@ -116,8 +117,14 @@ def declare(cfg, config_path, inputs=(), models=(), outputs=(), data: bool = Tru
 
     files, folders = data_paths(cfg.data.inputs) if data else ([], [])
     model = click.get_current_context().meta.get(USER_MODEL_KEY) or cfg.model
-    guard(Declared.of(inputs=[("config file", config_path), *inputs, *files], folders=folders,
-                      models=[("model", model), *models], outputs=outputs))
+    guard(
+        Declared.of(
+            inputs=[("config file", config_path), *inputs, *files],
+            folders=folders,
+            models=[("model", model), *models],
+            outputs=outputs,
+        )
+    )
 
 
 def begin_without_data(common: Flags, overrides: Optional[dict[str, Any]] = None, inputs=(), outputs=()):
@@ -140,8 +147,12 @@ def output_path(cfg: Any, configured: Optional[str], suffix: str) -> Path:
 def declare_with_cache(cfg: Any, config_path: Optional[Path], cache: Optional[str], outputs: list) -> None:
     """:func:`declare` for a command that reads a calibration cache (and its provenance) and
     writes ``outputs``."""
-    declare(cfg, config_path, inputs=[("cache", cache), ("cache provenance", f"{cache}.json" if cache else None)],
-            outputs=outputs)
+    declare(
+        cfg,
+        config_path,
+        inputs=[("cache", cache), ("cache provenance", f"{cache}.json" if cache else None)],
+        outputs=outputs,
+    )
 
 
 def split_csv(values: Sequence[str]) -> list[str]:
@@ -178,18 +189,22 @@ def parse_shape_flags(items: Sequence[str], specs, base: dict[str, tuple[int, ..
         name, sep, dims = item.rpartition("=")
         if not sep:
             if len(specs) != 1:
-                raise UsageError(f"the model has {len(specs)} inputs: give --shape INPUT=DIMS",
-                                 "inputs: " + ", ".join(by_name))
+                raise UsageError(
+                    f"the model has {len(specs)} inputs: give --shape INPUT=DIMS", "inputs: " + ", ".join(by_name)
+                )
             name = specs[0].name
         elif name not in by_name:
             raise UsageError(f"--shape names '{name}', which is not a model input", "inputs: " + ", ".join(by_name))
         parsed = parse_dims(dims)
         if parsed is None:
-            raise UsageError(f"--shape {item}: the dims must be positive integers (digits 0-9, each below 2**31)",
-                             f"write every dim of {by_name[name].describe()}, e.g. --shape {name}=8x3x224x224")
+            raise UsageError(
+                f"--shape {item}: the dims must be positive integers (digits 0-9, each below 2**31)",
+                f"write every dim of {by_name[name].describe()}, e.g. --shape {name}=8x3x224x224",
+            )
         if name in seen:
-            raise UsageError(f"--shape gives input '{name}' twice ({seen[name]} and {item})",
-                             "pass one --shape per input")
+            raise UsageError(
+                f"--shape gives input '{name}' twice ({seen[name]} and {item})", "pass one --shape per input"
+            )
         seen[name] = item
         shapes[name] = parsed
     return shapes
@@ -207,8 +222,8 @@ def apply_data_flags(cfg, source: Flags):
         return cfg
     if not cfg.model:
         raise UsageError("--data/--preprocess/--shape need a model", "pass --model MODEL.onnx")
-    from trtq.model import input_specs, load_model
     from trtq.data.presets import preset
+    from trtq.model import input_specs, load_model
 
     specs = input_specs(load_model(cfg.model))
     by_name = {s.name: s for s in specs}
@@ -227,8 +242,10 @@ def apply_data_flags(cfg, source: Flags):
                 )
             name, path = (specs[0].name, item) if not (sep and name in by_name) else (name, path)
         if name in given:
-            raise UsageError(f"--data gives input '{name}' twice ({given[name]} and {path})",
-                             "pass one --data per input (a glob or a folder holds many files)")
+            raise UsageError(
+                f"--data gives input '{name}' twice ({given[name]} and {path})",
+                "pass one --data per input (a glob or a folder holds many files)",
+            )
         given[name] = path
         old = inputs.get(name)
         src = source_for_path(path)
@@ -259,27 +276,54 @@ def data_overrides(batching: Flags) -> dict[str, Any]:
 
 
 def calibrate_overrides(model: Optional[str], calib: Flags) -> dict[str, Any]:
-    overrides = {f"calibrate.{key}": getattr(calib, key)
-                 for key in ("method", "percentile", "num_bins", "output", "trt_version", "backend", "save_stats",
-                             "max_memory", "hist_elements", "collect")}
-    overrides.update({"model": model, "calibrate.tensors": split_csv(calib.tensors) or None,
-                      "calibrate.providers": list(calib.providers) or None})
+    overrides = {
+        f"calibrate.{key}": getattr(calib, key)
+        for key in (
+            "method",
+            "percentile",
+            "num_bins",
+            "output",
+            "trt_version",
+            "backend",
+            "save_stats",
+            "max_memory",
+            "hist_elements",
+            "collect",
+        )
+    }
+    overrides.update(
+        {
+            "model": model,
+            "calibrate.tensors": split_csv(calib.tensors) or None,
+            "calibrate.providers": list(calib.providers) or None,
+        }
+    )
     return overrides
 
 
 def quantize_overrides(model: Optional[str], output: Optional[str], quantizing: Flags) -> dict[str, Any]:
     """The config keys ``trtq quantize``'s flags set."""
-    return {"model": model, "quantize.output": output, **{f"quantize.{k}": v for k, v in vars(quantizing).items()},
-            "quantize.exclude": list(quantizing.exclude) or None}
+    return {
+        "model": model,
+        "quantize.output": output,
+        **{f"quantize.{k}": v for k, v in vars(quantizing).items()},
+        "quantize.exclude": list(quantizing.exclude) or None,
+    }
 
 
-def build_overrides(model: Optional[str], output: Optional[str], engine: Flags, exclude: Sequence[str],
-                    allow_stale: Optional[bool]) -> dict[str, Any]:
+def build_overrides(
+    model: Optional[str], output: Optional[str], engine: Flags, exclude: Sequence[str], allow_stale: Optional[bool]
+) -> dict[str, Any]:
     """The config keys ``trtq build``'s flags set (--exclude and --allow-stale apply to its quantize step too)."""
-    return {"model": model, "build.output": output, **{f"build.{k}": v for k, v in vars(engine).items()},
-            "build.tactic_sources": split_csv([engine.tactic_sources]) if engine.tactic_sources else None,
-            "build.allow_stale": allow_stale, "quantize.exclude": list(exclude) or None,
-            "quantize.allow_stale": allow_stale}
+    return {
+        "model": model,
+        "build.output": output,
+        **{f"build.{k}": v for k, v in vars(engine).items()},
+        "build.tactic_sources": split_csv([engine.tactic_sources]) if engine.tactic_sources else None,
+        "build.allow_stale": allow_stale,
+        "quantize.exclude": list(exclude) or None,
+        "quantize.allow_stale": allow_stale,
+    }
 
 
 def calibrate_outputs(cfg, shard_spec, keep_batches: Optional[str] = None) -> list:
@@ -297,8 +341,10 @@ def shard_flags(shard, ranges, from_stats, cfg):
     if ranges is not None and shard is None:
         raise UsageError("--ranges is for pass 2 of a sharded calibration", "pass --shard I/N with it")
     if from_stats:
-        raise UsageError("--shard calibrates a part of the data; --from-stats reads statistics",
-                         "merge the shards with trtq merge-stats, then run --from-stats alone")
+        raise UsageError(
+            "--shard calibrates a part of the data; --from-stats reads statistics",
+            "merge the shards with trtq merge-stats, then run --from-stats alone",
+        )
     if cfg.calibrate.backend == "tensorrt":
         raise UsageError("--shard needs the onnxruntime backend", "drop --backend tensorrt")
     from trtq.calib.shard import parse_shard

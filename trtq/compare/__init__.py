@@ -9,12 +9,19 @@ metric lines), ``evaluate`` (running the pair of models), ``sensitivity`` (per-l
 ``tasks`` (which task an output serves, its metric) with ``classify``, ``detect``, ``segment``,
 ``ctc`` (one task each), ``onnx_runner`` (the ONNX Runtime runner).
 """
+
+from trtq.compare.accuracy import CompareReport
 from trtq.compare.evaluate import check_compatible, compare_models
 from trtq.compare.metrics import OutputAccumulator, OutputMetrics
-from trtq.compare.accuracy import CompareReport
 from trtq.compare.sensitivity import LayerRow, per_layer_sensitivity, render_layer_table
 
 __all__ = [
-    "CompareReport", "LayerRow", "OutputAccumulator", "OutputMetrics", "check_compatible",
-    "compare_models", "per_layer_sensitivity", "render_layer_table",
+    "CompareReport",
+    "LayerRow",
+    "OutputAccumulator",
+    "OutputMetrics",
+    "check_compatible",
+    "compare_models",
+    "per_layer_sensitivity",
+    "render_layer_table",
 ]

@@ -1,10 +1,11 @@
 """The accuracy report: JSON-able dict, aligned text table, and pass/fail gates."""
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Sequence
 
 from trtq.compare.metrics import OutputMetrics
 from trtq.compare.tasks import gated_task_names, reported_apart
@@ -18,10 +19,7 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
 
     def line(cells: Sequence[str]) -> str:
-        parts = [
-            str(c).ljust(w) if i < left else str(c).rjust(w)
-            for i, (c, w) in enumerate(zip(cells, widths))
-        ]
+        parts = [str(c).ljust(w) if i < left else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths))]
         return "  ".join(parts).rstrip()
 
     return "\n".join([line(header), *(line(r) for r in rows)])
@@ -184,39 +182,61 @@ class CompareReport:
         if self.other is not None:
             out["other_semantics"] = {
                 "runtime": self.other.runtime,
-                "outputs": [{"name": o.name, "top1_agreement": json_float(o.top1_agreement),
-                             "task": task_dict(o.task, o.samples),
-                             "sqnr_db": json_float(o.sqnr_db), "cosine_mean": json_float(o.cosine_mean)}
-                            for o in self.other.outputs],
+                "outputs": [
+                    {
+                        "name": o.name,
+                        "top1_agreement": json_float(o.top1_agreement),
+                        "task": task_dict(o.task, o.samples),
+                        "sqnr_db": json_float(o.sqnr_db),
+                        "cosine_mean": json_float(o.cosine_mean),
+                    }
+                    for o in self.other.outputs
+                ],
             }
         out["warnings"] = list(self.warnings)
         return out
 
     def render_text(self) -> str:
-        head = [
-            f"reference  {self.reference}",
-            f"candidate  {self.candidate}",
-        ] + ([f"runtime    {self.runtime}"] if self.runtime else []) + [
-            f"samples    {self.samples} in {self.batches} batch{'es' if self.batches != 1 else ''}",
-            "",
+        head = (
+            [
+                f"reference  {self.reference}",
+                f"candidate  {self.candidate}",
+            ]
+            + ([f"runtime    {self.runtime}"] if self.runtime else [])
+            + [
+                f"samples    {self.samples} in {self.batches} batch{'es' if self.batches != 1 else ''}",
+                "",
+            ]
+        )
+        header = [
+            "output",
+            "samples",
+            "top-1 agree",
+            "cos mean",
+            "cos min",
+            "max abs err",
+            "mean abs err",
+            "max |ref|",
+            "SQNR dB",
         ]
-        header = ["output", "samples", "top-1 agree", "cos mean", "cos min", "max abs err",
-                  "mean abs err", "max |ref|", "SQNR dB"]
         rows = []
         for o in self.outputs:
-            top1 = "-" if o.top1_agreement is None else (
-                f"{o.top1_agreement:.4f} ({o.top1_matches}/{o.samples})")
-            rows.append([
-                o.name, str(o.samples), top1,
-                fmt(o.cosine_mean, ".6f"), fmt(o.cosine_min, ".6f"),
-                fmt(o.max_abs_error, ".4g"), fmt(o.mean_abs_error, ".4g"),
-                fmt(o.ref_max_abs, ".4g"), fmt(o.sqnr_db, ".2f"),
-            ])
+            top1 = "-" if o.top1_agreement is None else (f"{o.top1_agreement:.4f} ({o.top1_matches}/{o.samples})")
+            rows.append(
+                [
+                    o.name,
+                    str(o.samples),
+                    top1,
+                    fmt(o.cosine_mean, ".6f"),
+                    fmt(o.cosine_min, ".6f"),
+                    fmt(o.max_abs_error, ".4g"),
+                    fmt(o.mean_abs_error, ".4g"),
+                    fmt(o.ref_max_abs, ".4g"),
+                    fmt(o.sqnr_db, ".2f"),
+                ]
+            )
         tasks = task_lines(self.outputs)
-        notes = [
-            f"warning: output {o.name} has {o.nonfinite} NaN/Inf values"
-            for o in self.outputs if o.nonfinite
-        ]
+        notes = [f"warning: output {o.name} has {o.nonfinite} NaN/Inf values" for o in self.outputs if o.nonfinite]
         if self.other is not None:
             for o in self.other.outputs:
                 top1 = "" if o.top1_agreement is None else f"top-1 agree {o.top1_agreement:.4f}, "
@@ -224,8 +244,9 @@ class CompareReport:
                     top1 = f"{o.task.gate_label} {fmt(o.task.value, '.4f')}, "
                 notes.append(f"{o.name} {self.other.runtime}: {top1}SQNR {fmt(o.sqnr_db, '.2f')} dB")
         notes += [f"warning: {w}" for w in self.warnings]
-        return "\n".join(head + [table(header, rows)] + ([""] + tasks if tasks else [])
-                         + ([""] + notes if notes else []))
+        return "\n".join(
+            head + [table(header, rows)] + ([""] + tasks if tasks else []) + ([""] + notes if notes else [])
+        )
 
     def gate(self, options: Any) -> list[str]:
         """Descriptions of the failed gates (empty list: all passed).
@@ -254,8 +275,7 @@ class CompareReport:
                     failed.append(f"{o.name}: {label} cannot be measured: {why}")
                 elif _below(value, float(min_agreement)):
                     failed.append(
-                        f"{o.name}: {label} {fmt(value, '.6g')} is below "
-                        f"--min-agreement {float(min_agreement):g}"
+                        f"{o.name}: {label} {fmt(value, '.6g')} is below --min-agreement {float(min_agreement):g}"
                     )
         if min_cosine is not None:
             for o in self.outputs:

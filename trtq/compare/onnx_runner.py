@@ -23,13 +23,14 @@ otherwise it is dropped with a warning.
 Opening a file by its kind (``.onnx`` here, a TensorRT ``.plan`` through ``trtq.trt.runtime``) is
 ``trtq.pipeline.open_runner.open_runner``: compare never imports trt.
 """
+
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
-from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -42,10 +43,18 @@ log = logging.getLogger(__name__)
 
 # ONNX Runtime type strings -> numpy dtype names (the names trtq.model.TensorSpec uses)
 _ORT_DTYPES = {
-    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
-    "tensor(bfloat16)": "bfloat16", "tensor(int8)": "int8", "tensor(uint8)": "uint8",
-    "tensor(int16)": "int16", "tensor(uint16)": "uint16", "tensor(int32)": "int32",
-    "tensor(uint32)": "uint32", "tensor(int64)": "int64", "tensor(uint64)": "uint64",
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(bfloat16)": "bfloat16",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
+    "tensor(int16)": "int16",
+    "tensor(uint16)": "uint16",
+    "tensor(int32)": "int32",
+    "tensor(uint32)": "uint32",
+    "tensor(int64)": "int64",
+    "tensor(uint64)": "uint64",
     "tensor(bool)": "bool",
 }
 _NUMPY_FLOATS = ("float16", "float32", "float64")
@@ -105,8 +114,9 @@ def session_options(basic: bool = False) -> ort.SessionOptions:
     """The session options every trtq ONNX Runtime session uses; ``basic``: basic graph
     optimizations only (the Q/DQ semantics, see the module doc), else all of them."""
     so = ort.SessionOptions()
-    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_BASIC if basic
-                                   else ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    so.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_BASIC if basic else ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    )
     so.use_deterministic_compute = True
     so.log_severity_level = 3
     # intra_op_num_threads stays 0: ONNX Runtime picks one thread per physical core
@@ -163,8 +173,11 @@ def _model_has_qdq(model: Any | bytes | str | Path) -> bool:
     import onnx
 
     try:
-        proto = (onnx.load(str(model), load_external_data=False) if isinstance(model, (str, Path))
-                 else onnx.load_from_string(bytes(model)))
+        proto = (
+            onnx.load(str(model), load_external_data=False)
+            if isinstance(model, (str, Path))
+            else onnx.load_from_string(bytes(model))
+        )
     except Exception:
         return False
     return has_qdq(proto)
@@ -197,21 +210,17 @@ def make_session(
         if size > _PROTOBUF_LIMIT:
             raise ModelError(
                 f"{label} is {size / 2**30:.1f} GiB, too large to run from memory",
-                "save it with external data (onnx.save(..., save_as_external_data=True)) "
-                "and pass the file",
+                "save it with external data (onnx.save(..., save_as_external_data=True)) and pass the file",
             )
         source = model.SerializeToString()
     try:
-        return ort.InferenceSession(
-            source, sess_options=session_options(basic), providers=resolve_providers(providers)
-        )
+        return ort.InferenceSession(source, sess_options=session_options(basic), providers=resolve_providers(providers))
     except ConfigError:
         raise
     except Exception as e:  # InvalidProtobuf, InvalidGraph, NotImplemented, Fail, ...
         raise ModelError(
             f"onnxruntime {ort.__version__} cannot load {label}: {_ort_message(e)}",
-            "check the model with python -m onnx.checker, re-export it with a supported opset, "
-            "or upgrade onnxruntime",
+            "check the model with python -m onnx.checker, re-export it with a supported opset, or upgrade onnxruntime",
         ) from None
 
 
@@ -247,8 +256,13 @@ class OnnxRunner(ClosesOnExit):
         self._output_names = [s.name for s in self._outputs]
 
     @classmethod
-    def from_path(cls, path: str | Path, providers: Sequence[str] | None = None,
-                  name: str | None = None, semantics: str = DEFAULT_SEMANTICS) -> OnnxRunner:
+    def from_path(
+        cls,
+        path: str | Path,
+        providers: Sequence[str] | None = None,
+        name: str | None = None,
+        semantics: str = DEFAULT_SEMANTICS,
+    ) -> OnnxRunner:
         path = Path(path)
         check_model_file(path)
         qdq = _model_has_qdq(path)
@@ -256,8 +270,13 @@ class OnnxRunner(ClosesOnExit):
         return cls(session, name or path.name, semantics if qdq else None)
 
     @classmethod
-    def from_model(cls, model: Any, providers: Sequence[str] | None = None,
-                   name: str = "in-memory model", semantics: str = DEFAULT_SEMANTICS) -> OnnxRunner:
+    def from_model(
+        cls,
+        model: Any,
+        providers: Sequence[str] | None = None,
+        name: str = "in-memory model",
+        semantics: str = DEFAULT_SEMANTICS,
+    ) -> OnnxRunner:
         qdq = _model_has_qdq(model)
         session = make_session(model, providers, label=name, semantics=semantics, qdq=qdq)
         return cls(session, name, semantics if qdq else None)
@@ -289,8 +308,7 @@ class OnnxRunner(ClosesOnExit):
                     "data has: " + (", ".join(sorted(feeds)) or "nothing"),
                 )
             arr = np.asarray(feeds[spec.name])
-            if (spec.dtype in _NUMPY_FLOATS and arr.dtype.name in _NUMPY_FLOATS
-                    and arr.dtype.name != spec.dtype):
+            if spec.dtype in _NUMPY_FLOATS and arr.dtype.name in _NUMPY_FLOATS and arr.dtype.name != spec.dtype:
                 arr = arr.astype(spec.dtype)
             prepared[spec.name] = np.ascontiguousarray(arr)
         try:
@@ -298,8 +316,7 @@ class OnnxRunner(ClosesOnExit):
         except Exception as e:
             raise DataError(
                 f"{self.name} failed on this batch: {_ort_message_flat(e)}",
-                "check that data shapes and dtypes match the model inputs "
-                "(data.shapes, preprocess)",
+                "check that data shapes and dtypes match the model inputs (data.shapes, preprocess)",
             ) from None
         return dict(zip(self._output_names, values))
 

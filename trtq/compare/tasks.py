@@ -28,13 +28,14 @@ An explicit task applies to every output it fits; the others are scored raw (the
 so), and a task that fits no output is a UsageError (exit 2). ``layout`` states what inference
 would read from the graph: ``NTC`` / ``TNC`` for ctc, ``NCHW`` / ``NHWC`` for segment.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
-from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -103,35 +104,44 @@ class TaskSettings:
         if self.task != "auto" and self.task not in TASKS:
             raise ConfigError(f"unknown compare task '{self.task}'", "use one of: auto, " + ", ".join(TASKS.names()))
         if self.detect_format not in DETECT_FORMATS:
-            raise ConfigError(f"unknown detect format '{self.detect_format}'",
-                              "use one of: " + ", ".join(DETECT_FORMATS))
+            raise ConfigError(
+                f"unknown detect format '{self.detect_format}'", "use one of: " + ", ".join(DETECT_FORMATS)
+            )
         for flag, value in (("--score-threshold", self.score_threshold), ("--nms-iou", self.nms_iou)):
             if not 0.0 <= float(value) <= 1.0:
                 raise ConfigError(f"{flag} must be between 0 and 1, got {value}", "give a fraction, e.g. 0.25")
         if not math.isfinite(float(self.mask_threshold)):
-            raise ConfigError(f"--mask-threshold must be a finite number, got {self.mask_threshold}",
-                              "give the value that separates mask from background, e.g. 0.5")
+            raise ConfigError(
+                f"--mask-threshold must be a finite number, got {self.mask_threshold}",
+                "give the value that separates mask from background, e.g. 0.5",
+            )
         if self.layout != "auto":
             row = TASKS.find(self.task)
             allowed = row.layouts if row is not None and row.layouts else None
             if allowed is None:
                 laid = sorted((t for t in TASKS.rows() if t.layouts), key=lambda t: t.name)
-                raise ConfigError("--layout is for --task " + " or ".join(f"{t.name} ({', '.join(t.layouts)})"
-                                                                          for t in laid)
-                                  + f", not --task {self.task}",
-                                  "drop --layout, or pass --task " + " / ".join(t.name for t in laid))
+                raise ConfigError(
+                    "--layout is for --task "
+                    + " or ".join(f"{t.name} ({', '.join(t.layouts)})" for t in laid)
+                    + f", not --task {self.task}",
+                    "drop --layout, or pass --task " + " / ".join(t.name for t in laid),
+                )
             if self.layout not in allowed:
-                raise ConfigError(f"--layout {self.layout} is not a {self.task} layout",
-                                  "use one of: " + ", ".join(allowed))
+                raise ConfigError(
+                    f"--layout {self.layout} is not a {self.task} layout", "use one of: " + ", ".join(allowed)
+                )
         if self.box_format not in BOX_FORMATS:
             raise ConfigError(f"unknown --box-format '{self.box_format}'", "use one of: " + ", ".join(BOX_FORMATS))
         if self.scores or self.boxes:
             if self.task != "detect":
-                raise ConfigError("--scores / --boxes name split detector heads: they go with --task detect",
-                                  "add --task detect")
+                raise ConfigError(
+                    "--scores / --boxes name split detector heads: they go with --task detect", "add --task detect"
+                )
             if len(self.scores) != len(self.boxes):
-                raise ConfigError(f"--scores names {len(self.scores)} output(s) and --boxes {len(self.boxes)}",
-                                  "name one box output for each score output, in the same order")
+                raise ConfigError(
+                    f"--scores names {len(self.scores)} output(s) and --boxes {len(self.boxes)}",
+                    "name one box output for each score output, in the same order",
+                )
 
     @property
     def split(self) -> bool:
@@ -267,8 +277,11 @@ def _fits_detect(shape: Sequence[int], settings: TaskSettings, origin: Any) -> s
     if len(shape) != 3:
         return "detect needs [N, 4+C, A], [N, A, 4+C] or [N, A, 5+C]"
     layout = _layout(shape, settings.detect_format)
-    row = min(shape[1], shape[2]) if settings.detect_format == "auto" else (
-        shape[1] if layout.channels_first else shape[2])
+    row = (
+        min(shape[1], shape[2])
+        if settings.detect_format == "auto"
+        else (shape[1] if layout.channels_first else shape[2])
+    )
     need = DETECT_MIN_ROW + int(layout.objectness)
     return None if row >= need else f"detect ({layout.name}) needs rows of at least {need} values"
 
@@ -295,12 +308,14 @@ def _ctc_accumulator(acc: Any, shape: tuple) -> Any:
     return CtcAccumulator("TNC" if acc.batch_axis == 1 else "NTC")
 
 
-TASKS.register(Task("classify", _fits_classify, _classify_accumulator, ("top1_agreement", "top-1 agreement"),
-                   keeps_top1=True))
+TASKS.register(
+    Task("classify", _fits_classify, _classify_accumulator, ("top1_agreement", "top-1 agreement"), keeps_top1=True)
+)
 TASKS.register(Task("detect", _fits_detect, _detect_accumulator, ("f1", "detection F1")))
 TASKS.register(Task("segment", _fits_segment, _segment_accumulator, ("iou", "mask IoU"), layouts=("NCHW", "NHWC")))
-TASKS.register(Task("ctc", _fits_ctc, _ctc_accumulator, ("sequence_agreement", "sequence agreement"),
-                   layouts=("NTC", "TNC")))
+TASKS.register(
+    Task("ctc", _fits_ctc, _ctc_accumulator, ("sequence_agreement", "sequence agreement"), layouts=("NTC", "TNC"))
+)
 TASKS.register(Task("raw", _fits_raw))
 
 
@@ -308,8 +323,10 @@ def _classify_or_features(shape: Sequence[int], origin: OutputOrigin | None) -> 
     dims = _dims(shape)
     source = origin.source if origin is not None else None
     if source in FEATURE_OPS and not (origin is not None and origin.op in SOFTMAX_OPS + ("Sigmoid",)):
-        return "raw", (f"{dims} is made by {source}: features rather than class scores, so top-1 would mean "
-                       "nothing; pass --task classify if they are class scores")
+        return "raw", (
+            f"{dims} is made by {source}: features rather than class scores, so top-1 would mean "
+            "nothing; pass --task classify if they are class scores"
+        )
     return "classify", f"inferred: {dims} class scores, argmax over axis 1"
 
 
@@ -320,8 +337,10 @@ def _sequence(shape: Sequence[int], origin: OutputOrigin | None, batch_axis: int
     if origin.class_axis % len(shape) != 2:
         return None
     layout = "TNC" if batch_axis == 1 else "NTC"
-    return "ctc", (f"inferred: {layout} {_dims(shape)} with classes on the last axis by "
-                   f"{origin.class_evidence} (CTC time steps x classes)")
+    return "ctc", (
+        f"inferred: {layout} {_dims(shape)} with classes on the last axis by "
+        f"{origin.class_evidence} (CTC time steps x classes)"
+    )
 
 
 def _yolo_values_problem(values: np.ndarray | None, layout: Layout) -> str | None:
@@ -343,8 +362,13 @@ def _yolo_values_problem(values: np.ndarray | None, layout: Layout) -> str | Non
     return None
 
 
-def infer(shape: Sequence[int], producer: Any = None, values: np.ndarray | None = None,
-          siblings: Sequence[str] = (), batch_axis: int = 0) -> tuple[str, str]:
+def infer(
+    shape: Sequence[int],
+    producer: Any = None,
+    values: np.ndarray | None = None,
+    siblings: Sequence[str] = (),
+    batch_axis: int = 0,
+) -> tuple[str, str]:
     """(task, how it was inferred) for an output of this batch-first shape.
 
     ``producer``: its :class:`OutputOrigin` (or an ``(op, axis)`` pair); ``values``: the first batch
@@ -357,8 +381,10 @@ def infer(shape: Sequence[int], producer: Any = None, values: np.ndarray | None 
     if len(shape) == 4:
         axis, how = _segment_axis(origin, "auto")
         if axis is None:
-            return "raw", (f"{dims} could be NCHW or NHWC maps and the graph does not say which axis holds the "
-                           "classes: pass --task segment --layout NCHW or --layout NHWC")
+            return "raw", (
+                f"{dims} could be NCHW or NHWC maps and the graph does not say which axis holds the "
+                "classes: pass --task segment --layout NCHW or --layout NHWC"
+            )
         h, w = [shape[i] for i in (1, 2, 3) if i != axis]
         if h <= 1 or w <= 1:
             return "raw", f"no task inferred for {dims}"
@@ -371,16 +397,20 @@ def infer(shape: Sequence[int], producer: Any = None, values: np.ndarray | None 
         if found is not None:
             return found
         if siblings:
-            return "raw", (f"{dims} shares its {shape[1]} anchors with {', '.join(siblings)}: split detector "
-                           "heads (scores and boxes apart); pass --task detect --scores NAME[,...] --boxes "
-                           "NAME[,...] --box-format dfl|ltrb|xyxy|cxcywh to score them")
+            return "raw", (
+                f"{dims} shares its {shape[1]} anchors with {', '.join(siblings)}: split detector "
+                "heads (scores and boxes apart); pass --task detect --scores NAME[,...] --boxes "
+                "NAME[,...] --box-format dfl|ltrb|xyxy|cxcywh to score them"
+            )
         small, large = sorted(shape[1:])
         if small >= DETECT_MIN_ROW and large >= DETECT_MIN_RATIO * small:
             layout = _layout(shape, "auto")
             problem = _yolo_values_problem(values, layout)
             if problem is not None:
-                return "raw", (f"{dims} is shaped like a YOLO head but {problem}: pass --task detect "
-                               "(--detect-format v8|v5) if it is one")
+                return "raw", (
+                    f"{dims} is shaped like a YOLO head but {problem}: pass --task detect "
+                    "(--detect-format v8|v5) if it is one"
+                )
             if shape[1] < shape[2]:
                 how = f"YOLOv8 head: {shape[1]} rows (4 box + {shape[1] - 4} class) x {shape[2]} anchors"
             else:
@@ -393,8 +423,9 @@ def infer(shape: Sequence[int], producer: Any = None, values: np.ndarray | None 
 class TaskAccumulator:
     """The task metric of one output, chosen on the first batch (see the module doc)."""
 
-    def __init__(self, name: str, settings: TaskSettings, producer: Any = None,
-                 siblings: Sequence[str] = (), batch_axis: int = 0) -> None:
+    def __init__(
+        self, name: str, settings: TaskSettings, producer: Any = None, siblings: Sequence[str] = (), batch_axis: int = 0
+    ) -> None:
         self.name = name
         self.settings = settings
         self.origin = as_origin(producer)
@@ -412,8 +443,11 @@ class TaskAccumulator:
         if self.settings.split:  # compare scores the named heads together (split_detect); the rest is raw
             named = self.name in self.settings.scores + self.settings.boxes
             self.task = "raw"
-            self.how = (f"one of the split detector heads scored with '{self.settings.scores[0]}'" if named
-                        else "not named by --scores / --boxes")
+            self.how = (
+                f"one of the split detector heads scored with '{self.settings.scores[0]}'"
+                if named
+                else "not named by --scores / --boxes"
+            )
             return
         if requested == "auto":
             self.task, self.how = infer(shape, self.origin, values, self.siblings, self.batch_axis)
@@ -447,8 +481,7 @@ def sibling_heads(shapes: Mapping[str, Sequence[int]]) -> dict[str, list[str]]:
     for name, shape in shapes.items():
         if len(shape) == 3 and shape[1] > 1:
             by_anchors.setdefault(int(shape[1]), []).append(name)
-    return {name: [o for o in group if o != name] for group in by_anchors.values() if len(group) > 1
-            for name in group}
+    return {name: [o for o in group if o != name] for group in by_anchors.values() if len(group) > 1 for name in group}
 
 
 def require_fit(accumulators: Mapping[str, TaskAccumulator], settings: TaskSettings) -> None:
@@ -461,13 +494,16 @@ def require_fit(accumulators: Mapping[str, TaskAccumulator], settings: TaskSetti
         split = [a for a in seen if a.siblings and a.misfit is None]
         if split:
             names = [split[0].name, *split[0].siblings]
-            raise UsageError(f"outputs {', '.join(names)} share their anchors: split detector heads, not one "
-                             "YOLO head each", "name them: --task detect --scores NAME[,...] --boxes NAME[,...]")
+            raise UsageError(
+                f"outputs {', '.join(names)} share their anchors: split detector heads, not one YOLO head each",
+                "name them: --task detect --scores NAME[,...] --boxes NAME[,...]",
+            )
     if settings.split:
         return
     if seen and all(a.misfit is not None for a in seen):
         raise UsageError(
             f"--task {settings.task} does not fit the model's outputs ("
-            + ", ".join(f"'{a.name}' is {_dims(a.shape)}" for a in seen) + f"): {seen[0].misfit}",
+            + ", ".join(f"'{a.name}' is {_dims(a.shape)}" for a in seen)
+            + f"): {seen[0].misfit}",
             "pass the --task the outputs are for, or --task raw (leave it out to infer it)",
         )

@@ -13,6 +13,7 @@ vertical pass shifted back to 8 bits the way its vectorised x86 path does. Measu
 opencv-python-headless on photos, text lines and random images: equal in nearly every pixel, never
 more than one grey level apart (tests/data/test_opencv_resize.py); float images agree closely.
 """
+
 import numpy as np
 
 __all__ = ["resize_linear"]

@@ -1,5 +1,6 @@
 """``trtq bench``'s step: time TensorRT engines (trtq.trt.bench), and profile them layer by layer
 (trtq.trt.layers) when asked."""
+
 from __future__ import annotations
 
 import os

@@ -9,6 +9,7 @@
 * ``--backend tensorrt``: TensorRT's own calibrator (:mod:`trtq.trt.calibrator`), whose cache is
   written here with the same provenance.
 """
+
 from __future__ import annotations
 
 import logging
@@ -57,13 +58,28 @@ class CalibrationResult:
             "skipped": [{"path": p, "reason": r} for p, r in self.skipped],
             "zero_tensors": self.zero_tensors,
             "providers": self.providers,
-            "range_flags": [{"tensor": f.tensor, "error_vs_mse": round(f.ratio, 3), "clipped": f.clipped,
-                             "mse_clipped": f.mse_clipped} for f in self.range_flags],
+            "range_flags": [
+                {
+                    "tensor": f.tensor,
+                    "error_vs_mse": round(f.ratio, 3),
+                    "clipped": f.clipped,
+                    "mse_clipped": f.mse_clipped,
+                }
+                for f in self.range_flags
+            ],
         }
 
 
-def calibrate(cfg: Any, ranges: Path | None = None, cache: Path | None = None, statistics: Path | None = None, *,
-              keep_batches: Path | None = None, shard: tuple[int, int] | None = None, progress: Any = None) -> Any:
+def calibrate(
+    cfg: Any,
+    ranges: Path | None = None,
+    cache: Path | None = None,
+    statistics: Path | None = None,
+    *,
+    keep_batches: Path | None = None,
+    shard: tuple[int, int] | None = None,
+    progress: Any = None,
+) -> Any:
     """``trtq calibrate``'s step: calibrate ``cfg.model`` on ``cfg.data`` with the configured backend
     and write ``cache`` and its provenance, and ``statistics`` (``--save-stats``; None: the config's
     ``calibrate.output`` / ``save_stats``); a CalibrationResult. ``shard=(I, N)``: pass 1 of shard I of
@@ -73,8 +89,9 @@ def calibrate(cfg: Any, ranges: Path | None = None, cache: Path | None = None, s
     cfg, selection = _tensor_selection(cfg)
     if cfg.calibrate.backend == "tensorrt":
         return calibrate_with_tensorrt(cfg)
-    result = calibrate_with_onnxruntime(cfg, progress=progress, shard=shard, ranges=ranges,
-                                        keep_batches=keep_batches, selection=selection)
+    result = calibrate_with_onnxruntime(
+        cfg, progress=progress, shard=shard, ranges=ranges, keep_batches=keep_batches, selection=selection
+    )
     return warn_range_flags(cfg, result)
 
 
@@ -147,10 +164,16 @@ def warn_range_flags(cfg: Any, result: Any) -> Any:
         among = f"the {len(result.amax)} calibrated tensors"
     if result.range_flags:
         worst = "; ".join(f.describe() for f in result.range_flags[:3])
-        log.warning("%s ranges cost more than %gx mse's expected INT8 error on %d of %s (%s%s): such ranges have "
-                    "wrecked detectors and CTC models; --method mse (the default) minimises that error",
-                    result.method, RATIO, len(result.range_flags), among, worst,
-                    " ..." if len(result.range_flags) > 3 else "")
+        log.warning(
+            "%s ranges cost more than %gx mse's expected INT8 error on %d of %s (%s%s): such ranges have "
+            "wrecked detectors and CTC models; --method mse (the default) minimises that error",
+            result.method,
+            RATIO,
+            len(result.range_flags),
+            among,
+            worst,
+            " ..." if len(result.range_flags) > 3 else "",
+        )
     return result
 
 
@@ -171,14 +194,19 @@ def _tensor_selection(cfg: Any) -> tuple[Any, str | None]:
         return dataclasses.replace(cfg, calibrate=dataclasses.replace(cfg.calibrate, tensors=())), None
     if QDQ_TENSORS in requested or ALL_TENSORS in requested:
         if len(requested) != 1:
-            raise UsageError(f"--tensors {QDQ_TENSORS} / {ALL_TENSORS} stands alone",
-                             f"pass --tensors {QDQ_TENSORS}, --tensors {ALL_TENSORS}, or a list of names")
+            raise UsageError(
+                f"--tensors {QDQ_TENSORS} / {ALL_TENSORS} stands alone",
+                f"pass --tensors {QDQ_TENSORS}, --tensors {ALL_TENSORS}, or a list of names",
+            )
         return _qdq_tensors(cfg), QDQ_TENSORS
     if not requested and cfg.calibrate.backend == "onnxruntime":
         major = _major(cfg)
         if major >= 11:
-            log.info("TensorRT %d has no implicit INT8 calibration: only the activations trtq quantize places "
-                     "Q/DQ on are calibrated (--tensors all for every tensor)", major)
+            log.info(
+                "TensorRT %d has no implicit INT8 calibration: only the activations trtq quantize places "
+                "Q/DQ on are calibrated (--tensors all for every tensor)",
+                major,
+            )
             return _qdq_tensors(cfg), QDQ_TENSORS
     return cfg, None
 
@@ -198,14 +226,18 @@ def _qdq_tensors(cfg: Any) -> Any:
     from trtq.quantize import planned_activations
 
     if cfg.calibrate.backend == "tensorrt":
-        raise UsageError(f"--tensors {QDQ_TENSORS} is for the onnxruntime backend",
-                         "TensorRT's calibrator ranges every tensor: drop --tensors or --backend tensorrt")
+        raise UsageError(
+            f"--tensors {QDQ_TENSORS} is for the onnxruntime backend",
+            "TensorRT's calibrator ranges every tensor: drop --tensors or --backend tensorrt",
+        )
     if not cfg.model:
         raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
     tensors = planned_activations(load_model(cfg.model))
     if not tensors:
-        raise ModelError(f"{Path(cfg.model).name}: trtq quantize would place no Q/DQ pair on an activation",
-                         "calibrate every tensor (drop --tensors qdq)")
+        raise ModelError(
+            f"{Path(cfg.model).name}: trtq quantize would place no Q/DQ pair on an activation",
+            "calibrate every tensor (drop --tensors qdq)",
+        )
     log.info("--tensors qdq: %d activations that quantize places Q/DQ on", len(tensors))
     return dataclasses.replace(cfg, calibrate=dataclasses.replace(cfg.calibrate, tensors=tuple(tensors)))
 
@@ -231,14 +263,20 @@ def calibrate_with_tensorrt(cfg: Any) -> Any:
     out = Path(cfg.calibrate.output)
     table = calibrate_file_with_tensorrt(Path(cfg.model), batcher, algorithm, out, options=cfg.build)
     return CalibrationResult(
-        cache_path=out, method=cfg.calibrate.method, algorithm=table.algorithm,
-        trt_version=table.trt_version or resolve_trt_version(None), amax=dict(table.amax),
-        samples=batcher.num_samples, batches=batcher.num_batches, seconds=time.perf_counter() - t0,
+        cache_path=out,
+        method=cfg.calibrate.method,
+        algorithm=table.algorithm,
+        trt_version=table.trt_version or resolve_trt_version(None),
+        amax=dict(table.amax),
+        samples=batcher.num_samples,
+        batches=batcher.num_batches,
+        seconds=time.perf_counter() - t0,
     )
 
 
-def calibrate_file_with_tensorrt(model_path: Path, batcher: Any, algorithm: str, output_cache: Path,
-                                 options: BuildOptions | None = None) -> Any:
+def calibrate_file_with_tensorrt(
+    model_path: Path, batcher: Any, algorithm: str, output_cache: Path, options: BuildOptions | None = None
+) -> Any:
     """Calibrate with TensorRT's own calibrator; write its cache (+ provenance); return the table.
 
     ``algorithm``: ``EntropyCalibration2`` / ``MinMaxCalibration`` (or ``entropy`` / ``max``);
@@ -259,16 +297,30 @@ def calibrate_file_with_tensorrt(model_path: Path, batcher: Any, algorithm: str,
         tmp.write_bytes(run.cache)
         table = read_cache(tmp)  # refuse to publish anything trtq cannot read back
         method = {"name": tensorrt_method(run.algorithm), "backend": "tensorrt"}
-        write_provenance(output_cache, calibration_provenance(
-            model_entry(model_path, specs), data_entry(batcher, run.samples), method, run.algorithm,
-            run.trt_version, table.amax, seconds=round(run.seconds, 3)))
+        write_provenance(
+            output_cache,
+            calibration_provenance(
+                model_entry(model_path, specs),
+                data_entry(batcher, run.samples),
+                method,
+                run.algorithm,
+                run.trt_version,
+                table.amax,
+                seconds=round(run.seconds, 3),
+            ),
+        )
     log.info("TensorRT calibration: %d batches, %d tensors, %.1f s", run.batches, len(table.amax), run.seconds)
     return table
 
 
-def calibrate_with_onnxruntime(cfg: Any, progress: Any = None, shard: tuple[int, int] | None = None,
-                               ranges: Path | None = None, keep_batches: Path | None = None,
-                               selection: str | None = None) -> CalibrationResult:
+def calibrate_with_onnxruntime(
+    cfg: Any,
+    progress: Any = None,
+    shard: tuple[int, int] | None = None,
+    ranges: Path | None = None,
+    keep_batches: Path | None = None,
+    selection: str | None = None,
+) -> CalibrationResult:
     """Calibrate ``cfg.model`` on ``cfg.data`` with ``cfg.calibrate`` and write the cache.
 
     ``selection``: how ``calibrate.tensors`` was chosen, for the provenance (``"qdq"``: the
@@ -298,18 +350,26 @@ def calibrate_with_onnxruntime(cfg: Any, progress: Any = None, shard: tuple[int,
     flags = [] if run.shard_pass else check_ranges(opts.method, raw_amax, maxima, counts, zeros, tops)
     seconds = st.seconds + time.perf_counter() - started
 
-    provenance = build_provenance(cfg, run.model_path, run.specs, run.batcher, st.samples, trt_version,
-                                  algorithm, amax)
+    provenance = build_provenance(cfg, run.model_path, run.specs, run.batcher, st.samples, trt_version, algorithm, amax)
     # which tensors: all, a --tensors list, or "qdq" (what quantize reads)
     provenance["collection"] = dict(st.collection, tensors=selection or ("listed" if opts.tensors else "all"))
     out = Path(opts.output)
     stats_path = Path(opts.save_stats) if opts.save_stats else None
     _write_run(run, algorithm, trt_version, out, stats_path, provenance, amax, (maxima, counts, zeros, tops), shard)
     return CalibrationResult(
-        cache_path=out if run.shard_pass is None else None, method=opts.method, algorithm=algorithm,
-        trt_version=trt_version, amax=amax, samples=st.samples, batches=st.batches, seconds=seconds,
-        stats_path=stats_path, skipped=list(getattr(run.batcher, "skipped", [])), zero_tensors=zero,
-        providers=st.providers, range_flags=flags,
+        cache_path=out if run.shard_pass is None else None,
+        method=opts.method,
+        algorithm=algorithm,
+        trt_version=trt_version,
+        amax=amax,
+        samples=st.samples,
+        batches=st.batches,
+        seconds=seconds,
+        stats_path=stats_path,
+        skipped=list(getattr(run.batcher, "skipped", [])),
+        zero_tensors=zero,
+        providers=st.providers,
+        range_flags=flags,
     )
 
 
@@ -321,12 +381,15 @@ def refuse_quantized(model, model_path: Path) -> None:
     if is_quantized(model):
         from trtq.errors import ModelError
 
-        raise ModelError(f"{model_path.name} is already quantized (it has Q/DQ nodes): its ranges are in the model",
-                         f"build it as it is (trtq build --model {model_path.name}), or calibrate the FP32 model")
+        raise ModelError(
+            f"{model_path.name} is already quantized (it has Q/DQ nodes): its ranges are in the model",
+            f"build it as it is (trtq build --model {model_path.name}), or calibrate the FP32 model",
+        )
 
 
-def _prepare(cfg: Any, shard: tuple[int, int] | None, ranges: Path | None,
-             keep_batches: Path | None) -> tuple[Setup, str, str]:
+def _prepare(
+    cfg: Any, shard: tuple[int, int] | None, ranges: Path | None, keep_batches: Path | None
+) -> tuple[Setup, str, str]:
     """Model, data and options checked, before any batch is read."""
     from trtq.calib import methods
     from trtq.calib.cache import resolve_trt_version
@@ -339,12 +402,22 @@ def _prepare(cfg: Any, shard: tuple[int, int] | None, ranges: Path | None,
         from trtq.calib.collect.batch_one import widen_if_identical
 
         feed_model, feed_specs, data, feed_mode = widen_if_identical(
-            model, specs, cfg.data, tensors, opts.providers, budget, slice_at)
+            model, specs, cfg.data, tensors, opts.providers, budget, slice_at
+        )
     method = methods.METHODS.get(opts.method)
     trt_version, algorithm = resolve_trt_version(opts.trt_version), method.algorithm
-    run = Setup(opts, model_path, feed_model, specs, Batcher(data, feed_specs), tensors,
-                need_hist=method.histogram or opts.save_stats is not None, budget=budget, feed_mode=feed_mode,
-                slice_at=slice_at)
+    run = Setup(
+        opts,
+        model_path,
+        feed_model,
+        specs,
+        Batcher(data, feed_specs),
+        tensors,
+        need_hist=method.histogram or opts.save_stats is not None,
+        budget=budget,
+        feed_mode=feed_mode,
+        slice_at=slice_at,
+    )
     from trtq.calib.collect.one_pass import is_pow2
 
     # a method without histograms takes the one pass too (its histograms feed the range check),
@@ -357,8 +430,7 @@ def _prepare(cfg: Any, shard: tuple[int, int] | None, ranges: Path | None,
 
     run.padded = pad_links(run.model, tensors, run.batcher.shapes)
     if run.padded:
-        log.info("%d zero-padded tensor(s) take their statistics from the tensor they pad (not run)",
-                 len(run.padded))
+        log.info("%d zero-padded tensor(s) take their statistics from the tensor they pad (not run)", len(run.padded))
     _prepare_shard(run, shard, ranges, keep_batches)
     return run, trt_version, algorithm
 
@@ -374,8 +446,10 @@ def _checked_model(cfg: Any, opts: Any) -> tuple:
         raise UsageError("no model given", "pass --model MODEL.onnx or set model: in the config")
     budget = resolve_budget(opts.max_memory)  # a bad --max-memory fails before any work
     if int(opts.hist_elements) < 0:
-        raise UsageError(f"--hist-elements {opts.hist_elements} is negative",
-                         "pass a count of elements per sample, or 0 to histogram every element")
+        raise UsageError(
+            f"--hist-elements {opts.hist_elements} is negative",
+            "pass a count of elements per sample, or 0 to histogram every element",
+        )
     model_path = Path(cfg.model)
     check_providers(opts.providers)  # before any work: a typo must not fall back to CPU silently
     model = load_model(model_path)
@@ -398,19 +472,31 @@ def _prepare_shard(run: Setup, shard: tuple[int, int] | None, ranges: Path | Non
     if shard is not None or ranges is not None:
         from trtq.calib.shard import prepare_shard
 
-        run.shard_pass, run.given = prepare_shard(run.batcher, shard, ranges, opts, run.model_path, run.tensors,
-                                                  run.one_pass)
+        run.shard_pass, run.given = prepare_shard(
+            run.batcher, shard, ranges, opts, run.model_path, run.tensors, run.one_pass
+        )
         run.need_hist = run.shard_pass != "ranges"
         if keep_batches is not None and run.one_pass:
             two = " or ".join(m.name for m in methods.METHODS.rows() if not (m.one_pass and m.histogram))
-            raise UsageError(f"--keep-batches is for the two passes of a shard of --method {two}; --method "
-                             f"{opts.method} takes one", "drop --keep-batches")
+            raise UsageError(
+                f"--keep-batches is for the two passes of a shard of --method {two}; --method {opts.method} takes one",
+                "drop --keep-batches",
+            )
     elif keep_batches is not None:
         raise UsageError("--keep-batches is for the two passes of a shard", "pass --shard I/N with it")
 
 
-def _write_run(run: Setup, algorithm: str, trt_version: str, out: Path, stats_path: Path | None, provenance: dict,
-               amax: dict[str, float], statistics: tuple[Any, Any, Any, Any], shard: tuple[int, int] | None) -> None:
+def _write_run(
+    run: Setup,
+    algorithm: str,
+    trt_version: str,
+    out: Path,
+    stats_path: Path | None,
+    provenance: dict,
+    amax: dict[str, float],
+    statistics: tuple[Any, Any, Any, Any],
+    shard: tuple[int, int] | None,
+) -> None:
     """Statistics (``--save-stats``), cache and provenance, as one step for Ctrl-C / SIGTERM."""
     from trtq.calib.stats import save_stats
     from trtq.interrupt import held_for_outputs
@@ -427,10 +513,20 @@ def _write_run(run: Setup, algorithm: str, trt_version: str, out: Path, stats_pa
             if run.shard_pass is not None:
                 from trtq.calib.shard import ranges_sha256
 
-                meta["shard"] = {"index": shard[0], "count": shard[1], "pass": run.shard_pass,
-                                 "ranges_sha256": ranges_sha256(run.given) if run.given is not None else None}
-            save_stats(stats_path, {n: maxima[n] for n in tensors}, {n: counts[n] for n in tensors}, meta,
-                       {n: zeros[n] for n in tensors}, None if tops is None else {n: tops[n] for n in tensors})
+                meta["shard"] = {
+                    "index": shard[0],
+                    "count": shard[1],
+                    "pass": run.shard_pass,
+                    "ranges_sha256": ranges_sha256(run.given) if run.given is not None else None,
+                }
+            save_stats(
+                stats_path,
+                {n: maxima[n] for n in tensors},
+                {n: counts[n] for n in tensors},
+                meta,
+                {n: zeros[n] for n in tensors},
+                None if tops is None else {n: tops[n] for n in tensors},
+            )
         if run.shard_pass is None:
             _write_outputs(out, algorithm, trt_version, amax, provenance)
 
@@ -454,9 +550,12 @@ def build_provenance(cfg, model_path, specs, batcher, samples, trt_version, algo
 
     opts = cfg.calibrate.resolved()
     return calibration_provenance(
-        model_entry(model_path, specs), data_entry(batcher, samples, to_dict(cfg.data)),
+        model_entry(model_path, specs),
+        data_entry(batcher, samples, to_dict(cfg.data)),
         {"name": opts.method, "percentile": opts.percentile, "num_bins": opts.num_bins},
-        algorithm, trt_version, amax,
+        algorithm,
+        trt_version,
+        amax,
     )
 
 
@@ -468,13 +567,17 @@ def _method_fits_stats(cfg: Any, opts: Any, stats: Any, meta: dict, stats_path: 
 
     shard = shard_meta(meta, Path(stats_path))
     if shard is not None and shard.get("index") is not None and shard["count"] > 1:
-        raise CacheError(f"{stats_path} is shard {shard['index']}/{shard['count']} only",
-                         "merge all shards first: trtq merge-stats part-*.npz -o merged.npz")
+        raise CacheError(
+            f"{stats_path} is shard {shard['index']}/{shard['count']} only",
+            "merge all shards first: trtq merge-stats part-*.npz -o merged.npz",
+        )
     method = methods.METHODS.get(opts.method)
     if shard is not None and shard.get("pass") == "ranges" and method.histogram:
-        raise CacheError(f"{stats_path} holds pass-1 ranges only; --method {opts.method} needs histograms",
-                         "run pass 2 (trtq calibrate --shard I/N --ranges this.npz --save-stats ...) and merge it, "
-                         "or use --method " + " / ".join(m.name for m in methods.METHODS.rows() if not m.histogram))
+        raise CacheError(
+            f"{stats_path} holds pass-1 ranges only; --method {opts.method} needs histograms",
+            "run pass 2 (trtq calibrate --shard I/N --ranges this.npz --save-stats ...) and merge it, "
+            "or use --method " + " / ".join(m.name for m in methods.METHODS.rows() if not m.histogram),
+        )
     model_meta = meta.get("model") or {}
     if cfg.model:
         from trtq.model import model_sha256
@@ -492,11 +595,12 @@ def _method_fits_stats(cfg: Any, opts: Any, stats: Any, meta: dict, stats_path: 
         )
     if stats.edges == "pow2" and not method.one_pass:
         one_pass = [m.name for m in methods.METHODS.rows() if m.one_pass]
-        raise CacheError(f"{stats_path} holds one-pass histograms (power-of-two ranges, from --method "
-                         f"{' or '.join(n for n in one_pass if methods.METHODS.get(n).histogram)}); {opts.method} "
-                         "searches over [0, max]",
-                         f"re-run trtq calibrate --method {opts.method} --save-stats, or use --method "
-                         + " / ".join(one_pass))
+        raise CacheError(
+            f"{stats_path} holds one-pass histograms (power-of-two ranges, from --method "
+            f"{' or '.join(n for n in one_pass if methods.METHODS.get(n).histogram)}); {opts.method} "
+            "searches over [0, max]",
+            f"re-run trtq calibrate --method {opts.method} --save-stats, or use --method " + " / ".join(one_pass),
+        )
     return method
 
 
@@ -515,8 +619,14 @@ def _ranges_from_stats(cfg: Any, stats_path: Path) -> CalibrationResult:
     tensors = list(meta.get("tensors") or list(stats.maxima))
     raw = methods.compute_all(opts.method, stats.maxima, stats.counts, opts.percentile, stats.zeros, stats.tops)
     amax, zero = methods.finalize_amax({n: float(raw[n]) for n in tensors})
-    flags = check_ranges(opts.method, {n: raw[n] for n in tensors}, {n: stats.maxima[n] for n in tensors},
-                         stats.counts, stats.zeros, stats.tops)
+    flags = check_ranges(
+        opts.method,
+        {n: raw[n] for n in tensors},
+        {n: stats.maxima[n] for n in tensors},
+        stats.counts,
+        stats.zeros,
+        stats.tops,
+    )
     trt_version = resolve_trt_version(opts.trt_version)
     algorithm = method.algorithm
     from trtq.calib.provenance import restamped_provenance
@@ -527,7 +637,14 @@ def _ranges_from_stats(cfg: Any, stats_path: Path) -> CalibrationResult:
     _write_outputs(out, algorithm, trt_version, amax, provenance)
     data = meta.get("data") or {}
     return CalibrationResult(
-        cache_path=out, method=opts.method, algorithm=algorithm, trt_version=trt_version, amax=amax,
-        samples=int(data.get("samples") or 0), batches=0, seconds=time.perf_counter() - t0,
-        zero_tensors=zero, range_flags=flags,
+        cache_path=out,
+        method=opts.method,
+        algorithm=algorithm,
+        trt_version=trt_version,
+        amax=amax,
+        samples=int(data.get("samples") or 0),
+        batches=0,
+        seconds=time.perf_counter() - t0,
+        zero_tensors=zero,
+        range_flags=flags,
     )

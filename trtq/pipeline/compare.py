@@ -1,11 +1,19 @@
 """``trtq compare``'s step: batches from the config, the runners, the accuracy report."""
+
 import dataclasses
 from pathlib import Path
 from typing import Optional
 
 
-def compare(cfg, reference: Path, candidate: Path, cache: Optional[Path] = None, *,
-            per_layer_mode: Optional[str] = None, top: Optional[int] = None):
+def compare(
+    cfg,
+    reference: Path,
+    candidate: Path,
+    cache: Optional[Path] = None,
+    *,
+    per_layer_mode: Optional[str] = None,
+    top: Optional[int] = None,
+):
     """(CompareReport, per-layer rows or None) of ``candidate`` against ``reference`` on ``cfg.data``;
     ``per_layer_mode`` (with the calibration ``cache``) ranks the quantized layers too.
 
@@ -14,12 +22,12 @@ def compare(cfg, reference: Path, candidate: Path, cache: Optional[Path] = None,
     cfg = dataclasses.replace(cfg, model=str(reference))
     from trtq.compare import per_layer_sensitivity
     from trtq.compare.evaluate import compare_many
+    from trtq.compare.onnx_runner import SEMANTICS
     from trtq.compare.semantics import semantics_gaps
     from trtq.compare.tasks import output_producers
     from trtq.data.batcher import Batcher
     from trtq.errors import UsageError
     from trtq.model import input_specs, load_model
-    from trtq.compare.onnx_runner import SEMANTICS
     from trtq.pipeline.open_runner import open_runner
 
     semantics = cfg.compare.semantics
@@ -31,8 +39,7 @@ def compare(cfg, reference: Path, candidate: Path, cache: Optional[Path] = None,
             other = next(s for s in SEMANTICS if s != semantics)
             runners.append(open_runner(candidate, semantics=other))
         try:
-            reports = compare_many(ref, runners, batcher, cfg.compare,
-                                   producers=output_producers(reference_model))
+            reports = compare_many(ref, runners, batcher, cfg.compare, producers=output_producers(reference_model))
         finally:
             for r in runners[1:]:
                 r.close()
@@ -49,7 +56,14 @@ def compare(cfg, reference: Path, candidate: Path, cache: Optional[Path] = None,
 
         table = read_cache(cache)
         check_cache_for_model(cache, Path(cfg.model), cfg.quantize.allow_stale, table.amax)
-        layers = per_layer_sensitivity(reference_model, table.amax, cfg.quantize, batcher,
-                                       mode=per_layer_mode, top=top, limit=cfg.compare.limit,
-                                       task_options=cfg.compare)
+        layers = per_layer_sensitivity(
+            reference_model,
+            table.amax,
+            cfg.quantize,
+            batcher,
+            mode=per_layer_mode,
+            top=top,
+            limit=cfg.compare.limit,
+            task_options=cfg.compare,
+        )
     return report, layers

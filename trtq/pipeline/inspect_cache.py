@@ -1,5 +1,6 @@
 """``trtq inspect-cache``'s step: a cache decoded (trtq.calib.cache_inspect), checked against a model
 and compared with another cache where asked. Writes nothing."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,8 +9,15 @@ from typing import Any
 from trtq.errors import CacheError
 
 
-def inspect_cache(cfg: Any, cache: Path, model: Path | None = None, other: Path | None = None, *,
-                  sort: str = "file", top: int | None = None) -> dict[str, Any]:
+def inspect_cache(
+    cfg: Any,
+    cache: Path,
+    model: Path | None = None,
+    other: Path | None = None,
+    *,
+    sort: str = "file",
+    top: int | None = None,
+) -> dict[str, Any]:
     """``{"summary": ..., "model_check": ..., "diff": ...}`` (the last two where ``model`` /
     ``other`` are given), rows sorted by ``sort`` and cut to ``top``."""
     from trtq.calib import cache_inspect as ic
@@ -34,5 +42,6 @@ def unusable(result: dict[str, Any], cache: Path, model: Path | None) -> CacheEr
     check = result.get("model_check")
     if check is None or check.verdict not in FAILING_VERDICTS:
         return None
-    return CacheError(f"{cache} is not usable for {model}: {check.verdict}: {check.message}",
-                      "re-run trtq calibrate for this model")
+    return CacheError(
+        f"{cache} is not usable for {model}: {check.verdict}: {check.message}", "re-run trtq calibrate for this model"
+    )

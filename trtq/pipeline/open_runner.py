@@ -1,11 +1,12 @@
 """Choosing a runner by the model file's kind: ``.onnx`` -> compare's ONNX Runtime runner,
 ``.plan`` / ``.engine`` -> trt's runtime runner (imported only then, so that ONNX models run
 without TensorRT). Both have the :class:`trtq.compare.onnx_runner.Runner` surface."""
+
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -52,8 +53,7 @@ def _as_spec(s: Any) -> TensorSpec:
     dtype = getattr(s, "dtype", "")
     dtype = getattr(dtype, "name", None) or str(dtype)
     dims = tuple(
-        (int(d) if int(d) > 0 else None) if isinstance(d, (int, np.integer)) else d
-        for d in getattr(s, "shape", ())
+        (int(d) if int(d) > 0 else None) if isinstance(d, (int, np.integer)) else d for d in getattr(s, "shape", ())
     )
     return TensorSpec(str(s.name), dims, dtype)
 
@@ -75,8 +75,7 @@ def _open_engine(path: Path) -> EngineRunner:
     return EngineRunner(TrtRunner(path), path.name)
 
 
-def open_runner(path: str | Path, providers: Sequence[str] | None = None,
-                semantics: str = DEFAULT_SEMANTICS) -> Runner:
+def open_runner(path: str | Path, providers: Sequence[str] | None = None, semantics: str = DEFAULT_SEMANTICS) -> Runner:
     """A runner for ``path``: ``.onnx`` -> ONNX Runtime, ``.plan`` / ``.engine`` -> TensorRT.
 
     ``providers`` and ``semantics`` apply to ONNX models only (default CPU, Q/DQ semantics).

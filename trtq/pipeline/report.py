@@ -1,13 +1,21 @@
 """``trtq report``'s step: the report's data (trtq.report.data) and its page (trtq.report.page),
 written as one output."""
+
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
 
-def report(cfg: Any, cache: Path, statistics: Path | None, compare: Path | None, quantize: Path | None,
-           bench: Path | None, output: Path) -> dict:
+def report(
+    cfg: Any,
+    cache: Path,
+    statistics: Path | None,
+    compare: Path | None,
+    quantize: Path | None,
+    bench: Path | None,
+    output: Path,
+) -> dict:
     """The report of ``cache`` (with the --save-stats ``statistics`` and the --json results of
     compare, quantize and bench where given) as data, its HTML page written to ``output``."""
     from trtq import interrupt

@@ -30,6 +30,7 @@ e.g. HardSwish's -0.375, every zero would share one rounding error, a bias nothi
 
 Nothing here depends on data; :func:`find_centrings` only reads the graph and the plan's amax.
 """
+
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -101,8 +102,7 @@ def _producer_ok(index: GraphIndex, node: Optional[onnx.NodeProto]) -> bool:
     if node.op_type == "Conv":
         return index.is_constant(node.input[1]) and _adjustable_bias(index, node, 2)
     if node.op_type == "Gemm":
-        return (attr(node, "beta", 1.0) != 0 and index.is_constant(node.input[1])
-                and _adjustable_bias(index, node, 2))
+        return attr(node, "beta", 1.0) != 0 and index.is_constant(node.input[1]) and _adjustable_bias(index, node, 2)
     return len(node.input) > 2 and index.is_constant(node.input[2]) and index.fan_out(node.input[2]) == 1
 
 
@@ -113,8 +113,11 @@ def _reader_ok(index: GraphIndex, node: onnx.NodeProto, slot: int) -> bool:
         return False
     if node.op_type == "Conv":
         pads = attr(node, "pads", None) or []
-        return (not any(pads) and attr(node, "auto_pad", b"NOTSET") in (b"NOTSET", b"VALID", "NOTSET", "VALID")
-                and _adjustable_bias(index, node, 2))
+        return (
+            not any(pads)
+            and attr(node, "auto_pad", b"NOTSET") in (b"NOTSET", b"VALID", "NOTSET", "VALID")
+            and _adjustable_bias(index, node, 2)
+        )
     if node.op_type == "Gemm":
         return not attr(node, "transA", 0) and attr(node, "beta", 1.0) != 0 and _adjustable_bias(index, node, 2)
     return False
@@ -124,8 +127,18 @@ def _reader_ok(index: GraphIndex, node: onnx.NodeProto, slot: int) -> bool:
 RESHAPING_OPS = frozenset({"Identity", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze"})
 # ops with f(x - c) = f(x) - c for a scalar c, the activation's output may reach the quantized
 # tensor through (each read by nothing else); not Pad (see the module docstring)
-COMMUTING_OPS = frozenset({*RESHAPING_OPS, "GlobalAveragePool", "GlobalMaxPool", "MaxPool", "AveragePool",
-                           "ReduceMean", "ReduceMax", "ReduceMin"})
+COMMUTING_OPS = frozenset(
+    {
+        *RESHAPING_OPS,
+        "GlobalAveragePool",
+        "GlobalMaxPool",
+        "MaxPool",
+        "AveragePool",
+        "ReduceMean",
+        "ReduceMax",
+        "ReduceMin",
+    }
+)
 
 
 def _commutes(node: onnx.NodeProto) -> bool:
@@ -151,8 +164,9 @@ def _through_commuting(index: GraphIndex, tensor: str) -> Optional[onnx.NodeProt
     return None
 
 
-def find_centrings(index: GraphIndex, tensors: dict[str, float],
-                   quantized_input: Callable[[int, int], bool]) -> list[Centring]:
+def find_centrings(
+    index: GraphIndex, tensors: dict[str, float], quantized_input: Callable[[int, int], bool]
+) -> list[Centring]:
     """The centrings possible for the quantized activation ``tensors`` (name -> amax) of the float
     graph ``index``; ``quantized_input(node index, slot)`` says whether that input gets Q/DQ."""
     out = []
@@ -182,8 +196,9 @@ def find_centrings(index: GraphIndex, tensors: dict[str, float],
         if not new_amax > 0 or float(amax) / new_amax < MIN_GAIN:
             continue
         shift = -LOWEST * float(activation_scale(new_amax))  # exactly 128 steps of the float32 scale
-        out.append(Centring(tensor, shift, new_amax, node.name, producer.name,
-                            tuple(index.nodes[i].name for i, _ in readers)))
+        out.append(
+            Centring(tensor, shift, new_amax, node.name, producer.name, tuple(index.nodes[i].name for i, _ in readers))
+        )
     return out
 
 
@@ -220,8 +235,13 @@ def settle_on_levels(qdq: onnx.ModelProto, centrings: list[Centring], readers: O
             if pair is None or len(reader.input) < 3 or not reader.input[2]:
                 continue
             w, wq = pair
-            ed.add_to_bias(reader, 2, c.shift * (_bias_per_shift(reader, wq) - _bias_per_shift(reader, w)),
-                           np.float32, "centring_bias")
+            ed.add_to_bias(
+                reader,
+                2,
+                c.shift * (_bias_per_shift(reader, wq) - _bias_per_shift(reader, w)),
+                np.float32,
+                "centring_bias",
+            )
 
 
 def _subtraction(ed: InitializerEditor, act: onnx.NodeProto, shift: float) -> onnx.NodeProto:

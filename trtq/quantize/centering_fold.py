@@ -17,6 +17,7 @@ neither, computing the same INT8 levels:
 - ``kept``: anything else (a reader that is not a QuantizeLinear, a scale the check refuses): the
   Add form stays.
 """
+
 from typing import Optional
 
 import numpy as np
@@ -114,8 +115,13 @@ def fold_centrings(model: onnx.ModelProto, centrings) -> dict[str, str]:
         producer = by_name.get(c.producer)
         path = _path(index, add.output[0], c.tensor) if add is not None and add.op_type == "Add" else None
         scales = _scales(index, c.tensor)
-        if (path is None or scales is None or producer is None or index.fan_out(act.output[0]) != 1
-                or index.fan_out(producer.output[0]) != 1):
+        if (
+            path is None
+            or scales is None
+            or producer is None
+            or index.fan_out(act.output[0]) != 1
+            or index.fan_out(producer.output[0]) != 1
+        ):
             forms[c.tensor] = "kept"
         elif all(n.op_type in CLAMP_COMMUTING for n in path) and _clamp_is_the_activation(index, act, c.shift, scales):
             _fold(ed, index, act, add, producer, c.shift)

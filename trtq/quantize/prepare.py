@@ -19,6 +19,7 @@ normalised copy (the caller's model is never touched):
 
 Tensor names are never changed, so a calibration cache made on the original model still applies.
 """
+
 import heapq
 from typing import Optional
 
@@ -183,9 +184,18 @@ _FOLDABLE = {
     "Cast": _cast,
 }
 _NUMERIC = {
-    onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.INT8,
-    onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16, onnx.TensorProto.INT32,
-    onnx.TensorProto.UINT32, onnx.TensorProto.INT64, onnx.TensorProto.UINT64, onnx.TensorProto.BOOL,
+    onnx.TensorProto.FLOAT,
+    onnx.TensorProto.FLOAT16,
+    onnx.TensorProto.DOUBLE,
+    onnx.TensorProto.INT8,
+    onnx.TensorProto.UINT8,
+    onnx.TensorProto.INT16,
+    onnx.TensorProto.UINT16,
+    onnx.TensorProto.INT32,
+    onnx.TensorProto.UINT32,
+    onnx.TensorProto.INT64,
+    onnx.TensorProto.UINT64,
+    onnx.TensorProto.BOOL,
 }
 
 
@@ -211,8 +221,11 @@ def _evaluate(node: onnx.NodeProto, arrays: list[np.ndarray], opset: int) -> Opt
         return [fn(node, *arrays)]
     if node.op_type in _NOT_FOLDED or _has_subgraph(node):
         return None
-    if (node.op_type == "ConstantOfShape" and arrays
-            and int(np.prod(arrays[0], dtype=np.float64)) > _MAX_FOLDED_ELEMENTS):
+    if (
+        node.op_type == "ConstantOfShape"
+        and arrays
+        and int(np.prod(arrays[0], dtype=np.float64)) > _MAX_FOLDED_ELEMENTS
+    ):
         return None
     from onnx.reference import ReferenceEvaluator
 

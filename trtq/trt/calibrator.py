@@ -10,13 +10,14 @@
 
 Calibrators exist in TensorRT 8.6 and 10.x (deprecated since 10.1) and were removed in 11.
 """
+
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
-from collections.abc import Sequence
 
 import numpy as np
 
@@ -197,8 +198,9 @@ class TensorRTCalibration:
     seconds: float
 
 
-def run_tensorrt_calibration(model_path: Path, batcher: Any, algorithm: str,
-                             options: Optional[BuildOptions] = None) -> TensorRTCalibration:
+def run_tensorrt_calibration(
+    model_path: Path, batcher: Any, algorithm: str, options: Optional[BuildOptions] = None
+) -> TensorRTCalibration:
     """Calibrate with TensorRT's own calibrator, fed by ``batcher``; return the cache it wrote.
 
     ``algorithm``: ``EntropyCalibration2`` / ``MinMaxCalibration`` (or ``entropy`` / ``max``).
@@ -236,12 +238,12 @@ def run_tensorrt_calibration(model_path: Path, batcher: Any, algorithm: str,
     if calibrator.cache is None:
         errors = logger.take_errors()
         raise TrtqError(
-            f"TensorRT {trt.__version__} did not write a calibration cache"
-            + (f": {errors[0]}" if errors else ""),
+            f"TensorRT {trt.__version__} did not write a calibration cache" + (f": {errors[0]}" if errors else ""),
             "run with -v for TensorRT's messages",
         )
-    return TensorRTCalibration(calibrator.cache, algorithm, str(trt.__version__), feeder.batches, feeder.samples,
-                               time.perf_counter() - t0)
+    return TensorRTCalibration(
+        calibrator.cache, algorithm, str(trt.__version__), feeder.batches, feeder.samples, time.perf_counter() - t0
+    )
 
 
 def _calibration_inputs(builder: Any, network: Any, config: Any, shapes: dict[str, tuple[int, ...]]) -> dict[str, str]:
@@ -268,8 +270,16 @@ def _calibration_inputs(builder: Any, network: Any, config: Any, shapes: dict[st
     return dtypes
 
 
-def _calibrate(trt: Any, builder: Any, network: Any, config: Any, batcher: Any, algorithm: str,
-               shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str]) -> tuple[BatchFeeder, Any]:
+def _calibrate(
+    trt: Any,
+    builder: Any,
+    network: Any,
+    config: Any,
+    batcher: Any,
+    algorithm: str,
+    shapes: dict[str, tuple[int, ...]],
+    dtypes: dict[str, str],
+) -> tuple[BatchFeeder, Any]:
     """The throw-away build in which TensorRT calibrates, fed through device buffers."""
     from trtq.trt import cuda
 

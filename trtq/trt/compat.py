@@ -40,19 +40,21 @@ What has been verified, per version, and how:
     network (parse, build, engine results, cache formats) has not run here: it follows the
     documentation above.
 """
+
 import importlib
 import logging
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
-from collections.abc import Iterable, Sequence
 
 from trtq.errors import ConfigError, EnvironmentMissing, UsageError
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = ('pip install tensorrt cuda-python (or pip install -e ".[gpu]" in the trtq checkout) '
-                'on a machine with an NVIDIA GPU')
+INSTALL_HINT = (
+    'pip install tensorrt cuda-python (or pip install -e ".[gpu]" in the trtq checkout) on a machine with an NVIDIA GPU'
+)
 NO_GPU_HINT = "no CUDA GPU visible: check nvidia-smi, the driver and CUDA_VISIBLE_DEVICES"
 
 
@@ -104,8 +106,10 @@ def centring_in_engines(trt: Any) -> Optional[str]:
     v = version_of(trt)
     if (v.major, v.minor) == (8, 6):
         return None
-    return (f"centred engines have not been measured on TensorRT {v} (only on 8.6, where they were exact and "
-            "as fast as uncentred ones: docs/decisions.md D12)")
+    return (
+        f"centred engines have not been measured on TensorRT {v} (only on 8.6, where they were exact and "
+        "as fast as uncentred ones: docs/decisions.md D12)"
+    )
 
 
 def import_tensorrt(importer: Callable[[str], Any] = importlib.import_module) -> Any:
@@ -157,10 +161,7 @@ def has_implicit_int8(trt: Any) -> bool:
     """Calibrators and ``IBuilderConfig.int8_calibrator`` exist: TensorRT <= 10 (removed in 11)."""
     cfg = getattr(trt, "IBuilderConfig", None)
     return (
-        hasattr(trt, "IInt8Calibrator")
-        and cfg is not None
-        and hasattr(cfg, "int8_calibrator")
-        and has_weak_typing(trt)
+        hasattr(trt, "IInt8Calibrator") and cfg is not None and hasattr(cfg, "int8_calibrator") and has_weak_typing(trt)
     )
 
 
@@ -376,8 +377,13 @@ def host_memory_bytes(blob: Any) -> bytes:
 
 # DataType member name -> numpy dtype name (names are stable across versions; values are not)
 _DTYPES = {
-    "FLOAT": "float32", "HALF": "float16", "INT8": "int8", "INT32": "int32", "BOOL": "bool",
-    "UINT8": "uint8", "INT64": "int64",
+    "FLOAT": "float32",
+    "HALF": "float16",
+    "INT8": "int8",
+    "INT32": "int32",
+    "BOOL": "bool",
+    "UINT8": "uint8",
+    "INT64": "int64",
 }
 
 
@@ -402,12 +408,14 @@ def io_tensors(trt: Any, engine: Any) -> list[IOTensor]:
         mode = engine.get_tensor_mode(name)
         if mode != trt.TensorIOMode.INPUT and mode != trt.TensorIOMode.OUTPUT:
             continue
-        out.append(IOTensor(
-            name=name,
-            is_input=mode == trt.TensorIOMode.INPUT,
-            shape=tuple(int(d) for d in engine.get_tensor_shape(name)),
-            dtype=dtype_name(engine.get_tensor_dtype(name)),
-        ))
+        out.append(
+            IOTensor(
+                name=name,
+                is_input=mode == trt.TensorIOMode.INPUT,
+                shape=tuple(int(d) for d in engine.get_tensor_shape(name)),
+                dtype=dtype_name(engine.get_tensor_dtype(name)),
+            )
+        )
     return out
 
 

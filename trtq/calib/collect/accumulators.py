@@ -8,6 +8,7 @@
 Only the arrays handed to ``update`` are touched; nothing of a batch is kept. Memory is
 ``tensors x num_bins x 8`` bytes. The per-array work runs on trtq.calib.collect.kernels.
 """
+
 import math
 from collections.abc import Mapping
 from typing import Optional
@@ -126,8 +127,10 @@ class HistogramAccumulator:
 
     def __init__(self, maxima: Mapping[str, float], num_bins: int = DEFAULT_NUM_BINS):
         if int(num_bins) < 1:
-            raise ConfigError(f"num_bins must be a positive integer, got {num_bins}",
-                              f"e.g. --num-bins {DEFAULT_NUM_BINS} (TensorRT's)")
+            raise ConfigError(
+                f"num_bins must be a positive integer, got {num_bins}",
+                f"e.g. --num-bins {DEFAULT_NUM_BINS} (TensorRT's)",
+            )
         self.num_bins = int(num_bins)
         self.maxima: dict[str, float] = {}
         self._counts: dict[str, np.ndarray] = {}

@@ -6,6 +6,7 @@ the outputs of Conv, elementwise ops, pooling, Transpose that keeps axis 0 and s
 whose inferred dim 0 is that same symbol is batch-leading. Anything else (a Reshape that folds the
 batch, a sequence-first layout, an unknown shape) is not, and is histogrammed whole.
 """
+
 import logging
 from collections.abc import Sequence
 

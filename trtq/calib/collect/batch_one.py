@@ -8,11 +8,12 @@ every collected tensor is bit for bit the same (per sample) is the calibration f
 does not take a batch, it keeps one sample per call. The choice is logged and recorded in the
 provenance (``collection.fixed_batch_1``).
 """
+
 import dataclasses
 import hashlib
 import logging
-from typing import Any, Optional
 from collections.abc import Sequence
+from typing import Any, Optional
 
 import numpy as np
 
@@ -26,8 +27,9 @@ DIM = "trtq_batch"
 
 def fixed_batch_one(specs: Sequence[Any], data: Any) -> bool:
     """Every input has a fixed batch dim of 1 and neither data.batch_size nor data.shapes is set."""
-    return (data.batch_size is None and not data.shapes and bool(specs)
-            and all(s.shape and s.shape[0] == 1 for s in specs))
+    return (
+        data.batch_size is None and not data.shapes and bool(specs) and all(s.shape and s.shape[0] == 1 for s in specs)
+    )
 
 
 def widened(model: Any) -> Any:
@@ -78,8 +80,16 @@ def _digests_any_axis(collector: Any, arrays: dict, rows: int) -> dict:
     return out
 
 
-def probe(model: Any, wide: Any, tensors: list[str], providers: Sequence[str], budget: int,
-          batch: Any, rows: Optional[int] = None, any_axis: bool = False) -> tuple[bool, str]:
+def probe(
+    model: Any,
+    wide: Any,
+    tensors: list[str],
+    providers: Sequence[str],
+    budget: int,
+    batch: Any,
+    rows: Optional[int] = None,
+    any_axis: bool = False,
+) -> tuple[bool, str]:
     """(batched is identical, why) on ``batch`` (a trtq.data Batch of the widened batcher), or on
     its first ``rows`` rows: the rows one call of the calibration would run. ``any_axis``: a tensor
     may carry the batch on another axis than 0 (``[T, N, C]`` behind an LSTM); calibration's
@@ -89,8 +99,9 @@ def probe(model: Any, wide: Any, tensors: list[str], providers: Sequence[str], b
     rows = batch.valid if rows is None else min(int(rows), batch.valid)
     arrays = {n: a[:rows] for n, a in batch.arrays.items()}
     try:
-        wide_col = GroupedCollector(wide, tensors, providers, budget, {n: a.shape for n, a in arrays.items()},
-                                    split_rows=False)  # the whole batch at once: that is what is probed
+        wide_col = GroupedCollector(
+            wide, tensors, providers, budget, {n: a.shape for n, a in arrays.items()}, split_rows=False
+        )  # the whole batch at once: that is what is probed
         batched = _digests_any_axis(wide_col, arrays, rows) if any_axis else _digests(wide_col, arrays, rows)
     except TrtqError as e:
         return False, f"it does not run with a batch of {rows}: {str(e).splitlines()[0]}"
@@ -100,22 +111,29 @@ def probe(model: Any, wide: Any, tensors: list[str], providers: Sequence[str], b
     one_col = GroupedCollector(model, tensors, providers, budget, {n: (1,) + a.shape[1:] for n, a in arrays.items()})
     for r in range(rows):
         if any_axis:
-            for part in one_col.run_groups({n: a[r:r + 1] for n, a in arrays.items()}, 1):
+            for part in one_col.run_groups({n: a[r : r + 1] for n, a in arrays.items()}, 1):
                 for name, value in part.items():
                     axes = [a for a in range(value.ndim) if value.shape[a] == 1 and (name, a, r) in batched]
                     if not any(batched[(name, a, r)] == _slice_digest(value, a, 0) for a in axes):
                         return False, f"'{name}' of sample {r} differs (ONNX Runtime's kernels depend on the batch)"
             continue
-        single = _digests(one_col, {n: a[r:r + 1] for n, a in arrays.items()}, 1)
+        single = _digests(one_col, {n: a[r : r + 1] for n, a in arrays.items()}, 1)
         for (name, _), value in single.items():
             if batched.get((name, r)) != value:
                 return False, f"'{name}' of sample {r} differs (ONNX Runtime's kernels depend on the batch)"
     return True, f"all {len(tensors)} tensors bit-identical on {rows} samples"
 
 
-def widen_if_identical(model: Any, specs: list, data: Any, tensors: list[str], providers: Sequence[str],
-                       budget: int, slice_at: Optional[int] = None,
-                       any_axis: bool = False) -> tuple[Any, list, Any, Optional[str]]:
+def widen_if_identical(
+    model: Any,
+    specs: list,
+    data: Any,
+    tensors: list[str],
+    providers: Sequence[str],
+    budget: int,
+    slice_at: Optional[int] = None,
+    any_axis: bool = False,
+) -> tuple[Any, list, Any, Optional[str]]:
     """(model, specs, data options, mode) to calibrate with: the widened model fed in batches when
     :func:`probe` finds it identical, else the given ones; mode None when the model is not batch-1.
 
@@ -141,8 +159,12 @@ def widen_if_identical(model: Any, specs: list, data: Any, tensors: list[str], p
     rows, target = rows_per_call(total, BATCH, budget, slice_at)  # as the calibration's collector will slice
     if rows == 1:
         del batches, first
-        log.info("batch-1 model fed one sample per call: one sample's activations take %d MiB and one call may "
-                 "hold %d MiB, so a batch would run one row per call anyway", -(-total // BATCH) >> 20, target >> 20)
+        log.info(
+            "batch-1 model fed one sample per call: one sample's activations take %d MiB and one call may "
+            "hold %d MiB, so a batch would run one row per call anyway",
+            -(-total // BATCH) >> 20,
+            target >> 20,
+        )
         return model, specs, data, "per-sample"
     same, why = probe(model, wide, tensors, providers, budget, first, rows, any_axis=any_axis)
     del batches, first

@@ -7,10 +7,11 @@ split into contiguous groups (model order) whose batch bytes fit, and each batch
 group (trtq.calib.collect.budgeted.GroupedCollector). Sizes come from ONNX shape inference at the batch's
 input shapes, float32 assumed where a type or shape is unknown (the largest known size then).
 """
+
 import math
 import re
-from typing import Optional
 from collections.abc import Mapping, Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -19,8 +20,7 @@ from trtq.memory import available_memory
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 # ASCII digits only (re.ASCII: \d would take other scripts' digits, which float() reads), at most 18
-_SIZE = re.compile(r"^\s*(\d{1,18}(?:\.\d{0,18})?|\.\d{1,18})\s*([KMGT]?)(?:I?B)?\s*$",
-                   re.IGNORECASE | re.ASCII)
+_SIZE = re.compile(r"^\s*(\d{1,18}(?:\.\d{0,18})?|\.\d{1,18})\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE | re.ASCII)
 MAX_SIZE = 1 << 60  # 1 EiB: more than any machine's memory, far below where float or int64 sizes break
 
 
@@ -32,9 +32,10 @@ def parse_size(text) -> int:
         m = _SIZE.match(str(text))
         if not m:
             shown = str(text) if len(str(text)) <= 40 else str(text)[:37] + "..."
-            raise ConfigError(f"--max-memory must be a size such as 2G or 512M, got {shown!r}",
-                              "use a number (digits 0-9, at most 18) with K, M, G or T (binary units), "
-                              "e.g. --max-memory 2G")
+            raise ConfigError(
+                f"--max-memory must be a size such as 2G or 512M, got {shown!r}",
+                "use a number (digits 0-9, at most 18) with K, M, G or T (binary units), e.g. --max-memory 2G",
+            )
         value, unit = float(m.group(1)), m.group(2).upper()
     if not math.isfinite(value) or value * _UNITS[unit] > MAX_SIZE:
         raise ConfigError(f"--max-memory {value:g}{unit} is more than 1 EiB", "e.g. --max-memory 2G")
@@ -72,8 +73,9 @@ def tensor_bytes(model, tensors: Sequence[str], input_shapes: Mapping[str, Seque
         inferred = infer_shapes(model, input_shapes=input_shapes)
     except Exception:
         inferred = model
-    typed = {vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output)
-             + list(inferred.graph.input)}
+    typed = {
+        vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)
+    }
     sizes: dict[str, Optional[int]] = {}
     for name in tensors:
         sizes[name] = _size(typed.get(name))
@@ -126,10 +128,14 @@ def plan_groups(sizes: Mapping[str, int], budget: int, batch: int) -> list[list[
     biggest = max(sizes, key=lambda n: sizes[n])
     if sizes[biggest] > budget:
         per_sample = -(-sizes[biggest] // max(batch, 1))
-        fix = (f"raise --max-memory to at least {_human(sizes[biggest])}"
-               + (f", or lower --batch-size (one sample needs {_human(per_sample)})" if batch > 1 else ""))
-        raise UsageError(f"--max-memory {_human(budget)} is too small: tensor '{biggest}' alone takes "
-                         f"{_human(sizes[biggest])} for a batch of {batch}", fix)
+        fix = f"raise --max-memory to at least {_human(sizes[biggest])}" + (
+            f", or lower --batch-size (one sample needs {_human(per_sample)})" if batch > 1 else ""
+        )
+        raise UsageError(
+            f"--max-memory {_human(budget)} is too small: tensor '{biggest}' alone takes "
+            f"{_human(sizes[biggest])} for a batch of {batch}",
+            fix,
+        )
     groups: list[list[str]] = [[]]
     used = 0
     for name, size in sizes.items():

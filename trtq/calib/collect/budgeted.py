@@ -19,11 +19,12 @@ The statistics are those of the same samples, so the cache is what ``--batch-siz
 would give (trtq's caches do not depend on the batch size where ONNX Runtime's kernels do not).
 Only when one row of every tensor still exceeds the budget are the tensors grouped too.
 """
+
 import logging
 import os
 import tempfile
-from typing import Any, Optional
 from collections.abc import Sequence
+from typing import Any, Optional
 
 import numpy as np
 import onnx
@@ -85,8 +86,16 @@ class GroupedCollector:
     group (everything fits): the plain OrtCollector. :meth:`run_groups` yields each group's
     activations (valid until the next one)."""
 
-    def __init__(self, model: onnx.ModelProto, tensors: Sequence[str], providers: Sequence[str],
-                 budget: int, input_shapes: dict, split_rows: bool = True, slice_at: Optional[int] = None):
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        tensors: Sequence[str],
+        providers: Sequence[str],
+        budget: int,
+        input_shapes: dict,
+        split_rows: bool = True,
+        slice_at: Optional[int] = None,
+    ):
         """``budget``: the most one call may hold (tensor groups above it); ``slice_at`` (default
         ``budget``): the size above which a batch runs in slices of rows."""
         from trtq.calib.collect.budget import plan_groups, rows_per_call, tensor_bytes
@@ -99,22 +108,31 @@ class GroupedCollector:
         rows, target = rows_per_call(total, batch, budget, slice_at)
         if split_rows and rows < batch and self.free:
             self.rows_per_call = rows
-            sizes = tensor_bytes(model, tensors, {n: (self.rows_per_call,) + tuple(s[1:])
-                                                  for n, s in input_shapes.items()})
-            log.info("one batch of activations (%d MiB) is over %d MiB: %d of its %d rows per ONNX Runtime call",
-                     total >> 20, target >> 20, self.rows_per_call, batch)
+            sizes = tensor_bytes(
+                model, tensors, {n: (self.rows_per_call,) + tuple(s[1:]) for n, s in input_shapes.items()}
+            )
+            log.info(
+                "one batch of activations (%d MiB) is over %d MiB: %d of its %d rows per ONNX Runtime call",
+                total >> 20,
+                target >> 20,
+                self.rows_per_call,
+                batch,
+            )
         self.groups = plan_groups(sizes, budget, self.rows_per_call)
         self.tensors = list(tensors)
         if len(self.groups) == 1:
             self._collectors = [OrtCollector(model, tensors, providers)]
         else:
-            log.info("one batch of activations exceeds --max-memory: %d tensor groups, one ONNX Runtime "
-                     "call each per batch", len(self.groups))
+            log.info(
+                "one batch of activations exceeds --max-memory: %d tensor groups, one ONNX Runtime call each per batch",
+                len(self.groups),
+            )
             opt = _optimized(model, tensors, providers)
             inputs = {i.name for i in model.graph.input}
             self._collectors = [
                 OrtCollector(model, g, providers, optimized=_pruned(opt, [t for t in g if t not in inputs]))
-                for g in self.groups]
+                for g in self.groups
+            ]
         self.providers = self._collectors[0].providers
 
     def run_groups(self, arrays: dict[str, np.ndarray], valid: Optional[int] = None) -> Any:

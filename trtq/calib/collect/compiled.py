@@ -7,6 +7,7 @@ runs numpy, which gives the same integers (the reference these kernels are teste
 releases the GIL for the call, so the thread pool runs them side by side. The wrappers check
 dtypes and layout: the C code trusts them.
 """
+
 import ctypes
 import importlib.util
 import logging
@@ -34,8 +35,12 @@ def _load() -> Optional[ctypes.CDLL]:
         lib = ctypes.CDLL(spec.origin)
         built = lib.trtq_native_version()
         if built != VERSION:
-            log.warning("the compiled kernels were built from another trtq (interface %s, this one %s); "
-                        "using numpy. Rebuild them: pip install -e . (in the checkout)", built, VERSION)
+            log.warning(
+                "the compiled kernels were built from another trtq (interface %s, this one %s); "
+                "using numpy. Rebuild them: pip install -e . (in the checkout)",
+                built,
+                VERSION,
+            )
             return None
         lib.trtq_pow2_count.restype = ctypes.c_int
         lib.trtq_pow2_count.argtypes = [_P, _I64, _I64, _I64, _I32, _P, _I64, _I32, _P, _P, _P]
@@ -87,8 +92,9 @@ def use_simd(on: bool) -> bool:
 
 def _checked(a: np.ndarray, dtype) -> int:
     if a.dtype != dtype or not a.flags.c_contiguous or a.ndim != 2:
-        raise ValueError(f"compiled kernel: expected a C-contiguous 2-D {np.dtype(dtype).name} array, "
-                         f"got {a.dtype} {a.shape}")
+        raise ValueError(
+            f"compiled kernel: expected a C-contiguous 2-D {np.dtype(dtype).name} array, got {a.dtype} {a.shape}"
+        )
     return a.ctypes.data
 
 
@@ -97,26 +103,47 @@ def pow2_count(rows: np.ndarray, stride: int, e0: int, lanes: np.ndarray, min_ex
     [4, num_bins] C-contiguous (updated); returns (e, max bits, zeros, status)."""
     lib = library()
     e, top, zeros = _I32(), _I32(), _I64()
-    status = lib.trtq_pow2_count(_checked(rows, np.float32), rows.shape[0], rows.shape[1], int(stride), int(e0),
-                                 _checked(lanes, np.int32), lanes.shape[1], int(min_exp),
-                                 ctypes.byref(e), ctypes.byref(top), ctypes.byref(zeros))
+    status = lib.trtq_pow2_count(
+        _checked(rows, np.float32),
+        rows.shape[0],
+        rows.shape[1],
+        int(stride),
+        int(e0),
+        _checked(lanes, np.int32),
+        lanes.shape[1],
+        int(min_exp),
+        ctypes.byref(e),
+        ctypes.byref(top),
+        ctypes.byref(zeros),
+    )
     return e.value, top.value, zeros.value, status
 
 
-def histogram_f32(rows: np.ndarray, scale: np.float32, lanes: np.ndarray, exceed_at: np.float32,
-                  stride: int) -> tuple[int, bool, bool]:
+def histogram_f32(
+    rows: np.ndarray, scale: np.float32, lanes: np.ndarray, exceed_at: np.float32, stride: int
+) -> tuple[int, bool, bool]:
     """The two-pass kernel (kernels.histogram_into): ``rows`` float32 [R, n] and ``lanes`` int64
     [4, num_bins] (updated), both C-contiguous; returns (zeros, non-finite seen, a value at or
     above ``exceed_at``)."""
     zeros, exceeded = _I64(), _I32()
-    nonfinite = library().trtq_histogram_f32(_checked(rows, np.float32), rows.shape[0], rows.shape[1], float(scale),
-                                             _checked(lanes, np.int64), lanes.shape[1], float(exceed_at), int(stride),
-                                             ctypes.byref(zeros), ctypes.byref(exceeded))
+    nonfinite = library().trtq_histogram_f32(
+        _checked(rows, np.float32),
+        rows.shape[0],
+        rows.shape[1],
+        float(scale),
+        _checked(lanes, np.int64),
+        lanes.shape[1],
+        float(exceed_at),
+        int(stride),
+        ctypes.byref(zeros),
+        ctypes.byref(exceeded),
+    )
     return zeros.value, bool(nonfinite), bool(exceeded.value)
 
 
-def level_sums(starts: np.ndarray, weights: np.ndarray, p1: np.ndarray, p0: np.ndarray,
-               a_out: np.ndarray, b_out: np.ndarray) -> None:
+def level_sums(
+    starts: np.ndarray, weights: np.ndarray, p1: np.ndarray, p0: np.ndarray, a_out: np.ndarray, b_out: np.ndarray
+) -> None:
     """kernels.level_sums's gathers; every array int64 and C-contiguous."""
     if weights.dtype != np.int64 or not weights.flags.c_contiguous or weights.shape != (starts.shape[1],):
         raise ValueError("compiled kernel: weights must be C-contiguous int64, one per column of starts")
@@ -124,6 +151,14 @@ def level_sums(starts: np.ndarray, weights: np.ndarray, p1: np.ndarray, p0: np.n
         raise ValueError("compiled kernel: level_sums shapes do not match")
     if starts.size and (starts.min() < 0 or starts.max() >= p1.shape[0]):
         raise ValueError("compiled kernel: level_sums starts out of range")
-    library().trtq_level_sums(_checked(starts, np.int64), starts.shape[0], starts.shape[1], weights.ctypes.data,
-                              _checked(p1, np.int64), _checked(p0, np.int64), p1.shape[1],
-                              _checked(a_out, np.int64), _checked(b_out, np.int64))
+    library().trtq_level_sums(
+        _checked(starts, np.int64),
+        starts.shape[0],
+        starts.shape[1],
+        weights.ctypes.data,
+        _checked(p1, np.int64),
+        _checked(p0, np.int64),
+        p1.shape[1],
+        _checked(a_out, np.int64),
+        _checked(b_out, np.int64),
+    )

@@ -5,9 +5,10 @@ and largest values of ``clip(x)`` are ``clip(min x)`` and ``clip(max x)``. So wh
 a node is calibrated too, the node's ``max|y|`` comes from the input's extremes without ONNX Runtime
 writing ``y`` out or numpy reading it (in ReLU6 networks that is every other tensor).
 """
+
 import math
-from typing import Optional
 from collections.abc import Iterable, Mapping
+from typing import Optional
 
 import numpy as np
 
@@ -68,8 +69,9 @@ def monotone_links(model, tensors: Iterable[str]) -> Links:
     return links
 
 
-def derive_extremes(extremes: Mapping[str, tuple[float, float]], links: Links,
-                    padded: Optional[Mapping[str, str]] = None) -> dict[str, tuple[float, float]]:
+def derive_extremes(
+    extremes: Mapping[str, tuple[float, float]], links: Links, padded: Optional[Mapping[str, str]] = None
+) -> dict[str, tuple[float, float]]:
     """``(min, max)`` of every linked output from its input's, and of every zero-padded output
     (``padded``: output -> input, trtq.calib.collect.padded) from its input's with 0 included; chains such
     as Relu -> Pad -> Clip resolve in any order."""

@@ -3,9 +3,10 @@
 The collector streams: each ``run`` returns only the current batch's tensors; statistics are kept by
 the accumulators in :mod:`trtq.calib.stats`, never the activations.
 """
+
 import logging
-from typing import Any, Optional
 from collections.abc import Sequence
+from typing import Any, Optional
 
 import numpy as np
 import onnx
@@ -76,8 +77,9 @@ def check_providers(requested: Sequence[str]) -> list[str]:
     available = ort.get_available_providers()
     for name in requested:
         if name not in available:
-            raise ConfigError(f"ONNX Runtime provider '{name}' is not available here",
-                              "available: " + ", ".join(available))
+            raise ConfigError(
+                f"ONNX Runtime provider '{name}' is not available here", "available: " + ", ".join(available)
+            )
     return list(requested)
 
 
@@ -91,8 +93,13 @@ class OrtCollector:
     feed itself.
     """
 
-    def __init__(self, model: onnx.ModelProto, tensors: Sequence[str], providers: Sequence[str] = (),
-                 optimized: Optional[bytes] = None):
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        tensors: Sequence[str],
+        providers: Sequence[str] = (),
+        optimized: Optional[bytes] = None,
+    ):
         import onnxruntime as ort
 
         self.tensors = list(tensors)
@@ -143,8 +150,9 @@ class OrtCollector:
         try:
             values = self.session.run(self._from_session, feeds)
         except Exception as e:
-            raise ModelError(f"ONNX Runtime failed to run the model: {_first_line(e)}",
-                             "check the input shapes") from None
+            raise ModelError(
+                f"ONNX Runtime failed to run the model: {_first_line(e)}", "check the input shapes"
+            ) from None
         if not self._reuse:
             return values
         # ONNX Runtime's own arrays become the bound buffers: no copy, no second set in memory

@@ -20,19 +20,20 @@ Used on the CPU provider with the compiled kernels built; otherwise, or when ONN
 load the operator (a tensor that is not float32, an ONNX Runtime older than 1.16), calibration
 takes the outputs collector.
 """
+
 import ctypes
 import logging
-from typing import Optional
 from collections.abc import Collection, Mapping, Sequence
+from typing import Optional
 
 import numpy as np
 import onnx
 
 from trtq.calib.collect import compiled
+from trtq.calib.collect.accumulators import AbsMaxAccumulator, HistogramAccumulator, nonfinite_error
 from trtq.calib.collect.exposed import _first_line
 from trtq.calib.collect.kernels import NO_EXPONENT
 from trtq.calib.collect.one_pass import Pow2Histograms
-from trtq.calib.collect.accumulators import AbsMaxAccumulator, HistogramAccumulator, nonfinite_error
 from trtq.errors import ModelError
 
 log = logging.getLogger(__name__)
@@ -70,8 +71,9 @@ def _with_stats_nodes(model: onnx.ModelProto, tensors: Sequence[str], collection
         out = f"trtq_stats_{slot}"
         while out in taken:
             out += "_"
-        stats_nodes[name] = onnx.helper.make_node(OP, [name], [out], name=out, domain=DOMAIN,
-                                                  collection=int(collection), slot=slot)
+        stats_nodes[name] = onnx.helper.make_node(
+            OP, [name], [out], name=out, domain=DOMAIN, collection=int(collection), slot=slot
+        )
         g.output.append(onnx.helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, [1]))
     ordered = [stats_nodes.pop(i.name) for i in g.input if i.name in stats_nodes]
     for node in g.node:
@@ -92,9 +94,17 @@ class InGraphCollector:
     passes of entropy and max (:meth:`fill_extremes`, :meth:`fill_histograms`). Raises ModelError
     when ONNX Runtime does not take the operator (the caller then uses the outputs collector)."""
 
-    def __init__(self, model: onnx.ModelProto, tensors: Sequence[str], num_bins: int, providers: Sequence[str] = (),
-                 free_batch: bool = False, hist_elements: int = 0, leading: Collection[str] = (),
-                 one_sample: bool = False):
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        tensors: Sequence[str],
+        num_bins: int,
+        providers: Sequence[str] = (),
+        free_batch: bool = False,
+        hist_elements: int = 0,
+        leading: Collection[str] = (),
+        one_sample: bool = False,
+    ):
         import onnxruntime as ort
 
         lib = compiled.library()
@@ -102,8 +112,9 @@ class InGraphCollector:
         self.free_batch = free_batch  # the model takes any batch: padding rows are not run (as groups.py)
         flags = np.array([t in leading for t in self.tensors], dtype=np.int32)
         self._lib = lib
-        self._id = lib.trtq_ingraph_create(len(self.tensors), self.num_bins, int(hist_elements), int(one_sample),
-                                           flags.ctypes.data)
+        self._id = lib.trtq_ingraph_create(
+            len(self.tensors), self.num_bins, int(hist_elements), int(one_sample), flags.ctypes.data
+        )
         if self._id <= 0:
             raise ModelError("could not allocate the in-graph statistics", "pass --collect outputs")
         try:
@@ -122,8 +133,9 @@ class InGraphCollector:
             self.session = ort.InferenceSession(blob, opts, providers=list(providers) or ["CPUExecutionProvider"])
         except Exception as e:
             self.close()
-            raise ModelError(f"ONNX Runtime does not run the in-graph statistics: {_first_line(e)}",
-                             "pass --collect outputs") from None
+            raise ModelError(
+                f"ONNX Runtime does not run the in-graph statistics: {_first_line(e)}", "pass --collect outputs"
+            ) from None
         self.providers = self.session.get_providers()
         self.input_names = [i.name for i in self.session.get_inputs()]
         self._outputs = [o.name for o in self.session.get_outputs()]
@@ -139,8 +151,9 @@ class InGraphCollector:
         try:
             self.session.run(self._outputs, feeds)
         except Exception as e:
-            raise ModelError(f"ONNX Runtime failed to run the model: {_first_line(e)}",
-                             "check the input shapes") from None
+            raise ModelError(
+                f"ONNX Runtime failed to run the model: {_first_line(e)}", "check the input shapes"
+            ) from None
         slot = self._lib.trtq_ingraph_first_error(self._id)
         if slot != -1:
             if slot < 0:
@@ -215,7 +228,14 @@ class InGraphCollector:
 class _Stats(ctypes.Structure):
     """_ingraph.h's ingraph_stats_t."""
 
-    _fields_ = [("zeros", ctypes.c_int64), ("stride", ctypes.c_int64), ("max", ctypes.c_double),
-                ("lo", ctypes.c_double), ("hi", ctypes.c_double), ("e", ctypes.c_int32), ("status", ctypes.c_int32),
-                ("seen", ctypes.c_int32), ("exceeded", ctypes.c_int32)]
-
+    _fields_ = [
+        ("zeros", ctypes.c_int64),
+        ("stride", ctypes.c_int64),
+        ("max", ctypes.c_double),
+        ("lo", ctypes.c_double),
+        ("hi", ctypes.c_double),
+        ("e", ctypes.c_int32),
+        ("status", ctypes.c_int32),
+        ("seen", ctypes.c_int32),
+        ("exceeded", ctypes.c_int32),
+    ]

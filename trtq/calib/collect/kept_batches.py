@@ -7,12 +7,13 @@ footer (data fingerprint, shard, per-batch layout, skipped samples) and its leng
 atomically (a pass that fails leaves no file). Pass 2 uses it only when the footer names the same
 data set and shard; a file of another shard or data set is refused, a missing one means decoding.
 """
+
 import json
 import logging
 import struct
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Optional
-from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -44,8 +45,9 @@ def write_through(batches: Iterable[Batch], path: Path, batcher) -> Iterator[Bat
                 arrays.append([name, list(a.shape), a.dtype.str])
             layout.append([batch.index, batch.valid, arrays])
             yield batch
-        footer = dict(identity(batcher), format=FORMAT, batches=layout,
-                      skipped=[list(s) for s in getattr(batcher, "skipped", [])])
+        footer = dict(
+            identity(batcher), format=FORMAT, batches=layout, skipped=[list(s) for s in getattr(batcher, "skipped", [])]
+        )
         blob = json.dumps(footer).encode("utf-8")
         f.write(blob)
         f.write(struct.pack("<Q", len(blob)))
@@ -61,8 +63,9 @@ def _footer(path: Path) -> dict:
             f.seek(-8 - n, 2)
             return json.loads(f.read(n).decode("utf-8"))
     except (OSError, ValueError, struct.error, UnicodeDecodeError) as e:
-        raise CacheError(f"{path} is not a trtq batch file ({type(e).__name__})",
-                         "delete it; pass 2 then decodes the data again") from None
+        raise CacheError(
+            f"{path} is not a trtq batch file ({type(e).__name__})", "delete it; pass 2 then decodes the data again"
+        ) from None
 
 
 def open_batches(path: Path, batcher) -> Optional[Iterator[Batch]]:
@@ -75,11 +78,15 @@ def open_batches(path: Path, batcher) -> Optional[Iterator[Batch]]:
     footer = _footer(path)
     want = identity(batcher)
     if footer.get("format") != FORMAT or footer.get("fingerprint") != want["fingerprint"]:
-        raise CacheError(f"--keep-batches {path} holds batches of another data set or preprocessing",
-                         "delete it, or pass the file pass 1 of this shard wrote")
+        raise CacheError(
+            f"--keep-batches {path} holds batches of another data set or preprocessing",
+            "delete it, or pass the file pass 1 of this shard wrote",
+        )
     if footer.get("shard") != want["shard"]:
-        raise CacheError(f"--keep-batches {path} holds shard {footer.get('shard')}, this is shard {want['shard']}",
-                         "pass each shard its own file (e.g. batches-I.bin)")
+        raise CacheError(
+            f"--keep-batches {path} holds shard {footer.get('shard')}, this is shard {want['shard']}",
+            "pass each shard its own file (e.g. batches-I.bin)",
+        )
     batcher.skipped = [tuple(s) for s in footer.get("skipped", [])]
     return _read(path, footer["batches"])
 

@@ -18,11 +18,12 @@ Work is split into parts of at most :data:`PART` elements and run on a thread po
 usable cores; each part has its own counts, summed at the end, so the result is independent of the
 split and the thread count.
 """
+
 import os
 import threading
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional, TypeVar
-from collections.abc import Iterable
 
 import numpy as np
 
@@ -78,7 +79,7 @@ def map_bundled(fn: Callable[[T], R], items: list, sizes: list, least: int = PAR
 
 def parts(flat: np.ndarray, size: int = PART) -> list[np.ndarray]:
     """Contiguous views of ``flat`` of at most ``size`` elements."""
-    return [flat[i:i + size] for i in range(0, flat.size, size)] or [flat]
+    return [flat[i : i + size] for i in range(0, flat.size, size)] or [flat]
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,8 +132,9 @@ def pow2_kernel():
     return _kernel("pow2_count")
 
 
-def pow2_histogram(rows: np.ndarray, stride: int, exponent: Optional[int], num_bins: int,
-                   min_exp: int) -> tuple[np.ndarray, Optional[int], float, int, int]:
+def pow2_histogram(
+    rows: np.ndarray, stride: int, exponent: Optional[int], num_bins: int, min_exp: int
+) -> tuple[np.ndarray, Optional[int], float, int, int]:
     """Max and histogram of float32 ``rows`` ([R, n]) in one read (:func:`pow2_kernel`; see
     trtq.calib.collect.one_pass).
 
@@ -185,8 +187,8 @@ def histogram_into(part: np.ndarray, scale: np.float32, counts: np.ndarray, stri
             flat = rows[:, ::stride].reshape(-1)
             buf = np.empty(min(_CHUNK, flat.size), np.float32)
             for s in range(0, flat.size, _CHUNK):
-                f = buf[:min(_CHUNK, flat.size - s)]
-                np.copyto(f, flat[s:s + f.size], casting="unsafe")
+                f = buf[: min(_CHUNK, flat.size - s)]
+                np.copyto(f, flat[s : s + f.size], casting="unsafe")
                 z, nf, ex = kernel(f.reshape(1, -1), scale, lanes, exceed_at, 1)
                 zeros, nonfinite, exceeded = zeros + z, nonfinite or nf, exceeded or ex
         counts += lanes.sum(axis=0)
@@ -204,7 +206,7 @@ def _histogram_numpy(flat: np.ndarray, scale: np.float32, counts: np.ndarray, ex
     for s in range(0, flat.size, _CHUNK):
         m = min(_CHUNK, flat.size - s)
         fm, km = f[:m], k[:m]
-        np.abs(flat[s:s + m], out=fm, casting="unsafe")  # float16/64 -> float32, as the kernel
+        np.abs(flat[s : s + m], out=fm, casting="unsafe")  # float16/64 -> float32, as the kernel
         np.multiply(fm, scale, out=fm)
         top = fm.max()
         if not np.isfinite(top):
@@ -224,8 +226,9 @@ def _histogram_numpy(flat: np.ndarray, scale: np.float32, counts: np.ndarray, ex
 # --------------------------------------------------------------------------------------------
 
 
-def level_sums(starts: np.ndarray, weights: np.ndarray, p1: np.ndarray,
-               p0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def level_sums(
+    starts: np.ndarray, weights: np.ndarray, p1: np.ndarray, p0: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """``A[j, t] = sum_k p1[starts[j, k], t]`` and ``B[j, t] = sum_k weights[k] * p0[starts[j, k], t]``
     (prefix sums ``p1``, ``p0``: [bins + 1, tensors]) as exact int64, identical on both paths.
 

@@ -20,6 +20,7 @@ each sample (``k`` the smallest prime with ``elements / k <= hist_elements`` tha
 of the sample, so that it does not line up with rows or columns). The subset depends only on the
 sample, never on how samples are batched. The max is always over every element.
 """
+
 import functools
 import math
 from collections.abc import Mapping
@@ -80,8 +81,14 @@ class Pow2Histograms:
     With ``hist_elements`` > 0, subsampled: the tensors of ``batch_leading`` (leading dim = the
     batch), or every tensor when ``one_sample_calls`` (each model call holds one sample)."""
 
-    def __init__(self, tensors, num_bins: int, hist_elements: int = 0, batch_leading: Optional[set] = None,
-                 one_sample_calls: bool = False):
+    def __init__(
+        self,
+        tensors,
+        num_bins: int,
+        hist_elements: int = 0,
+        batch_leading: Optional[set] = None,
+        one_sample_calls: bool = False,
+    ):
         if not is_pow2(int(num_bins)):
             raise ConfigError(f"one-pass histograms need a power-of-two bin count, got {num_bins}")
         self.num_bins = int(num_bins)
@@ -133,8 +140,13 @@ class Pow2Histograms:
             raise ValueError(f"tensor '{unknown}' is not collected")
         fused = kernels.pow2_kernel() is not None
         # a range already below 2**_MIN_EXP has no float32 scale: those tensors keep the float64 path
-        one_read = {n: a for n, a in arrays.items() if fused and np.asarray(a).dtype == np.float32
-                    and (self.exponents[n] is None or self.exponents[n] >= _MIN_EXP)}
+        one_read = {
+            n: a
+            for n, a in arrays.items()
+            if fused
+            and np.asarray(a).dtype == np.float32
+            and (self.exponents[n] is None or self.exponents[n] >= _MIN_EXP)
+        }
         rest = {n: a for n, a in arrays.items() if n not in one_read}
         if one_read:
             rest.update(self._update_one_read(one_read))
@@ -155,10 +167,11 @@ class Pow2Histograms:
                 tasks += [(name, p.reshape(1, -1), 1, e0) for p in kernels.parts(rows.reshape(-1))]
             else:  # every element of a row is read (the max), every k-th counted
                 per_task = max(1, kernels.PART // rows.shape[1])
-                tasks += [(name, rows[i:i + per_task], k, e0) for i in range(0, rows.shape[0], per_task)]
+                tasks += [(name, rows[i : i + per_task], k, e0) for i in range(0, rows.shape[0], per_task)]
         nb = self.num_bins
-        results = kernels.map_bundled(lambda t: kernels.pow2_histogram(t[1], t[2], t[3], nb, _MIN_EXP),
-                                      tasks, [t[1].size for t in tasks])
+        results = kernels.map_bundled(
+            lambda t: kernels.pow2_histogram(t[1], t[2], t[3], nb, _MIN_EXP), tasks, [t[1].size for t in tasks]
+        )
         by_name: dict[str, list] = {}
         for task, result in zip(tasks, results):
             by_name.setdefault(task[0], []).append(result)
@@ -199,7 +212,7 @@ class Pow2Histograms:
                     hist_tasks += [(name, scale, p, 1) for p in kernels.parts(rows.reshape(-1))]
                 else:  # one task counts about PART elements: the rows of a strided tensor share tasks
                     per_task = max(1, kernels.PART // -(-rows.shape[1] // k))
-                    hist_tasks += [(name, scale, rows[i:i + per_task], k) for i in range(0, rows.shape[0], per_task)]
+                    hist_tasks += [(name, scale, rows[i : i + per_task], k) for i in range(0, rows.shape[0], per_task)]
             else:
                 special.append((name, rows[:, ::k].reshape(-1)))
         nb = self.num_bins
@@ -228,11 +241,20 @@ class Pow2Histograms:
         self.zeros[name] += int(x.size - np.count_nonzero(x))
 
 
-def merge_into(target: Pow2Histograms, maxima: Mapping[str, float], tops: Mapping[str, float],
-               counts: Mapping[str, np.ndarray], zeros: Mapping[str, int]) -> None:
+def merge_into(
+    target: Pow2Histograms,
+    maxima: Mapping[str, float],
+    tops: Mapping[str, float],
+    counts: Mapping[str, np.ndarray],
+    zeros: Mapping[str, int],
+) -> None:
     """Add saved pow2 statistics (another shard's) to ``target``: ranges raised to the larger one."""
     for name in target.counts:
         top = float(tops[name])
-        target.add(name, counts[name], exponent_of(top) - 1 if top > 0 else None,  # top = 2**e exactly
-                   zeros.get(name, 0))
+        target.add(
+            name,
+            counts[name],
+            exponent_of(top) - 1 if top > 0 else None,  # top = 2**e exactly
+            zeros.get(name, 0),
+        )
         target.maxima[name] = max(target.maxima[name], float(maxima[name]))

@@ -11,11 +11,12 @@ histogram the input's plus the padding zeros in bin 0, sampled at the rate the i
 stride (1 where every element is counted; the statistics are then exactly those of measuring the
 output, and so is the cache).
 """
+
 import logging
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional
-from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -72,8 +73,16 @@ def pad_links(model, tensors: Iterable[str], input_shapes: Mapping[str, Sequence
     from trtq.calib.collect.derive import _constants
 
     wanted = set(tensors)
-    candidates = [n for n in model.graph.node if n.op_type == "Pad" and len(n.input) >= 1 and n.output
-                  and n.input[0] in wanted and n.output[0] in wanted and n.input[0] != n.output[0]]
+    candidates = [
+        n
+        for n in model.graph.node
+        if n.op_type == "Pad"
+        and len(n.input) >= 1
+        and n.output
+        and n.input[0] in wanted
+        and n.output[0] in wanted
+        and n.input[0] != n.output[0]
+    ]
     if not candidates:
         return {}
     from trtq.model import infer_shapes
@@ -106,8 +115,9 @@ def pad_links(model, tensors: Iterable[str], input_shapes: Mapping[str, Sequence
     return links
 
 
-def derive_pow2(links: Mapping[str, PadLink], maxima: dict, counts: dict, zeros: dict, exponents: dict,
-                strides: dict, samples: int) -> None:
+def derive_pow2(
+    links: Mapping[str, PadLink], maxima: dict, counts: dict, zeros: dict, exponents: dict, strides: dict, samples: int
+) -> None:
     """One-pass statistics (trtq.calib.collect.one_pass.Pow2Histograms' dicts, updated in place) of every
     linked output from its source's: same max and range, the padding zeros added to bin 0 at the
     source's per-sample stride, which the output is then recorded with too."""

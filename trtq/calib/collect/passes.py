@@ -12,6 +12,7 @@ Memory holds one batch of activations plus the histograms (bins x tensors x 8 by
 the model, the data and the options first) asks for and returns the :class:`Statistics`; the
 ranges are computed from them by trtq.calib.stats, and pipeline.calibrate writes the files.
 """
+
 import logging
 import threading
 import time
@@ -71,8 +72,9 @@ class Setup:
         return [t for t in self.tensors if t not in self.padded]
 
 
-_NUMPY_FALLBACK = ("histograms on the numpy fallback; reinstalling trtq where a C compiler is found makes this pass "
-                   "faster")
+_NUMPY_FALLBACK = (
+    "histograms on the numpy fallback; reinstalling trtq where a C compiler is found makes this pass faster"
+)
 
 
 class _Stream:
@@ -93,8 +95,17 @@ class _Stream:
             done_batches += 1
             done_samples += batch.valid
             if self.progress is not None:
-                self.progress(Progress(stage, index, self.stages, done_batches, self.batcher.num_batches,
-                                       done_samples, time.perf_counter() - t0))
+                self.progress(
+                    Progress(
+                        stage,
+                        index,
+                        self.stages,
+                        done_batches,
+                        self.batcher.num_batches,
+                        done_samples,
+                        time.perf_counter() - t0,
+                    )
+                )
         self.samples, self.batches = done_samples, done_batches
         if self.samples == 0:
             raise DataError("no samples were usable for calibration", "check the data folder and --skip-bad report")
@@ -139,19 +150,35 @@ def collect(run: Setup, progress: Optional[ProgressFn] = None, keep_batches: Opt
         maxima, counts, zeros, tops = _one_pass(run, stream, hist)
     else:
         maxima, counts, zeros = _passes(run, stream, links, keep_batches, keep_batches)
-    return Statistics(maxima, counts, zeros, tops, stream.samples, stream.batches, list(stream.collector.providers),
-                      _collection(run), time.perf_counter() - started)
+    return Statistics(
+        maxima,
+        counts,
+        zeros,
+        tops,
+        stream.samples,
+        stream.batches,
+        list(stream.collector.providers),
+        _collection(run),
+        time.perf_counter() - started,
+    )
 
 
 def _collection(run: Setup) -> dict:
     """How the statistics were gathered, for the provenance (the tensor selection is the caller's)."""
-    collection = {"mode": run.collect_mode, "tensor_groups": run.tensor_groups, "rows_per_call": run.rows_per_call,
-                  "fixed_batch_1": run.feed_mode,
-                  # zero-padded outputs whose statistics came from their inputs
-                  "padded_from_input": len(run.padded)}
+    collection = {
+        "mode": run.collect_mode,
+        "tensor_groups": run.tensor_groups,
+        "rows_per_call": run.rows_per_call,
+        "fixed_batch_1": run.feed_mode,
+        # zero-padded outputs whose statistics came from their inputs
+        "padded_from_input": len(run.padded),
+    }
     if run.one_pass:
-        collection["histograms"] = {"edges": "pow2", "hist_elements": run.opts.hist_elements,
-                                    "subsampled_tensors": run.subsampled}
+        collection["histograms"] = {
+            "edges": "pow2",
+            "hist_elements": run.opts.hist_elements,
+            "subsampled_tensors": run.subsampled,
+        }
     if run.need_hist:
         from trtq.calib.collect.kernels import implementation
 
@@ -163,22 +190,24 @@ def _collector(run: Setup, tensors: list[str]) -> Any:
     """ONNX Runtime over ``tensors``, in groups when one batch of them exceeds --max-memory."""
     from trtq.calib.collect.budgeted import GroupedCollector
 
-    collector = GroupedCollector(run.model, tensors, run.opts.providers, run.budget, dict(run.batcher.shapes),
-                                 slice_at=run.slice_at)
+    collector = GroupedCollector(
+        run.model, tensors, run.opts.providers, run.budget, dict(run.batcher.shapes), slice_at=run.slice_at
+    )
     run.tensor_groups = max(run.tensor_groups, len(collector.groups))
     if collector.rows_per_call < collector.batch:
         run.rows_per_call = min(run.rows_per_call or collector.batch, collector.rows_per_call)
     return collector
 
 
-def _passes(run: Setup, stream: _Stream, links: Any, write_batches: Optional[Path],
-            read_batches: Optional[Path]) -> tuple[dict[str, float], Any, Any]:
+def _passes(
+    run: Setup, stream: _Stream, links: Any, write_batches: Optional[Path], read_batches: Optional[Path]
+) -> tuple[dict[str, float], Any, Any]:
     """Pass 1 (maxima; skipped in pass 2 of a shard) and pass 2 (histograms, when needed):
     (maxima, counts or None, zeros or None)."""
+    from trtq.calib.collect.accumulators import AbsMaxAccumulator
     from trtq.calib.collect.derive import abs_max, derive_extremes
     from trtq.calib.collect.replay import ReplayedBatches
     from trtq.calib.collect.replay import _decodes_images as replay_worthwhile  # .npy inputs are memory-mapped
-    from trtq.calib.collect.accumulators import AbsMaxAccumulator
 
     with ReplayedBatches(run.batcher, enabled=run.need_hist and run.given is None) as replay:
         if run.given is None:
@@ -241,10 +270,15 @@ def _ingraph_collector(run: Setup, tensors: list[str]) -> Any:
     if why is None:
         try:
             collector = ingraph.InGraphCollector(
-                run.model, tensors, opts.num_bins, opts.providers,
+                run.model,
+                tensors,
+                opts.num_bins,
+                opts.providers,
                 free_batch=batch_dim_free(run.model, dict(run.batcher.shapes)),
-                hist_elements=opts.hist_elements if run.one_pass else 0, leading=run.leading,
-                one_sample=run.one_pass and one_sample_calls(run.model))
+                hist_elements=opts.hist_elements if run.one_pass else 0,
+                leading=run.leading,
+                one_sample=run.one_pass and one_sample_calls(run.model),
+            )
             run.collect_mode = "in-graph"
             return collector
         except ModelError as e:
@@ -274,16 +308,22 @@ def _one_pass(run: Setup, stream: _Stream, hist: Any) -> tuple[Any, Any, Any, An
         derive_pow2(run.padded, hist.maxima, hist.counts, hist.zeros, hist.exponents, hist.strides, stream.samples)
     run.subsampled = len(hist.strides)
     if opts.hist_elements:
-        log.info("%d of %d tensors histogrammed on a stride (at most %d elements per sample); %d whole",
-                 len(hist.strides), len(run.tensors), opts.hist_elements, len(run.tensors) - len(hist.strides))
+        log.info(
+            "%d of %d tensors histogrammed on a stride (at most %d elements per sample); %d whole",
+            len(hist.strides),
+            len(run.tensors),
+            opts.hist_elements,
+            len(run.tensors) - len(hist.strides),
+        )
     return hist.maxima, hist.counts, hist.zeros, hist.tops
 
 
-def _histogram_pass(run: Setup, stream: _Stream, maxima: dict[str, float], replay: Any,
-                    read_batches: Optional[Path]) -> tuple[Any, Any]:
+def _histogram_pass(
+    run: Setup, stream: _Stream, maxima: dict[str, float], replay: Any, read_batches: Optional[Path]
+) -> tuple[Any, Any]:
     """Pass 2: histograms over the fixed edges of ``maxima``; (counts, zeros)."""
-    from trtq.calib.collect.kernels import two_pass_kernel
     from trtq.calib.collect.accumulators import HistogramAccumulator
+    from trtq.calib.collect.kernels import two_pass_kernel
 
     if two_pass_kernel() is None:
         log.info(_NUMPY_FALLBACK)
@@ -309,7 +349,9 @@ def _histogram_pass(run: Setup, stream: _Stream, maxima: dict[str, float], repla
         log.warning(
             "%d tensor(s) had values above their first-pass max in the second pass (data not "
             "deterministic?): %s; they were counted in the last bin",
-            len(hist.exceeded), ", ".join(sorted(hist.exceeded)[:5]))
+            len(hist.exceeded),
+            ", ".join(sorted(hist.exceeded)[:5]),
+        )
     counts, zeros = hist.counts, hist.zeros  # copies
     if run.padded:
         from trtq.calib.collect.padded import derive_counts

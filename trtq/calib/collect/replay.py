@@ -7,6 +7,7 @@ from an unlinked temporary file costs almost nothing. Batches of ``.npy`` inputs
 mapped already, so they are not copied. When the batches would not fit the disk budget, or a write
 fails (disk full), the second pass simply iterates the batcher again.
 """
+
 import logging
 import shutil
 import tempfile
@@ -91,8 +92,9 @@ class ReplayedBatches:
         except OSError:
             return False
         if need > min(self.budget, free // 2):
-            log.info("decoded batches would take %.0f MiB of temporary disk; the second pass decodes again",
-                     need / 2**20)
+            log.info(
+                "decoded batches would take %.0f MiB of temporary disk; the second pass decodes again", need / 2**20
+            )
             return False
         return True
 
