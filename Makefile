@@ -2,8 +2,9 @@
 PYTHON ?= python3
 OUT ?= out/sample
 TRTQ = $(PYTHON) -m trtq
+SOURCES = trtq tests benchmarks scripts examples
 
-.PHONY: install test test-gpu demo demo-gpu bench lint clean
+.PHONY: install test test-gpu demo demo-gpu bench lint format clean
 
 install:
 	$(PYTHON) -m pip install -e ".[dev]"
@@ -31,8 +32,13 @@ bench:  ## CPU benchmarks (see benchmarks/README.md); GPU: benchmarks/bench_trt.
 	$(PYTHON) benchmarks/bench_calibrate.py
 	$(PYTHON) benchmarks/bench_accuracy.py
 
-lint:  ## ruff with the rules of pyproject.toml [tool.ruff] (in the dev extra)
-	$(PYTHON) -m ruff check trtq tests benchmarks
+lint:  ## ruff with the rules of pyproject.toml [tool.ruff] (in the dev extra), and its formatting
+	$(PYTHON) -m ruff check $(SOURCES)
+	$(PYTHON) -m ruff format --check $(SOURCES)
+
+format:  ## sort the imports and format the code as lint wants it
+	$(PYTHON) -m ruff check --select I --fix $(SOURCES)
+	$(PYTHON) -m ruff format $(SOURCES)
 
 clean:
 	rm -rf out .pytest_cache build *.egg-info

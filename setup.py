@@ -1,10 +1,15 @@
-"""The compiled kernels (trtq/calib/_native.c) and the in-graph statistics operator
-(trtq/calib/_ingraph.c), one library, are optional: without a C compiler the install goes on and
-trtq uses numba or numpy, and exposed outputs, instead (trtq.calib.native says which). Everything
-else is in pyproject.toml."""
+"""The compiled kernels (trtq/calib/collect/_kernels.c) and the in-graph statistics operator
+(trtq/calib/collect/_ingraph.c), one library, built on Linux (GCC or clang) and optional: without
+a C compiler, or on another system, the install goes on and trtq runs numpy and exposed outputs
+instead (trtq.calib.collect.compiled says which). TRTQ_STRICT_C=1 (CI) turns every warning into
+an error. Everything else is in pyproject.toml."""
+import os
+import sys
+
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("trtq.calib._native", ["trtq/calib/_native.c", "trtq/calib/_ingraph.c",
-                                                   "trtq/calib/_ingraph_fold.c"], optional=True,
-                             depends=["trtq/calib/_native.h", "trtq/calib/_ingraph.h"],
-                             extra_compile_args=["-O3"])])
+C = "trtq/calib/collect/"
+flags = ["-O3"] + (["-Wall", "-Wextra", "-Werror"] if os.environ.get("TRTQ_STRICT_C") == "1" else [])
+compiled = Extension("trtq.calib.collect._compiled", [C + "_kernels.c", C + "_ingraph.c", C + "_ingraph_fold.c"],
+                     optional=True, depends=[C + "_kernels.h", C + "_ingraph.h"], extra_compile_args=flags)
+setup(ext_modules=[compiled] if sys.platform.startswith("linux") else [])

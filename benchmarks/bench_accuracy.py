@@ -27,6 +27,7 @@ Evaluation, on data no model saw during calibration: the first --eval photos of 
 Per INT8 model: top-1 agreement with FP32 and the cosine of its logits to FP32's, and top-1
 correct on the 20 labelled images.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
 import models
-
 import numpy as np
 
 from trtq.fileio import atomic_path, atomic_write_text
@@ -80,13 +80,26 @@ def trtq_int8(method: str, model: Path, config: Path, n: int, out_dir: Path, reu
     qdq = out_dir / f"trtq-{method}.qdq.onnx"
     t0 = time.perf_counter()
     if not (reuse and cache.exists()):
-        result = run_trtq(["calibrate", "--config", str(config), "--method", method, "--batch-size", "8",
-                           "--limit", str(n), "-o", str(cache), "--no-progress"])
+        result = run_trtq(
+            [
+                "calibrate",
+                "--config",
+                str(config),
+                "--method",
+                method,
+                "--batch-size",
+                "8",
+                "--limit",
+                str(n),
+                "-o",
+                str(cache),
+                "--no-progress",
+            ]
+        )
         if result.get("samples") != n:
             raise SystemExit(f"trtq calibrate used {result.get('samples')} samples, expected {n}")
     if not (reuse and qdq.exists()):
-        run_trtq(["quantize", "--config", str(config), "--model", str(model), "--cache", str(cache),
-                  "-o", str(qdq)])
+        run_trtq(["quantize", "--config", str(config), "--model", str(model), "--cache", str(cache), "-o", str(qdq)])
     return qdq, time.perf_counter() - t0
 
 
@@ -102,28 +115,39 @@ VARIANTS = {
 
 
 def float_variant(n: int) -> tuple[str, tuple[str, list[str]]]:
-    return f"+gptq+bc+float{n}", (f"gptq-bc-float{n}", ["--weight-rounding", "gptq", "--bias-correction",
-                                                       "--float-layers", str(n)])
+    return f"+gptq+bc+float{n}", (
+        f"gptq-bc-float{n}",
+        ["--weight-rounding", "gptq", "--bias-correction", "--float-layers", str(n)],
+    )
 
 
-def trtq_variant(method: str, variant: tuple[str, list[str]], model: Path, config: Path, out_dir: Path,
-                 reuse: bool) -> tuple[Path, float]:
+def trtq_variant(
+    method: str, variant: tuple[str, list[str]], model: Path, config: Path, out_dir: Path, reuse: bool
+) -> tuple[Path, float]:
     """The method's cache quantized with extra quantize flags (wall time of that quantize)."""
     cache = out_dir / f"trtq-{method}.cache"
     qdq = out_dir / f"trtq-{method}-{variant[0]}.qdq.onnx"
     t0 = time.perf_counter()
     if not (reuse and qdq.exists()):
-        run_trtq(["quantize", "--config", str(config), "--model", str(model), "--cache", str(cache),
-                  "-o", str(qdq)] + variant[1])
+        run_trtq(
+            ["quantize", "--config", str(config), "--model", str(model), "--cache", str(cache), "-o", str(qdq)]
+            + variant[1]
+        )
     return qdq, time.perf_counter() - t0
 
 
-def ort_int8(model: Path, images: Path, n: int, out_dir: Path, reuse: bool,
-             symmetric: bool = False) -> tuple[Path, float]:
+def ort_int8(
+    model: Path, images: Path, n: int, out_dir: Path, reuse: bool, symmetric: bool = False
+) -> tuple[Path, float]:
     """ONNX Runtime's static QDQ quantization on the same calibration batches: stock settings, or
     with symmetric int8 activations (``symmetric``), the only activation format TensorRT runs."""
-    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
-                                          quantize_static)
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     dest = out_dir / f"{ORT_SYMMETRIC if symmetric else ORT_STOCK}.qdq.onnx"
     t0 = time.perf_counter()
@@ -142,8 +166,15 @@ def ort_int8(model: Path, images: Path, n: int, out_dir: Path, reuse: bool,
 
     with atomic_path(dest) as tmp:
         extra = dict(activation_type=QuantType.QInt8, extra_options={"ActivationSymmetric": True}) if symmetric else {}
-        quantize_static(str(model), str(tmp), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                        calibrate_method=CalibrationMethod.MinMax, **extra)
+        quantize_static(
+            str(model),
+            str(tmp),
+            Reader(),
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            calibrate_method=CalibrationMethod.MinMax,
+            **extra,
+        )
     return dest, time.perf_counter() - t0
 
 
@@ -156,7 +187,7 @@ def ort_version() -> str:
 def logits(model: Path, x: np.ndarray, batch: int = 32) -> np.ndarray:
     sess = models.ort_session(model, basic=True)  # Q/DQ semantics (an FP32 model: the same up to rounding)
     name = sess.get_inputs()[0].name
-    return np.concatenate([sess.run(None, {name: x[i:i + batch]})[0] for i in range(0, len(x), batch)])
+    return np.concatenate([sess.run(None, {name: x[i : i + batch]})[0] for i in range(0, len(x), batch)])
 
 
 def score(name: str, ref: np.ndarray, got: np.ndarray, labels: np.ndarray, seconds=None) -> Scores:
@@ -170,17 +201,27 @@ def score(name: str, ref: np.ndarray, got: np.ndarray, labels: np.ndarray, secon
         cosine_min=float(cos.min()),
         labelled_correct=int((got[-k:].argmax(1) == labels).sum()),
         labelled_total=k,
-        sqnr_db=float(10 * np.log10((ref.astype(np.float64) ** 2).sum()
-                                    / max(((ref - got).astype(np.float64) ** 2).sum(), 1e-300))),
+        sqnr_db=float(
+            10
+            * np.log10((ref.astype(np.float64) ** 2).sum() / max(((ref - got).astype(np.float64) ** 2).sum(), 1e-300))
+        ),
         seconds=seconds,
     )
 
 
 def report(rows: list[Scores], n_eval: int) -> str:
-    table = [[r.model, f"{r.agreement:.3f}", f"{r.sqnr_db:.1f}" if r.sqnr_db < 200 else "inf",
-              f"{r.cosine_mean:.4f}", f"{r.cosine_min:.4f}",
-              f"{r.labelled_correct}/{r.labelled_total}", f"{r.seconds:.0f}" if r.seconds else "-"]
-             for r in rows]
+    table = [
+        [
+            r.model,
+            f"{r.agreement:.3f}",
+            f"{r.sqnr_db:.1f}" if r.sqnr_db < 200 else "inf",
+            f"{r.cosine_mean:.4f}",
+            f"{r.cosine_min:.4f}",
+            f"{r.labelled_correct}/{r.labelled_total}",
+            f"{r.seconds:.0f}" if r.seconds else "-",
+        ]
+        for r in rows
+    ]
     headers = ["model", f"top-1 agree ({n_eval})", "SQNR dB", "cos mean", "cos min", "labelled top-1", "calib+quant s"]
     return common.format_table(headers, table)
 
@@ -195,12 +236,16 @@ def goals(rows: list[Scores]) -> list[str]:
         ref = f"; stock ORT MinMax {ort.agreement:.3f}" if ort else ""
         sym = next((r for r in rows if r.model == ORT_SYMMETRIC), None)
         ref += f", ORT MinMax with TensorRT's symmetric int8 activations {sym.agreement:.3f}" if sym else ""
-        lines.append(f"[{common.verdict(best.agreement >= GOAL_AGREEMENT)}] best trtq method ({best.model}) "
-                     f"top-1 agreement >= {GOAL_AGREEMENT}: {best.agreement:.3f}{ref} "
-                     f"(issue's reference for stock ORT: about {ORT_REFERENCE_AGREEMENT})")
-        lines.append(f"[{common.verdict(best.labelled_correct >= fp32.labelled_correct)}] no loss on the labelled "
-                     f"images ({best.model}): {best.labelled_correct}/{best.labelled_total} vs FP32 "
-                     f"{fp32.labelled_correct}/{fp32.labelled_total}")
+        lines.append(
+            f"[{common.verdict(best.agreement >= GOAL_AGREEMENT)}] best trtq method ({best.model}) "
+            f"top-1 agreement >= {GOAL_AGREEMENT}: {best.agreement:.3f}{ref} "
+            f"(issue's reference for stock ORT: about {ORT_REFERENCE_AGREEMENT})"
+        )
+        lines.append(
+            f"[{common.verdict(best.labelled_correct >= fp32.labelled_correct)}] no loss on the labelled "
+            f"images ({best.model}): {best.labelled_correct}/{best.labelled_total} vs FP32 "
+            f"{fp32.labelled_correct}/{fp32.labelled_total}"
+        )
     return lines
 
 
@@ -211,19 +256,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval", type=int, default=500, help="evaluation photos (default 500) + 20 labelled")
     ap.add_argument("--methods", default=",".join(METHODS), help="trtq methods (default all four)")
     ap.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime's quantize_static")
-    ap.add_argument("--no-bias-correction", action="store_true",
-                    help="skip the trtq-METHOD+bc rows (quantize --bias-correction)")
-    ap.add_argument("--no-gptq", action="store_true",
-                    help="skip the trtq-METHOD+gptq+bc rows (quantize --weight-rounding gptq --bias-correction)")
-    ap.add_argument("--no-centring", action="store_true",
-                    help="skip the trtq-METHOD+c* rows (quantize --center-activations)")
-    ap.add_argument("--float-layers", type=int, default=1,
-                    help="also quantize the best method's cache (mse) with gptq, bias correction and "
-                         "--float-layers N (default 1; 0: no such row)")
+    ap.add_argument(
+        "--no-bias-correction", action="store_true", help="skip the trtq-METHOD+bc rows (quantize --bias-correction)"
+    )
+    ap.add_argument(
+        "--no-gptq",
+        action="store_true",
+        help="skip the trtq-METHOD+gptq+bc rows (quantize --weight-rounding gptq --bias-correction)",
+    )
+    ap.add_argument(
+        "--no-centring", action="store_true", help="skip the trtq-METHOD+c* rows (quantize --center-activations)"
+    )
+    ap.add_argument(
+        "--float-layers",
+        type=int,
+        default=1,
+        help="also quantize the best method's cache (mse) with gptq, bias correction and "
+        "--float-layers N (default 1; 0: no such row)",
+    )
     ap.add_argument("--reuse", action="store_true", help="reuse caches / Q/DQ models already in the work folder")
     ap.add_argument("--seed", type=int, default=0, help="photo set seed")
-    ap.add_argument("--export", choices=sorted(models.EXPORTS), default="torchscript",
-                    help="which ONNX export of EfficientNet-Lite0 (models.py; default torchscript)")
+    ap.add_argument(
+        "--export",
+        choices=sorted(models.EXPORTS),
+        default="torchscript",
+        help="which ONNX export of EfficientNet-Lite0 (models.py; default torchscript)",
+    )
     args = ap.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if any(m not in METHODS for m in methods):
@@ -238,9 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     config = common.write_run_config(out_dir / "run.yaml", model, calib)
     samples = common.imagenet_samples()
     labels = np.array([label for _, label in samples])
-    print(f"model {model.name}; calibration: first {args.calib} photos of {calib}; evaluation: first "
-          f"{args.eval} photos of {evals} + {len(samples)} labelled ImageNet images (foolbox); runtime: ONNX "
-          f"Runtime {ort_version()} CPU, Q/DQ semantics (basic graph optimizations)", flush=True)
+    print(
+        f"model {model.name}; calibration: first {args.calib} photos of {calib}; evaluation: first "
+        f"{args.eval} photos of {evals} + {len(samples)} labelled ImageNet images (foolbox); runtime: ONNX "
+        f"Runtime {ort_version()} CPU, Q/DQ semantics (basic graph optimizations)",
+        flush=True,
+    )
 
     int8: dict[str, tuple] = {}
     for m in methods:
@@ -266,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {ORT_SYMMETRIC}: {int8[ORT_SYMMETRIC][1]:.0f} s", file=sys.stderr, flush=True)
 
     _, pre = common.model_preprocess()
-    eval_paths = common.list_images(evals)[:args.eval] + [p for p, _ in samples]
+    eval_paths = common.list_images(evals)[: args.eval] + [p for p, _ in samples]
     x = np.concatenate(list(common.prefetched_batches(eval_paths, pre, 64)))
     ref = logits(model, x)
     rows = [score("fp32", ref, ref, labels)]
@@ -278,8 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for line in goals(rows):
         print(line)
-    atomic_write_text(work / "bench_accuracy.json", json.dumps(
-        {"calib": args.calib, "eval": len(x), "rows": [asdict(r) for r in rows]}, indent=1))
+    atomic_write_text(
+        work / "bench_accuracy.json",
+        json.dumps({"calib": args.calib, "eval": len(x), "rows": [asdict(r) for r in rows]}, indent=1),
+    )
     return 0
 
 

@@ -17,7 +17,7 @@ and the table prints wall time and peak RSS next to the goals of issue 13: calib
 bytes, printed). Start-up and imports are inside every case alike; trtq's modules are byte-compiled
 first, as an install leaves them.
 
-``--numba`` adds ``numba-mse`` (``TRTQ_NO_NATIVE=1``: the numba kernels instead of the compiled
+``--numpy`` adds ``numpy-mse`` (``TRTQ_NO_NATIVE=1``: the numpy kernels instead of the compiled
 ones, same caches). ``--outputs`` adds ``outputs-METHOD`` (``--collect outputs``: every activation
 exposed as an ONNX Runtime output and histogrammed after the call, the collection before the
 in-graph statistics; same caches) before each method's run.
@@ -33,6 +33,7 @@ batches after its probe, and ``trtq-mse-b1`` forced to one sample per call with 
 (trtq.calib.stats.mse_amax / entropy_amax) next to the all-tensor search (compute_all), on the
 histograms the mse case saved.
 """
+
 import argparse
 import os
 import sys
@@ -56,9 +57,11 @@ def rapidocr_models() -> list[tuple[str, Path, tuple[int, int, int]]]:
     if spec is None or not spec.submodule_search_locations:
         return []
     folder = Path(next(iter(spec.submodule_search_locations))) / "models"
-    wanted = [("pp-ocrv4-det", "ch_PP-OCRv4_det_infer.onnx", (3, 320, 320)),
-              ("pp-ocrv4-rec", "ch_PP-OCRv4_rec_infer.onnx", (3, 48, 320)),
-              ("pp-ocr-cls", "ch_ppocr_mobile_v2.0_cls_infer.onnx", (3, 48, 192))]
+    wanted = [
+        ("pp-ocrv4-det", "ch_PP-OCRv4_det_infer.onnx", (3, 320, 320)),
+        ("pp-ocrv4-rec", "ch_PP-OCRv4_rec_infer.onnx", (3, 48, 320)),
+        ("pp-ocr-cls", "ch_ppocr_mobile_v2.0_cls_infer.onnx", (3, 48, 192)),
+    ]
     return [(name, folder / f, shape) for name, f, shape in wanted if (folder / f).exists()]
 
 
@@ -112,18 +115,18 @@ def batch1_model(model: Path, shape: tuple[int, int, int], out: Path) -> Path:
 
 _SEARCH = r"""
 import sys, time, numpy as np
-from trtq.calib import stats as S
+from trtq.calib import methods as M, stats as S
 st = S.load_stats(sys.argv[1])
 names = [n for n in st.maxima if st.maxima[n] > 0 and st.counts[n].sum() > 0]
 mx = {n: st.maxima[n] for n in names}
-S.compute_all("mse", dict(list(mx.items())[:2]), st.counts)  # numba compile / cache load
+M.compute_all("mse", dict(list(mx.items())[:2]), st.counts)  # warm up: the kernels' library loaded
 for rep in range(3):
     row = []
     for method in ("mse", "entropy"):
         t0 = time.perf_counter()
-        ref = {n: S.compute_amax(method, st.counts[n], mx[n], zeros=st.zeros.get(n, 0)) for n in names}
+        ref = {n: M.compute_amax(method, st.counts[n], mx[n], zeros=st.zeros.get(n, 0)) for n in names}
         t1 = time.perf_counter()
-        new = S.compute_all(method, mx, st.counts, zeros=st.zeros)
+        new = M.compute_all(method, mx, st.counts, zeros=st.zeros)
         t2 = time.perf_counter()
         row.append(f"{method} {(t1 - t0) / len(names) * 1e3:.2f} -> {(t2 - t1) / len(names) * 1e3:.3f} ms/tensor"
                    f" (same amax: {ref == new})")
@@ -149,10 +152,14 @@ def interleaved(jobs, a: argparse.Namespace) -> list["common.Measured"]:
                 failed[i] = m
             else:
                 runs[i].append(m)
-    return [failed[i] if i in failed else
-            dataclasses.replace(r[0], seconds=statistics.median(x.seconds for x in r),
-                                peak_rss=max(x.peak_rss for x in r))
-            for i, r in enumerate(runs)]
+    return [
+        failed[i]
+        if i in failed
+        else dataclasses.replace(
+            r[0], seconds=statistics.median(x.seconds for x in r), peak_rss=max(x.peak_rss for x in r)
+        )
+        for i, r in enumerate(runs)
+    ]
 
 
 def tensor_count(model: Path) -> int:
@@ -171,8 +178,11 @@ def _row(name, n_tensors, case, m, base, timeout, rss_goal=None, judge=False):
         failed = not (ratio <= 3.0 and m.peak_rss / 2**20 <= rss_goal)
         verdict = f"{'FAIL' if failed else 'PASS'} (<= 3x wall, <= {rss_goal:.0f} MB)"
     goal = f"{rss_goal:11.0f}" if rss_goal else f"{'':>11s}"
-    print(f"{name:20s} {n_tensors:7s} {case:16s} {m.seconds:7.1f} {ratio:8.2f} {m.peak_rss / 2**20:8.0f} "
-          f"{goal}  {verdict}", flush=True)
+    print(
+        f"{name:20s} {n_tensors:7s} {case:16s} {m.seconds:7.1f} {ratio:8.2f} {m.peak_rss / 2**20:8.0f} "
+        f"{goal}  {verdict}",
+        flush=True,
+    )
     return failed
 
 
@@ -190,8 +200,22 @@ def _cases(a: argparse.Namespace) -> list[tuple[str, Path, tuple[int, int, int],
 
 
 def _trtq(model, data, method, batch, out, extra=(), python=sys.executable):
-    cmd = [python, "-m", "trtq", "calibrate", "--model", str(model), "--data", str(data),
-           "--method", method, "-o", str(out), "-q", *extra]
+    cmd = [
+        python,
+        "-m",
+        "trtq",
+        "calibrate",
+        "--model",
+        str(model),
+        "--data",
+        str(data),
+        "--method",
+        method,
+        "-o",
+        str(out),
+        "-q",
+        *extra,
+    ]
     return cmd + (["--batch-size", str(batch)] if batch != 1 else [])
 
 
@@ -213,21 +237,34 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--methods", default="mse,entropy,max")
     ap.add_argument("--timeout", type=float, default=900)
-    ap.add_argument("--repeats", type=int, default=1,
-                    help="run every case this many times: median wall, largest peak RSS")
+    ap.add_argument(
+        "--repeats", type=int, default=1, help="run every case this many times: median wall, largest peak RSS"
+    )
     ap.add_argument("--only", help="run the models whose name contains this")
     ap.add_argument("--max-memory", help="also run mse with this --max-memory (e.g. 128M)")
     ap.add_argument("--batch1", action="store_true", help="also PP-OCR cls with a fixed batch of 1")
     ap.add_argument("--search", action="store_true", help="time the range search alone, old vs new")
     ap.add_argument("--main-python", help="also run mse with this Python's trtq (e.g. main's venv), side by side")
-    ap.add_argument("--numba", action="store_true",
-                    help="also run mse on numba's kernels, not the compiled ones (TRTQ_NO_NATIVE=1), side by side")
-    ap.add_argument("--outputs", action="store_true",
-                    help="also run each method with --collect outputs (activations exposed as outputs), side by side")
-    ap.add_argument("--qdq", action="store_true",
-                    help="also run mse with --tensors qdq (only the activations quantize places Q/DQ on)")
-    ap.add_argument("--hist-all", action="store_true",
-                    help="also run mse with --hist-elements 0 (one pass, every element histogrammed)")
+    ap.add_argument(
+        "--numpy",
+        action="store_true",
+        help="also run mse on numpy's kernels, not the compiled ones (TRTQ_NO_NATIVE=1), side by side",
+    )
+    ap.add_argument(
+        "--outputs",
+        action="store_true",
+        help="also run each method with --collect outputs (activations exposed as outputs), side by side",
+    )
+    ap.add_argument(
+        "--qdq",
+        action="store_true",
+        help="also run mse with --tensors qdq (only the activations quantize places Q/DQ on)",
+    )
+    ap.add_argument(
+        "--hist-all",
+        action="store_true",
+        help="also run mse with --hist-elements 0 (one pass, every element histogrammed)",
+    )
     a = ap.parse_args(argv)
     a.work = a.work.resolve()  # main-mse runs in main's checkout
     a.work.mkdir(parents=True, exist_ok=True)
@@ -237,8 +274,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 1
     for python in {sys.executable, a.main_python or sys.executable}:
         _byte_compiled(python)
-    print(f"{'model':20s} {'tensors':>7s} {'case':16s} {'wall s':>7s} {'x infer':>8s} {'peak MB':>8s} "
-          f"{'RSS goal MB':>11s}  goal")
+    print(
+        f"{'model':20s} {'tensors':>7s} {'case':16s} {'wall s':>7s} {'x infer':>8s} {'peak MB':>8s} "
+        f"{'RSS goal MB':>11s}  goal"
+    )
     worst = 0
     for name, model, shape, batch in cases:
         # 12 MB a sample at 1024 x 1024: at most YOLO_SAMPLES of them (the .npy is loaded whole)
@@ -248,8 +287,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         runs = [("trtq-" + m, m, batch, ()) for m in a.methods.split(",")]
         if a.main_python:
             runs.insert(0, ("main-mse", "mse", batch, ()))
-        if a.numba:
-            runs.insert(0, ("numba-mse", "mse", batch, ()))
+        if a.numpy:
+            runs.insert(0, ("numpy-mse", "mse", batch, ()))
         if a.outputs:  # each method's exposed-outputs run just before its default (in-graph) one
             for i, m in reversed(list(enumerate(a.methods.split(",")))):
                 runs.insert(i, (f"outputs-{m}", m, batch, ("--collect", "outputs")))
@@ -267,9 +306,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             if case == "trtq-mse" and a.search:  # writing the statistics is not part of calibrating
                 extra = ("--save-stats", str(a.work / f"{name}.npz"))
             python = a.main_python if case == "main-mse" else sys.executable
-            env = dict(os.environ, TRTQ_NO_NATIVE="1") if case == "numba-mse" else None
-            jobs.append((_trtq(model, data, method, b, out, extra, python),
-                         Path(a.main_python).parents[2] if case == "main-mse" else None, env))
+            env = dict(os.environ, TRTQ_NO_NATIVE="1") if case == "numpy-mse" else None
+            jobs.append(
+                (
+                    _trtq(model, data, method, b, out, extra, python),
+                    Path(a.main_python).parents[2] if case == "main-mse" else None,
+                    env,
+                )
+            )
         base, *measured = interleaved(jobs, a)
         _row(name, str(n_tensors), "inference", base, base, a.timeout)
         rss_goal = 1.5 * base.peak_rss / 2**20 + n_tensors * BINS * 8 / 2**20

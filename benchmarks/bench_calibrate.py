@@ -18,6 +18,7 @@ in memory and do not fit 1024 images here, which is reported as "killed (> N GB)
 The ONNX Runtime cases decode with this folder's own preprocessor (common.preprocess_image, same
 config), two threads ahead of the model like trtq's loader, so they do not wait on JPEG decoding.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,12 @@ ORT_CASES = ("fp32", "ort-minmax", "ort-entropy", "ort-percentile")
 TRTQ_METHODS = ("max", "entropy", "percentile", "mse")
 TRTQ_CASES = tuple(f"trtq-{m}" for m in TRTQ_METHODS)
 ALL_CASES = ORT_CASES + TRTQ_CASES
-REFERENCE = {"trtq-max": "ort-minmax", "trtq-entropy": "ort-entropy",
-             "trtq-percentile": "ort-entropy", "trtq-mse": "ort-entropy"}
+REFERENCE = {
+    "trtq-max": "ort-minmax",
+    "trtq-entropy": "ort-entropy",
+    "trtq-percentile": "ort-entropy",
+    "trtq-mse": "ort-entropy",
+}
 
 # goals from the issue
 RSS_LIMIT = 1.5 * common.GIB
@@ -70,6 +75,7 @@ def run_ort_case(case: str, model: Path, images: Path, limit: int, batch_size: i
         for batch in common.prefetched_batches(paths, pre, batch_size):
             sess.run(None, {input_name: batch})
     else:
+
         class Reader(CalibrationDataReader):
             def __init__(self):
                 self._it = common.prefetched_batches(paths, pre, batch_size)
@@ -78,10 +84,15 @@ def run_ort_case(case: str, model: Path, images: Path, limit: int, batch_size: i
                 batch = next(self._it, None)
                 return None if batch is None else {input_name: batch}
 
-        method = {"ort-minmax": CalibrationMethod.MinMax, "ort-entropy": CalibrationMethod.Entropy,
-                  "ort-percentile": CalibrationMethod.Percentile}[case]
+        method = {
+            "ort-minmax": CalibrationMethod.MinMax,
+            "ort-entropy": CalibrationMethod.Entropy,
+            "ort-percentile": CalibrationMethod.Percentile,
+        }[case]
         calibrator = create_calibrator(
-            str(model), augmented_model_path=str(out.with_suffix(".augmented.onnx")), calibrate_method=method,
+            str(model),
+            augmented_model_path=str(out.with_suffix(".augmented.onnx")),
+            calibrate_method=method,
         )
         calibrator.collect_data(Reader())
         ranges = calibrator.compute_data()
@@ -143,11 +154,41 @@ def read_trt_cache_amax(path: Path) -> dict[str, float]:
 
 def case_command(case: str, model: Path, config: Path, images: Path, n: int, batch: int, out: Path) -> list[str]:
     if case in ORT_CASES:
-        return [sys.executable, str(Path(__file__).resolve()), "--worker", case, "--model", str(model),
-                "--images", str(images), "--limit", str(n), "--batch-size", str(batch), "--out", str(out)]
-    method = case[len("trtq-"):]
-    return [sys.executable, "-m", "trtq", "calibrate", "--config", str(config), "--method", method,
-            "--batch-size", str(batch), "--limit", str(n), "-o", str(out), "--json", "--no-progress"]
+        return [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            case,
+            "--model",
+            str(model),
+            "--images",
+            str(images),
+            "--limit",
+            str(n),
+            "--batch-size",
+            str(batch),
+            "--out",
+            str(out),
+        ]
+    method = case[len("trtq-") :]
+    return [
+        sys.executable,
+        "-m",
+        "trtq",
+        "calibrate",
+        "--config",
+        str(config),
+        "--method",
+        method,
+        "--batch-size",
+        str(batch),
+        "--limit",
+        str(n),
+        "-o",
+        str(out),
+        "--json",
+        "--no-progress",
+    ]
 
 
 def run_case(case: str, n: int, args, model: Path, config: Path, images: Path) -> CaseRow:
@@ -161,8 +202,15 @@ def run_case(case: str, n: int, args, model: Path, config: Path, images: Path) -
     cap = int(args.mem_cap_gb * common.GIB)
     runs = []
     for _ in range(max(1, args.repeat)):
-        runs.append(common.run_measured(case_command(case, model, config, images, n, args.batch_size, out),
-                                        timeout=args.timeout, mem_cap=cap, env=env, cwd=common.REPO))
+        runs.append(
+            common.run_measured(
+                case_command(case, model, config, images, n, args.batch_size, out),
+                timeout=args.timeout,
+                mem_cap=cap,
+                env=env,
+                cwd=common.REPO,
+            )
+        )
         if runs[-1].status != "ok":
             break
     m = min(runs, key=lambda r: (r.status != "ok", r.seconds))  # fastest clean run; RSS barely varies
@@ -190,19 +238,34 @@ def report(rows: list[CaseRow], sizes: list[int]) -> str:
             if r.detail:
                 notes.append(f"{r.case} {n}: {r.detail}")
             more = ">" if r.stopped else ""  # a stopped case would have needed more
-            table.append([
-                r.case, n, r.status + (" *" if r.detail else ""),
-                f"{more}{r.seconds:.1f}" if r.ok or r.stopped else "-",
-                f"{'<' if more else ''}{n / r.seconds:.1f}" if r.ok or r.stopped else "-",
-                f"{more}{r.cpu_seconds:.0f}" if r.cpu_seconds is not None else "-",
-                f"{more}{r.peak_rss / common.MIB:.0f}" if r.peak_rss else "-",
-                compare(r, floor, "seconds")[0],
-                ref_name or "",
-                compare(r, ref, "seconds")[0],
-                compare(r, ref, "peak_rss")[0],
-            ])
-    headers = ["case", "images", "status", "wall s", "img/s", "CPU s", "peak RSS MiB", "x floor",
-               "reference", "time x ref", "RSS x ref"]
+            table.append(
+                [
+                    r.case,
+                    n,
+                    r.status + (" *" if r.detail else ""),
+                    f"{more}{r.seconds:.1f}" if r.ok or r.stopped else "-",
+                    f"{'<' if more else ''}{n / r.seconds:.1f}" if r.ok or r.stopped else "-",
+                    f"{more}{r.cpu_seconds:.0f}" if r.cpu_seconds is not None else "-",
+                    f"{more}{r.peak_rss / common.MIB:.0f}" if r.peak_rss else "-",
+                    compare(r, floor, "seconds")[0],
+                    ref_name or "",
+                    compare(r, ref, "seconds")[0],
+                    compare(r, ref, "peak_rss")[0],
+                ]
+            )
+    headers = [
+        "case",
+        "images",
+        "status",
+        "wall s",
+        "img/s",
+        "CPU s",
+        "peak RSS MiB",
+        "x floor",
+        "reference",
+        "time x ref",
+        "RSS x ref",
+    ]
     return "\n".join([common.format_table(headers, table)] + ["* " + n for n in notes])
 
 
@@ -219,12 +282,19 @@ def goals(rows: list[CaseRow], sizes: list[int]) -> list[str]:
         if big is None:
             continue
         ok = big.ok and big.peak_rss <= RSS_LIMIT
-        line(ok, f"{case} peak RSS <= {RSS_LIMIT / common.GIB:.1f} GiB at {hi} images",
-             f"{big.peak_rss / common.MIB:.0f} MiB ({big.status})")
+        line(
+            ok,
+            f"{case} peak RSS <= {RSS_LIMIT / common.GIB:.1f} GiB at {hi} images",
+            f"{big.peak_rss / common.MIB:.0f} MiB ({big.status})",
+        )
         if small is not None and small is not big and small.ok and big.ok:
             growth = big.peak_rss / small.peak_rss
-            line(growth <= RSS_GROWTH, f"{case} RSS at {hi} within +{(RSS_GROWTH - 1) * 100:.0f}% of {lo}",
-                 f"{(growth - 1) * 100:+.1f}%")
+            line(
+                growth <= RSS_GROWTH,
+                f"{case} RSS at {hi} within +{(RSS_GROWTH - 1) * 100:.0f}% of {lo}",
+                f"{(growth - 1) * 100:+.1f}%",
+            )
+
     def versus(case: str, ref_case: str, n: int, target: float) -> None:
         t, ref = by.get((case, n)), by.get((ref_case, n))
         if t is None or ref is None:
@@ -234,8 +304,10 @@ def goals(rows: list[CaseRow], sizes: list[int]) -> list[str]:
         if fit is not None and t.ok and not ref.ok:
             seconds, m = fit
             ratio, exact = t.seconds / seconds, True
-            text = (f"{ratio:.2f}x of {seconds:.0f} s, ORT's time at {m} images scaled to {n} "
-                    f"(it {ref.status} at {n} after {ref.seconds:.0f} s)")
+            text = (
+                f"{ratio:.2f}x of {seconds:.0f} s, ORT's time at {m} images scaled to {n} "
+                f"(it {ref.status} at {n} after {ref.seconds:.0f} s)"
+            )
         if ratio is None:
             ok, text = None, f"trtq {t.status}, ORT {ref.status}"
         elif exact:
@@ -256,8 +328,12 @@ def goals(rows: list[CaseRow], sizes: list[int]) -> list[str]:
         if orts and trtqs:
             ort_failed = [r for r in orts if not r.ok]
             ok = all(r.ok for r in trtqs) and bool(ort_failed)
-            got = ("trtq: " + ", ".join(f"{r.case} {r.status}" for r in trtqs) + "; ORT: "
-                   + ", ".join(f"{r.case} {r.status}" for r in orts))
+            got = (
+                "trtq: "
+                + ", ".join(f"{r.case} {r.status}" for r in trtqs)
+                + "; ORT: "
+                + ", ".join(f"{r.case} {r.status}" for r in orts)
+            )
             line(ok, f"histogram methods finish {hi} images where ORT cannot", got)
     return lines
 
@@ -312,9 +388,13 @@ def parse_args(argv):
     ap.add_argument("--mem-cap-gb", type=float, default=20.0, help="address-space cap per case (default 20)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per case; the fastest is reported (default 1)")
     ap.add_argument("--seed", type=int, default=0, help="photo set seed")
-    ap.add_argument("--fit-size", type=int, default=128,
-                    help="when ORT Entropy/Percentile die at the smallest size, also run them (and trtq) at "
-                         "this many images and scale ORT's time linearly (default 128; 0: off)")
+    ap.add_argument(
+        "--fit-size",
+        type=int,
+        default=128,
+        help="when ORT Entropy/Percentile die at the smallest size, also run them (and trtq) at "
+        "this many images and scale ORT's time linearly (default 128; 0: off)",
+    )
     ap.add_argument("--report-only", action="store_true", help="print the tables of the last run again (its JSON)")
     # internal: run one ONNX Runtime case in this process
     ap.add_argument("--worker", choices=ORT_CASES, help=argparse.SUPPRESS)
@@ -347,30 +427,44 @@ def main(argv: list[str] | None = None) -> int:
     images = common.photo_set(work, "calibration", max(sizes), args.seed)
     config = common.write_run_config(work / "calibrate" / "run.yaml", model, images)
 
-    print(f"model {model.name}, {max(sizes)} calibration photos in {images}, batch {args.batch_size}, "
-          f"{os.cpu_count()} CPUs, cap {args.mem_cap_gb:g} GB / {args.timeout:.0f} s per case, "
-          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"model {model.name}, {max(sizes)} calibration photos in {images}, batch {args.batch_size}, "
+        f"{os.cpu_count()} CPUs, cap {args.mem_cap_gb:g} GB / {args.timeout:.0f} s per case, "
+        f"load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     rows: list[CaseRow] = []
     for n in sizes:
         for case in cases:
             row = run_case(case, n, args, model, config, images)
             rows.append(row)
             rss = f"{row.peak_rss / common.MIB:.0f} MiB" if row.peak_rss else "-"
-            print(f"  {case:16s} {n:5d} images  {row.status:18s} {row.seconds:7.1f} s  "
-                  f"CPU {row.cpu_seconds:7.1f} s  {rss}", file=sys.stderr, flush=True)
+            print(
+                f"  {case:16s} {n:5d} images  {row.status:18s} {row.seconds:7.1f} s  "
+                f"CPU {row.cpu_seconds:7.1f} s  {rss}",
+                file=sys.stderr,
+                flush=True,
+            )
     lo = min(sizes)
     hist_refs = [c for c in ("ort-entropy", "ort-percentile") if c in cases]
-    if args.fit_size and 0 < args.fit_size < lo and any(
-            not r.ok for r in rows if r.case in hist_refs and r.images == lo):
+    if (
+        args.fit_size
+        and 0 < args.fit_size < lo
+        and any(not r.ok for r in rows if r.case in hist_refs and r.images == lo)
+    ):
         for case in [c for c in cases if c in hist_refs or c in TRTQ_CASES or c == "fp32"]:
             row = run_case(case, args.fit_size, args, model, config, images)
             rows.append(row)
-            print(f"  {case:16s} {args.fit_size:5d} images  {row.status:18s} {row.seconds:7.1f} s  (fit)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  {case:16s} {args.fit_size:5d} images  {row.status:18s} {row.seconds:7.1f} s  (fit)",
+                file=sys.stderr,
+                flush=True,
+            )
     print(f"\nload average at the end {os.getloadavg()[0]:.2f} (other work on the machine skews wall times)")
     print_results(rows, sizes, work)
-    atomic_write_text(work / "bench_calibrate.json",
-                      json.dumps({"sizes": sizes, "rows": [asdict(r) for r in rows]}, indent=1))
+    atomic_write_text(
+        work / "bench_calibrate.json", json.dumps({"sizes": sizes, "rows": [asdict(r) for r in rows]}, indent=1)
+    )
     return 0
 
 

@@ -10,6 +10,7 @@
 
 Goals: Batcher >= 1.8x the plain loop; peak RSS for 10k within +10 % of 1k.
 """
+
 import argparse
 import json
 import os
@@ -47,8 +48,9 @@ PREPROCESS = PreprocessOptions(
 def batcher_for(folder: Path, batch_size: int, workers=None):
     from trtq.data.batcher import Batcher
 
-    opts = DataOptions(inputs={"x": InputSource(images=str(folder), preprocess=PREPROCESS)},
-                       batch_size=batch_size, workers=workers)
+    opts = DataOptions(
+        inputs={"x": InputSource(images=str(folder), preprocess=PREPROCESS)}, batch_size=batch_size, workers=workers
+    )
     return Batcher(opts, [SPEC])
 
 
@@ -69,7 +71,7 @@ def plain_sample(path: Path) -> np.ndarray:
 
 def plain_batches(paths: list[Path], batch_size: int):
     for start in range(0, len(paths), batch_size):
-        chunk = paths[start:start + batch_size]
+        chunk = paths[start : start + batch_size]
         rows = [plain_sample(p) for p in chunk]
         rows += [rows[-1]] * (batch_size - len(rows))
         yield np.stack(rows)
@@ -126,7 +128,7 @@ def throughput(folder: Path, batch_size: int, repeats: int, max_wait: float) -> 
     warm_page_cache(paths)
     batcher = batcher_for(folder, batch_size)
     # same work: identical bytes on the first batches
-    for (a, b) in zip(plain_batches(paths[: 2 * batch_size], batch_size), batcher):
+    for a, b in zip(plain_batches(paths[: 2 * batch_size], batch_size), batcher):
         if not np.array_equal(a, b.arrays["x"]):
             raise SystemExit("plain loop and Batcher disagree: the comparison would be unfair")
     runs = {
@@ -135,7 +137,7 @@ def throughput(folder: Path, batch_size: int, repeats: int, max_wait: float) -> 
     }
     results: dict[str, list[tuple[float, float, float]]] = {k: [] for k in runs}
     for r in range(repeats):
-        for name in (("plain", "trtq") if r % 2 == 0 else ("trtq", "plain")):
+        for name in ("plain", "trtq") if r % 2 == 0 else ("trtq", "plain"):
             wait_until_idle(max_wait)
             results[name].append(timed(runs[name]))
     n = len(paths)
@@ -164,7 +166,9 @@ def peak_rss_child(folder: Path, batch_size: int) -> None:
 def peak_rss(folder: Path, batch_size: int) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, __file__, "--child-rss", str(folder), "--batch-size", str(batch_size)],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -176,8 +180,9 @@ def main() -> None:
     ap.add_argument("--big", type=int, default=10000, help="photos for the large RSS run (0: skip)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--max-wait", type=float, default=60.0,
-                    help="seconds to wait for an idle machine before each timed run")
+    ap.add_argument(
+        "--max-wait", type=float, default=60.0, help="seconds to wait for an idle machine before each timed run"
+    )
     ap.add_argument("--child-rss", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child_rss:
@@ -193,16 +198,24 @@ def main() -> None:
 
     tp = throughput(small, args.batch_size, args.repeats, args.max_wait)
     print()
-    print(f"throughput: {tp['images']} real photos -> [{args.batch_size},3,224,224] float32, "
-          f"{os.cpu_count()} CPUs, {args.repeats} alternating runs each")
+    print(
+        f"throughput: {tp['images']} real photos -> [{args.batch_size},3,224,224] float32, "
+        f"{os.cpu_count()} CPUs, {args.repeats} alternating runs each"
+    )
     print(f"  {'pipeline':<34} {'best img/s':>10} {'median img/s':>13} {'CPU ms/img':>11} {'others':>7}")
-    for name, label in (("plain", "plain PIL+numpy loop (1 thread)"),
-                        ("trtq", f"trtq Batcher ({tp['workers']} workers)")):
-        print(f"  {label:<34} {tp[name]:>10.1f} {tp[name + '_median']:>13.1f} "
-              f"{tp[name + '_cpu_ms']:>11.2f} {tp[name + '_others']:>7.2f}")
+    for name, label in (
+        ("plain", "plain PIL+numpy loop (1 thread)"),
+        ("trtq", f"trtq Batcher ({tp['workers']} workers)"),
+    ):
+        print(
+            f"  {label:<34} {tp[name]:>10.1f} {tp[name + '_median']:>13.1f} "
+            f"{tp[name + '_cpu_ms']:>11.2f} {tp[name + '_others']:>7.2f}"
+        )
     ratio = tp["trtq"] / tp["plain"]
-    print(f"  ratio {ratio:.2f}x best, {tp['trtq_median'] / tp['plain_median']:.2f}x median "
-          f"(goal >= 1.8x: {'met' if ratio >= 1.8 else 'NOT met'})")
+    print(
+        f"  ratio {ratio:.2f}x best, {tp['trtq_median'] / tp['plain_median']:.2f}x median "
+        f"(goal >= 1.8x: {'met' if ratio >= 1.8 else 'NOT met'})"
+    )
     print("  others = CPU cores other processes used during the best run; on a shared machine they")
     print("  take cores from the threaded pipeline first, so a ratio measured with others > 0.2 is low")
 

@@ -10,6 +10,7 @@ table gives the median wall time and its multiple of calibration's.
 
     python benchmarks/bench_data_steps.py [--rounds 3] [--samples 128]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,8 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     data = make_data(model, args.work, args.samples, args.width)
     cache = args.work / "calibration.cache"
     trtq = [sys.executable, "-m", "trtq"]
-    first = common.run_measured([*trtq, "calibrate", "--model", str(model), "--data", str(data), "-o", str(cache),
-                                 "-q"], 1800, env=common.repo_env())
+    first = common.run_measured(
+        [*trtq, "calibrate", "--model", str(model), "--data", str(data), "-o", str(cache), "-q"],
+        1800,
+        env=common.repo_env(),
+    )
     if first.status != "ok":
         sys.exit(f"bench_data_steps: calibrate failed: {first.stderr.strip()[-400:]}")
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
@@ -83,10 +87,16 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.rounds):
         for name in cases:
             verb, *flags = CASES[name]
-            out = ["-o", str(args.work / "round.cache")] if verb == "calibrate" else \
-                ["--cache", str(cache), "-o", str(args.work / "round.onnx")]
-            run = common.run_measured([*trtq, verb, "--model", str(model), "--data", str(data), *flags, *out, "-q"],
-                                      3600, env=common.repo_env())
+            out = (
+                ["-o", str(args.work / "round.cache")]
+                if verb == "calibrate"
+                else ["--cache", str(cache), "-o", str(args.work / "round.onnx")]
+            )
+            run = common.run_measured(
+                [*trtq, verb, "--model", str(model), "--data", str(data), *flags, *out, "-q"],
+                3600,
+                env=common.repo_env(),
+            )
             if run.status != "ok":
                 sys.exit(f"bench_data_steps: {name} failed: {run.stderr.strip()[-400:]}")
             times[name].append(run.seconds)
@@ -95,9 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     for name in cases:
         median = statistics.median(times[name])
         ratio = median / base if base else None
-        rows.append([name, f"{median:.1f} s", "-" if ratio is None else f"{ratio:.1f}x",
-                     "" if name == "calibrate" or ratio is None else f"<= {GOAL:g}x: {common.verdict(ratio <= GOAL)}",
-                     " ".join(f"{t:.1f}" for t in times[name])])
+        rows.append(
+            [
+                name,
+                f"{median:.1f} s",
+                "-" if ratio is None else f"{ratio:.1f}x",
+                "" if name == "calibrate" or ratio is None else f"<= {GOAL:g}x: {common.verdict(ratio <= GOAL)}",
+                " ".join(f"{t:.1f}" for t in times[name]),
+            ]
+        )
     print(f"{model.name}, {args.samples} samples, {args.rounds} interleaved rounds")
     print(common.format_table(["step", "median wall", "x calibrate", "goal", "runs (s)"], rows))
     return 0

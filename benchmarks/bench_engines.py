@@ -16,6 +16,7 @@ run-to-run noise).
 Prints one table and the goal checks; writes OUT/bench_engines.json. Needs TensorRT, cuda-python,
 a GPU. ``--tactic-sources`` defaults to the GPU test bundle's (its cuBLAS/cuDNN are stubs).
 """
+
 import argparse
 import dataclasses
 import json
@@ -36,8 +37,9 @@ log = logging.getLogger("bench_engines")
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", required=True, type=Path, help="FP32 ONNX classifier (one image input, logits output)")
     p.add_argument("--config", required=True, type=Path, help="trtq config whose data.inputs give the preprocessing")
     p.add_argument("--calib", required=True, type=Path, help="image folder for TensorRT's own calibration")
@@ -56,15 +58,21 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--no-fp16", action="store_true", help="skip the fp16 engine (keep the implicit INT8 one)")
     p.add_argument("--reuse", action="store_true", help="take plans already in --out")
     p.add_argument("--timing-cache", type=Path, help="TensorRT timing cache shared by every build (read and updated)")
-    p.add_argument("--no-int8-kernels", action="store_true",
-                   help="skip the column of each Q/DQ model on ONNX Runtime's int8 kernels (all optimizations)")
-    p.add_argument("--build-only", action="store_true",
-                   help="build the plans and stop (split long builds over several calls, then bench with --reuse)")
+    p.add_argument(
+        "--no-int8-kernels",
+        action="store_true",
+        help="skip the column of each Q/DQ model on ONNX Runtime's int8 kernels (all optimizations)",
+    )
+    p.add_argument(
+        "--build-only",
+        action="store_true",
+        help="build the plans and stop (split long builds over several calls, then bench with --reuse)",
+    )
     return p.parse_args(argv)
 
 
 def data_options(cfg, folder: Path, batch: int, limit: int):
-    (name, source), = cfg.data.inputs.items()
+    ((name, source),) = cfg.data.inputs.items()
     inputs = {name: dataclasses.replace(source, images=str(folder), files=None, npy=None)}
     return dataclasses.replace(cfg.data, inputs=inputs, batch_size=batch, limit=limit, last_batch="pad", shuffle=False)
 
@@ -73,8 +81,9 @@ def logits_onnxruntime(model: Path, batches: list[np.ndarray], name: str, int8_k
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if int8_kernels
-                                   else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+    so.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if int8_kernels else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    )
     so.log_severity_level = 3
     sess = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
     return np.concatenate([sess.run(None, {name: b})[0] for b in batches])
@@ -91,8 +100,10 @@ def logits_engine(plan: Path, batches: list[np.ndarray], name: str) -> np.ndarra
 def scores(ref: np.ndarray, got: np.ndarray, n: int) -> dict[str, float]:
     ref, got = ref[:n].astype(np.float64), got[:n].astype(np.float64)
     err = ((ref - got) ** 2).sum()
-    return {"top1": float((ref.argmax(1) == got.argmax(1)).mean()),
-            "sqnr_db": float(10 * np.log10((ref ** 2).sum() / err)) if err > 0 else float("inf")}
+    return {
+        "top1": float((ref.argmax(1) == got.argmax(1)).mean()),
+        "sqnr_db": float(10 * np.log10((ref**2).sum() / err)) if err > 0 else float("inf"),
+    }
 
 
 def flip_noise(ref: np.ndarray, a: np.ndarray, b: np.ndarray, n: int) -> dict[str, float]:
@@ -119,23 +130,50 @@ def fmt(v: Any, spec: str) -> str:
 
 
 def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    head = ["engine", "engine top-1", "engine dB", "ORT Q/DQ top-1", "ORT Q/DQ dB", "gap", "ORT int8-kernels top-1",
-            "flips", "gap 1 sigma", "median ms", "spread ms", "vs implicit", "build s"]
+    head = [
+        "engine",
+        "engine top-1",
+        "engine dB",
+        "ORT Q/DQ top-1",
+        "ORT Q/DQ dB",
+        "gap",
+        "ORT int8-kernels top-1",
+        "flips",
+        "gap 1 sigma",
+        "median ms",
+        "spread ms",
+        "vs implicit",
+        "build s",
+    ]
     lines = []
     for r in rows:
         gap = None if r.get("ort_top1") is None else abs(r["engine_top1"] - r["ort_top1"])
-        lines.append([r["name"], fmt(r["engine_top1"], ".3f"), fmt(r["engine_sqnr_db"], ".1f"),
-                      fmt(r.get("ort_top1"), ".3f"), fmt(r.get("ort_sqnr_db"), ".1f"), fmt(gap, ".3f"),
-                      fmt(r.get("ort_int8_top1"), ".3f"), fmt(r.get("flips"), ".3f"), fmt(r.get("gap_sigma"), ".3f"),
-                      fmt(r["median_ms"], ".3f"), fmt(r["spread_ms"], ".3f"), fmt(r.get("vs_implicit"), ".3f"),
-                      fmt(r.get("build_s"), ".1f")])
+        lines.append(
+            [
+                r["name"],
+                fmt(r["engine_top1"], ".3f"),
+                fmt(r["engine_sqnr_db"], ".1f"),
+                fmt(r.get("ort_top1"), ".3f"),
+                fmt(r.get("ort_sqnr_db"), ".1f"),
+                fmt(gap, ".3f"),
+                fmt(r.get("ort_int8_top1"), ".3f"),
+                fmt(r.get("flips"), ".3f"),
+                fmt(r.get("gap_sigma"), ".3f"),
+                fmt(r["median_ms"], ".3f"),
+                fmt(r["spread_ms"], ".3f"),
+                fmt(r.get("vs_implicit"), ".3f"),
+                fmt(r.get("build_s"), ".1f"),
+            ]
+        )
     widths = [max(len(h), *(len(x[i]) for x in lines)) for i, h in enumerate(head)]
     line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
     text = [line(head), line(["-" * w for w in widths])] + [line(x) for x in lines]
-    text.append(f"({meta['model']}, batch {meta['batch']}, {meta['gpu']}, TensorRT {meta['tensorrt']}, onnxruntime "
-                f"{meta['onnxruntime']}; top-1 agreement and logit SQNR vs FP32 ONNX Runtime on {meta['eval_images']} "
-                f"photos; median of {meta['repeats']} bench runs of {meta['duration']} s, spread = max - min of their "
-                f"medians; opt level {meta['opt_level']})")
+    text.append(
+        f"({meta['model']}, batch {meta['batch']}, {meta['gpu']}, TensorRT {meta['tensorrt']}, onnxruntime "
+        f"{meta['onnxruntime']}; top-1 agreement and logit SQNR vs FP32 ONNX Runtime on {meta['eval_images']} "
+        f"photos; median of {meta['repeats']} bench runs of {meta['duration']} s, spread = max - min of their "
+        f"medians; opt level {meta['opt_level']})"
+    )
     return "\n".join(text)
 
 
@@ -147,15 +185,22 @@ def goals(rows: list[dict[str, Any]]) -> list[str]:
         fast = [r for r in explicit if r["median_ms"] <= implicit["median_ms"] + implicit["spread_ms"]]
         best = max(fast or explicit, key=lambda r: r["engine_top1"])
         ok = bool(fast) and best["engine_top1"] >= 0.95
-        out.append(f"[{'PASS' if ok else 'FAIL'}] best explicit engine within the implicit engine's latency (+ its "
-                   f"noise): {best['name']} {best['engine_top1']:.3f} top-1 at {best['median_ms']:.3f} ms "
-                   f"(implicit {implicit['median_ms']:.3f} ms, {implicit['engine_top1']:.3f}); goal >= 0.95")
+        out.append(
+            f"[{'PASS' if ok else 'FAIL'}] best explicit engine within the implicit engine's latency (+ its "
+            f"noise): {best['name']} {best['engine_top1']:.3f} top-1 at {best['median_ms']:.3f} ms "
+            f"(implicit {implicit['median_ms']:.3f} ms, {implicit['engine_top1']:.3f}); goal >= 0.95"
+        )
     for r in explicit:
         gap = abs(r["engine_top1"] - r["ort_top1"])
-        noise = (f"; top-1 differs on {r['flips']:.3f} of the samples, chance gap 1 sigma {r['gap_sigma']:.3f}"
-                 if r.get("flips") is not None else "")
-        out.append(f"[{'PASS' if gap <= 0.01 + 1e-9 else 'FAIL'}] {r['name']}: ONNX Runtime Q/DQ semantics "
-                   f"{r['ort_top1']:.3f} vs engine {r['engine_top1']:.3f} (gap {gap:.3f}, goal <= 0.01{noise})")
+        noise = (
+            f"; top-1 differs on {r['flips']:.3f} of the samples, chance gap 1 sigma {r['gap_sigma']:.3f}"
+            if r.get("flips") is not None
+            else ""
+        )
+        out.append(
+            f"[{'PASS' if gap <= 0.01 + 1e-9 else 'FAIL'}] {r['name']}: ONNX Runtime Q/DQ semantics "
+            f"{r['ort_top1']:.3f} vs engine {r['engine_top1']:.3f} (gap {gap:.3f}, goal <= 0.01{noise})"
+        )
     return out
 
 
@@ -167,19 +212,22 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs, load_model
+    from trtq.pipeline.calibrate import calibrate_file_with_tensorrt as calibrate_with_tensorrt
     from trtq.trt import cuda
     from trtq.trt.bench import bench_plans
-    from trtq.pipeline.calibrate import calibrate_file_with_tensorrt as calibrate_with_tensorrt
 
     a.out.mkdir(parents=True, exist_ok=True)
     cfg = load_config(a.config, {}, {})
     specs = input_specs(load_model(a.model))
     spec = specs[0]
     fixed = tuple([a.batch] + [int(d) for d in spec.shape[1:]])
-    base = BuildOptions(optimization_level=a.opt_level, workspace_mb=a.workspace_mb,
-                        tactic_sources=tuple(a.tactic_sources.split(",")),
-                        profiles={spec.name: ProfileShapes(fixed, fixed, fixed)} if spec.is_dynamic else {},
-                        timing_cache=str(a.timing_cache) if a.timing_cache else None)
+    base = BuildOptions(
+        optimization_level=a.opt_level,
+        workspace_mb=a.workspace_mb,
+        tactic_sources=tuple(a.tactic_sources.split(",")),
+        profiles={spec.name: ProfileShapes(fixed, fixed, fixed)} if spec.is_dynamic else {},
+        timing_cache=str(a.timing_cache) if a.timing_cache else None,
+    )
     plans: list[tuple[str, Path, Optional[float], Optional[Path]]] = []  # name, plan, build s, Q/DQ source
     if not a.no_reference:
         if not a.no_fp16:
@@ -189,11 +237,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not (a.reuse and trt_cache.exists()):
             calib = Batcher(data_options(cfg, a.calib, a.batch, a.calib_images), specs)
             t0 = time.perf_counter()
-            calibrate_with_tensorrt(a.model, calib, "EntropyCalibration2", trt_cache,
-                                    dataclasses.replace(base, optimization_level=0))
+            calibrate_with_tensorrt(
+                a.model, calib, "EntropyCalibration2", trt_cache, dataclasses.replace(base, optimization_level=0)
+            )
             log.info("TensorRT calibration: %.1f s", time.perf_counter() - t0)
-        plan, s = build("int8-implicit", a.model, a.out, dataclasses.replace(base, mode="implicit", fp16=True),
-                        a.reuse, cache_path=trt_cache)
+        plan, s = build(
+            "int8-implicit",
+            a.model,
+            a.out,
+            dataclasses.replace(base, mode="implicit", fp16=True),
+            a.reuse,
+            cache_path=trt_cache,
+        )
         plans.append(("int8-implicit", plan, s, None))
     for item in a.qdq:
         name, _, path = item.partition("=")
@@ -207,8 +262,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     medians: dict[str, list[float]] = {name: [] for name, *_ in plans}
     for i in range(a.repeats):
         log.info("bench run %d of %d", i + 1, a.repeats)
-        for (name, *_), res in zip(plans, bench_plans([p for _, p, _, _ in plans],
-                                                      BenchOptions(duration=a.duration, warmup=0.5))):
+        for (name, *_), res in zip(
+            plans, bench_plans([p for _, p, _, _ in plans], BenchOptions(duration=a.duration, warmup=0.5))
+        ):
             medians[name].append(res.median_ms)
 
     ev = Batcher(data_options(cfg, a.eval, a.batch, a.eval_images), specs)
@@ -217,8 +273,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     ref = logits_onnxruntime(a.model, batches, spec.name)
     rows: list[dict[str, Any]] = []
     for name, plan, seconds, qdq in plans:
-        row = {"name": name, "plan": str(plan), "build_s": seconds, "median_ms": float(np.median(medians[name])),
-               "spread_ms": float(max(medians[name]) - min(medians[name])), "medians_ms": medians[name]}
+        row = {
+            "name": name,
+            "plan": str(plan),
+            "build_s": seconds,
+            "median_ms": float(np.median(medians[name])),
+            "spread_ms": float(max(medians[name]) - min(medians[name])),
+            "medians_ms": medians[name],
+        }
         got = logits_engine(plan, batches, spec.name)
         e = scores(ref, got, n)
         row.update(engine_top1=e["top1"], engine_sqnr_db=e["sqnr_db"])
@@ -235,10 +297,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     for r in rows:
         r["vs_implicit"] = r["median_ms"] / implicit["median_ms"] if implicit else None
     gpu, cc = cuda.device_info()
-    meta = {"model": a.model.name, "batch": a.batch, "gpu": gpu, "compute_capability": cc,
-            "tensorrt": tensorrt.__version__, "onnxruntime": onnxruntime.__version__, "eval_images": n,
-            "repeats": a.repeats, "duration": a.duration,
-            "opt_level": a.opt_level}
+    meta = {
+        "model": a.model.name,
+        "batch": a.batch,
+        "gpu": gpu,
+        "compute_capability": cc,
+        "tensorrt": tensorrt.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "eval_images": n,
+        "repeats": a.repeats,
+        "duration": a.duration,
+        "opt_level": a.opt_level,
+    }
     checks = goals(rows)
     report = json.dumps({"meta": meta, "rows": rows, "goals": checks}, indent=1)
     atomic_write_text(a.out / "bench_engines.json", report + "\n")

@@ -6,6 +6,7 @@ lines squashed, BGR), side by side. Issue 13 measured 0.67 with the old preset, 
     pip install --no-deps rapidocr-onnxruntime
     python benchmarks/bench_paddle_preset.py [--lines 200]
 """
+
 import argparse
 import importlib.util
 import sys
@@ -18,11 +19,32 @@ from trtq.config import PreprocessOptions, ResizeOptions
 from trtq.data.preprocess import Preprocessor
 from trtq.data.presets import preset
 
-WORDS = ["invoice", "total", "paid", "order", "number", "date", "amount", "seven", "hello", "world",
-         "quick", "brown", "fox", "2024", "12.50", "tax", "receipt", "customer", "address", "phone"]
+WORDS = [
+    "invoice",
+    "total",
+    "paid",
+    "order",
+    "number",
+    "date",
+    "amount",
+    "seven",
+    "hello",
+    "world",
+    "quick",
+    "brown",
+    "fox",
+    "2024",
+    "12.50",
+    "tax",
+    "receipt",
+    "customer",
+    "address",
+    "phone",
+]
 OLD_PADDLE = PreprocessOptions(
     resize=ResizeOptions(mode="letterbox", size=(48, 192), pad_value=127.5, anchor="top_left"),
-    mean=(0.5,), std=(0.5,),
+    mean=(0.5,),
+    std=(0.5,),
 )
 
 
@@ -55,12 +77,14 @@ def main() -> int:
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     images, labels = lines(args.lines)
-    cases = [("old paddle preset (letterbox, PIL, RGB)", OLD_PADDLE),
-             ("paddle preset (RapidOCR's)", preset("paddle", [1, 3, 48, 192]))]
+    cases = [
+        ("old paddle preset (letterbox, PIL, RGB)", OLD_PADDLE),
+        ("paddle preset (RapidOCR's)", preset("paddle", [1, 3, 48, 192])),
+    ]
     for label, options in cases:
         prep = Preprocessor(options)
         x = np.stack([prep(img) for img in images])
-        pred = np.concatenate([session.run(None, {name: x[i:i + 16]})[0].argmax(1) for i in range(0, len(x), 16)])
+        pred = np.concatenate([session.run(None, {name: x[i : i + 16]})[0].argmax(1) for i in range(0, len(x), 16)])
         print(f"{label:42s} FP32 cls accuracy {np.mean(pred == labels):.3f} ({len(images)} lines, half rotated)")
     return 0
 

@@ -13,6 +13,7 @@ FP32 with that noise. Each setting is ``calibrate`` (the method, on --calib othe
 ``quantize`` (the rest of the setting's flags, which read the same lines), scored on ONNX Runtime
 with Q/DQ semantics: sequence agreement with FP32 (and its 95% interval) and character error.
 """
+
 import argparse
 import importlib.util
 import shlex
@@ -27,15 +28,18 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from tests.compare import scoring  # noqa: E402
-from trtq.compare.report import wilson_interval  # noqa: E402
+from trtq.compare.accuracy import wilson_interval  # noqa: E402
 
 
 def _package_file(package: str, relative: str) -> Optional[Path]:
     spec = importlib.util.find_spec(package)
     if spec is None:
         return None
-    base = Path(next(iter(spec.submodule_search_locations))) if spec.submodule_search_locations else \
-        Path(spec.origin).parent
+    base = (
+        Path(next(iter(spec.submodule_search_locations)))
+        if spec.submodule_search_locations
+        else Path(spec.origin).parent
+    )
     path = base / relative
     return path if path.exists() else None
 
@@ -61,7 +65,7 @@ def run(model: Path, x: np.ndarray, qdq: bool = False) -> np.ndarray:
     if qdq:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-    return np.concatenate([session.run(None, {"x": x[i:i + 8]})[0] for i in range(0, len(x), 8)])
+    return np.concatenate([session.run(None, {"x": x[i : i + 8]})[0] for i in range(0, len(x), 8)])
 
 
 def _trtq(*args) -> None:
@@ -93,8 +97,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ref = run(model, x)
     noisy = x + np.random.default_rng(5).uniform(-1 / 255, 1 / 255, x.shape).astype(np.float32)
     agree, cer = scoring.ctc_scores(ref, run(model, noisy))
-    print(f"{a.lines} lines ({np.mean([len(s) for s in scoring.ctc_lines(ref)]):.1f} characters on average), "
-          f"{len(chars)} CJK characters of the dictionary")
+    print(
+        f"{a.lines} lines ({np.mean([len(s) for s in scoring.ctc_lines(ref)]):.1f} characters on average), "
+        f"{len(chars)} CJK characters of the dictionary"
+    )
     print(f"{'FP32, input +-1/255 noise':40s} agreement {agree:.3f}  CER {cer:.4f}")
     for setting in a.setting or ["mse"]:
         method, *flags = shlex.split(setting)
@@ -106,8 +112,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         _trtq("quantize", "--model", model, "--cache", cache, "-o", qdq, "-q", *flags, *extra)
         agree, cer = scoring.ctc_scores(ref, run(qdq, x, qdq=True))
         lo, hi = wilson_interval(agree, a.lines)
-        print(f"{'INT8 ' + setting:40s} agreement {agree:.3f} ({lo:.3f}-{hi:.3f})  CER {cer:.4f}  "
-              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+        print(
+            f"{'INT8 ' + setting:40s} agreement {agree:.3f} ({lo:.3f}-{hi:.3f})  CER {cer:.4f}  "
+            f"({time.perf_counter() - t0:.0f} s)",
+            flush=True,
+        )
     return 0
 
 

@@ -17,6 +17,7 @@ ONNX Runtime with Q/DQ semantics), each made by editing the file, none a trtq op
   have to turn into -c (a Pad layer of its own on TensorRT 8.6: 4.3x slower on EfficientNet-Lite0,
   trtq/quantize/centering.py).
 """
+
 import argparse
 import collections
 import sys
@@ -75,8 +76,12 @@ def _asymmetric(model, chosen, low, mass):
             step = abs(mass[tensor]) / levels
         zero = int(np.clip(-128 - round(lo / step), -128, 127))
         s_name, z_name = f"bench_asym_scale_{k}", f"bench_asym_zero_{k}"
-        m.graph.initializer.extend([numpy_helper.from_array(np.array(step, np.float32), s_name),
-                                    numpy_helper.from_array(np.array(zero, np.int8), z_name)])
+        m.graph.initializer.extend(
+            [
+                numpy_helper.from_array(np.array(step, np.float32), s_name),
+                numpy_helper.from_array(np.array(zero, np.int8), z_name),
+            ]
+        )
         for node in m.graph.node:
             if node is q or (node.op_type == "DequantizeLinear" and node.input[0] == q.output[0]):
                 node.input[1] = s_name
@@ -92,12 +97,12 @@ def _activation_stats(fp32_path: Path, tensors, calib: np.ndarray):
     is over 1% of the first batch."""
     import onnx
 
-    from trtq.calib.collect import OrtCollector
+    from trtq.calib.collect.exposed import OrtCollector
 
     collector = OrtCollector(onnx.load(str(fp32_path)), sorted(tensors))
     low, high, mass = {}, {}, {}
     for i in range(0, len(calib), 8):
-        values = collector.run({collector.input_names[0]: calib[i:i + 8]})
+        values = collector.run({collector.input_names[0]: calib[i : i + 8]})
         for name, v in values.items():
             low[name] = min(low.get(name, np.inf), float(v.min()))
             high[name] = max(high.get(name, -np.inf), float(v.max()))
@@ -110,16 +115,19 @@ def _activation_stats(fp32_path: Path, tensors, calib: np.ndarray):
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--qdq", type=Path, required=True,
-                    help="a Q/DQ model of PP-OCRv4 rec (bench_rec_lines.py writes them)")
+    ap.add_argument(
+        "--qdq", type=Path, required=True, help="a Q/DQ model of PP-OCRv4 rec (bench_rec_lines.py writes them)"
+    )
     ap.add_argument("--work", type=Path, default=ROOT / ".bench" / "rec", help="where calib.npy is")
     ap.add_argument("--lines", type=int, default=200)
     a = ap.parse_args(argv)
     model_path = lines._package_file("rapidocr_onnxruntime", "models/ch_PP-OCRv4_rec_infer.onnx")
     font = lines._package_file("cvttf_NotoSansCJK_Regular", "NotoSansCJKtc-Regular.otf")
     if model_path is None or font is None or not (a.work / "calib.npy").exists():
-        print("needs: pip install --no-deps rapidocr-onnxruntime cvttf-notosanscjk-regular, and a "
-              "bench_rec_lines.py run first (its calib.npy)")
+        print(
+            "needs: pip install --no-deps rapidocr-onnxruntime cvttf-notosanscjk-regular, and a "
+            "bench_rec_lines.py run first (its calib.npy)"
+        )
         return 1
     import onnx
 

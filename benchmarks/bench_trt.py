@@ -14,6 +14,7 @@ Prints one table on stdout and writes OUT/bench_trt.json. Needs TensorRT, cuda-p
 ``--tactic-sources EDGE_MASK_CONVOLUTIONS,JIT_CONVOLUTIONS`` is the default because the GPU test
 bundle's cuBLAS/cuDNN are stubs; pass ``--tactic-sources default`` on a full TensorRT install.
 """
+
 import argparse
 import dataclasses
 import json
@@ -35,8 +36,9 @@ log = logging.getLogger("bench_trt")
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", required=True, type=Path, help="FP32 ONNX classifier (one image input, logits output)")
     p.add_argument("--cache", required=True, type=Path, help="trtq calibration cache for the explicit INT8 engine")
     p.add_argument("--data", required=True, type=Path, help="image folder: TensorRT's own calibration data")
@@ -48,26 +50,46 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--preset", default="inception", help="trtq preprocessing preset (EfficientNet-Lite: inception)")
     p.add_argument("--opt-level", type=int, default=3, help="builder optimization level (TensorRT default 3)")
     p.add_argument("--workspace-mb", type=int, default=4096)
-    p.add_argument("--tactic-sources", default="EDGE_MASK_CONVOLUTIONS,JIT_CONVOLUTIONS",
-                   help="comma-separated TensorRT tactic sources, or 'default'")
+    p.add_argument(
+        "--tactic-sources",
+        default="EDGE_MASK_CONVOLUTIONS,JIT_CONVOLUTIONS",
+        help="comma-separated TensorRT tactic sources, or 'default'",
+    )
     p.add_argument("--no-fp16-fallback", action="store_true", help="INT8 engines: keep float layers in FP32")
     p.add_argument("--no-rebuild", action="store_true", help="skip the timed rebuild with the saved timing cache")
     p.add_argument("--duration", type=float, default=3.0, help="seconds of timed inference per engine")
     p.add_argument("--warmup", type=float, default=0.5)
-    p.add_argument("--rebuild-engines", default="all",
-                   help="engines to rebuild with their saved timing cache (comma-separated; default all)")
-    p.add_argument("--reuse-plans", action="store_true",
-                   help="take engines an earlier run built into --out as they are (build times from then)")
-    p.add_argument("--trt-cache", type=Path,
-                   help="int8-implicit: a cache TensorRT's EntropyCalibration2 already wrote for this model "
-                        "(trtq calibrate --backend tensorrt), instead of calibrating again")
-    p.add_argument("--only", default="fp32,fp16,int8-explicit,int8-implicit", help="engines to include "
-                   "(also: int8-gptq, explicit INT8 quantized with --weight-rounding gptq --bias-correction "
-                   "--float-layers N on the first 128 --data images; int8-centred, the same with "
-                   "--center-activations)")
-    p.add_argument("--float-layers", type=int, default=0,
-                   help="int8-gptq: layers left float (default 0; on TensorRT 8 build also leaves float the "
-                        "INT8 layers a float depthwise conv feeds, see README)")
+    p.add_argument(
+        "--rebuild-engines",
+        default="all",
+        help="engines to rebuild with their saved timing cache (comma-separated; default all)",
+    )
+    p.add_argument(
+        "--reuse-plans",
+        action="store_true",
+        help="take engines an earlier run built into --out as they are (build times from then)",
+    )
+    p.add_argument(
+        "--trt-cache",
+        type=Path,
+        help="int8-implicit: a cache TensorRT's EntropyCalibration2 already wrote for this model "
+        "(trtq calibrate --backend tensorrt), instead of calibrating again",
+    )
+    p.add_argument(
+        "--only",
+        default="fp32,fp16,int8-explicit,int8-implicit",
+        help="engines to include "
+        "(also: int8-gptq, explicit INT8 quantized with --weight-rounding gptq --bias-correction "
+        "--float-layers N on the first 128 --data images; int8-centred, the same with "
+        "--center-activations)",
+    )
+    p.add_argument(
+        "--float-layers",
+        type=int,
+        default=0,
+        help="int8-gptq: layers left float (default 0; on TensorRT 8 build also leaves float the "
+        "INT8 layers a float depthwise conv feeds, see README)",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)
 
@@ -76,12 +98,17 @@ def data_options(folder: Path, input_name: str, shape, preset_name: str, batch: 
     from trtq.data.presets import preset
 
     pre = preset(preset_name, shape)
-    return DataOptions(inputs={input_name: InputSource(images=str(folder), preprocess=pre)},
-                       batch_size=batch, limit=limit, last_batch="pad")
+    return DataOptions(
+        inputs={input_name: InputSource(images=str(folder), preprocess=pre)},
+        batch_size=batch,
+        limit=limit,
+        last_batch="pad",
+    )
 
 
-def build_twice(name: str, model: Path, out: Path, options: BuildOptions, rebuild: bool, reuse: bool = False,
-                **kw) -> dict[str, Any]:
+def build_twice(
+    name: str, model: Path, out: Path, options: BuildOptions, rebuild: bool, reuse: bool = False, **kw
+) -> dict[str, Any]:
     """Cold build with an empty timing cache, then (optionally) a rebuild that loads it.
 
     With ``reuse``, a plan built by an earlier run into the same folder (its row saved beside it)
@@ -125,9 +152,12 @@ def warm_up(out: Path, options: BuildOptions) -> None:
 
     from trtq.pipeline.build import build_engine
 
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "warmup",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "warmup",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     onnx.save(model, str(out / "warmup.onnx"))
@@ -165,13 +195,19 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 
     lines = []
     for r in rows:
-        lines.append([
-            r["engine"], fmt(r.get("build_s"), ".1f"), fmt(r.get("rebuild_s"), ".1f"),
-            "-" if "timing_cache_loaded" not in r else ("yes" if r["timing_cache_loaded"] else "no"),
-            fmt(r.get("median_ms"), ".3f"), fmt(r.get("p99_ms"), ".3f"), fmt(r.get("samples_per_s"), ",.0f"),
-            fmt(r.get("speedup_vs_fp32"), ".2f") + ("x" if r.get("speedup_vs_fp32") else ""),
-            fmt(r.get("top1_agreement"), ".4f"),
-        ])
+        lines.append(
+            [
+                r["engine"],
+                fmt(r.get("build_s"), ".1f"),
+                fmt(r.get("rebuild_s"), ".1f"),
+                "-" if "timing_cache_loaded" not in r else ("yes" if r["timing_cache_loaded"] else "no"),
+                fmt(r.get("median_ms"), ".3f"),
+                fmt(r.get("p99_ms"), ".3f"),
+                fmt(r.get("samples_per_s"), ",.0f"),
+                fmt(r.get("speedup_vs_fp32"), ".2f") + ("x" if r.get("speedup_vs_fp32") else ""),
+                fmt(r.get("top1_agreement"), ".4f"),
+            ]
+        )
     widths = [max(len(h), *(len(x[i]) for x in lines)) for i, h in enumerate(head)]
 
     def fmt_line(cells):
@@ -191,13 +227,16 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     a = parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if a.verbose else logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(name)s: %(message)s",
+    )
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs, load_model
+    from trtq.pipeline.calibrate import calibrate_file_with_tensorrt as calibrate_with_tensorrt
     from trtq.trt import cuda
     from trtq.trt.bench import bench_plans
-    from trtq.pipeline.calibrate import calibrate_file_with_tensorrt as calibrate_with_tensorrt
 
     wanted = [s.strip() for s in a.only.split(",") if s.strip()]
     a.out.mkdir(parents=True, exist_ok=True)
@@ -208,7 +247,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     fixed = tuple([a.batch] + [int(d) for d in spec.shape[1:]])
     tactics = None if a.tactic_sources == "default" else tuple(a.tactic_sources.split(","))
     base = BuildOptions(
-        optimization_level=a.opt_level, workspace_mb=a.workspace_mb, tactic_sources=tactics,
+        optimization_level=a.opt_level,
+        workspace_mb=a.workspace_mb,
+        tactic_sources=tactics,
         profiles={spec.name: ProfileShapes(fixed, fixed, fixed)} if spec.is_dynamic else {},
     )
     fp16_rest = not a.no_fp16_fallback
@@ -218,27 +259,55 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     warm_up(a.out, base)
     if "fp32" in wanted:
-        rows.append(build_twice("fp32", a.model, a.out, _replace(base, precision="fp32"), rebuild["fp32"],
-                                a.reuse_plans))
+        rows.append(
+            build_twice("fp32", a.model, a.out, _replace(base, precision="fp32"), rebuild["fp32"], a.reuse_plans)
+        )
     if "fp16" in wanted:
-        rows.append(build_twice("fp16", a.model, a.out, _replace(base, precision="fp16"), rebuild["fp16"],
-                                a.reuse_plans))
+        rows.append(
+            build_twice("fp16", a.model, a.out, _replace(base, precision="fp16"), rebuild["fp16"], a.reuse_plans)
+        )
     if "int8-explicit" in wanted:
-        rows.append(build_twice("int8-explicit", a.model, a.out, _replace(base, precision="int8", fp16=fp16_rest),
-                                rebuild["int8-explicit"], a.reuse_plans, cache_path=a.cache))
+        rows.append(
+            build_twice(
+                "int8-explicit",
+                a.model,
+                a.out,
+                _replace(base, precision="int8", fp16=fp16_rest),
+                rebuild["int8-explicit"],
+                a.reuse_plans,
+                cache_path=a.cache,
+            )
+        )
     gptq_options = QuantizeOptions(weight_rounding="gptq", bias_correction=True, float_layers=a.float_layers)
     if "int8-gptq" in wanted:
-        rows.append(build_twice("int8-gptq", a.model, a.out, _replace(base, precision="int8", fp16=fp16_rest),
-                                rebuild["int8-gptq"], a.reuse_plans, cache_path=a.cache, quantize_options=gptq_options,
-                                data_options=data_options(a.data, spec.name, spec.shape, a.preset, a.batch,
-                                                          gptq_options.samples)))
+        rows.append(
+            build_twice(
+                "int8-gptq",
+                a.model,
+                a.out,
+                _replace(base, precision="int8", fp16=fp16_rest),
+                rebuild["int8-gptq"],
+                a.reuse_plans,
+                cache_path=a.cache,
+                quantize_options=gptq_options,
+                data_options=data_options(a.data, spec.name, spec.shape, a.preset, a.batch, gptq_options.samples),
+            )
+        )
     centred_options = dataclasses.replace(gptq_options, center_activations=True)
     if "int8-centred" in wanted:
-        rows.append(build_twice("int8-centred", a.model, a.out, _replace(base, precision="int8", fp16=fp16_rest),
-                                rebuild["int8-centred"], a.reuse_plans, cache_path=a.cache,
-                                quantize_options=centred_options,
-                                data_options=data_options(a.data, spec.name, spec.shape, a.preset, a.batch,
-                                                          centred_options.samples)))
+        rows.append(
+            build_twice(
+                "int8-centred",
+                a.model,
+                a.out,
+                _replace(base, precision="int8", fp16=fp16_rest),
+                rebuild["int8-centred"],
+                a.reuse_plans,
+                cache_path=a.cache,
+                quantize_options=centred_options,
+                data_options=data_options(a.data, spec.name, spec.shape, a.preset, a.batch, centred_options.samples),
+            )
+        )
     if "int8-implicit" in wanted:
         trt_cache = a.trt_cache or a.out / "tensorrt-entropy2.cache"
         calib_s = None
@@ -247,12 +316,19 @@ def main(argv: Optional[list[str]] = None) -> int:
             calib = Batcher(data_options(a.data, spec.name, spec.shape, a.preset, a.batch, a.calib_images), specs)
             log.info("TensorRT EntropyCalibration2 on %d images", calib.num_samples)
             t0 = time.perf_counter()
-            calibrate_with_tensorrt(a.model, calib, "EntropyCalibration2", trt_cache,
-                                    _replace(base, optimization_level=0))
+            calibrate_with_tensorrt(
+                a.model, calib, "EntropyCalibration2", trt_cache, _replace(base, optimization_level=0)
+            )
             calib_s = time.perf_counter() - t0
-        row = build_twice("int8-implicit", a.model, a.out,
-                          _replace(base, precision="int8", mode="implicit", fp16=fp16_rest), rebuild["int8-implicit"],
-                          a.reuse_plans, cache_path=trt_cache)
+        row = build_twice(
+            "int8-implicit",
+            a.model,
+            a.out,
+            _replace(base, precision="int8", mode="implicit", fp16=fp16_rest),
+            rebuild["int8-implicit"],
+            a.reuse_plans,
+            cache_path=trt_cache,
+        )
         if calib_s is not None:
             row["calibration_s"] = calib_s
             atomic_write_text(implicit_row, json.dumps(row))
@@ -271,8 +347,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     for r in rows:
         r["top1_agreement"] = float((predictions_engine(Path(r["plan"]), ev, spec.name) == ref).mean())
     # the Q/DQ models the explicit engines were built from, on ONNX Runtime (same images)
-    for engine, qopts in (("int8-explicit", QuantizeOptions()), ("int8-gptq", gptq_options),
-                          ("int8-centred", centred_options)):
+    for engine, qopts in (
+        ("int8-explicit", QuantizeOptions()),
+        ("int8-gptq", gptq_options),
+        ("int8-centred", centred_options),
+    ):
         if engine not in wanted:
             continue
         import onnx
@@ -284,19 +363,33 @@ def main(argv: Optional[list[str]] = None) -> int:
         fp32 = load_model(a.model)
         data = data_options(a.data, spec.name, spec.shape, a.preset, a.batch, qopts.samples)
         # the same Q/DQ model build made the engine from (TensorRT 8: float grouped-conv consumers)
-        qdq = quantize_for(fp32, read_cache(a.cache).amax, qopts, data,
-                           str(compat.version_of(compat.import_tensorrt()))).model
+        qdq = quantize_for(
+            fp32, read_cache(a.cache).amax, qopts, data, str(compat.version_of(compat.import_tensorrt()))
+        ).model
         qdq_path = a.out / f"{engine}.qdq.onnx"
         onnx.save(qdq, str(qdq_path))
-        rows.append({"engine": f"{engine} on onnxruntime", "top1_agreement":
-                     float((predictions_onnxruntime(qdq_path, ev, spec.name) == ref).mean())})
+        rows.append(
+            {
+                "engine": f"{engine} on onnxruntime",
+                "top1_agreement": float((predictions_onnxruntime(qdq_path, ev, spec.name) == ref).mean()),
+            }
+        )
 
     import tensorrt
 
     gpu, cc = cuda.device_info()
-    meta = {"model": a.model.name, "batch": a.batch, "gpu": gpu, "compute_capability": cc,
-            "tensorrt": tensorrt.__version__, "eval_images": int(ref.size), "opt_level": a.opt_level,
-            "tactic_sources": tactics, "no_fp16_fallback": a.no_fp16_fallback, "cache": str(a.cache)}
+    meta = {
+        "model": a.model.name,
+        "batch": a.batch,
+        "gpu": gpu,
+        "compute_capability": cc,
+        "tensorrt": tensorrt.__version__,
+        "eval_images": int(ref.size),
+        "opt_level": a.opt_level,
+        "tactic_sources": tactics,
+        "no_fp16_fallback": a.no_fp16_fallback,
+        "cache": str(a.cache),
+    }
     atomic_write_text(a.out / "bench_trt.json", json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     print(render(rows, meta))
     return 0

@@ -11,6 +11,7 @@ of 8 samples), quantize, then compare on 16 other samples, inferred and, where t
 layout needs flags, given. SQNR is measured here with ONNX Runtime (Q/DQ pairs as written, basic
 graph optimizations) over all compare samples; the "min" column is the worst output's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,14 @@ class _Result:
 
 
 def run_cli(args: list) -> _Result:
-    p = subprocess.run([sys.executable, "-m", "trtq", *[str(a) for a in args]], capture_output=True, text=True,
-                       env=repo_env(), cwd=REPO, check=False)
+    p = subprocess.run(
+        [sys.executable, "-m", "trtq", *[str(a) for a in args]],
+        capture_output=True,
+        text=True,
+        env=repo_env(),
+        cwd=REPO,
+        check=False,
+    )
     return _Result(p.returncode, p.stdout, p.stderr)
 
 
@@ -74,7 +81,9 @@ def summarize(res: zoo_steps.CaseResult) -> dict:
         failures.append(f"bench crashed: {res.error}")
     sq = [v for v in res.sqnr.values()]
     return {
-        "file": e["file"], "architecture": e["architecture"], "source": e["source"],
+        "file": e["file"],
+        "architecture": e["architecture"],
+        "source": e["source"],
         "export": f"{e['exporter']}@{e['opset']}" + (" (fallback)" if e.get("fallback") else ""),
         "quantized": f"{res.quantized if res.quantized is not None else '-'}/{res.weighted}",
         "loads": {True: "yes", False: "NO", None: "-"}[res.loads],
@@ -83,15 +92,23 @@ def summarize(res: zoo_steps.CaseResult) -> dict:
         "sqnr_min": _db(min(sq) if sq else None),
         "sqnr": {n: (None if math.isinf(v) else round(v, 2)) for n, v in res.sqnr.items()},
         "calibrate_s": res.calibrate_seconds,
-        "candidate": res.candidate, "failures": failures,
+        "candidate": res.candidate,
+        "failures": failures,
         "commands": {k: s.command() for k, s in res.steps.items()},
         "exit_codes": {k: s.code for k, s in res.steps.items()},
     }
 
 
-COLUMNS = [("file", "model file"), ("export", "exporter"), ("quantized", "quantized/weighted"), ("loads", "loads+runs"),
-           ("task", "task: expected -> inferred"), ("given", "flags given"), ("sqnr_min", "SQNR dB (min)"),
-           ("calibrate_s", "calib s")]
+COLUMNS = [
+    ("file", "model file"),
+    ("export", "exporter"),
+    ("quantized", "quantized/weighted"),
+    ("loads", "loads+runs"),
+    ("task", "task: expected -> inferred"),
+    ("given", "flags given"),
+    ("sqnr_min", "SQNR dB (min)"),
+    ("calibrate_s", "calib s"),
+]
 
 
 def markdown(rows: list[dict], seconds: float) -> str:
@@ -100,8 +117,10 @@ def markdown(rows: list[dict], seconds: float) -> str:
         out.append("| " + " | ".join(str(r[k] if r[k] is not None else "-") for k, _ in COLUMNS) + " |")
     bad = [r for r in rows if r["failures"]]
     out.append("")
-    out.append(f"{len(rows)} files, {len(bad)} with failures, {seconds:.0f} s. SQNR bound: "
-               f"{zoo_steps.SQNR_MIN_DB} dB unless the manifest states another for an output.")
+    out.append(
+        f"{len(rows)} files, {len(bad)} with failures, {seconds:.0f} s. SQNR bound: "
+        f"{zoo_steps.SQNR_MIN_DB} dB unless the manifest states another for an output."
+    )
     if bad:
         out += ["", "Failures:", ""]
         for r in bad:
@@ -138,9 +157,12 @@ def main(argv: list[str] | None = None) -> int:
             row = summarize(res)
             rows.append(row)
             status = "ok" if not row["failures"] else f"{len(row['failures'])} failure(s)"
-            print(f"{row['file']:44s} {row['quantized']:>8s} loads {row['loads']:3s} SQNR {row['sqnr_min']:>5s} dB "
-                  f"calib {row['calibrate_s'] or '-'} s  {status}  ({time.perf_counter() - t:.0f} s)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{row['file']:44s} {row['quantized']:>8s} loads {row['loads']:3s} SQNR {row['sqnr_min']:>5s} dB "
+                f"calib {row['calibrate_s'] or '-'} s  {status}  ({time.perf_counter() - t:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
     seconds = time.perf_counter() - t0
     text = markdown(rows, seconds)
     print(text)

@@ -4,6 +4,7 @@ image preprocessor, per-run configs, measured subprocesses and plain-text tables
 The benchmarks run from a checkout (``python benchmarks/<script>.py``); importing this module puts
 the repository root on ``sys.path`` so ``import trtq`` works without installing the package.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -15,10 +16,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,8 +44,8 @@ import numpy as np  # noqa: E402
 from trtq.config import PreprocessOptions, load_config  # noqa: E402
 from trtq.fileio import atomic_write_text  # noqa: E402
 
-GIB = 1024 ** 3
-MIB = 1024 ** 2
+GIB = 1024**3
+MIB = 1024**2
 
 
 # --------------------------------------------------------------------------------------------
@@ -82,15 +83,19 @@ def imagenet_samples(folder: Path | None = None) -> list[tuple[Path, int]]:
 # --------------------------------------------------------------------------------------------
 
 _PIL_FILTERS = {
-    "nearest": "NEAREST", "bilinear": "BILINEAR", "bicubic": "BICUBIC",
-    "lanczos": "LANCZOS", "box": "BOX", "hamming": "HAMMING",
+    "nearest": "NEAREST",
+    "bilinear": "BILINEAR",
+    "bicubic": "BICUBIC",
+    "lanczos": "LANCZOS",
+    "box": "BOX",
+    "hamming": "HAMMING",
 }
 
 
 def model_preprocess(config: Path = MODEL_CONFIG) -> tuple[str, PreprocessOptions]:
     """(input name, preprocessing) of the single image input described by a trtq config."""
     cfg = load_config(config)
-    (name, source), = cfg.data.inputs.items()
+    ((name, source),) = cfg.data.inputs.items()
     return name, source.preprocess
 
 
@@ -144,11 +149,12 @@ def list_images(folder: Path) -> list[Path]:
     return sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in exts and p.is_file())
 
 
-def prefetched_batches(paths: Sequence[Path], opts: PreprocessOptions, batch_size: int,
-                       ahead: int = 4, threads: int = 2):
+def prefetched_batches(
+    paths: Sequence[Path], opts: PreprocessOptions, batch_size: int, ahead: int = 4, threads: int = 2
+):
     """Preprocessed batches in order (the last may be shorter), decoded by ``threads`` threads
     up to ``ahead`` batches ahead of the consumer, the way trtq's loader feeds its model."""
-    chunks = [list(paths[i:i + batch_size]) for i in range(0, len(paths), batch_size)]
+    chunks = [list(paths[i : i + batch_size]) for i in range(0, len(paths), batch_size)]
 
     def load(chunk):
         return np.stack([preprocess_image(p, opts) for p in chunk])
@@ -173,7 +179,7 @@ def write_run_config(dest: Path, model: Path, images: Path, base: Path = MODEL_C
 
     raw = yaml.safe_load(Path(base).read_text(encoding="utf-8"))
     raw["model"] = str(Path(model).resolve())
-    (name, source), = raw["data"]["inputs"].items()
+    ((name, source),) = raw["data"]["inputs"].items()
     source["images"] = str(Path(images).resolve())
     for key, value in sections.items():
         merged = dict(raw.get(key) or {})
@@ -230,8 +236,11 @@ class Measured:
 
 
 def run_measured(
-    cmd: Sequence[str], timeout: float, mem_cap: int | None = None,
-    env: dict[str, str] | None = None, cwd: Path | None = None,
+    cmd: Sequence[str],
+    timeout: float,
+    mem_cap: int | None = None,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> Measured:
     """Run ``cmd`` alone in a new session; return wall and CPU time, peak RSS and how it ended.
 
@@ -239,6 +248,7 @@ def run_measured(
     descendants it waited for), so earlier cases do not leak into later figures. ``mem_cap``
     limits the child's address space (RLIMIT_AS); ``timeout`` kills its whole process group.
     """
+
     def limit() -> None:
         if mem_cap:
             resource.setrlimit(resource.RLIMIT_AS, (mem_cap, mem_cap))
@@ -246,8 +256,13 @@ def run_measured(
     with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
         t0 = time.perf_counter()
         proc = subprocess.Popen(
-            list(cmd), stdout=out_f, stderr=err_f, env=env, cwd=cwd,
-            preexec_fn=limit, start_new_session=True,
+            list(cmd),
+            stdout=out_f,
+            stderr=err_f,
+            env=env,
+            cwd=cwd,
+            preexec_fn=limit,
+            start_new_session=True,
         )
         timed_out = False
         status_word = rusage = None

@@ -20,6 +20,7 @@ one self-contained file each:
   TensorRT 8.6 reads opset <= 17, so :func:`to_opset17` rewrites its one ReduceMean (the only op
   here whose signature changed in 18: axes input -> attribute) and sets opset 17.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,7 +30,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
-
 import numpy as np
 
 from trtq.fileio import atomic_path, sha256_file
@@ -95,17 +95,41 @@ def to_opset17(model) -> None:
     allowed at its default here). Any other op that changed in 18 is refused."""
     from onnx import helper, numpy_helper
 
-    changed_in_18 = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
-                     "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "Pad", "Resize", "Split", "ScatterND",
-                     "ScatterElements", "Col2Im", "BitwiseAnd", "OptionalHasElement", "OptionalGetElement",
-                     "CenterCropPad", "GroupNormalization", "LpPool"}
+    changed_in_18 = {
+        "ReduceMean",
+        "ReduceSum",
+        "ReduceMax",
+        "ReduceMin",
+        "ReduceProd",
+        "ReduceL1",
+        "ReduceL2",
+        "ReduceLogSum",
+        "ReduceLogSumExp",
+        "ReduceSumSquare",
+        "Pad",
+        "Resize",
+        "Split",
+        "ScatterND",
+        "ScatterElements",
+        "Col2Im",
+        "BitwiseAnd",
+        "OptionalHasElement",
+        "OptionalGetElement",
+        "CenterCropPad",
+        "GroupNormalization",
+        "LpPool",
+    }
     inits = {t.name: t for t in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type not in changed_in_18:
             continue
         noop = [a for a in node.attribute if a.name == "noop_with_empty_axes"]
-        if node.op_type != "ReduceMean" or len(node.input) < 2 or node.input[1] not in inits or \
-                any(helper.get_attribute_value(a) for a in noop):
+        if (
+            node.op_type != "ReduceMean"
+            or len(node.input) < 2
+            or node.input[1] not in inits
+            or any(helper.get_attribute_value(a) for a in noop)
+        ):
             raise RuntimeError(f"cannot rewrite {node.op_type} {node.name} for opset 17")
         axes = [int(v) for v in numpy_helper.to_array(inits[node.input[1]]).reshape(-1)]
         del node.input[1:]
@@ -126,10 +150,15 @@ def _export_torchscript(model, tmp: Path):
     import torch
 
     torch.onnx.export(
-        model, (torch.zeros(1, 3, 224, 224),), str(tmp),
-        input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+        model,
+        (torch.zeros(1, 3, 224, 224),),
+        str(tmp),
+        input_names=[INPUT_NAME],
+        output_names=[OUTPUT_NAME],
         dynamic_axes={INPUT_NAME: {0: "N"}, OUTPUT_NAME: {0: "N"}},
-        opset_version=OPSET, do_constant_folding=True, dynamo=False,
+        opset_version=OPSET,
+        do_constant_folding=True,
+        dynamo=False,
     )
     proto = onnx.load(str(tmp))
     fold_constants(proto)
@@ -140,8 +169,14 @@ def _export_dynamo(model):
     import torch
 
     program = torch.onnx.export(
-        model, (torch.zeros(2, 3, 224, 224),), None, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-        dynamic_shapes=({0: torch.export.Dim("N", min=1, max=4096)},), opset_version=18, dynamo=True,
+        model,
+        (torch.zeros(2, 3, 224, 224),),
+        None,
+        input_names=[INPUT_NAME],
+        output_names=[OUTPUT_NAME],
+        dynamic_shapes=({0: torch.export.Dim("N", min=1, max=4096)},),
+        opset_version=18,
+        dynamo=True,
     )
     proto = program.model_proto
     to_opset17(proto)
@@ -230,9 +265,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=common.DEFAULT_WORK, help="work folder (default .bench/)")
     ap.add_argument("--force", action="store_true", help="export again even if the file exists")
     ap.add_argument("--verify", action="store_true", help="check ONNX Runtime against torch and on foolbox's images")
-    ap.add_argument("--export", choices=sorted(EXPORTS), default="torchscript",
-                    help="torchscript: opset 13 with Pad nodes (default); dynamo: torch's dynamo exporter, opset 17, "
-                         "padding in the convs")
+    ap.add_argument(
+        "--export",
+        choices=sorted(EXPORTS),
+        default="torchscript",
+        help="torchscript: opset 13 with Pad nodes (default); dynamo: torch's dynamo exporter, opset 17, "
+        "padding in the convs",
+    )
     args = ap.parse_args(argv)
 
     dest = Path(args.work) / EXPORTS[args.export]
@@ -243,8 +282,10 @@ def main(argv: list[str] | None = None) -> int:
         v = verify(path)
         n = len(v.labels)
         print(f"ONNX Runtime vs torch, 1 real image: max |diff| {v.max_abs_diff:.2e} (max |logit| {v.max_logit:.1f})")
-        print(f"top-1 on foolbox's {n} labelled ImageNet images: torch {v.torch_correct}/{n}, "
-              f"ONNX Runtime {v.onnx_correct}/{n} (reference: 17/20)")
+        print(
+            f"top-1 on foolbox's {n} labelled ImageNet images: torch {v.torch_correct}/{n}, "
+            f"ONNX Runtime {v.onnx_correct}/{n} (reference: 17/20)"
+        )
     return 0
 
 

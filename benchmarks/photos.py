@@ -11,6 +11,7 @@ calibrated on one and evaluated on content it has never seen. Everything is a pu
 
 Needs ``pip install scikit-image scikit-learn`` (only for their data files).
 """
+
 import argparse
 import functools
 import os

@@ -3,7 +3,7 @@
 Not a test: a reproduction tool for rare signal races. Each run starts ``python -m trtq calibrate``
 on a tiny model and ~40000 single-sample batches (about a minute when not interrupted), sends the
 signal after a random delay from the start of the process (start-up, imports, ONNX Runtime session,
-numba warm-up, batches), and records the outcome. A run still alive ``--stuck`` seconds after the
+kernels' warm-up, batches), and records the outcome. A run still alive ``--stuck`` seconds after the
 signal is a failure: its threads are dumped with py-spy (when installed) and with faulthandler
 (SIGABRT; the child runs with PYTHONFAULTHANDLER=1), then it is killed.
 
@@ -16,6 +16,7 @@ ran: Python's own defaults apply), or LOST / WRONG; and the previous outputs mus
 
     python benchmarks/signal_stress.py --entry script --runs 200 --max-delay 1.0 --sigterm --load 2
 """
+
 import argparse
 import collections
 import json
@@ -48,15 +49,42 @@ def _make_kit(root: Path, rows: int) -> tuple[Path, Path]:
     np.save(root / "x.npy", x)
     data = root / "big.npy"
     np.save(data, np.tile(x, (rows // 6, 1, 1, 1)))
-    subprocess.run([sys.executable, "-m", "trtq", "calibrate", "--model", str(model), "--data", str(root / "x.npy"),
-                    "-o", str(root / "kit.cache"), "--save-stats", str(root / "s.npz"), "-q"], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trtq",
+            "calibrate",
+            "--model",
+            str(model),
+            "--data",
+            str(root / "x.npy"),
+            "-o",
+            str(root / "kit.cache"),
+            "--save-stats",
+            str(root / "s.npz"),
+            "-q",
+        ],
+        check=True,
+    )
     return model, data
 
 
 def _command(what: str, work: Path, model: Path, data: Path, out: Path) -> list[str]:
     if what == "calibrate":
-        return ["calibrate", "--model", str(model), "--data", str(data), "-o", str(out), "--batch-size", "1",
-                "--method", "percentile"]
+        return [
+            "calibrate",
+            "--model",
+            str(model),
+            "--data",
+            str(data),
+            "-o",
+            str(out),
+            "--batch-size",
+            "1",
+            "--method",
+            "percentile",
+        ]
     if what == "from-stats":
         return ["calibrate", "--from-stats", str(work / "s.npz"), "-o", str(out), "--method", "percentile"]
     if what == "quantize":
@@ -84,8 +112,11 @@ def _handler_in_place(pid: int) -> bool:
 
 def _outputs_intact(out: Path) -> bool:
     """The previous outputs of a run that did not finish are byte for byte what was there."""
-    return all(p.read_bytes() == b"previous " + p.name.encode() for p in (out, Path(f"{out}.json"), Path(f"{out}.onnx"))
-               if p.exists())
+    return all(
+        p.read_bytes() == b"previous " + p.name.encode()
+        for p in (out, Path(f"{out}.json"), Path(f"{out}.onnx"))
+        if p.exists()
+    )
 
 
 def _dump(pid: int) -> str:
@@ -119,18 +150,27 @@ def main() -> int:
     ap.add_argument("--max-delay", type=float, default=3.0, help="seconds from the start of the process")
     ap.add_argument("--stuck", type=float, default=10.0, help="alive this long after the signal: a failure")
     ap.add_argument("--rows", type=int, default=40000)
-    ap.add_argument("--command", choices=["calibrate", "from-stats", "quantize", "mix"], default="calibrate",
-                    help="mix: the three in turn")
+    ap.add_argument(
+        "--command",
+        choices=["calibrate", "from-stats", "quantize", "mix"],
+        default="calibrate",
+        help="mix: the three in turn",
+    )
     ap.add_argument("--sigterm", action="store_true", help="alternate SIGINT and SIGTERM")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--after-handlers", action="store_true",
-                    help="count the delay from the early handlers being in place (as the fault tests do)")
+    ap.add_argument(
+        "--after-handlers",
+        action="store_true",
+        help="count the delay from the early handlers being in place (as the fault tests do)",
+    )
     ap.add_argument("--log", type=Path, help="append one JSON line per run here")
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for the child (repeatable)")
-    ap.add_argument("--entry", choices=["module", "script"], default="module",
-                    help="python -m trtq, or the installed trtq console script")
-    ap.add_argument("--fresh-numba-cache", action="store_true",
-                    help="an empty NUMBA_CACHE_DIR per run: the warm-up thread compiles the kernel")
+    ap.add_argument(
+        "--entry",
+        choices=["module", "script"],
+        default="module",
+        help="python -m trtq, or the installed trtq console script",
+    )
     a = ap.parse_args()
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped from outside: still clean up below
@@ -150,6 +190,7 @@ def main() -> int:
     verdicts: collections.Counter = collections.Counter()
     stuck = intact = 0
     from tests.reliability.test_console_script import judge
+
     log = open(a.log, "a") if a.log else None  # noqa: SIM115 - closed in the finally below
     p = None
     try:
@@ -162,8 +203,6 @@ def main() -> int:
                 old.write_bytes(b"previous " + old.name.encode())
             cmd = _entry(a.entry) + _command(what, work, model, data, out)
             run_env = dict(env)
-            if a.fresh_numba_cache:
-                run_env["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(dir=work, prefix="numba-")
             t0 = time.monotonic()
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=run_env)
             if a.after_handlers:
@@ -192,14 +231,25 @@ def main() -> int:
             if "Traceback" in err and kind != "STUCK":
                 kind += "+traceback"
             outcomes[kind] += 1
-            verdict = "STUCK" if kind == "STUCK" else judge(
-                {"sig": sig, "code": p.returncode, "err": err, "ready": ready, "delay": delay})
+            verdict = (
+                "STUCK"
+                if kind == "STUCK"
+                else judge({"sig": sig, "code": p.returncode, "err": err, "ready": ready, "delay": delay})
+            )
             verdicts[verdict] += 1
             kept = p.returncode == 0 or _outputs_intact(out)
             intact += kept
-            rec = {"run": i, "command": what, "signal": signal.Signals(sig).name, "delay": round(delay, 3),
-                   "outcome": kind, "verdict": verdict, "outputs_intact": kept, "after_signal_s": round(took, 3),
-                   "last_line": last}
+            rec = {
+                "run": i,
+                "command": what,
+                "signal": signal.Signals(sig).name,
+                "delay": round(delay, 3),
+                "outcome": kind,
+                "verdict": verdict,
+                "outputs_intact": kept,
+                "after_signal_s": round(took, 3),
+                "last_line": last,
+            }
             if kind == "STUCK" or "traceback" in kind:
                 rec["stderr"] = err[-12000:]
                 rec["dump"] = dump
@@ -207,12 +257,13 @@ def main() -> int:
             if log:
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
-            print(f"{i:4d} {what:10s} {rec['signal']} delay {delay:5.3f} -> {kind:12s} {took:6.2f} s  {verdict:22s} "
-                  f"{last[:60]}", flush=True)
+            print(
+                f"{i:4d} {what:10s} {rec['signal']} delay {delay:5.3f} -> {kind:12s} {took:6.2f} s  {verdict:22s} "
+                f"{last[:60]}",
+                flush=True,
+            )
             for f in work.glob(f"c{i}.cache*"):
                 f.unlink()
-            for d in work.glob("numba-*"):
-                shutil.rmtree(d, ignore_errors=True)
     finally:
         if p is not None and p.poll() is None:
             p.kill()

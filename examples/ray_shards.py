@@ -10,12 +10,12 @@ files, merges them (``trtq merge-stats``) and writes the cache (mse / percentile
 shard; entropy / max: two, merged between them). ``ray.init()``
 joins a running cluster (``RAY_ADDRESS``) or starts a local one.
 """
+
 import argparse
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
 from typing import Optional
 
 import ray

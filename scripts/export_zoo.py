@@ -37,6 +37,7 @@ may be ``raw`` as long as the reason names the ``--task`` flags that would score
 A file whose manifest entry (its spec: builder, shapes, seed, package versions) is unchanged and
 whose bytes still match the recorded sha256 is skipped, so a second run does nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,14 +71,14 @@ CHECK_BATCH = 3
 CHECK_RTOL = 2e-3  # max |onnx - torch| / max |torch|: exporters reorder float sums, nothing more
 
 
-
 # ---------------------------------------------------------------------------------------------
 # own modules: written for the zoo where torchvision and timm have nothing fitting
 # ---------------------------------------------------------------------------------------------
 
 
-def conv_bn(cin: int, cout: int, k: int = 3, s: int = 1, groups: int = 1,
-            act: Callable | None = nn.ReLU) -> nn.Sequential:
+def conv_bn(
+    cin: int, cout: int, k: int = 3, s: int = 1, groups: int = 1, act: Callable | None = nn.ReLU
+) -> nn.Sequential:
     layers: list[nn.Module] = [nn.Conv2d(cin, cout, k, s, k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
     if act is not None:
         layers.append(act() if act is not nn.PReLU else nn.PReLU(cout))
@@ -90,8 +91,12 @@ class MnistCNN(nn.Module):
     def __init__(self, classes: int = 10) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
         )
         self.head = nn.Sequential(nn.Flatten(), nn.Linear(32 * 7 * 7, 64), nn.ReLU(), nn.Linear(64, classes))
 
@@ -108,9 +113,12 @@ class CRNN(nn.Module):
         super().__init__()
         self.layout = layout
         self.trunk = nn.Sequential(
-            conv_bn(1, 32), nn.MaxPool2d(2),
-            conv_bn(32, 64), nn.MaxPool2d(2),
-            conv_bn(64, 96), nn.MaxPool2d((2, 1)),
+            conv_bn(1, 32),
+            nn.MaxPool2d(2),
+            conv_bn(32, 64),
+            nn.MaxPool2d(2),
+            conv_bn(64, 96),
+            nn.MaxPool2d((2, 1)),
             conv_bn(96, 128),
         )
         self.rnn = nn.LSTM(128, hidden, bidirectional=True, batch_first=layout == "NTC")
@@ -132,9 +140,12 @@ class NhwcClassifier(nn.Module):
         super().__init__()
         self.body = nn.Sequential(
             conv_bn(3, 16, s=2, act=nn.PReLU),
-            conv_bn(16, 16, groups=16, act=nn.PReLU), conv_bn(16, 32, k=1, act=nn.PReLU),
-            conv_bn(32, 32, s=2, groups=32, act=nn.PReLU), conv_bn(32, 64, k=1, act=nn.PReLU),
-            conv_bn(64, 64, s=2, groups=64, act=nn.PReLU), conv_bn(64, 96, k=1, act=nn.PReLU),
+            conv_bn(16, 16, groups=16, act=nn.PReLU),
+            conv_bn(16, 32, k=1, act=nn.PReLU),
+            conv_bn(32, 32, s=2, groups=32, act=nn.PReLU),
+            conv_bn(32, 64, k=1, act=nn.PReLU),
+            conv_bn(64, 64, s=2, groups=64, act=nn.PReLU),
+            conv_bn(64, 96, k=1, act=nn.PReLU),
         )
         self.fc = nn.Linear(96, classes)
 
@@ -195,8 +206,13 @@ class GeluMLP(nn.Module):
     def __init__(self, classes: int = 10) -> None:
         super().__init__()
         self.net = nn.Sequential(
-            nn.Flatten(), nn.Linear(3 * 32 * 32, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(),
-            nn.LayerNorm(256), nn.Linear(256, classes),
+            nn.Flatten(),
+            nn.Linear(3 * 32 * 32, 256),
+            nn.GELU(),
+            nn.Linear(256, 256),
+            nn.GELU(),
+            nn.LayerNorm(256),
+            nn.Linear(256, classes),
         )
 
     def forward(self, x):
@@ -214,10 +230,14 @@ class TinyBackbone(nn.Module):
         cin = w[1]
         for i in range(levels):
             cout = w[min(2 + i, len(w) - 1)]
-            self.stages.append(nn.Sequential(
-                conv_bn(cin, cin, s=2, groups=cin, act=nn.Hardswish), conv_bn(cin, cout, k=1, act=nn.Hardswish),
-                conv_bn(cout, cout, groups=cout, act=nn.Hardswish), conv_bn(cout, cout, k=1, act=nn.Hardswish),
-            ))
+            self.stages.append(
+                nn.Sequential(
+                    conv_bn(cin, cin, s=2, groups=cin, act=nn.Hardswish),
+                    conv_bn(cin, cout, k=1, act=nn.Hardswish),
+                    conv_bn(cout, cout, groups=cout, act=nn.Hardswish),
+                    conv_bn(cout, cout, k=1, act=nn.Hardswish),
+                )
+            )
             cin = cout
         self.channels = [w[min(2 + i, len(w) - 1)] for i in range(levels)]
 
@@ -271,9 +291,12 @@ class PicoDetHead(nn.Module):
         self.classes, self.reg_max = classes, reg_max
         self.backbone = TinyBackbone(levels=strides)
         self.necks = nn.ModuleList(conv_bn(c, width, k=1, act=nn.Hardswish) for c in self.backbone.channels)
-        self.towers = nn.ModuleList(nn.Sequential(
-            conv_bn(width, width, groups=width, act=nn.Hardswish), conv_bn(width, width, k=1, act=nn.Hardswish))
-            for _ in range(strides))
+        self.towers = nn.ModuleList(
+            nn.Sequential(
+                conv_bn(width, width, groups=width, act=nn.Hardswish), conv_bn(width, width, k=1, act=nn.Hardswish)
+            )
+            for _ in range(strides)
+        )
         self.cls = nn.ModuleList(nn.Conv2d(width, classes, 1) for _ in range(strides))
         self.reg = nn.ModuleList(nn.Conv2d(width, 4 * (reg_max + 1), 1) for _ in range(strides))
 
@@ -353,8 +376,16 @@ def _timm(name: str, **kw) -> Callable[[], nn.Module]:
 def _swin_micro() -> nn.Module:
     from timm.models.swin_transformer import SwinTransformer
 
-    return SwinTransformer(img_size=64, patch_size=4, window_size=4, embed_dim=32, depths=(2, 2, 2),
-                           num_heads=(2, 4, 8), num_classes=100, drop_path_rate=0.0)
+    return SwinTransformer(
+        img_size=64,
+        patch_size=4,
+        window_size=4,
+        embed_dim=32,
+        depths=(2, 2, 2),
+        num_heads=(2, 4, 8),
+        num_classes=100,
+        drop_path_rate=0.0,
+    )
 
 
 def _vit_dinov2_style() -> nn.Module:
@@ -375,8 +406,9 @@ def _vit_dinov2_style() -> nn.Module:
         m = int(math.sqrt(n))
         class_pos = self.pos_embed[:, 0]
         grid = self.pos_embed[:, 1:].reshape(1, m, m, c).permute(0, 3, 1, 2)
-        grid = nn.functional.interpolate(grid, scale_factor=(float(h + 0.1) / m, float(w + 0.1) / m), mode="bicubic",
-                                         antialias=False)
+        grid = nn.functional.interpolate(
+            grid, scale_factor=(float(h + 0.1) / m, float(w + 0.1) / m), mode="bicubic", antialias=False
+        )
         grid = grid.permute(0, 2, 3, 1).reshape(1, -1, c)
         pos = torch.cat((class_pos.unsqueeze(0), grid), dim=1)
         tokens = torch.cat((self.cls_token.expand(b, -1, -1), x.reshape(b, -1, c)), dim=1)
@@ -427,7 +459,8 @@ SPLIT_AUTO = ["detect", "raw"]
 RANDOM_NOISE_NOTE = (
     "random weights amplify noise: Gaussian noise at 40 dB SNR on the input comes out at {amp} dB on this "
     "output (torch, FP32); trtq (mse) measured {trtq} dB, stock ONNX Runtime quantize_static (per-channel, "
-    "symmetric, MinMax / Percentile) {ort} dB")
+    "symmetric, MinMax / Percentile) {ort} dB"
+)
 
 
 def _floor(bound: float, amp: float, trtq: float, ort: float) -> tuple[float, str]:
@@ -448,121 +481,427 @@ def _ex(shape: list, batch: int = EXAMPLE_BATCH) -> list:
 
 def zoo() -> list[Spec]:
     specs = [
-        Spec("resnet18", "ResNet-18", "torchvision", "torchvision.models.resnet18()", _tv("resnet18"),
-             "input", _img(64), "NCHW", _ex(_img(64)), _cls(), ["residual Add", "MaxPool"]),
-        Spec("mobilenet_v3_small", "MobileNetV3-Small", "torchvision", "torchvision.models.mobilenet_v3_small()",
-             _tv("mobilenet_v3_small"), "input", _img(64), "NCHW", _ex(_img(64)), _cls(),
-             ["hard-swish", "squeeze-excite (hard-sigmoid Mul)", "depthwise Conv"], fast=True),
-        Spec("regnet_x_400mf", "RegNetX-400MF", "torchvision", "torchvision.models.regnet_x_400mf()",
-             _tv("regnet_x_400mf"), "input", _img(64), "NCHW", _ex(_img(64)), _cls(), ["grouped Conv"],
-             sqnr_floor={"logits": _floor(6.0, 10.5, 7.5, "7.5 / 7.6")}),
-        Spec("efficientnet_b0", "EfficientNet-B0", "torchvision", "torchvision.models.efficientnet_b0()",
-             _tv("efficientnet_b0"), "input", _img(64), "NCHW", _ex(_img(64)), _cls(),
-             ["SiLU", "squeeze-excite (Sigmoid Mul)", "depthwise Conv"],
-             sqnr_floor={"logits": _floor(2.0, 20.4, 3.5, "0.3 / 1.2")}),
-        Spec("convnext_atto", "ConvNeXt-Atto", "timm", "timm convnext_atto", _timm("convnext_atto"),
-             "input", _img(64), "NCHW", _ex(_img(64)), _cls(), ["LayerNorm over channels", "GELU", "layer scale Mul",
-                                                                 "7x7 depthwise Conv"]),
-        Spec("vit_tiny_dynpos", "ViT-Tiny/16 (position embedding resampled in graph, DINOv2-style)", "timm",
-             "timm vit_tiny_patch16_224(dynamic_img_size=True), DINOv2's interpolate_pos_encoding "
-             "(offset 0.1), fed 64x64",
-             _vit_dinov2_style, "input", _img(64), "NCHW",
-             _ex(_img(64)), _cls(), ["attention MatMul", "LayerNorm", "GELU",
-                                     "position-embedding arithmetic (14x14 grid resampled to the input's 4x4 in "
-                                     "graph, Concat with the class token's)",
-                                     "exported without the exporters' own folding (TorchScript "
-                                     "do_constant_folding=False, dynamo optimize=False)"],
-             fast=True, no_folding=True),
-        Spec("deit_tiny_distilled", "DeiT-Tiny/16 distilled", "timm",
-             "timm deit_tiny_distilled_patch16_224(img_size=64)",
-             _timm("deit_tiny_distilled_patch16_224", img_size=64), "input", _img(64), "NCHW", _ex(_img(64)), _cls(),
-             ["attention MatMul", "LayerNorm", "class + distillation tokens", "two heads averaged"]),
-        Spec("swin_micro", "Swin (micro: embed 32, depths 2-2-2, window 4)", "timm",
-             "timm SwinTransformer(img_size=64, patch_size=4, window_size=4, embed_dim=32, depths=(2,2,2), "
-             "num_heads=(2,4,8), num_classes=100)", _swin_micro, "input", _img(64), "NCHW", _ex(_img(64)),
-             _cls(), ["shifted windows (Roll / Slice + Concat)", "relative position bias Gather", "patch merging",
-                      "LayerNorm"]),
-        Spec("vit_features", "DeiT-Tiny/16 hidden states (no head)", "timm",
-             "timm deit_tiny_patch16_224(img_size=64).forward_features", _vit_features, "input", _img(64), "NCHW",
-             _ex(_img(64)),
-             [{"name": "tokens", "task": "raw",
-               "why": "[N, 17, 192] transformer hidden states from a LayerNorm: not class scores, not a "
-                      "detector head, not CTC; nothing in the graph says how to score them"}],
-             ["attention MatMul", "a 3-D output a shape rule would call a detector head"]),
-        Spec("deeplabv3_mobilenet_v3_large", "DeepLabV3 (MobileNetV3-Large)", "torchvision",
-             "torchvision.models.segmentation.deeplabv3_mobilenet_v3_large(num_classes=21)['out']",
-             _tv_seg("deeplabv3_mobilenet_v3_large", num_classes=21, aux_loss=False), "input", _img(96), "NCHW",
-             _ex(_img(96)), [{"name": "out", "task": "segment", "layout": "NCHW"}],
-             ["ASPP with global pooling branch", "bilinear Resize", "dilated Conv", "hard-swish"],
-             sqnr_floor={"out": _floor(4.0, 16.1, 5.0, "6.1 / 6.2")}),
-        Spec("fcn_resnet18", "FCN (ResNet-18 trunk)", "torchvision",
-             "torchvision FCN(IntermediateLayerGetter(resnet18, layer4), FCNHead(512, 21))['out']", _fcn_resnet18,
-             "input", _img(96), "NCHW", _ex(_img(96)), [{"name": "out", "task": "segment", "layout": "NCHW"}],
-             ["bilinear Resize to the input size", "Dropout in eval"]),
-        Spec("retina_split", "SSD/RetinaNet-style split heads", "own", "RetinaSplit(classes=20, anchors=3)",
-             RetinaSplit, "input", _img(96), "NCHW", _ex(_img(96)),
-             [{"name": "boxes", "task": "detect", "layout": "split", "role": "boxes", "pair": "scores",
-               "auto": SPLIT_AUTO, "box_format": None,
-               "box_encoding": "raw anchor regressions (dx, dy, dw, dh) per anchor: 3 anchors x (12x12 + 6x6 + 3x3); "
-                               "no box format decodes them without the anchors"},
-              {"name": "scores", "task": "detect", "layout": "split", "role": "scores", "pair": "boxes",
-               "auto": SPLIT_AUTO, "box_encoding": "Sigmoid class scores, 20 classes, no objectness"}],
-             ["FPN nearest Resize + Add", "shared heads", "Reshape/Concat over levels"]),
-        Spec("picodet_head", "PicoDet/NanoDet-style anchor-free per-stride head", "own",
-             "PicoDetHead(classes=80, reg_max=7, strides 8/16/32/64)", PicoDetHead, "image", _img(128), "NCHW",
-             _ex(_img(128)),
-             [{"name": f"cls_s{s}", "task": "detect", "layout": "split", "role": "scores", "pair": f"box_s{s}",
-               "auto": SPLIT_AUTO, "stride": s, "box_encoding": f"Sigmoid class scores, 80 classes, stride {s}"}
-              for s in (8, 16, 32, 64)]
-             + [{"name": f"box_s{s}", "task": "detect", "layout": "split", "role": "boxes", "pair": f"cls_s{s}",
-                 "auto": SPLIT_AUTO, "stride": s, "box_format": "dfl", "reg_max": 7,
-                 "box_encoding": f"distribution of 4 side distances (left, top, right, bottom) in strides from the "
-                                 f"cell centre, reg_max 7 (4 x 8 bins, softmax then expectation), stride {s}"}
-                for s in (8, 16, 32, 64)],
-             ["weights as Constant nodes (Paddle-style)", "hard-swish", "eight outputs"],
-             fast=True, constant_weights=True,
-             sqnr_floor={"box_s32": _floor(8.0, 25.7, 9.5, "10.4 / 10.0"),
-                         "box_s64": _floor(5.0, 21.5, 6.8, "6.9 / 6.6")}),
-        Spec("crnn_tnc", "CRNN (Conv + BiLSTM + LogSoftmax), time-major", "own", "CRNN(layout='TNC', classes=37)",
-             lambda: CRNN("TNC"), "image", [1, 1, 32, "W"], "NCHW", [1, 1, 32, 128],
-             [{"name": "log_probs", "task": "ctc", "layout": "TNC", "classes": 37, "blank": 0}],
-             ["LSTM", "fixed batch 1, dynamic width", "1-channel input"], fast=True,
-             notes="fixed batch of 1 and a dynamic width (W/4 time steps), as the issue's recogniser"),
-        Spec("crnn_ntc", "CRNN (Conv + BiLSTM + Softmax), batch-major", "own", "CRNN(layout='NTC', classes=37)",
-             lambda: CRNN("NTC"), "image", ["N", 1, 32, 96], "NCHW", [EXAMPLE_BATCH, 1, 32, 96],
-             [{"name": "probs", "task": "ctc", "layout": "NTC", "classes": 37, "blank": 0}],
-             ["LSTM", "1-channel input"]),
-        Spec("nhwc_prelu_cls", "Keras-style NHWC classifier with PReLU", "own", "NhwcClassifier(classes=12)",
-             NhwcClassifier, "input", ["N", 64, 64, 3], "NHWC", [EXAMPLE_BATCH, 64, 64, 3], _cls("probs"),
-             ["NHWC input Transpose", "PReLU", "depthwise Conv"]),
-        Spec("nhwc_seg", "Keras-style NHWC segmenter (NHWC output maps)", "own", "NhwcSegNet(classes=6)", NhwcSegNet,
-             "input", ["N", 64, 64, 3], "NHWC", [EXAMPLE_BATCH, 64, 64, 3],
-             [{"name": "probs", "task": "segment", "layout": "NHWC", "classes": 6}],
-             ["NHWC input and output Transposes", "PReLU", "ConvTranspose", "Softmax over the last axis"], fast=True),
-        Spec("mnist_cnn", "LeNet-style 1-channel 28x28 classifier", "own", "MnistCNN(classes=10)", MnistCNN,
-             "input", _img(28, 1), "NCHW", _ex(_img(28, 1)), _cls(), ["1-channel input", "Gemm"], fast=True),
-        Spec("shufflenet_v2_x0_5", "ShuffleNetV2 x0.5", "torchvision", "torchvision.models.shufflenet_v2_x0_5()",
-             _tv("shufflenet_v2_x0_5"), "input", _img(64), "NCHW", _ex(_img(64)), _cls(),
-             ["channel shuffle (Reshape/Transpose)", "Split/Slice"]),
-        Spec("densenet121", "DenseNet-121", "torchvision", "torchvision.models.densenet121()", _tv("densenet121"),
-             "input", _img(64), "NCHW", _ex(_img(64)), _cls(), ["dense Concats", "BN-ReLU before Conv"]),
-        Spec("squeezenet1_1", "SqueezeNet 1.1", "torchvision", "torchvision.models.squeezenet1_1()",
-             _tv("squeezenet1_1"), "input", _img(64), "NCHW", _ex(_img(64)), _cls(),
-             ["fire-module Concat", "Conv classifier + global pool"]),
-        Spec("mnasnet0_5", "MnasNet 0.5", "torchvision", "torchvision.models.mnasnet0_5()", _tv("mnasnet0_5"),
-             "input", _img(64), "NCHW", _ex(_img(64)), _cls(), ["depthwise Conv", "inverted residuals"],
-             sqnr_floor={"logits": _floor(6.0, 11.0, 7.7, "7.5 / 7.7")}),
-        Spec("googlenet", "GoogLeNet", "torchvision", "torchvision.models.googlenet(aux_logits=False)",
-             _tv("googlenet", aux_logits=False, init_weights=True), "input", _img(64), "NCHW", _ex(_img(64)), _cls(),
-             ["inception Concats", "MaxPool ceil_mode"]),
-        Spec("unet_small", "UNet-like (ConvTranspose decoder)", "own", "UNetSmall(width=16)", UNetSmall,
-             "input", _img(64), "NCHW", _ex(_img(64)),
-             [{"name": "mask", "task": "segment", "layout": "NCHW", "classes": 1}],
-             ["ConvTranspose", "skip Concats", "Sigmoid probability map"]),
-        Spec("gelu_mlp", "GELU MLP", "own", "GeluMLP(classes=10)", GeluMLP, "input", _img(32), "NCHW", _ex(_img(32)),
-             _cls(), ["Flatten + Gemm", "GELU (Erf)", "LayerNorm"]),
-        Spec("mobilevit_xxs", "MobileViT-XXS", "timm", "timm mobilevit_xxs", _timm("mobilevit_xxs"), "input",
-             _img(64), "NCHW", _ex(_img(64)), _cls(), ["unfold/fold Reshape+Transpose around attention", "SiLU"]),
+        Spec(
+            "resnet18",
+            "ResNet-18",
+            "torchvision",
+            "torchvision.models.resnet18()",
+            _tv("resnet18"),
+            "input",
+            _img(64),
+            "NCHW",
+            _ex(_img(64)),
+            _cls(),
+            ["residual Add", "MaxPool"],
+        ),
+        Spec(
+            "mobilenet_v3_small",
+            "MobileNetV3-Small",
+            "torchvision",
+            "torchvision.models.mobilenet_v3_small()",
+            _tv("mobilenet_v3_small"),
+            "input",
+            _img(64),
+            "NCHW",
+            _ex(_img(64)),
+            _cls(),
+            ["hard-swish", "squeeze-excite (hard-sigmoid Mul)", "depthwise Conv"],
+            fast=True,
+        ),
+        Spec(
+            "regnet_x_400mf",
+            "RegNetX-400MF",
+            "torchvision",
+            "torchvision.models.regnet_x_400mf()",
+            _tv("regnet_x_400mf"),
+            "input",
+            _img(64),
+            "NCHW",
+            _ex(_img(64)),
+            _cls(),
+            ["grouped Conv"],
+            sqnr_floor={"logits": _floor(6.0, 10.5, 7.5, "7.5 / 7.6")},
+        ),
+        Spec(
+            "efficientnet_b0",
+            "EfficientNet-B0",
+            "torchvision",
+            "torchvision.models.efficientnet_b0()",
+            _tv("efficientnet_b0"),
+            "input",
+            _img(64),
+            "NCHW",
+            _ex(_img(64)),
+            _cls(),
+            ["SiLU", "squeeze-excite (Sigmoid Mul)", "depthwise Conv"],
+            sqnr_floor={"logits": _floor(2.0, 20.4, 3.5, "0.3 / 1.2")},
+        ),
+        Spec(
+            "convnext_atto",
+            "ConvNeXt-Atto",
+            "timm",
+            "timm convnext_atto",
+            _timm("convnext_atto"),
+            "input",
+            _img(64),
+            "NCHW",
+            _ex(_img(64)),
+            _cls(),
+            ["LayerNorm over channels", "GELU", "layer scale Mul", "7x7 depthwise Conv"],
+        ),
+        Spec(
+            "vit_tiny_dynpos",
+            "ViT-Tiny/16 (position embedding resampled in graph, DINOv2-style)",
+            "timm",
+            "timm vit_tiny_patch16_224(dynamic_img_size=True), DINOv2's interpolate_pos_encoding "
+            "(offset 0.1), fed 64x64",
+            _vit_dinov2_style,
+            "input",
+            _img(64),
+            "NCHW",
+            _ex(_img(64)),
+            _cls(),
+            [
+                "attention MatMul",
+                "LayerNorm",
+                "GELU",
+                "position-embedding arithmetic (14x14 grid resampled to the input's 4x4 in "
+                "graph, Concat with the class token's)",
+                "exported without the exporters' own folding (TorchScript "
+                "do_constant_folding=False, dynamo optimize=False)",
+            ],
+            fast=True,
+            no_folding=True,
+        ),
+        Spec(
+            "deit_tiny_distilled",
+            "DeiT-Tiny/16 distilled",
+            "timm",
+            "timm deit_tiny_distilled_patch16_224(img_size=64)",
+            _timm("deit_tiny_distilled_patch16_224", img_size=64),
+            "input",
+            _img(64),
+            "NCHW",
+            _ex(_img(64)),
+            _cls(),
+            ["attention MatMul", "LayerNorm", "class + distillation tokens", "two heads averaged"],
+        ),
+        Spec(
+            "swin_micro",
+            "Swin (micro: embed 32, depths 2-2-2, window 4)",
+            "timm",
+            "timm SwinTransformer(img_size=64, patch_size=4, window_size=4, embed_dim=32, depths=(2,2,2), "
+            "num_heads=(2,4,8), num_classes=100)",
+            _swin_micro,
+            "input",
+            _img(64),
+            "NCHW",
+            _ex(_img(64)),
+            _cls(),
+            ["shifted windows (Roll / Slice + Concat)", "relative position bias Gather", "patch merging", "LayerNorm"],
+        ),
+        Spec(
+            "vit_features",
+            "DeiT-Tiny/16 hidden states (no head)",
+            "timm",
+            "timm deit_tiny_patch16_224(img_size=64).forward_features",
+            _vit_features,
+            "input",
+            _img(64),
+            "NCHW",
+            _ex(_img(64)),
+            [
+                {
+                    "name": "tokens",
+                    "task": "raw",
+                    "why": "[N, 17, 192] transformer hidden states from a LayerNorm: not class scores, not a "
+                    "detector head, not CTC; nothing in the graph says how to score them",
+                }
+            ],
+            ["attention MatMul", "a 3-D output a shape rule would call a detector head"],
+        ),
+        Spec(
+            "deeplabv3_mobilenet_v3_large",
+            "DeepLabV3 (MobileNetV3-Large)",
+            "torchvision",
+            "torchvision.models.segmentation.deeplabv3_mobilenet_v3_large(num_classes=21)['out']",
+            _tv_seg("deeplabv3_mobilenet_v3_large", num_classes=21, aux_loss=False),
+            "input",
+            _img(96),
+            "NCHW",
+            _ex(_img(96)),
+            [{"name": "out", "task": "segment", "layout": "NCHW"}],
+            ["ASPP with global pooling branch", "bilinear Resize", "dilated Conv", "hard-swish"],
+            sqnr_floor={"out": _floor(4.0, 16.1, 5.0, "6.1 / 6.2")},
+        ),
+        Spec(
+            "fcn_resnet18",
+            "FCN (ResNet-18 trunk)",
+            "torchvision",
+            "torchvision FCN(IntermediateLayerGetter(resnet18, layer4), FCNHead(512, 21))['out']",
+            _fcn_resnet18,
+            "input",
+            _img(96),
+            "NCHW",
+            _ex(_img(96)),
+            [{"name": "out", "task": "segment", "layout": "NCHW"}],
+            ["bilinear Resize to the input size", "Dropout in eval"],
+        ),
+        Spec(
+            "retina_split",
+            "SSD/RetinaNet-style split heads",
+            "own",
+            "RetinaSplit(classes=20, anchors=3)",
+            RetinaSplit,
+            "input",
+            _img(96),
+            "NCHW",
+            _ex(_img(96)),
+            [
+                {
+                    "name": "boxes",
+                    "task": "detect",
+                    "layout": "split",
+                    "role": "boxes",
+                    "pair": "scores",
+                    "auto": SPLIT_AUTO,
+                    "box_format": None,
+                    "box_encoding": "raw anchor regressions (dx, dy, dw, dh) per anchor: "
+                    "3 anchors x (12x12 + 6x6 + 3x3); no box format decodes them without the anchors",
+                },
+                {
+                    "name": "scores",
+                    "task": "detect",
+                    "layout": "split",
+                    "role": "scores",
+                    "pair": "boxes",
+                    "auto": SPLIT_AUTO,
+                    "box_encoding": "Sigmoid class scores, 20 classes, no objectness",
+                },
+            ],
+            ["FPN nearest Resize + Add", "shared heads", "Reshape/Concat over levels"],
+        ),
+        Spec(
+            "picodet_head",
+            "PicoDet/NanoDet-style anchor-free per-stride head",
+            "own",
+            "PicoDetHead(classes=80, reg_max=7, strides 8/16/32/64)",
+            PicoDetHead,
+            "image",
+            _img(128),
+            "NCHW",
+            _ex(_img(128)),
+            [
+                {
+                    "name": f"cls_s{s}",
+                    "task": "detect",
+                    "layout": "split",
+                    "role": "scores",
+                    "pair": f"box_s{s}",
+                    "auto": SPLIT_AUTO,
+                    "stride": s,
+                    "box_encoding": f"Sigmoid class scores, 80 classes, stride {s}",
+                }
+                for s in (8, 16, 32, 64)
+            ]
+            + [
+                {
+                    "name": f"box_s{s}",
+                    "task": "detect",
+                    "layout": "split",
+                    "role": "boxes",
+                    "pair": f"cls_s{s}",
+                    "auto": SPLIT_AUTO,
+                    "stride": s,
+                    "box_format": "dfl",
+                    "reg_max": 7,
+                    "box_encoding": f"distribution of 4 side distances (left, top, right, bottom) in strides from the "
+                    f"cell centre, reg_max 7 (4 x 8 bins, softmax then expectation), stride {s}",
+                }
+                for s in (8, 16, 32, 64)
+            ],
+            ["weights as Constant nodes (Paddle-style)", "hard-swish", "eight outputs"],
+            fast=True,
+            constant_weights=True,
+            sqnr_floor={
+                "box_s32": _floor(8.0, 25.7, 9.5, "10.4 / 10.0"),
+                "box_s64": _floor(5.0, 21.5, 6.8, "6.9 / 6.6"),
+            },
+        ),
+        Spec(
+            "crnn_tnc",
+            "CRNN (Conv + BiLSTM + LogSoftmax), time-major",
+            "own",
+            "CRNN(layout='TNC', classes=37)",
+            lambda: CRNN("TNC"),
+            "image",
+            [1, 1, 32, "W"],
+            "NCHW",
+            [1, 1, 32, 128],
+            [{"name": "log_probs", "task": "ctc", "layout": "TNC", "classes": 37, "blank": 0}],
+            ["LSTM", "fixed batch 1, dynamic width", "1-channel input"],
+            fast=True,
+            notes="fixed batch of 1 and a dynamic width (W/4 time steps), as the issue's recogniser",
+        ),
+        Spec(
+            "crnn_ntc",
+            "CRNN (Conv + BiLSTM + Softmax), batch-major",
+            "own",
+            "CRNN(layout='NTC', classes=37)",
+            lambda: CRNN("NTC"),
+            "image",
+            ["N", 1, 32, 96],
+            "NCHW",
+            [EXAMPLE_BATCH, 1, 32, 96],
+            [{"name": "probs", "task": "ctc", "layout": "NTC", "classes": 37, "blank": 0}],
+            ["LSTM", "1-channel input"],
+        ),
+        Spec(
+            "nhwc_prelu_cls",
+            "Keras-style NHWC classifier with PReLU",
+            "own",
+            "NhwcClassifier(classes=12)",
+            NhwcClassifier,
+            "input",
+            ["N", 64, 64, 3],
+            "NHWC",
+            [EXAMPLE_BATCH, 64, 64, 3],
+            _cls("probs"),
+            ["NHWC input Transpose", "PReLU", "depthwise Conv"],
+        ),
+        Spec(
+            "nhwc_seg",
+            "Keras-style NHWC segmenter (NHWC output maps)",
+            "own",
+            "NhwcSegNet(classes=6)",
+            NhwcSegNet,
+            "input",
+            ["N", 64, 64, 3],
+            "NHWC",
+            [EXAMPLE_BATCH, 64, 64, 3],
+            [{"name": "probs", "task": "segment", "layout": "NHWC", "classes": 6}],
+            ["NHWC input and output Transposes", "PReLU", "ConvTranspose", "Softmax over the last axis"],
+            fast=True,
+        ),
+        Spec(
+            "mnist_cnn",
+            "LeNet-style 1-channel 28x28 classifier",
+            "own",
+            "MnistCNN(classes=10)",
+            MnistCNN,
+            "input",
+            _img(28, 1),
+            "NCHW",
+            _ex(_img(28, 1)),
+            _cls(),
+            ["1-channel input", "Gemm"],
+            fast=True,
+        ),
+        Spec(
+            "shufflenet_v2_x0_5",
+            "ShuffleNetV2 x0.5",
+            "torchvision",
+            "torchvision.models.shufflenet_v2_x0_5()",
+            _tv("shufflenet_v2_x0_5"),
+            "input",
+            _img(64),
+            "NCHW",
+            _ex(_img(64)),
+            _cls(),
+            ["channel shuffle (Reshape/Transpose)", "Split/Slice"],
+        ),
+        Spec(
+            "densenet121",
+            "DenseNet-121",
+            "torchvision",
+            "torchvision.models.densenet121()",
+            _tv("densenet121"),
+            "input",
+            _img(64),
+            "NCHW",
+            _ex(_img(64)),
+            _cls(),
+            ["dense Concats", "BN-ReLU before Conv"],
+        ),
+        Spec(
+            "squeezenet1_1",
+            "SqueezeNet 1.1",
+            "torchvision",
+            "torchvision.models.squeezenet1_1()",
+            _tv("squeezenet1_1"),
+            "input",
+            _img(64),
+            "NCHW",
+            _ex(_img(64)),
+            _cls(),
+            ["fire-module Concat", "Conv classifier + global pool"],
+        ),
+        Spec(
+            "mnasnet0_5",
+            "MnasNet 0.5",
+            "torchvision",
+            "torchvision.models.mnasnet0_5()",
+            _tv("mnasnet0_5"),
+            "input",
+            _img(64),
+            "NCHW",
+            _ex(_img(64)),
+            _cls(),
+            ["depthwise Conv", "inverted residuals"],
+            sqnr_floor={"logits": _floor(6.0, 11.0, 7.7, "7.5 / 7.7")},
+        ),
+        Spec(
+            "googlenet",
+            "GoogLeNet",
+            "torchvision",
+            "torchvision.models.googlenet(aux_logits=False)",
+            _tv("googlenet", aux_logits=False, init_weights=True),
+            "input",
+            _img(64),
+            "NCHW",
+            _ex(_img(64)),
+            _cls(),
+            ["inception Concats", "MaxPool ceil_mode"],
+        ),
+        Spec(
+            "unet_small",
+            "UNet-like (ConvTranspose decoder)",
+            "own",
+            "UNetSmall(width=16)",
+            UNetSmall,
+            "input",
+            _img(64),
+            "NCHW",
+            _ex(_img(64)),
+            [{"name": "mask", "task": "segment", "layout": "NCHW", "classes": 1}],
+            ["ConvTranspose", "skip Concats", "Sigmoid probability map"],
+        ),
+        Spec(
+            "gelu_mlp",
+            "GELU MLP",
+            "own",
+            "GeluMLP(classes=10)",
+            GeluMLP,
+            "input",
+            _img(32),
+            "NCHW",
+            _ex(_img(32)),
+            _cls(),
+            ["Flatten + Gemm", "GELU (Erf)", "LayerNorm"],
+        ),
+        Spec(
+            "mobilevit_xxs",
+            "MobileViT-XXS",
+            "timm",
+            "timm mobilevit_xxs",
+            _timm("mobilevit_xxs"),
+            "input",
+            _img(64),
+            "NCHW",
+            _ex(_img(64)),
+            _cls(),
+            ["unfold/fold Reshape+Transpose around attention", "SiLU"],
+        ),
     ]
     names = [s.name for s in specs]
     assert len(names) == len(set(names)), names
@@ -586,10 +925,18 @@ def versions() -> dict[str, str]:
 
 def spec_key(spec: Spec, slot: str, vers: dict[str, str]) -> dict[str, Any]:
     """What decides a file's bytes: a change here re-exports it."""
-    return {"format": ZOO_FORMAT, "slot": slot, "builder": spec.builder, "input_shape": spec.input_shape,
-            "example": spec.example, "seed": model_seed(spec.name), "constant_weights": spec.constant_weights,
-            "no_folding": spec.no_folding, "bn_passes": BN_PASSES,
-            "versions": {k: vers.get(k) for k in ("torch", "torchvision", "timm", "onnxscript")}}
+    return {
+        "format": ZOO_FORMAT,
+        "slot": slot,
+        "builder": spec.builder,
+        "input_shape": spec.input_shape,
+        "example": spec.example,
+        "seed": model_seed(spec.name),
+        "constant_weights": spec.constant_weights,
+        "no_folding": spec.no_folding,
+        "bn_passes": BN_PASSES,
+        "versions": {k: vers.get(k) for k in ("torch", "torchvision", "timm", "onnxscript")},
+    }
 
 
 def model_seed(name: str) -> int:
@@ -645,16 +992,33 @@ def export_one(model: nn.Module, spec: Spec, exporter: str, opset: int, path: Pa
             axes = {spec.input_name: dyn_in}
             for o in spec.outputs:
                 axes[o["name"]] = output_dynamic_axes(spec, o)
-            torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=opset, input_names=[spec.input_name],
-                              output_names=outs, dynamic_axes=axes, do_constant_folding=not spec.no_folding)
+            torch.onnx.export(
+                model,
+                (x,),
+                str(path),
+                dynamo=False,
+                opset_version=opset,
+                input_names=[spec.input_name],
+                output_names=outs,
+                dynamic_axes=axes,
+                do_constant_folding=not spec.no_folding,
+            )
         else:
-            dims = {i: torch.export.Dim(name, min=1 if name == "N" else 8, max=4096)
-                    for i, name in dyn_in.items()}
+            dims = {i: torch.export.Dim(name, min=1 if name == "N" else 8, max=4096) for i, name in dyn_in.items()}
             if spec.name == "crnn_tnc":  # the width is 4x the time steps: say so, or export guards fail
                 dims = {3: 4 * torch.export.Dim("T", min=4, max=1024)}
-            program = torch.onnx.export(model, (x,), dynamo=True, opset_version=opset, input_names=[spec.input_name],
-                                        output_names=outs, dynamic_shapes=({**dims},), external_data=False,
-                                        optimize=not spec.no_folding, verbose=False)
+            program = torch.onnx.export(
+                model,
+                (x,),
+                dynamo=True,
+                opset_version=opset,
+                input_names=[spec.input_name],
+                output_names=outs,
+                dynamic_shapes=({**dims},),
+                external_data=False,
+                optimize=not spec.no_folding,
+                verbose=False,
+            )
             program.save(str(path), external_data=False)
 
 
@@ -704,8 +1068,10 @@ def weights_to_constants(model) -> None:
     weights this way)."""
     from onnx import helper
 
-    consts = [helper.make_node("Constant", [], [init.name], name=f"const_{i}", value=init)
-              for i, init in enumerate(model.graph.initializer)]
+    consts = [
+        helper.make_node("Constant", [], [init.name], name=f"const_{i}", value=init)
+        for i, init in enumerate(model.graph.initializer)
+    ]
     del model.graph.initializer[:]
     nodes = consts + list(model.graph.node)
     del model.graph.node[:]
@@ -815,26 +1181,46 @@ def export_slot(spec: Spec, slot: str, out: Path, vers: dict[str, str], model: n
         os.replace(tmp, final)
         ops = count_ops(final)
         entry = {
-            "file": fname, "name": spec.name,
-            "builder": spec.builder, "slot": slot, "exporter": exporter, "opset": opset,
-            "fallback": None if not attempts else {
-                "wanted": {"exporter": SLOTS[slot][0][0], "opset": SLOTS[slot][0][1]}, "failed": attempts,
-                "used": {"exporter": exporter, "opset": opset}},
+            "file": fname,
+            "name": spec.name,
+            "builder": spec.builder,
+            "slot": slot,
+            "exporter": exporter,
+            "opset": opset,
+            "fallback": None
+            if not attempts
+            else {
+                "wanted": {"exporter": SLOTS[slot][0][0], "opset": SLOTS[slot][0][1]},
+                "failed": attempts,
+                "used": {"exporter": exporter, "opset": opset},
+            },
             **describe(spec),
             "weights": f"random, seed {model_seed(spec.name)}"
-                       + (f"; BatchNorm statistics from {BN_PASSES} seeded batches of 8"
-                          if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()) else ""),
-            "input": {"name": spec.input_name, "shape": spec.input_shape, "layout": spec.layout,
-                      "feed_shape": _ex(spec.example, 4) if "N" in spec.input_shape else spec.example,
-                      "dtype": "float32"},
+            + (
+                f"; BatchNorm statistics from {BN_PASSES} seeded batches of 8"
+                if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+                else ""
+            ),
+            "input": {
+                "name": spec.input_name,
+                "shape": spec.input_shape,
+                "layout": spec.layout,
+                "feed_shape": _ex(spec.example, 4) if "N" in spec.input_shape else spec.example,
+                "dtype": "float32",
+            },
             "weighted_nodes": {k: ops[k] for k in WEIGHTED_OPS if ops.get(k)},
             "op_counts": dict(sorted(ops.items())),
-            "check": check, "export_seconds": round(seconds, 2), "bytes": final.stat().st_size, "sha256": sha256(final),
+            "check": check,
+            "export_seconds": round(seconds, 2),
+            "bytes": final.stat().st_size,
+            "sha256": sha256(final),
             "spec": spec_key(spec, slot, vers),
         }
         return entry
-    raise RuntimeError(f"{spec.name} {slot}: every exporter failed: " + "; ".join(
-        f"{a['exporter']}@{a['opset']}: {a['error']}" for a in attempts))
+    raise RuntimeError(
+        f"{spec.name} {slot}: every exporter failed: "
+        + "; ".join(f"{a['exporter']}@{a['opset']}: {a['error']}" for a in attempts)
+    )
 
 
 def describe(spec: Spec) -> dict[str, Any]:
@@ -845,8 +1231,14 @@ def describe(spec: Spec) -> dict[str, Any]:
         if o["name"] in spec.sqnr_floor:
             o["sqnr_min_db"], o["sqnr_why"] = spec.sqnr_floor[o["name"]]
         outputs.append(o)
-    return {"architecture": spec.architecture, "source": spec.source, "fast": spec.fast, "outputs": outputs,
-            "patterns": spec.patterns, "notes": spec.notes}
+    return {
+        "architecture": spec.architecture,
+        "source": spec.source,
+        "fast": spec.fast,
+        "outputs": outputs,
+        "patterns": spec.patterns,
+        "notes": spec.notes,
+    }
 
 
 def load_manifest(path: Path) -> dict[str, Any]:
@@ -932,14 +1324,25 @@ def main(argv: list[str] | None = None) -> int:
             by_slot[(spec.name, slot)] = entry
             manifest["models"] = sorted(by_slot.values(), key=lambda m: (m["name"], m["slot"]))
             write_manifest(mpath, manifest)
-            note = "" if not entry["fallback"] else "  (fallback: " + "; ".join(
-                f"{a['exporter']}@{a['opset']} failed" for a in entry["fallback"]["failed"]) + ")"
-            print(f"{spec.name:30s} {slot}: {entry['file']} {entry['bytes'] / 1e6:.1f} MB, "
-                  f"{time.perf_counter() - t0:.1f} s{note}", flush=True)
+            note = (
+                ""
+                if not entry["fallback"]
+                else "  (fallback: "
+                + "; ".join(f"{a['exporter']}@{a['opset']} failed" for a in entry["fallback"]["failed"])
+                + ")"
+            )
+            print(
+                f"{spec.name:30s} {slot}: {entry['file']} {entry['bytes'] / 1e6:.1f} MB, "
+                f"{time.perf_counter() - t0:.1f} s{note}",
+                flush=True,
+            )
     manifest["models"] = sorted(by_slot.values(), key=lambda m: (m["name"], m["slot"]))
     write_manifest(mpath, manifest)
-    print(f"export_zoo: {len(specs)} models into {out} in {time.perf_counter() - t_all:.0f} s"
-          + (f", {failed} slot(s) FAILED" if failed else ""), flush=True)
+    print(
+        f"export_zoo: {len(specs)} models into {out} in {time.perf_counter() - t_all:.0f} s"
+        + (f", {failed} slot(s) FAILED" if failed else ""),
+        flush=True,
+    )
     return 1 if failed else 0
 
 

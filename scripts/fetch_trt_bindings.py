@@ -20,6 +20,7 @@ Sources (the smallest real one for each):
   Debian 11's python3.9 packages unpacked into the cache with apt-get (``--no-debian-python``
   turns that off).
 """
+
 import argparse
 import base64
 import csv
@@ -135,8 +136,12 @@ def bundle_binding(dest):
 
 def python_version(cmd):
     try:
-        out = subprocess.run([cmd, "-c", "import sys, ctypes, json; print('%d.%d' % sys.version_info[:2])"],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [cmd, "-c", "import sys, ctypes, json; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except OSError:
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -152,7 +157,9 @@ def write_wrapper(root, path):
         'export PYTHONHOME="$R/usr"\n'
         'export LD_LIBRARY_PATH="$R/usr/lib/x86_64-linux-gnu:$R/lib/x86_64-linux-gnu'
         '${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"\n'
-        'exec "$R/usr/bin/python3.9" "$@"\n', encoding="utf-8")
+        'exec "$R/usr/bin/python3.9" "$@"\n',
+        encoding="utf-8",
+    )
     path.chmod(0o755)
     return path
 
@@ -161,8 +168,9 @@ def debian_mirror():
     """The Debian mirror the system's apt sources name (deb822 or one-line form)."""
     for src in sorted(Path("/etc/apt").glob("sources.list.d/*.sources")) + [Path("/etc/apt/sources.list")]:
         if src.is_file():
-            m = re.search(r"^URIs:\s*(\S+/debian)\s*$", src.read_text(), re.M) or \
-                re.search(r"^deb\s+(?:\[[^]]*\]\s+)?(\S+/debian)\s", src.read_text(), re.M)
+            m = re.search(r"^URIs:\s*(\S+/debian)\s*$", src.read_text(), re.M) or re.search(
+                r"^deb\s+(?:\[[^]]*\]\s+)?(\S+/debian)\s", src.read_text(), re.M
+            )
             if m:
                 return m.group(1)
     raise FetchError("no Debian mirror in /etc/apt: cannot fetch python3.9")
@@ -180,9 +188,16 @@ def debian_python(cache):
         (work / "archives" / "partial").mkdir(parents=True, exist_ok=True)
         (work / "status").write_text("")
         (work / "sources.list").write_text(f"deb {debian_mirror()} {DEBIAN_SUITE} main\n")
-        opts = [f"-oDir::Etc::SourceList={work / 'sources.list'}", "-oDir::Etc::SourceParts=/dev/null",
-                f"-oDir::State::Lists={work / 'lists'}", f"-oDir::State::status={work / 'status'}",
-                f"-oDir::Cache={work}", "-oAPT::Architecture=amd64", "-oDebug::NoLocking=1", "-qq"]
+        opts = [
+            f"-oDir::Etc::SourceList={work / 'sources.list'}",
+            "-oDir::Etc::SourceParts=/dev/null",
+            f"-oDir::State::Lists={work / 'lists'}",
+            f"-oDir::State::status={work / 'status'}",
+            f"-oDir::Cache={work}",
+            "-oAPT::Architecture=amd64",
+            "-oDebug::NoLocking=1",
+            "-qq",
+        ]
         for step in (["update"], ["download", *DEBIAN_PACKAGES]):
             proc = subprocess.run(["apt-get", *opts, *step], cwd=work, capture_output=True, text=True)
             if proc.returncode != 0:
@@ -263,8 +278,15 @@ def fetch(case, cache, use_newest, allow_debian):
                 w = download(package, version, wtmp, pyver if python else None)
                 inner = "tensorrt" if package == "tensorrt" else "tensorrt_bindings"
                 sha, wheel, source = extract(w, inner, tmp_dest), w.name, "pip download"
-        info = {"version": version, "package": package, "wheel": wheel, "python_tag": tag, "python": python,
-                "sha256": sha, "source": source}
+        info = {
+            "version": version,
+            "package": package,
+            "wheel": wheel,
+            "python_tag": tag,
+            "python": python,
+            "sha256": sha,
+            "source": source,
+        }
         (tmp_dest / "binding.json").write_text(json.dumps(info, indent=1) + "\n")
         shutil.rmtree(dest, ignore_errors=True)
         tmp_dest.chmod(0o755)

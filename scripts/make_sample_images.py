@@ -4,6 +4,7 @@
 
 Deterministic: fixed crop boxes from a seeded generator. Licences: sample_data/LICENSES.md.
 """
+
 import sys
 from pathlib import Path
 

@@ -1,4 +1,5 @@
 """Shared fixtures: paths to the bundled sample, and an in-process CLI runner."""
+
 import os
 import sys
 from pathlib import Path

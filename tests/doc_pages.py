@@ -5,6 +5,7 @@ or a ruled table, each with a caption, in one or two columns, and a page number 
 Deterministic for a seed; text is drawn with Pillow's own scalable font (``load_default(size)``),
 so no system fonts are needed. ``write_pages`` saves PNGs for ``--data FOLDER --preprocess yolo``.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,11 +15,54 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 PHOTOS = ROOT / "sample_data" / "images"
 
-WORDS = ("the", "model", "calibration", "engine", "tensor", "layer", "input", "output", "batch", "scale",
-         "range", "data", "image", "quantized", "precision", "latency", "accuracy", "network", "graph", "node",
-         "weight", "activation", "histogram", "cache", "result", "table", "figure", "method", "sample",
-         "value", "error", "kernel", "build", "section", "report", "runtime", "memory", "device", "shape",
-         "channel", "feature", "detection", "page", "document", "text", "line")
+WORDS = (
+    "the",
+    "model",
+    "calibration",
+    "engine",
+    "tensor",
+    "layer",
+    "input",
+    "output",
+    "batch",
+    "scale",
+    "range",
+    "data",
+    "image",
+    "quantized",
+    "precision",
+    "latency",
+    "accuracy",
+    "network",
+    "graph",
+    "node",
+    "weight",
+    "activation",
+    "histogram",
+    "cache",
+    "result",
+    "table",
+    "figure",
+    "method",
+    "sample",
+    "value",
+    "error",
+    "kernel",
+    "build",
+    "section",
+    "report",
+    "runtime",
+    "memory",
+    "device",
+    "shape",
+    "channel",
+    "feature",
+    "detection",
+    "page",
+    "document",
+    "text",
+    "line",
+)
 
 
 def font(size: int):
@@ -56,15 +100,16 @@ class _Column:
     def room(self, h: int) -> bool:
         return self.y + h <= self.bottom
 
-    def text(self, text: str, size: int, indent: int = 0, gap: int = 4, bold: bool = False,
-             fill: str = "black") -> bool:
+    def text(
+        self, text: str, size: int, indent: int = 0, gap: int = 4, bold: bool = False, fill: str = "black"
+    ) -> bool:
         face = font(size)
         lines = _wrap(self.draw, text, face, self.width - indent)
         step = int(size * 1.25)
         if not self.room(step * len(lines)):
             return False
         for line in lines:
-            for dx in ((0, 1) if bold else (0,)):
+            for dx in (0, 1) if bold else (0,):
                 self.draw.text((self.x + indent + dx, self.y), line, fill=fill, font=face)
             self.y += step
         self.y += gap

@@ -3,7 +3,12 @@ from pathlib import Path
 import pytest
 
 from trtq.config import (
-    CalibrateOptions, PreprocessOptions, TrtqConfig, apply_overrides, load_config, to_dict,
+    CalibrateOptions,
+    PreprocessOptions,
+    TrtqConfig,
+    apply_overrides,
+    load_config,
+    to_dict,
 )
 from trtq.errors import ConfigError
 
@@ -36,8 +41,11 @@ def test_precedence_defaults_yaml_env_flags(tmp_path):
     assert (cfg.calibrate.method, cfg.calibrate.percentile, cfg.data.batch_size) == ("max", 99.9, 4)
     cfg = load_config(p, environ={"TRTQ_CALIBRATE_METHOD": "mse", "TRTQ_DATA_BATCH_SIZE": "16"})
     assert (cfg.calibrate.method, cfg.data.batch_size) == ("mse", 16)
-    cfg = load_config(p, {"calibrate.method": "percentile", "data.batch_size": None},
-                      environ={"TRTQ_CALIBRATE_METHOD": "mse", "TRTQ_DATA_BATCH_SIZE": "16"})
+    cfg = load_config(
+        p,
+        {"calibrate.method": "percentile", "data.batch_size": None},
+        environ={"TRTQ_CALIBRATE_METHOD": "mse", "TRTQ_DATA_BATCH_SIZE": "16"},
+    )
     # a flag wins; an unset flag (None) does not override the environment
     assert (cfg.calibrate.method, cfg.data.batch_size, cfg.data.seed) == ("percentile", 16, 1)
 
@@ -56,7 +64,9 @@ def test_yaml_paths_are_relative_to_the_file(tmp_path):
 
 
 def test_nested_preprocess_and_scalar_to_tuple(tmp_path):
-    p = write(tmp_path, """
+    p = write(
+        tmp_path,
+        """
 data:
   inputs:
     x:
@@ -66,18 +76,22 @@ data:
         center_crop: 224
         mean: [0.5]
         color: BGR
-""")
+""",
+    )
     pre = load_config(p, environ={}).data.inputs["x"].preprocess
     assert pre.resize.size == (384, 640) and pre.resize.pad_value == 114.0 and pre.resize.anchor == "top_left"
     assert pre.center_crop == (224,) and pre.mean == (0.5,) and pre.color == "bgr"
     assert isinstance(pre, PreprocessOptions)
 
 
-@pytest.mark.parametrize("text, where", [
-    ("data: {inputs: {x: {preprocess: {mena: [1]}}}}", "data.inputs.x.preprocess.mena"),
-    ("calibrat: {method: max}", "calibrat"),
-    ("build: {profiles: {x: {min: [1], maximum: [2]}}}", "build.profiles.x.maximum"),
-])
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ("data: {inputs: {x: {preprocess: {mena: [1]}}}}", "data.inputs.x.preprocess.mena"),
+        ("calibrat: {method: max}", "calibrat"),
+        ("build: {profiles: {x: {min: [1], maximum: [2]}}}", "build.profiles.x.maximum"),
+    ],
+)
 def test_unknown_keys_are_named_with_their_path(tmp_path, text, where):
     with pytest.raises(ConfigError) as e:
         load_config(write(tmp_path, text), environ={})
@@ -85,13 +99,16 @@ def test_unknown_keys_are_named_with_their_path(tmp_path, text, where):
     assert e.value.exit_code == 2
 
 
-@pytest.mark.parametrize("text, key", [
-    ("calibrate: {method: median}", "calibrate.method"),
-    ("data: {batch_size: 2.5}", "data.batch_size"),
-    ("data: {shuffle: 'yes please'}", "data.shuffle"),
-    ("calibrate: {percentile: [1, 2]}", "calibrate.percentile"),
-    ("data: 5", "data"),
-])
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("calibrate: {collect: everywhere}", "calibrate.collect"),
+        ("data: {batch_size: 2.5}", "data.batch_size"),
+        ("data: {shuffle: 'yes please'}", "data.shuffle"),
+        ("calibrate: {percentile: [1, 2]}", "calibrate.percentile"),
+        ("data: 5", "data"),
+    ],
+)
 def test_bad_values_name_the_key(tmp_path, text, key):
     with pytest.raises(ConfigError, match=f"config key '{key}'"):
         load_config(write(tmp_path, text), environ={})
@@ -110,13 +127,13 @@ def test_missing_and_invalid_files(tmp_path):
 def test_environment_errors():
     with pytest.raises(ConfigError, match="unknown environment variable TRTQ_CALIBRATE_METOD"):
         load_config(None, environ={"TRTQ_CALIBRATE_METOD": "max"})
-    with pytest.raises(ConfigError, match="calibrate.method"):
-        load_config(None, environ={"TRTQ_CALIBRATE_METHOD": "nonsense"})
+    with pytest.raises(ConfigError, match="calibrate.backend"):
+        load_config(None, environ={"TRTQ_CALIBRATE_BACKEND": "nonsense"})
 
 
 def test_environment_variables_read_elsewhere_are_not_config_keys():
     # TRTQ_SIGNAL_GRACE: the CLI's signal watchdog (trtq.cli), not an option
-    others = {"TRTQ_SIGNAL_GRACE": "3", "TRTQ_NO_NUMBA": "1", "TRTQ_NO_NATIVE": "1"}
+    others = {"TRTQ_SIGNAL_GRACE": "3", "TRTQ_NO_NATIVE": "1"}
     assert load_config(None, environ=others) == load_config(None, environ={})
 
 

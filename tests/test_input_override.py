@@ -1,4 +1,5 @@
 """--override-input-shape / model_input_shapes: a fixed declared input shape rewritten and checked."""
+
 import json
 
 import numpy as np
@@ -13,8 +14,10 @@ from trtq.input_override import override_input_shapes, parse_override
 def _fixed_detector(path, reshape_to=None):
     """x declared [10,3,32,32] -> Conv -> Relu -> (GlobalAveragePool | Reshape to a constant size)."""
     rng = np.random.default_rng(0)
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"], name="relu")]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+    ]
     inits = [numpy_helper.from_array(rng.normal(0, 0.3, (16, 3, 3, 3)).astype(np.float32), "w")]
     if reshape_to is None:
         nodes.append(helper.make_node("GlobalAveragePool", ["r"], ["y"], name="pool"))
@@ -23,8 +26,9 @@ def _fixed_detector(path, reshape_to=None):
         inits.append(numpy_helper.from_array(np.array(reshape_to, np.int64), "target"))
         nodes.append(helper.make_node("Reshape", ["r", "target"], ["y"], name="flatten"))
         out = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(reshape_to))
-    graph = helper.make_graph(nodes, "det", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [10, 3, 32, 32])],
-                              [out], inits)
+    graph = helper.make_graph(
+        nodes, "det", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [10, 3, 32, 32])], [out], inits
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     onnx.save(model, str(path))
     return path
@@ -46,7 +50,8 @@ def test_the_model_runs_at_the_new_shape(tmp_path):
     import onnxruntime as ort
 
     y = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, {"x": np.ones((1, 3, 64, 96), np.float32)})[0]
+        None, {"x": np.ones((1, 3, 64, 96), np.float32)}
+    )[0]
     assert y.shape == (1, 16, 1, 1)
 
 

@@ -2,6 +2,7 @@
 no cycle (a module may not import, directly or through others, a module that imports it back),
 every import between packages points down a floor (never up, never sideways to a peer), and
 there are at most 7 floors. A new top-level module or package must be given its floor here."""
+
 from __future__ import annotations
 
 import ast
@@ -93,13 +94,25 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 # floor of each group, bottom to top (docs/internals.md "Layers"); peers share a floor
-FLOORS = {"core": 1, "data": 2, "calib": 3, "quantize": 4, "compare": 5, "trt": 5, "report": 5,
-          "pipeline": 6, "cli": 7}
+FLOORS = {"core": 1, "data": 2, "calib": 3, "quantize": 4, "compare": 5, "trt": 5, "report": 5, "pipeline": 6, "cli": 7}
 MAX_FLOORS = 7
 # top-level modules of trtq/ that are core (they import only core) and the command line
-CORE_MODULES = {"trtq", "trtq.errors", "trtq.fileio", "trtq.config", "trtq.model", "trtq.interrupt", "trtq.memory",
-                "trtq.outputs", "trtq.qdq_info", "trtq.input_override", "trtq.numbers",
-                "trtq.closing", "trtq.model_check"}
+CORE_MODULES = {
+    "trtq",
+    "trtq.errors",
+    "trtq.fileio",
+    "trtq.config",
+    "trtq.model",
+    "trtq.interrupt",
+    "trtq.memory",
+    "trtq.outputs",
+    "trtq.qdq_info",
+    "trtq.input_override",
+    "trtq.formatting",
+    "trtq.registry",
+    "trtq.closing",
+    "trtq.model_check",
+}
 CLI_MODULES = {"trtq.cli", "trtq.__main__", "trtq.console"}
 
 
@@ -115,8 +128,9 @@ def group_of(module: str) -> str:
 
 def layer_violations(graph: dict[str, set[str]], group=group_of, floors=FLOORS) -> list[str]:
     """Each import between groups that does not point down a floor, and each module without a group."""
-    problems = [f"{m} has no floor: add it to tests/test_layers.py and docs/internals.md"
-                for m in sorted(graph) if not group(m)]
+    problems = [
+        f"{m} has no floor: add it to tests/test_layers.py and docs/internals.md" for m in sorted(graph) if not group(m)
+    ]
     for module in sorted(graph):
         for target in sorted(graph[module]):
             a, b = group(module), group(target)
@@ -127,6 +141,27 @@ def layer_violations(graph: dict[str, set[str]], group=group_of, floors=FLOORS) 
             elif floors[b] > floors[a]:
                 problems.append(f"{module} -> {target}: upward ({a} is floor {floors[a]}, {b} floor {floors[b]})")
     return problems
+
+
+# a package's lower part: it may not import the rest of its package, which may import it
+# (docs/internals.md "Layers"): calib.collect gathers the statistics, calib says what they are
+SUB_FLOORS = {"trtq.calib.collect": "trtq.calib"}
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def sub_floor_violations(graph: dict[str, set[str]], sub_floors=SUB_FLOORS) -> list[str]:
+    """Each import from a package's lower part (SUB_FLOORS) up into the rest of that package."""
+    return [
+        f"{module} -> {target}: upward inside {package} ({low} is below the rest of it)"
+        for low, package in sub_floors.items()
+        for module in sorted(graph)
+        if _inside(module, low)
+        for target in sorted(graph[module])
+        if _inside(target, package) and not _inside(target, low)
+    ]
 
 
 def floor_count(graph: dict[str, set[str]], group=group_of) -> tuple[int, dict[str, int]]:
@@ -148,24 +183,50 @@ def floor_count(graph: dict[str, set[str]], group=group_of) -> tuple[int, dict[s
 
 
 def test_the_layer_check_finds_upward_and_sideways_imports():
-    graph = {"trtq.model": {"trtq.data.batcher"}, "trtq.data.batcher": set(),
-             "trtq.trt.build": {"trtq.compare.runners", "trtq.quantize.fp16"},
-             "trtq.compare.runners": set(), "trtq.quantize.fp16": set(), "trtq.newthing": set()}
+    graph = {
+        "trtq.model": {"trtq.data.batcher"},
+        "trtq.data.batcher": set(),
+        "trtq.trt.build": {"trtq.compare.onnx_runner", "trtq.quantize.fp16"},
+        "trtq.compare.onnx_runner": set(),
+        "trtq.quantize.fp16": set(),
+        "trtq.newthing": set(),
+    }
     assert layer_violations(graph) == [
         "trtq.newthing has no floor: add it to tests/test_layers.py and docs/internals.md",
         "trtq.model -> trtq.data.batcher: upward (core is floor 1, data floor 2)",
-        "trtq.trt.build -> trtq.compare.runners: sideways (trt and compare are peers on floor 5)",
+        "trtq.trt.build -> trtq.compare.onnx_runner: sideways (trt and compare are peers on floor 5)",
     ]
 
 
 def test_the_floor_count_is_the_longest_chain_of_groups():
-    graph = {"trtq.cli": {"trtq.pipeline.build"}, "trtq.pipeline.build": {"trtq.trt.build"},
-             "trtq.trt.build": {"trtq.model"}, "trtq.model": set(), "trtq.data.batcher": {"trtq.model"}}
+    graph = {
+        "trtq.cli": {"trtq.pipeline.build"},
+        "trtq.pipeline.build": {"trtq.trt.build"},
+        "trtq.trt.build": {"trtq.model"},
+        "trtq.model": set(),
+        "trtq.data.batcher": {"trtq.model"},
+    }
     assert floor_count(graph)[0] == 4
 
 
 def test_every_import_points_down_a_floor():
     assert layer_violations(import_graph()) == []
+
+
+def test_the_sub_floor_check_finds_an_import_up_into_its_package():
+    graph = {
+        "trtq.calib.collect.passes": {"trtq.calib.stats", "trtq.calib.collect.kernels", "trtq.model"},
+        "trtq.calib.stats": {"trtq.calib.collect.kernels"},
+        "trtq.calib.collect.kernels": set(),
+    }
+    assert sub_floor_violations(graph) == [
+        "trtq.calib.collect.passes -> trtq.calib.stats: upward inside trtq.calib (trtq.calib.collect is below the "
+        "rest of it)"
+    ]
+
+
+def test_calib_collect_imports_nothing_of_the_rest_of_calib():
+    assert sub_floor_violations(import_graph()) == []
 
 
 def test_trtq_has_at_most_seven_floors():
@@ -209,6 +270,9 @@ def test_the_length_check_finds_a_long_function():
 
 
 def test_no_function_in_trtq_is_over_80_lines():
-    problems = [f"{path.relative_to(TRTQ.parent)}: {name}" for path in sorted(TRTQ.rglob("*.py"))
-                for name in long_functions(path.read_text(encoding="utf-8"))]
+    problems = [
+        f"{path.relative_to(TRTQ.parent)}: {name}"
+        for path in sorted(TRTQ.rglob("*.py"))
+        for name in long_functions(path.read_text(encoding="utf-8"))
+    ]
     assert problems == []

@@ -1,4 +1,5 @@
 """Every model trtq writes is loaded and run before it replaces anything (trtq.model_check)."""
+
 import numpy as np
 import onnx
 import pytest
@@ -11,8 +12,12 @@ from trtq.model_check import ProducedModelError, check_produced_model, node_name
 def _reshape_model(target):
     """x [N, 4] -> Reshape(target) -> y: valid for the checker whatever the target; ONNX Runtime
     refuses a target whose size does not divide the input's at run time."""
-    return make_model([helper.make_node("Reshape", ["x", "t"], ["y"], name="to_rows")],
-                      [value("x", ["N", 4])], [value("y", [None, None])], [init("t", np.array(target, np.int64))])
+    return make_model(
+        [helper.make_node("Reshape", ["x", "t"], ["y"], name="to_rows")],
+        [value("x", ["N", 4])],
+        [value("y", [None, None])],
+        [init("t", np.array(target, np.int64))],
+    )
 
 
 def test_a_model_that_runs_passes():
@@ -31,8 +36,12 @@ def test_a_model_onnx_runtime_cannot_run_names_the_node():
 def test_a_model_the_checker_refuses_names_the_node():
     """Mixed-rank Concat inputs (what a scalar folded into shape (1,) produced): strict shape
     inference refuses it, and the node is named."""
-    model = make_model([helper.make_node("Concat", ["x", "c"], ["y"], name="cat", axis=0)],
-                       [value("x", [2])], [value("y", [3])], [init("c", np.array([1.0], np.float32))])
+    model = make_model(
+        [helper.make_node("Concat", ["x", "c"], ["y"], name="cat", axis=0)],
+        [value("x", [2])],
+        [value("y", [3])],
+        [init("c", np.array([1.0], np.float32))],
+    )
     model.graph.initializer[0].CopyFrom(init("c", np.ones((1, 1), np.float32)))  # rank 2 beside rank 1
     with pytest.raises(ProducedModelError, match=r"the ONNX checker refuses it at node 'cat'"):
         check_produced_model(model, "m")
@@ -68,10 +77,12 @@ def test_node_named_reads_checker_and_runtime_messages():
 
 def _conv_files(tmp_path):
     rng = np.random.default_rng(3)
-    model = make_model([conv("c1", "x", "w1", "h"), helper.make_node("Relu", ["h"], ["r"], name="relu"),
-                        conv("c2", "r", "w2", "y")],
-                       [value("x", ["N", 16, 6, 6])], [value("y", ["N", 16, 6, 6])],
-                       [init("w1", conv_weight(rng, 16, 16)), init("w2", conv_weight(rng, 16, 16))])
+    model = make_model(
+        [conv("c1", "x", "w1", "h"), helper.make_node("Relu", ["h"], ["r"], name="relu"), conv("c2", "r", "w2", "y")],
+        [value("x", ["N", 16, 6, 6])],
+        [value("y", ["N", 16, 6, 6])],
+        [init("w1", conv_weight(rng, 16, 16)), init("w2", conv_weight(rng, 16, 16))],
+    )
     path = tmp_path / "m.onnx"
     onnx.save(model, str(path))
     data = tmp_path / "x.npy"

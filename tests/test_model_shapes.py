@@ -2,6 +2,7 @@
 only. Its types and shapes must equal onnx's own inference on the full model, including where a
 small initializer's values decide a shape (Reshape) and where an old model lists its initializers
 as graph inputs; input_shapes must act as editing the inputs would."""
+
 import numpy as np
 import onnx
 import pytest
@@ -27,15 +28,19 @@ def _model(ir_inputs: bool = False) -> onnx.ModelProto:
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 16, 16])]
     if ir_inputs:  # IR 3: initializers listed as graph inputs too
         inputs += [helper.make_tensor_value_info(i.name, i.data_type, list(i.dims)) for i in inits]
-    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              initializer=inits)
+    graph = helper.make_graph(
+        nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=inits
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=3 if ir_inputs else 8)
 
 
 def _types(model: onnx.ModelProto, skip=()) -> dict:
     g = model.graph
-    return {vi.name: vi.type.SerializeToString() for vi in list(g.value_info) + list(g.output) + list(g.input)
-            if vi.name not in skip}
+    return {
+        vi.name: vi.type.SerializeToString()
+        for vi in list(g.value_info) + list(g.output) + list(g.input)
+        if vi.name not in skip
+    }
 
 
 @pytest.mark.parametrize("ir_inputs", [False, True])

@@ -1,13 +1,14 @@
 """Reading Q/DQ models other tools write, and what TensorRT cannot build as it is."""
+
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from trtq.errors import ModelError
-from trtq.quantize import quantize_model
-from trtq.qdq_info import check_for_tensorrt, fold_constant_dequantize, read_qdq
 from tests.trt.models import activation_amax, ort_quantize_static, ort_run, qat_style_cnn, residual_cnn
+from trtq.errors import ModelError
+from trtq.qdq_info import check_for_tensorrt, fold_constant_dequantize, read_qdq
+from trtq.quantize import quantize_model
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +44,11 @@ def test_onnxruntime_symmetric_model_is_buildable_and_its_int32_biases_fold_exac
     check_for_tensorrt(info, "ort_sym.onnx")  # no error
     before = ort_run(path, fp32["batches"][0])["y"]
     assert fold_constant_dequantize(model) == 3  # b1, b2, bg
-    assert not [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0][:1] == "b"
-                and n.input[0].endswith("_quantized")]
+    assert not [
+        n
+        for n in model.graph.node
+        if n.op_type == "DequantizeLinear" and n.input[0][:1] == "b" and n.input[0].endswith("_quantized")
+    ]
     onnx.checker.check_model(model)
     onnx.save(model, str(fp32["dir"] / "folded.onnx"))
     after = ort_run(fp32["dir"] / "folded.onnx", fp32["batches"][0])["y"]
@@ -72,17 +76,29 @@ def test_qoperator_model_is_refused(fp32):
             return next(self._it, None)
 
     out = fp32["dir"] / "qop.onnx"
-    quantize_static(str(fp32["path"]), str(out), Reader(), quant_format=QuantFormat.QOperator,
-                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    quantize_static(
+        str(fp32["path"]),
+        str(out),
+        Reader(),
+        quant_format=QuantFormat.QOperator,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+    )
     info = read_qdq(onnx.load(str(out)))
     assert "QLinearConv" in info.other_ops and "QOperator" in info.problems[0]
 
 
 def test_quantize_without_zero_point_is_uint8_and_refused():
-    nodes = [helper.make_node("QuantizeLinear", ["x", "s"], ["q"], name="q"),
-             helper.make_node("DequantizeLinear", ["q", "s"], ["y"], name="dq")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
-                              [helper.make_tensor("s", TensorProto.FLOAT, [], [0.1])])
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s"], ["q"], name="q"),
+        helper.make_node("DequantizeLinear", ["q", "s"], ["y"], name="dq"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [helper.make_tensor("s", TensorProto.FLOAT, [], [0.1])],
+    )
     info = read_qdq(helper.make_model(graph))
     assert len(info.problems) == 1 and "uint8" in info.problems[0]

@@ -1,4 +1,5 @@
 """Q/DQ models as input to calibrate, inspect-cache and compare (build: tests/trt/test_build_cpu.py)."""
+
 import json
 
 import numpy as np
@@ -6,12 +7,12 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from tests.trt.models import activation_amax, qat_style_cnn, residual_cnn, write_trt_cache
+from trtq.compare.accuracy import CompareReport
 from trtq.compare.metrics import OutputMetrics
-from trtq.compare.report import CompareReport
+from trtq.compare.onnx_runner import OnnxRunner
 from trtq.compare.semantics import semantics_gaps
 from trtq.quantize import quantize_model
-from trtq.compare.runners import OnnxRunner
-from tests.trt.models import activation_amax, qat_style_cnn, residual_cnn, write_trt_cache
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +30,17 @@ def files(tmp_path_factory):
 
 
 def test_calibrate_refuses_a_quantized_model(files, trtq):
-    r = trtq(["calibrate", "--model", files["qdq"], "--data", f"x={files['dir'] / 'x.npy'}",
-              "-o", files["dir"] / "new.cache"])
+    r = trtq(
+        [
+            "calibrate",
+            "--model",
+            files["qdq"],
+            "--data",
+            f"x={files['dir'] / 'x.npy'}",
+            "-o",
+            files["dir"] / "new.cache",
+        ]
+    )
     assert r.code == 3, r
     assert "already quantized" in r.err and "trtq build --model q.onnx" in r.err
     assert not (files["dir"] / "new.cache").exists()
@@ -71,22 +81,60 @@ def test_qdq_semantics_are_onnxruntime_basic_optimizations(files):
 
 @pytest.mark.parametrize("semantics", ["qdq", "onnxruntime"])
 def test_compare_reports_its_runtime_and_the_other_semantics(files, trtq, semantics):
-    r = trtq(["compare", "--reference", files["fp32"], "--candidate", files["qdq"],
-              "--data", f"x={files['dir'] / 'x.npy'}", "--batch-size", "4", "--semantics", semantics, "--json"])
+    r = trtq(
+        [
+            "compare",
+            "--reference",
+            files["fp32"],
+            "--candidate",
+            files["qdq"],
+            "--data",
+            f"x={files['dir'] / 'x.npy'}",
+            "--batch-size",
+            "4",
+            "--semantics",
+            semantics,
+            "--json",
+        ]
+    )
     assert r.code == 0, r
     out = json.loads(r.out)
     first, second = ("Q/DQ semantics", "as ONNX Runtime deploys it")[:: 1 if semantics == "qdq" else -1]
     assert first in out["runtime"] and second in out["other_semantics"]["runtime"]
     assert out["other_semantics"]["outputs"][0]["name"] == "y"
-    r = trtq(["compare", "--reference", files["fp32"], "--candidate", files["qdq"],
-              "--data", f"x={files['dir'] / 'x.npy'}", "--batch-size", "4", "--semantics", semantics])
+    r = trtq(
+        [
+            "compare",
+            "--reference",
+            files["fp32"],
+            "--candidate",
+            files["qdq"],
+            "--data",
+            f"x={files['dir'] / 'x.npy'}",
+            "--batch-size",
+            "4",
+            "--semantics",
+            semantics,
+        ]
+    )
     assert f"runtime    ONNX Runtime {ort.__version__}" in r.out
 
 
 def _report(top1, sqnr, runtime):
-    o = OutputMetrics(name="y", sample_shape=(10,), samples=100, top1_agreement=top1, top1_matches=int(top1 * 100),
-                      cosine_mean=0.99, cosine_min=0.9, max_abs_error=1.0, mean_abs_error=0.1, sqnr_db=sqnr,
-                      ref_max_abs=5.0, nonfinite=0)
+    o = OutputMetrics(
+        name="y",
+        sample_shape=(10,),
+        samples=100,
+        top1_agreement=top1,
+        top1_matches=int(top1 * 100),
+        cosine_mean=0.99,
+        cosine_min=0.9,
+        max_abs_error=1.0,
+        mean_abs_error=0.1,
+        sqnr_db=sqnr,
+        ref_max_abs=5.0,
+        nonfinite=0,
+    )
     return CompareReport("a", "b", 100, 4, (o,), runtime=runtime)
 
 

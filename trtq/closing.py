@@ -1,5 +1,6 @@
 """Closing for objects that hold one session or engine: the runners of compare (ONNX Runtime) and
 trt (TensorRT), which may not import each other."""
+
 from __future__ import annotations
 
 from typing import Any, TypeVar

@@ -10,16 +10,16 @@ Precedence: dataclass defaults < YAML file (``--config``) < ``TRTQ_*`` environme
 
 This module is pure Python (no numpy/onnx) so that the CLI stays fast to import.
 """
+
 import dataclasses
 import os
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
-from collections.abc import Mapping
 
 from trtq.errors import ConfigError
-
 
 
 def _path_field(default=None):
@@ -105,13 +105,14 @@ class DataOptions:
 # calibrate / quantize / compare
 # --------------------------------------------------------------------------------------------
 
-Method = Literal["max", "entropy", "percentile", "mse"]
 WeightRounding = Literal["nearest", "gptq"]
 
 
 @dataclass(frozen=True)
 class CalibrateOptions:
-    method: Optional[Method] = None  # None: the backend's default, see DEFAULT_METHOD / resolved()
+    # None: the backend's default, see DEFAULT_METHOD / resolved(); the names are trtq.calib.methods' (the
+    # CLI checks them when it loads the config: trtq.cli.flags.load_checked_config)
+    method: Optional[str] = None
     percentile: float = 99.99
     num_bins: int = 2048
     tensors: tuple[str, ...] = ()  # empty: every tensor a TensorRT cache can name
@@ -123,10 +124,10 @@ class CalibrateOptions:
     # bytes one batch of collected activations may take, e.g. "2G"; default 1/4 of available memory
     max_memory: Optional[str] = None
     # mse / percentile: elements of each tensor histogrammed per sample (a fixed prime stride past
-    # this many; the max is over every element); 0 histograms every element (trtq.calib.pow2)
+    # this many; the max is over every element); 0 histograms every element (trtq.calib.collect.one_pass)
     hist_elements: int = 65536
     # where the statistics are taken. in-graph: by trtq's operator inside ONNX Runtime as each tensor
-    # is made (trtq.calib.ingraph; compiled kernels, CPU provider); outputs: every tensor exposed as a
+    # is made (trtq.calib.collect.ingraph; compiled kernels, CPU provider); outputs: every tensor exposed as a
     # graph output and histogrammed after the call; auto: in-graph where it runs
     collect: Literal["auto", "in-graph", "outputs"] = "auto"
 
@@ -166,7 +167,7 @@ class CompareOptions:
     # how a Q/DQ ONNX candidate is run: "qdq" (what TensorRT computes) or "onnxruntime" (its int8 kernels)
     semantics: Literal["qdq", "onnxruntime"] = "qdq"
     # what the outputs are for (trtq.compare.tasks): auto infers it from each output's shape
-    task: Literal["auto", "classify", "detect", "segment", "ctc", "raw"] = "auto"
+    task: str = "auto"  # auto or a task of trtq.compare.tasks (checked as method is)
     detect_format: Literal["auto", "v8", "v5"] = "auto"  # v8 [N, 4+C, A]; v5 [N, A, 5+C] objectness
     score_threshold: float = 0.25  # detect: a detection's least score
     nms_iou: float = 0.45  # detect: NMS drops a box overlapping a better one of its class by more
@@ -302,21 +303,21 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}", "check the --config path") from None
     except OSError as e:
-        raise ConfigError(f"cannot read config file {path}: {e.strerror}",
-                          "check the path and its permissions") from None
+        raise ConfigError(
+            f"cannot read config file {path}: {e.strerror}", "check the path and its permissions"
+        ) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start})",
-                          "save it as UTF-8 (a YAML file, not a binary)") from None
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (byte {e.start})", "save it as UTF-8 (a YAML file, not a binary)"
+        ) from None
     try:
         data = yaml.load(text, Loader=_unique_key_loader())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(
-            f"config file {path}{where} is not valid YAML", "fix the syntax at that line"
-        ) from None
+        raise ConfigError(f"config file {path}{where} is not valid YAML", "fix the syntax at that line") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -330,13 +331,13 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     for name, text in environ.items():
         if not name.startswith(ENV_PREFIX) or name in _ENV_IGNORED:
             continue
-        key = name[len(ENV_PREFIX):].lower()
+        key = name[len(ENV_PREFIX) :].lower()
         if key not in table:
             raise ConfigError(
                 f"unknown environment variable {name}",
                 "unset it, or use one of " + ", ".join(sorted(ENV_PREFIX + k.upper() for k in table)),
             )
-        import yaml  # here: without TRTQ_ variables a run does not import it (~12 ms)
+        import yaml  # here: without TRTQ_ variables a run does not import it
 
         try:
             value = yaml.safe_load(text)
@@ -347,8 +348,7 @@ def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
 
 
 # TRTQ_* variables with another meaning (read elsewhere, not config keys)
-_ENV_IGNORED = {"TRTQ_TEST_MODELS", "TRTQ_BENCH_DIR", "TRTQ_GPU_TESTS", "TRTQ_NO_NUMBA", "TRTQ_NO_NATIVE",
-                 "TRTQ_SIGNAL_GRACE"}
+_ENV_IGNORED = {"TRTQ_TEST_MODELS", "TRTQ_BENCH_DIR", "TRTQ_GPU_TESTS", "TRTQ_NO_NATIVE", "TRTQ_SIGNAL_GRACE"}
 
 
 def _scalar_paths(tp: Any, prefix: str) -> dict[str, str]:
@@ -408,8 +408,7 @@ def _resolve_path(value: str, base_dir: Optional[Path]) -> str:
     return str(p)
 
 
-def _convert(tp: Any, value: Any, path: str, base_dir: Optional[Path], is_path: bool = False,
-             csv: bool = False) -> Any:
+def _convert(tp: Any, value: Any, path: str, base_dir: Optional[Path], is_path: bool = False, csv: bool = False) -> Any:
     """``value`` from YAML / the environment / a flag as type ``tp``; ConfigError naming ``path``."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -454,16 +453,18 @@ def _convert_section(tp: Any, value: Any, path: str, base_dir: Optional[Path]) -
                 "valid keys here: " + ", ".join(fields),
             )
         f = fields[key]
-        kwargs[key] = _convert(hints[key], sub, sub_path, base_dir, bool(f.metadata.get("path")),
-                               bool(f.metadata.get("csv")))
+        kwargs[key] = _convert(
+            hints[key], sub, sub_path, base_dir, bool(f.metadata.get("path")), bool(f.metadata.get("csv"))
+        )
     try:
         return tp(**kwargs)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"config section '{path or 'top level'}': {e}") from None
 
 
-def _convert_union(tp: Any, args: tuple[Any, ...], value: Any, path: str, base_dir: Optional[Path], is_path: bool,
-                   csv: bool) -> Any:
+def _convert_union(
+    tp: Any, args: tuple[Any, ...], value: Any, path: str, base_dir: Optional[Path], is_path: bool, csv: bool
+) -> Any:
     """The first member type of an Optional / Union that takes ``value``."""
     if value is None and type(None) in args:
         return None

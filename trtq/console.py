@@ -1,14 +1,15 @@
 """The ``trtq`` console script and ``python -m trtq``: SIGINT / SIGTERM are caught before the CLI
 is imported.
 
-Importing the CLI and what it needs (click; numpy, onnx, ONNX Runtime for a command) takes tens to
-hundreds of milliseconds; a signal in that time would hit the interpreter's defaults (a
+Importing the CLI and what it needs (click; numpy, onnx, ONNX Runtime for a command) takes a
+while; a signal in that time would hit the interpreter's defaults (a
 KeyboardInterrupt traceback, or a SIGTERM kill) or land inside an import. This module imports
 nothing but ``os`` and ``signal`` (both loaded by the interpreter already) and installs a handler
 that exits at once with one line: nothing was started, nothing is left to clean up. The CLI's own
 handlers (``trtq.cli.main``) take over once it is imported. Only what runs before this module, the
-interpreter's own start-up, is out of reach (about 20 ms).
+interpreter's own start-up, is out of reach.
 """
+
 import os
 import signal
 

@@ -2,6 +2,7 @@
 
 Every error renders as one line: what went wrong, then how to fix it (the hint).
 """
+
 from typing import Optional
 
 
@@ -22,9 +23,12 @@ class TrtqError(Exception):
         return text.translate(_LINE_BREAKS)
 
 
-_LINE_BREAKS = {ord("\r"): "\\r", ord("\n"): "\\n",
-                **{c: f"\\x{c:02x}" for c in (0x0B, 0x0C, 0x1C, 0x1D, 0x1E, 0x85)},
-                **{c: f"\\u{c:04x}" for c in (0x2028, 0x2029)}}
+_LINE_BREAKS = {
+    ord("\r"): "\\r",
+    ord("\n"): "\\n",
+    **{c: f"\\x{c:02x}" for c in (0x0B, 0x0C, 0x1C, 0x1D, 0x1E, 0x85)},
+    **{c: f"\\u{c:04x}" for c in (0x2028, 0x2029)},
+}
 
 
 class UsageError(TrtqError):

@@ -10,16 +10,17 @@ system error while writing (disk full, read-only folder) becomes a one-line
 :class:`~trtq.errors.TrtqError` naming the file. Temporary files in flight are registered, so a
 second Ctrl-C (which exits at once) can still remove them (:func:`remove_pending_temp_files`).
 """
+
 import contextlib
 import errno
 import hashlib
 import os
-import stat
 import secrets
+import stat
 import threading
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Optional, Union
-from collections.abc import Iterable, Iterator
 
 from trtq.errors import TrtqError, UsageError
 
@@ -56,8 +57,10 @@ def declare_outputs(paths: Iterable[PathLike]) -> None:
 
 def _check_declared(dest: PathLike) -> None:
     if _declared is not None and _output_key(dest) not in _declared:
-        raise TrtqError(f"internal error: {dest} is not an output this command declared; nothing was written",
-                        "please report it (trtq.outputs: every file a command writes is declared and checked)")
+        raise TrtqError(
+            f"internal error: {dest} is not an output this command declared; nothing was written",
+            "please report it (trtq.outputs: every file a command writes is declared and checked)",
+        )
 
 
 def non_regular_kind(path: PathLike) -> str:
@@ -94,8 +97,10 @@ def check_writable_target(dest: PathLike) -> None:
     """UsageError when ``dest`` exists and is not a regular file (it would be replaced)."""
     kind = non_regular_kind(dest)
     if kind:
-        raise UsageError(f"output path {dest} is {kind}, not a regular file",
-                         "give an output file path (trtq only replaces regular files)")
+        raise UsageError(
+            f"output path {dest} is {kind}, not a regular file",
+            "give an output file path (trtq only replaces regular files)",
+        )
 
 
 def write_error(dest: PathLike, err: OSError) -> TrtqError:

@@ -8,21 +8,22 @@ size that no longer fits is caught), then one ONNX Runtime run on zeros of that 
 rewritten model is written to a private temporary folder for the command's duration and used in
 place of the original (removed when the command ends).
 """
+
 import math
 import shutil
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
-from collections.abc import Mapping, Sequence
 
 from trtq.errors import ModelError, UsageError
+from trtq.formatting import ascii_int
 from trtq.model import format_shape
-from trtq.numbers import ascii_int
 
 _temp_dirs: list[str] = []
 
 
-MAX_DIM = 2 ** 31 - 1  # no real tensor has a longer axis (TensorRT's dims were int32 until 10)
+MAX_DIM = 2**31 - 1  # no real tensor has a longer axis (TensorRT's dims were int32 until 10)
 
 
 def parse_dims(text: str) -> Optional[tuple[int, ...]]:
@@ -44,8 +45,11 @@ def parse_override(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
         name, sep, dims = item.rpartition("=")
         parsed = parse_dims(dims)
         if not sep or not name or parsed is None:
-            raise UsageError(f"--override-input-shape {item}: expected INPUT=DIMS with positive integer dims "
-                             "(digits 0-9, each below 2**31)", "e.g. --override-input-shape input=1x3x240x320")
+            raise UsageError(
+                f"--override-input-shape {item}: expected INPUT=DIMS with positive integer dims "
+                "(digits 0-9, each below 2**31)",
+                "e.g. --override-input-shape input=1x3x240x320",
+            )
         if name in out:
             raise UsageError(f"--override-input-shape gives input '{name}' twice", "pass one per input")
         out[name] = parsed
@@ -63,14 +67,18 @@ def override_input_shapes(model, shapes: Mapping[str, Sequence[int]], label: str
     inputs = {i.name: i for i in out.graph.input if i.name not in inits}
     for name, dims in shapes.items():
         if name not in inputs:
-            raise UsageError(f"--override-input-shape names '{name}', which is not an input of {label}",
-                             "inputs: " + ", ".join(inputs))
+            raise UsageError(
+                f"--override-input-shape names '{name}', which is not an input of {label}",
+                "inputs: " + ", ".join(inputs),
+            )
         tt = inputs[name].type.tensor_type
         old = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
         if len(old) != len(dims):
-            raise ModelError(f"--override-input-shape {name}={'x'.join(map(str, dims))} has rank {len(dims)} but "
-                             f"{label} declares {name} as {format_shape(old)} (rank {len(old)})",
-                             "give one size per dimension")
+            raise ModelError(
+                f"--override-input-shape {name}={'x'.join(map(str, dims))} has rank {len(dims)} but "
+                f"{label} declares {name} as {format_shape(old)} (rank {len(old)})",
+                "give one size per dimension",
+            )
         tt.shape.ClearField("dim")
         for d in dims:
             tt.shape.dim.add().dim_value = int(d)
@@ -83,9 +91,11 @@ def override_input_shapes(model, shapes: Mapping[str, Sequence[int]], label: str
     try:
         out = onnx.shape_inference.infer_shapes(out, check_type=True, strict_mode=True, data_prop=True)
     except Exception as e:
-        raise ModelError(f"{label} cannot take {what}: {_first_line(e)}",
-                         "the graph fixes that shape somewhere (a Reshape or Expand to constant sizes); "
-                         "re-export the model with dynamic axes") from None
+        raise ModelError(
+            f"{label} cannot take {what}: {_first_line(e)}",
+            "the graph fixes that shape somewhere (a Reshape or Expand to constant sizes); "
+            "re-export the model with dynamic axes",
+        ) from None
     check_run_memory(out, shapes, what)
     _run_once(out, shapes, label, what)
     return out
@@ -122,9 +132,11 @@ def check_run_memory(model, shapes: Mapping[str, Sequence[int]], what: str) -> N
     avail = available_memory()
     if avail is not None and need > avail:
         biggest = f"; its largest tensor '{largest[0]}' alone {_gib(largest[1])}" if largest[1] else ""
-        raise UsageError(f"--override-input-shape {what}: one run at that shape needs at least {_gib(need)} "
-                         f"(inputs {_gib(sum(inputs.values()))}{biggest}), more than the {_gib(avail)} available",
-                         "give a smaller shape")
+        raise UsageError(
+            f"--override-input-shape {what}: one run at that shape needs at least {_gib(need)} "
+            f"(inputs {_gib(sum(inputs.values()))}{biggest}), more than the {_gib(avail)} available",
+            "give a smaller shape",
+        )
 
 
 def _gib(n: int) -> str:
@@ -146,8 +158,10 @@ def _run_once(model, shapes: Mapping[str, Sequence[int]], label: str, what: str)
     try:  # a plain CPU session: this core check needs none of compare's runner choices
         ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)
     except Exception as e:
-        raise ModelError(f"{label} does not run at {what}: {_first_line(e)}",
-                         "the graph fixes that shape somewhere; re-export the model with dynamic axes") from None
+        raise ModelError(
+            f"{label} does not run at {what}: {_first_line(e)}",
+            "the graph fixes that shape somewhere; re-export the model with dynamic axes",
+        ) from None
 
 
 def write_overridden(model_path: str, shapes: Mapping[str, Sequence[int]]) -> str:

@@ -1,15 +1,16 @@
 """Interrupt state shared by the signal handlers (installed by the CLI) and the batch loops.
 
 Python runs a signal handler between two bytecodes of the main thread. When that happens inside a
-finalizer (``__del__``, a weakref callback: numba/llvmlite run many of those while its warm-up
-thread compiles), the KeyboardInterrupt the handler raises is "ignored" by the interpreter and
+finalizer (``__del__``, a weakref callback: a library's clean-up may run many of those), the
+KeyboardInterrupt the handler raises is "ignored" by the interpreter and
 the run would go on. So the handler also records the signal here, and every batch loop calls
 :func:`check`, which raises again: an interrupt is never lost for more than one batch.
 """
+
 import contextlib
 import signal
-from typing import Optional
 from collections.abc import Iterator
+from typing import Optional
 
 _requested: Optional[int] = None
 _raised = False  # an exception for the requested signal has been raised already

@@ -1,6 +1,7 @@
 """How much memory this machine has: physical, and available now (Linux MemAvailable). A core
-helper: --max-memory's default (trtq.calib.budget), the batch size check (trtq.data.batcher) and the
+helper: --max-memory's default (trtq.calib.collect.budget), the batch size check (trtq.data.batcher) and the
 --override-input-shape check (trtq.input_override) read it."""
+
 from typing import Optional
 
 

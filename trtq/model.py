@@ -3,13 +3,14 @@
 Everything that reads an ``.onnx`` file goes through :func:`load_model`, which turns every way a
 file can be wrong into a one-line :class:`~trtq.errors.ModelError`.
 """
+
 import operator
 import os
 import stat
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
-from collections.abc import Iterator, Mapping, Sequence
 
 from trtq.errors import DataError, ModelError
 from trtq.fileio import require_input_file
@@ -18,8 +19,19 @@ Dim = Union[int, str, None]  # static size, named dynamic dim, or unknown
 
 # ONNX TensorProto element type -> numpy dtype name
 _ONNX_DTYPES = {
-    1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
-    9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16",
+    1: "float32",
+    2: "uint8",
+    3: "int8",
+    4: "uint16",
+    5: "int16",
+    6: "int32",
+    7: "int64",
+    9: "bool",
+    10: "float16",
+    11: "float64",
+    12: "uint32",
+    13: "uint64",
+    16: "bfloat16",
 }
 FLOAT_DTYPES = ("float32", "float16", "float64", "bfloat16")
 
@@ -150,7 +162,7 @@ def _mentions(path: Path, word: bytes, chunk: int = 1 << 20) -> bool:
             window = tail + block
             if word in window:
                 return True
-            tail = window[-(len(word) - 1):]
+            tail = window[-(len(word) - 1) :]
     return False
 
 
@@ -209,8 +221,10 @@ def check_shape(spec: TensorSpec, shape: Sequence[int], what: str, error: type =
     ``error`` naming ``what`` (the config key or flag the shape came from)."""
     given = tuple(int(d) for d in shape)
     if len(given) != len(spec.shape):
-        raise error(f"{what} has rank {len(given)} but the model input {spec.describe()} has rank {len(spec.shape)}",
-                    "give one size per dimension")
+        raise error(
+            f"{what} has rank {len(given)} but the model input {spec.describe()} has rank {len(spec.shape)}",
+            "give one size per dimension",
+        )
     for i, (g, d) in enumerate(zip(given, spec.shape)):
         if isinstance(d, int) and g != d:
             raise error(f"{what} dim {i} is {g} but the model fixes it to {d}", f"use {d} there")
@@ -221,8 +235,10 @@ def check_shape(spec: TensorSpec, shape: Sequence[int], what: str, error: type =
 
 def _shape_hint(s: TensorSpec) -> str:
     dims = "x".join([""] + [str(d) if isinstance(d, int) else "?" for d in s.shape[1:]])
-    return (f"give its full shape: --shape {s.name}=N{dims} with numbers for the ?, "
-            f"or data.shapes.{s.name}: [...] in the config")
+    return (
+        f"give its full shape: --shape {s.name}=N{dims} with numbers for the ?, "
+        f"or data.shapes.{s.name}: [...] in the config"
+    )
 
 
 def resolve_shapes(
@@ -245,8 +261,9 @@ def resolve_shapes(
     known = {s.name for s in specs}
     for name in shapes:
         if name not in known:
-            raise error(f"data.shapes names '{name}', which is not a model input",
-                        "model inputs: " + ", ".join(sorted(known)))
+            raise error(
+                f"data.shapes names '{name}', which is not a model input", "model inputs: " + ", ".join(sorted(known))
+            )
     fallback = fallback or {}
     out: dict[str, tuple[int, ...]] = {}
     for s in specs:
@@ -269,11 +286,25 @@ def resolve_shapes(
     return out
 
 
+# ops that draw random values (quantize keeps them float and never evaluates them ahead of time)
+RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial"})
 # Ops whose outputs are never activations a TensorRT calibration cache would hold.
 _NON_ACTIVATION_OPS = {
-    "Shape", "Size", "NonZero", "ArgMax", "ArgMin", "Constant", "ConstantOfShape", "Range",
-    "TopK", "NonMaxSuppression", "Unique", "EyeLike", "RandomNormal", "RandomUniform",
-    "RandomNormalLike", "RandomUniformLike", "Multinomial", "QuantizeLinear", "DynamicQuantizeLinear",
+    "Shape",
+    "Size",
+    "NonZero",
+    "ArgMax",
+    "ArgMin",
+    "Constant",
+    "ConstantOfShape",
+    "Range",
+    "TopK",
+    "NonMaxSuppression",
+    "Unique",
+    "EyeLike",
+    *RANDOM_OPS,
+    "QuantizeLinear",
+    "DynamicQuantizeLinear",
 }
 
 
@@ -284,8 +315,8 @@ _FLOAT_TENSOR_TYPES = (1, 10, 11, 16)  # float32, float16, float64, bfloat16
 def infer_shapes(model, strict_mode: bool = False, input_shapes: Optional[Mapping[str, Sequence[int]]] = None):
     """ONNX shape inference, for reading types and shapes: float initializers of at least
     :data:`LIGHT_INITIALIZER` elements take part as graph inputs of their type and shape instead
-    of with their values (onnx serialises the whole model for every inference: EfficientNet-Lite0's
-    18 MB, five inferences in one calibrate, 0.26 s). ``input_shapes`` replaces the dims of those
+    of with their values (onnx serialises the whole model for every inference, several times a
+    calibration: docs/decisions.md D22). ``input_shapes`` replaces the dims of those
     inputs. The returned model lacks those initializers: read it, do not run it. Raises what
     onnx.shape_inference.infer_shapes raises."""
     import numpy as np
@@ -307,8 +338,11 @@ def infer_shapes(model, strict_mode: bool = False, input_shapes: Optional[Mappin
     lg.sparse_initializer.extend(g.sparse_initializer)
     lg.input.extend(g.input)
     declared = {vi.name for vi in g.input}
-    lg.input.extend(onnx.helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
-                    for i in g.initializer if i.name in big and i.name not in declared)
+    lg.input.extend(
+        onnx.helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
+        for i in g.initializer
+        if i.name in big and i.name not in declared
+    )
     lg.output.extend(g.output)
     lg.value_info.extend(g.value_info)
     for vi in lg.input:
@@ -364,10 +398,17 @@ def calibratable_tensors(model) -> list[str]:
 
 
 # ops that mean a model is already quantized (Q/DQ format, or ONNX Runtime's QOperator format)
-QUANTIZED_OPS = frozenset({
-    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
-    "ConvInteger", "MatMulInteger",
-})
+QUANTIZED_OPS = frozenset(
+    {
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "DynamicQuantizeLinear",
+        "QLinearConv",
+        "QLinearMatMul",
+        "ConvInteger",
+        "MatMulInteger",
+    }
+)
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
 

@@ -9,20 +9,24 @@ The run uses the batch the caller passes (real calibration data where the comman
 synthetic one at the model's declared shapes (named dims 1): it proves the model loads and runs, not
 that its numbers are right; ``trtq compare`` measures those.
 """
+
 from __future__ import annotations
 
 import re
-from typing import Any
 from collections.abc import Mapping
+from typing import Any
 
 from trtq.errors import TrtqError
 
 HINT = "this is a bug in trtq: report it with the model; --exclude on the node named may work around it"
-_NODE = [re.compile(p) for p in (
-    r"[Nn]ode \(([^)]+)\)",  # ONNX Runtime: "Node (X) Op (Y) ..."
-    r"[Nn]ame:\s*'([^']+)'",  # ONNX Runtime: "... Reshape node. Name:'X' Status ..."
-    r"[Nn]ame:\s*([^'\s,)]+)",  # onnx.checker: "node: name: X OpType: Y", "(op_type:Concat, node name: X)"
-)]
+_NODE = [
+    re.compile(p)
+    for p in (
+        r"[Nn]ode \(([^)]+)\)",  # ONNX Runtime: "Node (X) Op (Y) ..."
+        r"[Nn]ame:\s*'([^']+)'",  # ONNX Runtime: "... Reshape node. Name:'X' Status ..."
+        r"[Nn]ame:\s*([^'\s,)]+)",  # onnx.checker: "node: name: X OpType: Y", "(op_type:Concat, node name: X)"
+    )
+]
 
 
 class ProducedModelError(TrtqError):
@@ -68,8 +72,10 @@ def synthetic_feeds(model: Any, shapes: Mapping[str, Any] | None = None) -> dict
         dims = tuple(d if isinstance(d, int) else max(1, int(g)) for d, g in zip(spec.shape, given))
         dtype = np.dtype(spec.dtype) if not spec.dtype.startswith("onnx:") and spec.dtype != "bfloat16" else None
         if dtype is None:
-            raise ProducedModelError(f"cannot make a test batch for input '{spec.name}' of type {spec.dtype}",
-                                     "pass --data so that the check runs on a real batch")
+            raise ProducedModelError(
+                f"cannot make a test batch for input '{spec.name}' of type {spec.dtype}",
+                "pass --data so that the check runs on a real batch",
+            )
         if dtype.kind == "f":
             feeds[spec.name] = rng.standard_normal(dims).astype(dtype)
         else:
@@ -95,8 +101,7 @@ def _check_onnx(model: Any, original: Any) -> BaseException | None:
         return e
 
 
-def check_produced_model(model: Any, what: str, feeds: Mapping[str, Any] | None = None,
-                         original: Any = None) -> None:
+def check_produced_model(model: Any, what: str, feeds: Mapping[str, Any] | None = None, original: Any = None) -> None:
     """Raise :class:`ProducedModelError` unless ``model`` passes ``onnx.checker`` (full: strict
     shape inference) and ONNX Runtime loads it and runs ``feeds`` (default :func:`synthetic_feeds`).
 

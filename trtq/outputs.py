@@ -16,16 +16,18 @@ Then it hands the outputs to :func:`trtq.fileio.declare_outputs`: while the CLI 
 ``fileio.atomic_path`` writes only declared paths, so a writer that skipped the declaration fails
 (an internal error, nothing written) instead of overwriting what it was never checked against.
 """
+
 import fnmatch
 import glob
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
-from collections.abc import Iterable, Mapping
 
 from trtq.errors import TrtqError, UsageError
 from trtq.fileio import check_writable_target, declare_outputs
+
 
 @dataclass(frozen=True)
 class Declared:
@@ -37,10 +39,13 @@ class Declared:
     outputs: tuple[tuple[str, str], ...] = ()  # every file it writes, side files included
 
     @classmethod
-    def of(cls, inputs: Iterable[tuple[str, Optional[object]]] = (),
-           folders: Iterable[tuple[str, Optional[object]]] = (),
-           models: Iterable[tuple[str, Optional[object]]] = (),
-           outputs: Iterable[tuple[str, Optional[object]]] = ()) -> "Declared":
+    def of(
+        cls,
+        inputs: Iterable[tuple[str, Optional[object]]] = (),
+        folders: Iterable[tuple[str, Optional[object]]] = (),
+        models: Iterable[tuple[str, Optional[object]]] = (),
+        outputs: Iterable[tuple[str, Optional[object]]] = (),
+    ) -> "Declared":
         """Pairs whose path is None or empty are left out; paths become strings."""
 
         def keep(pairs):
@@ -85,7 +90,8 @@ def _inside(path: str, folder: str) -> bool:
     is a glob that ``path`` matches."""
     if glob.has_magic(folder):
         return fnmatch.fnmatch(_resolved(path), _resolved(folder)) or fnmatch.fnmatch(
-            os.path.abspath(path), os.path.abspath(os.path.expanduser(folder)))
+            os.path.abspath(path), os.path.abspath(os.path.expanduser(folder))
+        )
     top = _resolved(folder)
     if not os.path.isdir(top):
         return False
@@ -140,15 +146,18 @@ def guard(declared: Declared) -> None:
                     "write it to another folder",
                 )
     for i, (what, path) in enumerate(outs):
-        for other_what, other in outs[i + 1:]:
+        for other_what, other in outs[i + 1 :]:
             if _same(path, other):
-                raise UsageError(f"the {what} and the {other_what} are the same file: {path}",
-                                 "give them different paths")
+                raise UsageError(
+                    f"the {what} and the {other_what} are the same file: {path}", "give them different paths"
+                )
     for what, path in outs:
         problem = _writable_folder(path)
         if problem:
-            raise TrtqError(f"cannot write the {what} {path}: {problem}",
-                            "write to a folder you can write to (-o), or fix its permissions")
+            raise TrtqError(
+                f"cannot write the {what} {path}: {problem}",
+                "write to a folder you can write to (-o), or fix its permissions",
+            )
     declare_outputs(path for _, path in outs)
 
 

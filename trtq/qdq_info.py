@@ -19,6 +19,7 @@ those into the float constants they compute (exact: ``bias_int32 * scale``).
 
 Scales may sit in initializers or Constant nodes (QAT exports write both).
 """
+
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -30,9 +31,21 @@ from trtq.errors import ModelError
 from trtq.model import set_nodes
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
-OTHER_QUANTIZED_OPS = ("QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear",
-                       "QLinearAdd", "QLinearMul", "QLinearAveragePool", "QLinearGlobalAveragePool",
-                       "QLinearConcat", "QLinearSigmoid", "QLinearLeakyRelu", "QGemm")
+OTHER_QUANTIZED_OPS = (
+    "QLinearConv",
+    "QLinearMatMul",
+    "ConvInteger",
+    "MatMulInteger",
+    "DynamicQuantizeLinear",
+    "QLinearAdd",
+    "QLinearMul",
+    "QLinearAveragePool",
+    "QLinearGlobalAveragePool",
+    "QLinearConcat",
+    "QLinearSigmoid",
+    "QLinearLeakyRelu",
+    "QGemm",
+)
 
 
 @dataclass
@@ -52,8 +65,13 @@ class QdqInfo:
         return bool(self.quantize_nodes or self.dequantize_nodes)
 
     def summary(self) -> dict[str, int]:
-        return {"quantize_nodes": self.quantize_nodes, "dequantize_nodes": self.dequantize_nodes,
-                "activations": len(self.activations), "weights": self.weights, "per_channel_weights": self.per_channel}
+        return {
+            "quantize_nodes": self.quantize_nodes,
+            "dequantize_nodes": self.dequantize_nodes,
+            "activations": len(self.activations),
+            "weights": self.weights,
+            "per_channel_weights": self.per_channel,
+        }
 
 
 class _Constants:
@@ -123,19 +141,24 @@ def read_qdq(model: onnx.ModelProto) -> QdqInfo:
         elif scale.size == 1:
             info.activations[node.input[0]] = float(scale.reshape(-1)[0]) * 127.0
         else:
-            info.problems.append(f"{_describe(node)} quantizes an activation per channel; TensorRT takes one scale "
-                                 "per activation tensor")
+            info.problems.append(
+                f"{_describe(node)} quantizes an activation per channel; TensorRT takes one scale per activation tensor"
+            )
     if info.other_ops:
-        info.problems.insert(0, "it uses ONNX Runtime's QOperator format (" + ", ".join(info.other_ops) + "), which "
-                             "TensorRT does not read")
+        info.problems.insert(
+            0,
+            "it uses ONNX Runtime's QOperator format (" + ", ".join(info.other_ops) + "), which TensorRT does not read",
+        )
     return info
 
 
 def _check_zero_point(node: onnx.NodeProto, consts: _Constants, info: QdqInfo) -> None:
     if len(node.input) < 3 or not node.input[2]:
         if node.op_type == "QuantizeLinear":
-            info.problems.append(f"{_describe(node)} has no zero point, so it quantizes to uint8 in ONNX "
-                                 "(0..255) where TensorRT uses int8")
+            info.problems.append(
+                f"{_describe(node)} has no zero point, so it quantizes to uint8 in ONNX "
+                "(0..255) where TensorRT uses int8"
+            )
         return
     zp = consts.get(node.input[2])
     if node.op_type == "DequantizeLinear" and _int32_constant(node, consts):
@@ -146,8 +169,9 @@ def _check_zero_point(node: onnx.NodeProto, consts: _Constants, info: QdqInfo) -
     if consts.elem_type(node.input[2]) != onnx.TensorProto.INT8:
         info.problems.append(f"{_describe(node)} has a {zp.dtype} zero point; TensorRT quantizes to int8")
     elif np.any(zp != 0):
-        info.problems.append(f"{_describe(node)} has a non-zero zero point (asymmetric); TensorRT's INT8 is "
-                             "symmetric (zero point 0)")
+        info.problems.append(
+            f"{_describe(node)} has a non-zero zero point (asymmetric); TensorRT's INT8 is symmetric (zero point 0)"
+        )
 
 
 def _int32_constant(node: onnx.NodeProto, consts: "_Constants") -> bool:

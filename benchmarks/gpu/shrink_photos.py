@@ -4,6 +4,7 @@
 
 The EfficientNet-Lite0 preprocessing resizes the shorter side to 256 first, so the files keep what
 the model sees (up to the JPEG re-encoding, which every runtime in one bench run then shares)."""
+
 import sys
 from pathlib import Path
 

@@ -1,4 +1,5 @@
 """Helpers behind benchmarks/: preprocessing, measured subprocesses, cache reading, goal lines."""
+
 import importlib.util
 import struct
 import sys
@@ -29,8 +30,9 @@ def test_imagenet_samples_parse_labels(tmp_path):
     assert [(p.name, label) for p, label in got] == [("imagenet_00_243.jpg", 243), ("imagenet_01_559.jpg", 559)]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("foolbox") is None,
-                    reason="foolbox is not installed (pip install --no-deps foolbox)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("foolbox") is None, reason="foolbox is not installed (pip install --no-deps foolbox)"
+)
 def test_foolbox_ships_twenty_labelled_images():
     got = common.imagenet_samples()
     assert len(got) == 20
@@ -58,12 +60,17 @@ def test_preprocess_matches_trtq_batcher(tmp_path):
     rng = np.random.default_rng(0)
     for i, (w, h) in enumerate([(398, 381), (300, 451), (640, 333)]):  # odd sizes: rounding matters
         Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(tmp_path / f"p{i}.jpg")
-    pre = PreprocessOptions(resize=ResizeOptions(mode="shorter", size=(64,), interpolation="bicubic"),
-                            center_crop=(56,), scale=1.0, mean=(127.0,) * 3, std=(128.0,) * 3)
+    pre = PreprocessOptions(
+        resize=ResizeOptions(mode="shorter", size=(64,), interpolation="bicubic"),
+        center_crop=(56,),
+        scale=1.0,
+        mean=(127.0,) * 3,
+        std=(128.0,) * 3,
+    )
     data = DataOptions(inputs={"input": InputSource(images=str(tmp_path), preprocess=pre)}, batch_size=3)
     batch = next(iter(Batcher(data, [TensorSpec("input", ("N", 3, 56, 56), "float32")])))
     ours = np.stack([common.preprocess_image(p, pre) for p in common.list_images(tmp_path)])
-    np.testing.assert_array_equal(batch.arrays["input"][:batch.valid], ours)
+    np.testing.assert_array_equal(batch.arrays["input"][: batch.valid], ours)
 
 
 def _py(code: str):
@@ -91,8 +98,9 @@ def test_run_measured_timeout_cap_and_failure():
 def test_read_trt_cache_amax(tmp_path):
     scale = 2.5 / 127.0
     path = tmp_path / "c.cache"
-    path.write_text("TRT-8600-MinMaxCalibration\ninput: 3c010204\nname: with: colon: "
-                    + struct.pack(">f", scale).hex() + "\n")
+    path.write_text(
+        "TRT-8600-MinMaxCalibration\ninput: 3c010204\nname: with: colon: " + struct.pack(">f", scale).hex() + "\n"
+    )
     got = bench_calibrate.read_trt_cache_amax(path)
     assert got["input"] == pytest.approx(1.0, rel=1e-6)
     assert got["name: with: colon"] == pytest.approx(2.5, rel=1e-6)
@@ -102,10 +110,13 @@ def test_calibrate_goals_pass_and_fail():
     G = common.GIB
     row = bench_calibrate.CaseRow
     rows = [
-        row("ort-minmax", 256, "ok", 100.0, 2 * G), row("ort-entropy", 256, "ok", 1000.0, 16 * G),
+        row("ort-minmax", 256, "ok", 100.0, 2 * G),
+        row("ort-entropy", 256, "ok", 1000.0, 16 * G),
         row("ort-entropy", 1024, "killed (> 20 GB)", 300.0, 20 * G),
-        row("trtq-max", 256, "ok", 60.0, 1.0 * G), row("trtq-max", 1024, "ok", 240.0, 1.2 * G),
-        row("trtq-entropy", 256, "ok", 150.0, 1.0 * G), row("trtq-entropy", 1024, "ok", 600.0, 1.05 * G),
+        row("trtq-max", 256, "ok", 60.0, 1.0 * G),
+        row("trtq-max", 1024, "ok", 240.0, 1.2 * G),
+        row("trtq-entropy", 256, "ok", 150.0, 1.0 * G),
+        row("trtq-entropy", 1024, "ok", 600.0, 1.05 * G),
     ]
     lines = bench_calibrate.goals(rows, [256, 1024])
     text = "\n".join(lines)
@@ -133,8 +144,12 @@ def test_fold_constants_removes_constant_subgraph():
     c1 = helper.make_node("Constant", [], ["c1"], value=helper.make_tensor("v", TensorProto.FLOAT, [2], [1.0, 2.0]))
     neg = helper.make_node("Neg", ["c1"], ["c2"])
     add = helper.make_node("Add", ["x", "c2"], ["y"])
-    g = helper.make_graph([c1, neg, add], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    g = helper.make_graph(
+        [c1, neg, add],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
     assert models.fold_constants(m) == 2
     assert [n.op_type for n in m.graph.node] == ["Add"]
@@ -164,9 +179,18 @@ def test_flip_noise_counts_top1_changes_between_two_runtimes():
 
 
 def test_engine_goal_lines_name_the_chance_gap():
-    rows = [{"name": "int8-implicit", "engine_top1": 0.9, "median_ms": 1.0, "spread_ms": 0.01},
-            {"name": "q", "engine_top1": 0.95, "ort_top1": 0.93, "median_ms": 0.99, "spread_ms": 0.01,
-             "flips": 0.05, "gap_sigma": 0.0125}]
+    rows = [
+        {"name": "int8-implicit", "engine_top1": 0.9, "median_ms": 1.0, "spread_ms": 0.01},
+        {
+            "name": "q",
+            "engine_top1": 0.95,
+            "ort_top1": 0.93,
+            "median_ms": 0.99,
+            "spread_ms": 0.01,
+            "flips": 0.05,
+            "gap_sigma": 0.0125,
+        },
+    ]
     lines = bench_engines.goals(rows)
     assert lines[0].startswith("[PASS] best explicit engine") and "q 0.950" in lines[0]
     assert lines[1].startswith("[FAIL] q:") and "gap 0.020" in lines[1] and "1 sigma 0.013" in lines[1]

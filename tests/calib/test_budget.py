@@ -1,5 +1,6 @@
-"""--max-memory (tensor groups, trtq.calib.budget / groups) and fixed-batch-1 models fed in batches
-(trtq.calib.widen): the caches are byte-identical to the plain path, bad sizes are one-line errors."""
+"""--max-memory (tensor groups, trtq.calib.collect.budget / groups) and fixed-batch-1 models fed in batches
+(trtq.calib.collect.batch_one): the caches are byte-identical to the plain path, bad sizes are one-line errors."""
+
 import json
 
 import numpy as np
@@ -7,13 +8,23 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtq.calib import budget
+from trtq.calib.collect import budget
 from trtq.errors import ConfigError, UsageError
 from trtq.input_override import override_input_shapes
 
 
-@pytest.mark.parametrize("text,size", [("2G", 2 << 30), ("512M", 512 << 20), ("1.5GiB", 3 << 29), ("64k", 64 << 10),
-                                       ("1048576", 1 << 20), (" 3 MB ", 3 << 20), (4096, 4096)])
+@pytest.mark.parametrize(
+    "text,size",
+    [
+        ("2G", 2 << 30),
+        ("512M", 512 << 20),
+        ("1.5GiB", 3 << 29),
+        ("64k", 64 << 10),
+        ("1048576", 1 << 20),
+        (" 3 MB ", 3 << 20),
+        (4096, 4096),
+    ],
+)
 def test_parse_size(text, size):
     assert budget.parse_size(text) == size
 
@@ -43,8 +54,22 @@ def test_plan_groups_contiguous_and_bounded():
 
 
 def _sample_args(sample_model, sample_images, out, *extra):
-    return ["calibrate", "--model", sample_model, "--data", sample_images, "--preprocess", "imagenet",
-            "--limit", "8", "--batch-size", "4", "-o", out, *extra]
+    return [
+        "calibrate",
+        "--model",
+        sample_model,
+        "--data",
+        sample_images,
+        "--preprocess",
+        "imagenet",
+        "--limit",
+        "8",
+        "--batch-size",
+        "4",
+        "-o",
+        out,
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize("method", ["mse", "max"])
@@ -62,8 +87,21 @@ def test_budgets_give_the_same_cache(trtq, sample_model, sample_images, tmp_path
         out = tmp_path / f"{size}.cache"
         # --collect outputs: the budget bounds exposed activations (mse's default, in-graph, has none;
         # so for mse this also holds the two collections to the same statistics)
-        r = trtq(_sample_args(sample_model, sample_images, out, "--method", method, "--max-memory", size,
-                              "--save-stats", tmp_path / f"{size}.npz", "--collect", "outputs"))
+        r = trtq(
+            _sample_args(
+                sample_model,
+                sample_images,
+                out,
+                "--method",
+                method,
+                "--max-memory",
+                size,
+                "--save-stats",
+                tmp_path / f"{size}.npz",
+                "--collect",
+                "outputs",
+            )
+        )
         assert r.code == 0, r
         assert ref.read_bytes() == out.read_bytes()
         b = np.load(tmp_path / f"{size}.npz")
@@ -85,11 +123,14 @@ def test_rows_within():
     assert budget.rows_within(700, 7, 600) == 1  # 7 is prime
 
 
-@pytest.mark.parametrize("size,needle", [("2X", "must be a size such as 2G"), ("0", "must be positive"),
-                                         ("1K", "raise --max-memory to at least")])
+@pytest.mark.parametrize(
+    "size,needle",
+    [("2X", "must be a size such as 2G"), ("0", "must be positive"), ("1K", "raise --max-memory to at least")],
+)
 def test_max_memory_errors_are_one_line_exit_2(trtq, sample_model, sample_images, tmp_path, size, needle):
-    r = trtq(_sample_args(sample_model, sample_images, tmp_path / "c.cache", "--max-memory", size, "--collect",
-                          "outputs"))
+    r = trtq(
+        _sample_args(sample_model, sample_images, tmp_path / "c.cache", "--max-memory", size, "--collect", "outputs")
+    )
     assert r.code == 2, r
     assert needle in r.err and len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err
     assert not (tmp_path / "c.cache").exists()
@@ -106,8 +147,19 @@ def test_max_memory_config_key(trtq, sample_model, sample_images, tmp_path):
 def test_fixed_batch_1_model_fed_in_batches_gives_the_same_cache(trtq, sample_model, sample_images, tmp_path):
     one = tmp_path / "b1.onnx"
     onnx.save(override_input_shapes(onnx.load(str(sample_model)), {"x": [1, 3, 224, 224]}, "m"), str(one))
-    base = ["calibrate", "--model", one, "--data", sample_images, "--preprocess", "imagenet", "--limit", "12",
-            "--method", "mse"]
+    base = [
+        "calibrate",
+        "--model",
+        one,
+        "--data",
+        sample_images,
+        "--preprocess",
+        "imagenet",
+        "--limit",
+        "12",
+        "--method",
+        "mse",
+    ]
     r = trtq([*base, "-o", tmp_path / "batched.cache"])
     assert r.code == 0, r
     r = trtq([*base, "-o", tmp_path / "single.cache", "--batch-size", "1"])
@@ -120,19 +172,21 @@ def test_fixed_batch_1_model_fed_in_batches_gives_the_same_cache(trtq, sample_mo
 
 
 @pytest.mark.parametrize("rows_fit,mode", [(1, "per-sample"), (2, "batched")])
-def test_fixed_batch_1_probe_stays_within_the_memory_target(trtq, sample_model, sample_images, tmp_path,
-                                                             monkeypatch, rows_fit, mode):
+def test_fixed_batch_1_probe_stays_within_the_memory_target(
+    trtq, sample_model, sample_images, tmp_path, monkeypatch, rows_fit, mode
+):
     """A batch of 8 over --max-memory: the probe runs the rows one call would run (2 here), never the
     whole batch; where one row is all that fits, nothing is probed and samples go one per call.
     Either way the cache is the one-sample-per-call cache, byte for byte."""
-    from trtq.calib import widen
-    from trtq.calib.collect import select_tensors
+    from trtq.calib.collect import batch_one
+    from trtq.calib.collect.exposed import select_tensors
 
     one = tmp_path / "b1.onnx"
     model = override_input_shapes(onnx.load(str(sample_model)), {"x": [1, 3, 224, 224]}, "m")
     onnx.save(model, str(one))
-    shapes = {"x": (widen.BATCH, 3, 224, 224)}  # as trtq estimates it: the widened model, a batch of 8
-    per_row = sum(budget.tensor_bytes(widen.widened(model), select_tensors(model), shapes).values()) // widen.BATCH
+    shapes = {"x": (batch_one.BATCH, 3, 224, 224)}  # as trtq estimates it: the widened model, a batch of 8
+    wide = batch_one.widened(model)
+    per_row = sum(budget.tensor_bytes(wide, select_tensors(model), shapes).values()) // batch_one.BATCH
     limit = f"{(rows_fit * per_row + per_row // 2) // 1024}K"  # rows_fit rows fit, one more does not
     probed = []
 
@@ -140,8 +194,8 @@ def test_fixed_batch_1_probe_stays_within_the_memory_target(trtq, sample_model, 
         probed.append(args[-1])
         return real(*args, **kwargs)
 
-    real = widen.probe
-    monkeypatch.setattr(widen, "probe", spy)
+    real = batch_one.probe
+    monkeypatch.setattr(batch_one, "probe", spy)
     base = ["calibrate", "--model", one, "--data", sample_images, "--preprocess", "imagenet", "--limit", "8"]
     r = trtq([*base, "--max-memory", limit, "-o", tmp_path / "a.cache"])
     assert r.code == 0, r
@@ -155,33 +209,74 @@ def test_fixed_batch_1_probe_stays_within_the_memory_target(trtq, sample_model, 
 def _reshape_model(path):
     """x[1,4] -> Reshape to the constant [1, 4] -> Relu: cannot take a batch of 8."""
     nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
-                              initializer=[numpy_helper.from_array(np.array([1, 4], dtype=np.int64), "shape")])
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        initializer=[numpy_helper.from_array(np.array([1, 4], dtype=np.int64), "shape")],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(path))
 
 
 def test_fixed_batch_1_model_that_cannot_batch_falls_back(trtq, tmp_path, caplog):
     _reshape_model(tmp_path / "m.onnx")
     np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(0, 1, (10, 1, 4)).astype(np.float32)[:, 0])
-    r = trtq(["calibrate", "--model", tmp_path / "m.onnx", "--data", tmp_path / "x.npy", "-o", tmp_path / "a.cache",
-              "--method", "entropy"])
+    r = trtq(
+        [
+            "calibrate",
+            "--model",
+            tmp_path / "m.onnx",
+            "--data",
+            tmp_path / "x.npy",
+            "-o",
+            tmp_path / "a.cache",
+            "--method",
+            "entropy",
+        ]
+    )
     assert r.code == 0, r
     assert json.loads((tmp_path / "a.cache.json").read_text())["collection"]["fixed_batch_1"] == "per-sample"
-    r = trtq(["calibrate", "--model", tmp_path / "m.onnx", "--data", tmp_path / "x.npy", "-o", tmp_path / "b.cache",
-              "--method", "entropy", "--batch-size", "1"])
+    r = trtq(
+        [
+            "calibrate",
+            "--model",
+            tmp_path / "m.onnx",
+            "--data",
+            tmp_path / "x.npy",
+            "-o",
+            tmp_path / "b.cache",
+            "--method",
+            "entropy",
+            "--batch-size",
+            "1",
+        ]
+    )
     assert r.code == 0, r
     assert (tmp_path / "a.cache").read_bytes() == (tmp_path / "b.cache").read_bytes()
 
 
 def test_probe_mismatch_keeps_one_sample_per_call(trtq, sample_model, sample_images, tmp_path, monkeypatch):
-    from trtq.calib import widen
+    from trtq.calib.collect import batch_one
 
-    monkeypatch.setattr(widen, "probe", lambda *a, **k: (False, "'t' of sample 0 differs"))
+    monkeypatch.setattr(batch_one, "probe", lambda *a, **k: (False, "'t' of sample 0 differs"))
     one = tmp_path / "b1.onnx"
     onnx.save(override_input_shapes(onnx.load(str(sample_model)), {"x": [1, 3, 224, 224]}, "m"), str(one))
-    r = trtq(["calibrate", "--model", one, "--data", sample_images, "--preprocess", "imagenet", "--limit", "3",
-              "-o", tmp_path / "c.cache"])
+    r = trtq(
+        [
+            "calibrate",
+            "--model",
+            one,
+            "--data",
+            sample_images,
+            "--preprocess",
+            "imagenet",
+            "--limit",
+            "3",
+            "-o",
+            tmp_path / "c.cache",
+        ]
+    )
     assert r.code == 0, r
     prov = json.loads((tmp_path / "c.cache.json").read_text())
     assert prov["collection"]["fixed_batch_1"] == "per-sample" and prov["data"]["batch_size"] == 1
@@ -191,8 +286,11 @@ def _relu_chain(batch_dim):
     """x [batch_dim, 64] -> Relu -> Neg -> Relu: three 256-byte-a-row tensors."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch_dim, 64])
     y = helper.make_tensor_value_info("c", TensorProto.FLOAT, [batch_dim, 64])
-    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]),
-             helper.make_node("Relu", ["b"], ["c"])]
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Neg", ["a"], ["b"]),
+        helper.make_node("Relu", ["b"], ["c"]),
+    ]
     return helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 13)])
 
 
@@ -201,7 +299,7 @@ def test_slices_only_where_the_batch_dim_is_free(batch_dim, rows, groups):
     """A free batch dim: 2 of 4 rows per call (three tensors of 256 B a row, a 1600 B budget), every
     tensor in one call; a batch fixed at 4: whole batches, tensors in groups. Both give the values of
     an unbounded run, row for row."""
-    from trtq.calib.groups import GroupedCollector
+    from trtq.calib.collect.budgeted import GroupedCollector
 
     model = _relu_chain(batch_dim)
     x = np.linspace(-1, 1, 4 * 64, dtype=np.float32).reshape(4, 64)
@@ -220,7 +318,7 @@ def test_slices_only_where_the_batch_dim_is_free(batch_dim, rows, groups):
 def test_slices_start_below_the_budget_when_no_budget_is_given():
     """Without --max-memory a batch is sliced above SLICE_TARGET (no extra pass), while tensor
     groups (a pass each) wait for the budget itself; a given --max-memory is both."""
-    from trtq.calib.groups import GroupedCollector
+    from trtq.calib.collect.budgeted import GroupedCollector
 
     assert budget.slice_target(None, 8 << 30) == budget.SLICE_TARGET
     assert budget.slice_target(None, 256 << 20) == 256 << 20
@@ -237,20 +335,25 @@ def test_probe_finds_the_batch_on_another_axis_for_the_data_steps():
     per-sample statistics keep one sample per call; quantize's data steps (any_axis) batch it."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from trtq.calib import widen
+    from trtq.calib.collect import batch_one
     from trtq.data.batcher import Batch
 
     w = numpy_helper.from_array(np.random.default_rng(0).normal(0, 1, (6, 5)).astype(np.float32), "w")
     graph = helper.make_graph(
-        [helper.make_node("Transpose", ["x"], ["tnc"], perm=[1, 0, 2]),
-         helper.make_node("MatMul", ["tnc", "w"], ["y"])], "g",
+        [
+            helper.make_node("Transpose", ["x"], ["tnc"], perm=[1, 0, 2]),
+            helper.make_node("MatMul", ["tnc", "w"], ["y"]),
+        ],
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1, 5])], [w])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1, 5])],
+        [w],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-    wide = widen.widened(model)
+    wide = batch_one.widened(model)
     x = np.random.default_rng(1).normal(0, 1, (8, 4, 6)).astype(np.float32)
     batch = Batch(0, {"x": x}, 8)
-    same, why = widen.probe(model, wide, ["tnc", "y"], (), 1 << 30, batch)
+    same, why = batch_one.probe(model, wide, ["tnc", "y"], (), 1 << 30, batch)
     assert not same and "not batched along dim 0" in why
-    same, why = widen.probe(model, wide, ["tnc", "y"], (), 1 << 30, batch, any_axis=True)
+    same, why = batch_one.probe(model, wide, ["tnc", "y"], (), 1 << 30, batch, any_axis=True)
     assert same and "bit-identical on 8 samples" in why, why

@@ -3,6 +3,7 @@
 The golden files under tests/golden/ were written by hand from the format rules; the hex digits
 in them are checked here against struct, independently of trtq.calib.cache.
 """
+
 import json
 import math
 import struct
@@ -27,11 +28,13 @@ def f32(x: float) -> float:
 # amax values behind the golden files (what a human chose; hex derived with struct above)
 GOLDEN_TABLES = {
     "trt8600_entropy2.cache": (
-        "8.6.0", "EntropyCalibration2",
+        "8.6.0",
+        "EntropyCalibration2",
         {"x": 1.0, "/stem/conv/Conv_output_0": 12.7, "conv 1:0": 0.5, "a: b: c": 127.0},
     ),
     "trt100300_minmax.cache": (
-        "10.3.0", "MinMaxCalibration",
+        "10.3.0",
+        "MinMaxCalibration",
         {"input": 6.0, "onnx::Conv_12": 2.54, "(Unnamed Layer* 93) [Constant]_output": 1e-3},
     ),
     "trt110400_entropy2.cache": ("11.4.0", "EntropyCalibration2", {"x": 1.0, "fetch_name_0": 300.0}),
@@ -76,12 +79,20 @@ def test_decode_version_code_garbage(bad):
 
 def test_default_version_and_algorithms():
     assert C.version_code(C.DEFAULT_TRT_VERSION) == "101600"
-    assert C.ALGORITHM_FOR_METHOD == {
+    from trtq.calib.methods import METHODS, tensorrt_method
+
+    assert {m.name: m.algorithm for m in METHODS.rows()} == {
         "max": "MinMaxCalibration",
         "entropy": "EntropyCalibration2",
         "percentile": "EntropyCalibration2",
         "mse": "EntropyCalibration2",
     }
+    assert [m.name for m in METHODS.rows() if m.tensorrt] == ["max", "entropy"]  # --backend tensorrt
+    assert [tensorrt_method(a) for a in ("MinMaxCalibration", "EntropyCalibration2", "EntropyCalibration")] == [
+        "max",
+        "entropy",
+        "entropy",
+    ]
 
 
 def test_installed_trt_version_never_raises_and_does_not_import(monkeypatch):
@@ -155,7 +166,7 @@ def test_golden_read_and_round_trip(name, tmp_path):
     for n, a in amax.items():
         assert table.scales[n] == f32(a / 127.0)
         # amax -> scale hex -> amax: within one float32 ulp
-        assert abs(table.amax[n] - a) <= abs(a) * 2.0 ** -23
+        assert abs(table.amax[n] - a) <= abs(a) * 2.0**-23
     assert C.render_cache(table) == path.read_bytes()
     out = tmp_path / "again.cache"
     C.write_cache(out, table)
@@ -218,7 +229,7 @@ def test_many_values_round_trip(tmp_path):
     assert list(back.amax) == list(amax)
     for n, a in amax.items():
         assert back.scales[n] == f32(a / 127.0)
-        assert abs(back.amax[n] - a) <= abs(a) * 2.0 ** -23
+        assert abs(back.amax[n] - a) <= abs(a) * 2.0**-23
     assert C.render_cache(back) == path.read_bytes()
 
 
@@ -249,8 +260,9 @@ def test_read_table_written_by_onnxruntime(tmp_path):
         data = {n: TensorData(lowest=np.float32(-a), highest=np.float32(a)) for n, a in ranges.items()}
         write_calibration_table(data, dir=str(tmp_path))
     except TypeError:  # older releases (the GPU bundle's 1.19) take (min, max) pairs
-        write_calibration_table({n: (float(np.float32(-a)), float(np.float32(a))) for n, a in ranges.items()},
-                                dir=str(tmp_path))
+        write_calibration_table(
+            {n: (float(np.float32(-a)), float(np.float32(a))) for n, a in ranges.items()}, dir=str(tmp_path)
+        )
     table = C.read_cache(tmp_path / "calibration.cache")
     assert table.source_format == "onnxruntime"
     assert sorted(table.amax) == sorted(ranges)
@@ -275,8 +287,10 @@ BAD = {
     "unknown algorithm": (b"TRT-8600-FooCalibration\nx: 3c010204\n", "FooCalibration"),
     "bad version": (b"TRT-86-EntropyCalibration2\nx: 3c010204\n", "line 1: unknown TensorRT version code"),
     "bad header": (b"TRT-8600\nx: 3c010204\n", "line 1: malformed header"),
-    "duplicate": (b"TRT-8600-EntropyCalibration2\nx: 3c010204\ny: 3c010204\nx: 3c010204\n",
-                  "line 4: duplicate tensor 'x' (first on line 2)"),
+    "duplicate": (
+        b"TRT-8600-EntropyCalibration2\nx: 3c010204\ny: 3c010204\nx: 3c010204\n",
+        "line 4: duplicate tensor 'x' (first on line 2)",
+    ),
     "negative": (b"TRT-8600-EntropyCalibration2\nx: bc010204\n", "line 2: scale of tensor 'x' is negative"),
     "nan": (b"TRT-8600-EntropyCalibration2\nx: 7fc00000\n", "line 2: scale of tensor 'x' is nan"),
     "no header": (b"x: 3c010204\n", "line 1: missing header"),

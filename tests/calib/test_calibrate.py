@@ -3,6 +3,7 @@
 The small model is built here so every activation can be recomputed with numpy, independently of
 trtq's collector; the bundled sample (a real classifier and real photos) covers the image path.
 """
+
 import json
 import os
 import signal
@@ -37,11 +38,15 @@ def _mlp(path: Path, seed: int = 0) -> dict:
         helper.make_node("MatMul", ["h_relu", "w2"], ["y"], name="mm2"),
     ]
     graph = helper.make_graph(
-        nodes, "mlp",
+        nodes,
+        "mlp",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
-        initializer=[numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(b1, "b1"),
-                     numpy_helper.from_array(w2, "w2")],
+        initializer=[
+            numpy_helper.from_array(w1, "w1"),
+            numpy_helper.from_array(b1, "b1"),
+            numpy_helper.from_array(w2, "w2"),
+        ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=IR_VERSION)
     onnx.checker.check_model(model)
@@ -91,9 +96,15 @@ def test_max_equals_an_independent_max_abs(trtq, mlp, tmp_path):
 def test_same_cache_for_any_batch_size_and_order(trtq, mlp, tmp_path, method):
     model, data, x, _ = mlp
     caches = []
-    for i, extra in enumerate([["--batch-size", "1"], ["--batch-size", "8"], ["--batch-size", "32"],
-                               ["--batch-size", "10"],  # last batch padded: the padding is not counted
-                               ["--batch-size", "8", "--shuffle", "--seed", "7"]]):
+    for i, extra in enumerate(
+        [
+            ["--batch-size", "1"],
+            ["--batch-size", "8"],
+            ["--batch-size", "32"],
+            ["--batch-size", "10"],  # last batch padded: the padding is not counted
+            ["--batch-size", "8", "--shuffle", "--seed", "7"],
+        ]
+    ):
         out = tmp_path / f"{method}{i}.cache"
         _calibrate(trtq, model, data, out, "--method", method, *extra)
         caches.append(out.read_bytes())
@@ -146,8 +157,9 @@ def test_from_stats_equals_a_direct_run(trtq, mlp, tmp_path):
 def test_provenance_describes_the_run(trtq, mlp, tmp_path):
     model, data, _, _ = mlp
     out = tmp_path / "c.cache"
-    r = _calibrate(trtq, model, data, out, "--method", "percentile", "--percentile", "99.9",
-                   "--trt-version", "8.6.1", "--json")
+    r = _calibrate(
+        trtq, model, data, out, "--method", "percentile", "--percentile", "99.9", "--trt-version", "8.6.1", "--json"
+    )
     result = json.loads(r.out)
     assert result["samples"] == 64 and result["tensors"] == 5 and result["cache"] == str(out)
     table = read_cache(out)
@@ -178,7 +190,8 @@ def test_tensors_subset_and_unknown_tensor(trtq, mlp, tmp_path):
 
 def test_non_finite_activation_names_the_tensor(trtq, tmp_path):
     graph = helper.make_graph(
-        [helper.make_node("Log", ["x"], ["log_x"]), helper.make_node("Relu", ["log_x"], ["y"])], "log",
+        [helper.make_node("Log", ["x"], ["log_x"]), helper.make_node("Relu", ["log_x"], ["y"])],
+        "log",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
     )
@@ -217,8 +230,13 @@ def test_ctrl_c_exits_130_and_keeps_the_previous_cache(mlp, tmp_path):
     before = (out.read_bytes(), Path(f"{out}.json").read_bytes())
     big = tmp_path / "big.npy"
     np.save(big, np.tile(x, (3000, 1)))  # 192k rows at batch 1: far longer than the test waits
-    p = subprocess.Popen(base + ["--data", str(big), "--batch-size", "1", "--progress"],
-                         stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    p = subprocess.Popen(
+        base + ["--data", str(big), "--batch-size", "1", "--progress"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = p.stderr.readline()  # the first progress line: the model is running
         assert "pass 1/1 (histogram)" in line, line  # mse: one pass
@@ -236,8 +254,25 @@ def test_ctrl_c_exits_130_and_keeps_the_previous_cache(mlp, tmp_path):
 
 def test_dry_run_on_the_sample_writes_nothing(trtq, sample_model, sample_images, tmp_path):
     out = tmp_path / "out" / "c.cache"
-    r = trtq(["calibrate", "--model", sample_model, "--data", sample_images, "--preprocess", "imagenet",
-              "--batch-size", "8", "--limit", "16", "-o", out, "--dry-run", "--json"])
+    r = trtq(
+        [
+            "calibrate",
+            "--model",
+            sample_model,
+            "--data",
+            sample_images,
+            "--preprocess",
+            "imagenet",
+            "--batch-size",
+            "8",
+            "--limit",
+            "16",
+            "-o",
+            out,
+            "--dry-run",
+            "--json",
+        ]
+    )
     assert r.code == 0, r
     d = json.loads(r.out)
     assert d["inputs"][0]["name"] == "x" and d["inputs"][0]["dtype"] == "float32"
@@ -292,7 +327,20 @@ def test_tensorrt_backend_keeps_an_explicit_method(trtq, mlp, tmp_path):
     model, data, _, _ = mlp
     cfg = tmp_path / "c.yaml"
     cfg.write_text("calibrate: {method: mse}\n")
-    r = trtq(["calibrate", "--config", cfg, "--model", model, "--data", data, "--backend", "tensorrt",
-              "-o", tmp_path / "c.cache"])
+    r = trtq(
+        [
+            "calibrate",
+            "--config",
+            cfg,
+            "--model",
+            model,
+            "--data",
+            data,
+            "--backend",
+            "tensorrt",
+            "-o",
+            tmp_path / "c.cache",
+        ]
+    )
     assert r.code == 2 and "supports --method max or entropy, not mse" in r.err
     assert not (tmp_path / "c.cache").exists()

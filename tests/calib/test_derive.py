@@ -1,29 +1,40 @@
-"""Ranges derived from a Relu/Clip input (trtq.calib.derive) equal the measured ones."""
+"""Ranges derived from a Relu/Clip input (trtq.calib.collect.derive) equal the measured ones."""
+
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from trtq.calib.derive import abs_max, derive_extremes, monotone_links
-from trtq.calib.stats import AbsMaxAccumulator
+from trtq.calib.collect.accumulators import AbsMaxAccumulator
+from trtq.calib.collect.derive import abs_max, derive_extremes, monotone_links
 
 
 def _model(opset: int):
     nodes = [helper.make_node("Relu", ["x"], ["r"])]
     inits = []
     if opset >= 11:
-        inits = [numpy_helper.from_array(np.array(-0.5, np.float32), "lo"),
-                 numpy_helper.from_array(np.array(1.25, np.float32), "hi")]
-        nodes += [helper.make_node("Clip", ["x", "lo", "hi"], ["c"]),
-                  helper.make_node("Clip", ["r", "", "hi"], ["rc"]),  # chain: Relu -> Clip, no lower bound
-                  helper.make_node("ReduceMin", ["x"], ["m"], keepdims=0),
-                  helper.make_node("Clip", ["x", "m"], ["dyn"])]  # bound computed at run time: measured
+        inits = [
+            numpy_helper.from_array(np.array(-0.5, np.float32), "lo"),
+            numpy_helper.from_array(np.array(1.25, np.float32), "hi"),
+        ]
+        nodes += [
+            helper.make_node("Clip", ["x", "lo", "hi"], ["c"]),
+            helper.make_node("Clip", ["r", "", "hi"], ["rc"]),  # chain: Relu -> Clip, no lower bound
+            helper.make_node("ReduceMin", ["x"], ["m"], keepdims=0),
+            helper.make_node("Clip", ["x", "m"], ["dyn"]),
+        ]  # bound computed at run time: measured
     else:
-        nodes += [helper.make_node("Clip", ["x"], ["c"], min=-0.5, max=1.25),
-                  helper.make_node("Clip", ["r"], ["rc"], max=1.25)]
+        nodes += [
+            helper.make_node("Clip", ["x"], ["c"], min=-0.5, max=1.25),
+            helper.make_node("Clip", ["r"], ["rc"], max=1.25),
+        ]
     outs = [o for n in nodes for o in n.output]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 5])],
-                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs],
-                              initializer=inits)
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 5])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs],
+        initializer=inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8), outs
 
 

@@ -1,8 +1,9 @@
-"""In-graph statistics (trtq.calib.ingraph, trtq/calib/_ingraph.c): trtq's operator inside ONNX
+"""In-graph statistics (trtq.calib.collect.ingraph, trtq/calib/collect/_ingraph.c): trtq's operator inside ONNX
 Runtime must give exactly the statistics of the outputs collector (activations exposed, then
-trtq.calib.pow2.Pow2Histograms), on hand-made graphs that reach every rule (padding rows, per-sample
+trtq.calib.collect.one_pass.Pow2Histograms), on hand-made graphs that reach every rule (padding rows, per-sample
 strides, tensors whose leading dim only looks like the batch, one sample per call, ranges below the
 float32 counting range, NaN) and on real models, through the CLI."""
+
 import importlib.util
 import json
 from pathlib import Path
@@ -13,11 +14,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.calib.kernel_paths import require_kernels
-from trtq.calib import ingraph
-from trtq.calib.batchdim import batch_leading, one_sample_calls
-from trtq.calib.collect import OrtCollector, select_tensors
-from trtq.calib.pow2 import Pow2Histograms
-from trtq.calib.stats import AbsMaxAccumulator, HistogramAccumulator
+from trtq.calib.collect import ingraph
+from trtq.calib.collect.accumulators import AbsMaxAccumulator, HistogramAccumulator
+from trtq.calib.collect.batch_leading import batch_leading, one_sample_calls
+from trtq.calib.collect.exposed import OrtCollector, select_tensors
+from trtq.calib.collect.one_pass import Pow2Histograms
 from trtq.errors import DataError, ModelError
 
 
@@ -33,19 +34,27 @@ def _model(batch="N", cast_double=False, hw=6) -> onnx.ModelProto:
     w = numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype(np.float32), "w")
     k = numpy_helper.from_array(np.array([0.5], np.float32), "k")
     shape = numpy_helper.from_array(np.array([-1, hw * hw], np.int64), "shape")
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"]),
-             helper.make_node("Mul", ["r", "k"], ["m"]),
-             helper.make_node("Transpose", ["m"], ["t"], perm=[1, 0, 2, 3]),
-             helper.make_node("Reshape", ["c", "shape"], ["y"])]
-    outputs = [helper.make_tensor_value_info("t", TensorProto.FLOAT, None),
-               helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Mul", ["r", "k"], ["m"]),
+        helper.make_node("Transpose", ["m"], ["t"], perm=[1, 0, 2, 3]),
+        helper.make_node("Reshape", ["c", "shape"], ["y"]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("t", TensorProto.FLOAT, None),
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+    ]
     if cast_double:
-        nodes += [helper.make_node("Cast", ["m"], ["d"], to=TensorProto.DOUBLE),
-                  helper.make_node("Abs", ["d"], ["a"])]
+        nodes += [helper.make_node("Cast", ["m"], ["d"], to=TensorProto.DOUBLE), helper.make_node("Abs", ["d"], ["a"])]
         outputs.append(helper.make_tensor_value_info("a", TensorProto.DOUBLE, None))
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4, hw, hw])],
-                              outputs, initializer=[w, k, shape])
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4, hw, hw])],
+        outputs,
+        initializer=[w, k, shape],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
@@ -55,8 +64,15 @@ def _histograms(model, tensors, cap):
 
 
 def _collector(model, hist, leading, **kw):
-    return ingraph.InGraphCollector(model, list(hist.counts), hist.num_bins, hist_elements=hist.hist_elements,
-                                    leading=leading, one_sample=hist.one_sample_calls, **kw)
+    return ingraph.InGraphCollector(
+        model,
+        list(hist.counts),
+        hist.num_bins,
+        hist_elements=hist.hist_elements,
+        leading=leading,
+        one_sample=hist.one_sample_calls,
+        **kw,
+    )
 
 
 def _run(collector, batches):
@@ -83,8 +99,11 @@ def _assert_same(a: Pow2Histograms, b: Pow2Histograms):
     assert list(a.counts) == list(b.counts)
     for name in a.counts:
         assert np.array_equal(a.counts[name], b.counts[name]), name
-        assert (a.maxima[name], a.exponents[name], a.zeros[name]) == (b.maxima[name], b.exponents[name],
-                                                                      b.zeros[name]), name
+        assert (a.maxima[name], a.exponents[name], a.zeros[name]) == (
+            b.maxima[name],
+            b.exponents[name],
+            b.zeros[name],
+        ), name
     assert a.strides == b.strides
 
 
@@ -93,7 +112,7 @@ def test_same_statistics_as_the_outputs_collector(cap):
     rng = np.random.default_rng(1)
     # batches of 4 whose ranges grow by binades; the last batch holds 3 samples and a padding row
     # that repeats the last one with huge values: it must count nowhere (t's leading dim is 4 too)
-    batches = [(rng.standard_normal((4, 4, 6, 6)).astype(np.float32) * 4.0 ** i, 4) for i in range(4)]
+    batches = [(rng.standard_normal((4, 4, 6, 6)).astype(np.float32) * 4.0**i, 4) for i in range(4)]
     last = rng.standard_normal((4, 4, 6, 6)).astype(np.float32)
     last[3] = 1e6
     batches.append((last, 3))
@@ -234,7 +253,7 @@ def test_two_passes_match_the_outputs_collector():
     """entropy / max: signed extremes, then counts over [0, max] in float32 clamped to the last bin
     (a value equal to the max lands there), padding rows left out of both passes."""
     rng = np.random.default_rng(7)
-    batches = [(rng.standard_normal((4, 4, 6, 6)).astype(np.float32) * 3.0 ** i, 4) for i in range(3)]
+    batches = [(rng.standard_normal((4, 4, 6, 6)).astype(np.float32) * 3.0**i, 4) for i in range(3)]
     last = rng.standard_normal((4, 4, 6, 6)).astype(np.float32)
     last[3] = -1e6  # padding: in neither pass
     batches.append((last, 2))
@@ -247,7 +266,7 @@ def test_two_passes_of_tensors_in_many_pieces_match_the_outputs_collector():
     """Pass 2 of a 160K-element tensor runs in ~10 pieces over ONNX Runtime's threads, each thread
     counting into its own int64 lanes; a NaN in its last piece is still found."""
     rng = np.random.default_rng(9)
-    batches = [(rng.standard_normal((4, 4, 100, 100)).astype(np.float32) * 2.0 ** i, 4) for i in range(2)]
+    batches = [(rng.standard_normal((4, 4, 100, 100)).astype(np.float32) * 2.0**i, 4) for i in range(2)]
     a, b = _two_passes(_model(hw=100), batches)
     _assert_same_two_passes(a, b)
     assert a[1].counts["x"].sum() == 2 * 4 * 4 * 100 * 100
@@ -300,8 +319,21 @@ def test_two_passes_refuse_a_nan():
 
 
 def _calibrate(trtq, model, data, out: Path, *extra, preprocess=("--preprocess", "imagenet")):
-    r = trtq(["calibrate", "--model", model, "--data", data, *preprocess, "-o", out, "--save-stats",
-              out.with_suffix(".npz"), *extra])
+    r = trtq(
+        [
+            "calibrate",
+            "--model",
+            model,
+            "--data",
+            data,
+            *preprocess,
+            "-o",
+            out,
+            "--save-stats",
+            out.with_suffix(".npz"),
+            *extra,
+        ]
+    )
     assert r.code == 0, r
     return out.read_bytes(), np.load(out.with_suffix(".npz")), json.loads(Path(f"{out}.json").read_text())
 
@@ -310,8 +342,9 @@ def _calibrate(trtq, model, data, out: Path, *extra, preprocess=("--preprocess",
 def test_cli_caches_and_statistics_match(trtq, sample_model, sample_images, tmp_path, method):
     args = ("--method", method, "--limit", "7", "--batch-size", "4")  # a padded last batch
     cache_a, stats_a, prov_a = _calibrate(trtq, sample_model, sample_images, tmp_path / "a.cache", *args)
-    cache_b, stats_b, prov_b = _calibrate(trtq, sample_model, sample_images, tmp_path / "b.cache", *args,
-                                          "--collect", "outputs")
+    cache_b, stats_b, prov_b = _calibrate(
+        trtq, sample_model, sample_images, tmp_path / "b.cache", *args, "--collect", "outputs"
+    )
     assert prov_a["collection"]["mode"] == "in-graph" and prov_b["collection"]["mode"] == "outputs"
     assert cache_a == cache_b
     for key in stats_b.files:
@@ -321,8 +354,19 @@ def test_cli_caches_and_statistics_match(trtq, sample_model, sample_images, tmp_
 
 def test_cli_refusals_and_fallback(trtq, sample_model, sample_images, tmp_path, monkeypatch):
     out = tmp_path / "c.cache"
-    base = ["calibrate", "--model", sample_model, "--data", sample_images, "--preprocess", "imagenet", "--limit", "4",
-            "-o", out]
+    base = [
+        "calibrate",
+        "--model",
+        sample_model,
+        "--data",
+        sample_images,
+        "--preprocess",
+        "imagenet",
+        "--limit",
+        "4",
+        "-o",
+        out,
+    ]
     monkeypatch.setenv("TRTQ_NO_NATIVE", "1")  # no compiled kernels: no operator
     r = trtq([*base, "--collect", "in-graph"])
     assert r.code == 2 and "compiled kernels are not built" in r.err and not out.exists()
@@ -342,8 +386,9 @@ def _paddle_model(name: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name,shape", [("ch_PP-OCRv4_rec_infer.onnx", (3, 48, 160)),
-                                        ("ch_ppocr_mobile_v2.0_cls_infer.onnx", (3, 48, 192))])
+@pytest.mark.parametrize(
+    "name,shape", [("ch_PP-OCRv4_rec_infer.onnx", (3, 48, 160)), ("ch_ppocr_mobile_v2.0_cls_infer.onnx", (3, 48, 192))]
+)
 def test_real_paddle_models_give_the_same_cache(trtq, tmp_path, name, shape):
     """PP-OCRv4 rec and PP-OCR cls (weights in Constant nodes, dynamic width; hundreds of tensors)
     on text-line-like inputs: bright background, dark strokes, a padded last batch."""
@@ -353,13 +398,12 @@ def test_real_paddle_models_give_the_same_cache(trtq, tmp_path, name, shape):
     for i in range(11):
         for _ in range(12):
             r, c = rng.integers(8, shape[1] - 8), rng.integers(4, shape[2] - 20)
-            x[i, :, r - 6:r + 6, c:c + rng.integers(2, 16)] = -1.0
+            x[i, :, r - 6 : r + 6, c : c + rng.integers(2, 16)] = -1.0
     x += rng.normal(0, 0.05, x.shape).astype(np.float32)
     data = tmp_path / "x.npy"
     np.save(data, x)
     a = _calibrate(trtq, model, data, tmp_path / "a.cache", "--batch-size", "4", preprocess=())
-    b = _calibrate(trtq, model, data, tmp_path / "b.cache", "--batch-size", "4", "--collect", "outputs",
-                   preprocess=())
+    b = _calibrate(trtq, model, data, tmp_path / "b.cache", "--batch-size", "4", "--collect", "outputs", preprocess=())
     assert a[2]["collection"]["mode"] == "in-graph"
     assert a[0] == b[0]
     assert np.array_equal(a[1]["counts"], b[1]["counts"])

@@ -1,19 +1,21 @@
-"""The per-array kernels of trtq.calib.kernels and the I/O-bound collector of trtq.calib.collect.
+"""The per-array kernels of trtq.calib.collect.kernels and the I/O-bound collector of trtq.calib.collect.exposed.
 
-The compiled and the numba kernels and the numpy fallback must give the same counts, bit for bit,
-as a direct numpy statement of the binning rule; the collector must return what a plain ONNX
+The compiled kernels and the numpy fallback must give the same counts, bit for bit, as a direct
+numpy statement of the binning rule; the collector must return what a plain ONNX
 Runtime run returns.
 """
+
 import logging
+
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.calib.kernel_paths import require_kernels
-from trtq.calib import kernels, native
-from trtq.calib.collect import OrtCollector, select_tensors
-from trtq.calib.stats import AbsMaxAccumulator, HistogramAccumulator
+from trtq.calib.collect import compiled, kernels
+from trtq.calib.collect.accumulators import AbsMaxAccumulator, HistogramAccumulator
+from trtq.calib.collect.exposed import OrtCollector, select_tensors
 
 NUM_BINS = 2048
 
@@ -30,17 +32,20 @@ def _arrays():
     relu = np.maximum(rng.normal(size=(3, 17, 31)), 0).astype(np.float32)  # many zeros, odd size
     heavy = rng.standard_t(2, size=100_003).astype(np.float32)
     tiny = np.array([0.0, -0.0, 1e-30, 5.0], np.float32)
-    return {"relu": relu, "heavy": heavy, "tiny": tiny,
-            "half": heavy[:4099].astype(np.float16), "double": heavy[:5000].astype(np.float64)}
+    return {
+        "relu": relu,
+        "heavy": heavy,
+        "tiny": tiny,
+        "half": heavy[:4099].astype(np.float16),
+        "double": heavy[:5000].astype(np.float64),
+    }
 
 
-@pytest.fixture(params=["native", "numba", "numpy"])
+@pytest.fixture(params=["native", "numpy"])
 def implementation(request, monkeypatch):
     require_kernels(monkeypatch, "compiled" if request.param == "native" else request.param)
     if request.param == "native":
-        assert kernels.two_pass_kernel() is native.histogram_f32
-    elif request.param == "numba":
-        assert kernels.numba_enabled() and kernels.two_pass_kernel() is not None
+        assert kernels.two_pass_kernel() is compiled.histogram_f32
     else:
         assert kernels.two_pass_kernel() is None
     return request.param
@@ -66,8 +71,9 @@ def test_histogram_into_flags(implementation):
     assert flags == kernels.EXCEEDED  # 3.0 * 16 is past the 16 bins: counted in the last one
     assert counts[8] == 1 and counts[15] == 1
     for bad in (np.nan, np.inf, -np.inf):
-        _, flags = kernels.histogram_into(np.array([1.0, bad, 0.25], np.float32), np.float32(8.0),
-                                          np.zeros(16, np.int64))
+        _, flags = kernels.histogram_into(
+            np.array([1.0, bad, 0.25], np.float32), np.float32(8.0), np.zeros(16, np.int64)
+        )
         assert flags & kernels.NONFINITE
 
 
@@ -89,21 +95,21 @@ def test_histogram_into_counts_every_stride_th_element_of_each_row(implementatio
 
 def test_compiled_kernels_refuse_what_they_would_misread():
     """The C code trusts dtype, layout and indices: the wrappers check them first."""
-    if native.library() is None:
+    if compiled.library() is None:
         pytest.skip("the compiled kernels were not built in this install (no C compiler)")
     rows = np.ones((2, 64), np.float32)
     with pytest.raises(ValueError, match="C-contiguous"):
-        native.pow2_count(rows[:, ::2], 1, 0, np.zeros((4, 16), np.int32), -100)  # a strided view
+        compiled.pow2_count(rows[:, ::2], 1, 0, np.zeros((4, 16), np.int32), -100)  # a strided view
     with pytest.raises(ValueError, match="float32"):
-        native.pow2_count(rows.astype(np.float64), 1, 0, np.zeros((4, 16), np.int32), -100)
+        compiled.pow2_count(rows.astype(np.float64), 1, 0, np.zeros((4, 16), np.int32), -100)
     with pytest.raises(ValueError, match="int64"):
-        native.histogram_f32(rows, np.float32(1), np.zeros((4, 16), np.int32), np.float32(16), 1)
+        compiled.histogram_f32(rows, np.float32(1), np.zeros((4, 16), np.int32), np.float32(16), 1)
     starts, weights = np.zeros((2, 3), np.int64), np.ones(3, np.int64)
     p = np.zeros((5, 4), np.int64)
     a, b = np.empty((2, 4), np.int64), np.empty((2, 4), np.int64)
-    native.level_sums(starts, weights, p, p, a, b)
+    compiled.level_sums(starts, weights, p, p, a, b)
     with pytest.raises(ValueError, match="out of range"):
-        native.level_sums(starts + 5, weights, p, p, a, b)
+        compiled.level_sums(starts + 5, weights, p, p, a, b)
 
 
 def test_compiled_avx2_and_scalar_loops_count_the_same():
@@ -111,9 +117,9 @@ def test_compiled_avx2_and_scalar_loops_count_the_same():
     loops (every other CPU) must give the same integers, and both those of the rule, on every
     length (the vector loop leaves up to seven to the scalar one) and on zeros, -0.0 and values
     that land on a bin edge."""
-    if native.library() is None:
+    if compiled.library() is None:
         pytest.skip("the compiled kernels were not built in this install (no C compiler)")
-    if not native.use_simd(True):
+    if not compiled.use_simd(True):
         pytest.skip("this CPU has no AVX2: the scalar loops are the only ones")
     rng = np.random.default_rng(11)
     x = np.abs(rng.standard_t(2, size=(1, 70001))).astype(np.float32)
@@ -126,12 +132,12 @@ def test_compiled_avx2_and_scalar_loops_count_the_same():
             row = np.ascontiguousarray(x[:, :n])
             results = []
             for simd in (True, False):
-                assert native.use_simd(simd) == simd
+                assert compiled.use_simd(simd) == simd
                 lanes = np.zeros((4, NUM_BINS), np.int32)
-                e, top, zeros, status = native.pow2_count(row, 1, -(1 << 30), lanes, -100)
+                e, top, zeros, status = compiled.pow2_count(row, 1, -(1 << 30), lanes, -100)
                 lanes64 = np.zeros((4, NUM_BINS), np.int64)  # the two-pass kernel, over [0, max]
                 scale = np.float32(NUM_BINS / float(row.max()))
-                zeros2, _, _ = native.histogram_f32(row, scale, lanes64, np.float32(NUM_BINS * 1.000001), 1)
+                zeros2, _, _ = compiled.histogram_f32(row, scale, lanes64, np.float32(NUM_BINS * 1.000001), 1)
                 results.append((e, top, zeros, status, zeros2, lanes.sum(axis=0), lanes64.sum(axis=0)))
             (a, b) = results
             assert a[:5] == b[:5] and np.array_equal(a[5], b[5]) and np.array_equal(a[6], b[6]), n
@@ -140,29 +146,31 @@ def test_compiled_avx2_and_scalar_loops_count_the_same():
             expected, expected_zeros = _reference(row, scale, NUM_BINS)
             assert np.array_equal(a[6], expected) and a[4] == expected_zeros, n
     finally:
-        native.use_simd(True)
+        compiled.use_simd(True)
 
 
 def test_compiled_kernels_from_another_version_are_not_used(monkeypatch, caplog):
     """An editable install not rebuilt after a pull keeps an old library: trtq must not call it."""
-    if native.library() is None:
+    if compiled.library() is None:
         pytest.skip("the compiled kernels were not built in this install (no C compiler)")
-    monkeypatch.setattr(native, "VERSION", native.VERSION + 1)
+    monkeypatch.setattr(compiled, "VERSION", compiled.VERSION + 1)
     # a CLI test earlier in the process stops "trtq" records at its own handler; caplog listens at the root
     monkeypatch.setattr(logging.getLogger("trtq"), "propagate", True)
-    monkeypatch.setattr(native, "_state", "untried")
-    monkeypatch.setattr(native, "_lib", None)
-    with caplog.at_level("WARNING", logger="trtq.calib.native"):
-        assert native.library() is None
+    monkeypatch.setattr(compiled, "_state", "untried")
+    monkeypatch.setattr(compiled, "_lib", None)
+    with caplog.at_level("WARNING", logger="trtq.calib.collect.compiled"):
+        assert compiled.library() is None
     assert "pip install -e ." in caplog.text
-    assert kernels.pow2_kernel() is not native.pow2_count
+    assert kernels.pow2_kernel() is not compiled.pow2_count
 
 
 def test_accumulators_split_large_tensors_in_parallel(monkeypatch):
     """Parts and threads must not change the result: compare with one-part, inline runs."""
     rng = np.random.default_rng(3)
-    batch = {"a": rng.normal(size=(4, 64, 33, 33)).astype(np.float32),
-             "b": np.maximum(rng.normal(size=(4, 1000)), 0).astype(np.float32)}
+    batch = {
+        "a": rng.normal(size=(4, 64, 33, 33)).astype(np.float32),
+        "b": np.maximum(rng.normal(size=(4, 1000)), 0).astype(np.float32),
+    }
     results = []
     for part, cores in ((1 << 21, 1), (1000, 4)):
         monkeypatch.setattr(kernels, "PART", part)
@@ -193,9 +201,12 @@ def _conv_model(path):
         helper.make_node("Flatten", ["pool"], ["out"]),
     ]
     graph = helper.make_graph(
-        nodes, "conv", [helper.make_tensor_value_info("img", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        nodes,
+        "conv",
+        [helper.make_tensor_value_info("img", TensorProto.FLOAT, ["N", 3, 8, 8])],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 4])],
-        initializer=[numpy_helper.from_array(w, "w")])
+        initializer=[numpy_helper.from_array(w, "w")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     onnx.save(model, str(path))
     return model

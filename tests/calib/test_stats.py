@@ -3,13 +3,16 @@
 The methods are checked against plain loop implementations of the same published algorithms
 written here, independently of the vectorised code, and against properties with known answers.
 """
+
 import math
 import zipfile
 
 import numpy as np
 import pytest
 
+from trtq.calib import methods as M
 from trtq.calib import stats as S
+from trtq.calib.collect import accumulators as A
 from trtq.errors import CacheError, ConfigError, DataError
 
 # --------------------------------------------------------------------------------------------
@@ -104,9 +107,9 @@ def _dist(kind, n=200_000, seed=0):
 
 
 def _hist(x, num_bins=2048, name="t"):
-    mx = S.AbsMaxAccumulator()
+    mx = A.AbsMaxAccumulator()
     mx.update(name, x)
-    h = S.HistogramAccumulator(mx.maxima, num_bins)
+    h = A.HistogramAccumulator(mx.maxima, num_bins)
     h.update(name, x)
     return h.counts[name], mx.maxima[name]
 
@@ -121,7 +124,7 @@ KINDS = ["uniform", "gaussian", "laplace", "relu", "outliers"]
 def test_absmax_matches_numpy_over_batches():
     rng = np.random.default_rng(1)
     data = [rng.standard_normal((4, 3, 5, 5)).astype(np.float32) * (i + 1) for i in range(6)]
-    acc = S.AbsMaxAccumulator()
+    acc = A.AbsMaxAccumulator()
     for d in data:
         acc.update("x", d)
         acc.update("neg", -np.abs(d) - 1.0)
@@ -133,7 +136,7 @@ def test_absmax_matches_numpy_over_batches():
 
 
 def test_absmax_float16_and_empty():
-    acc = S.AbsMaxAccumulator()
+    acc = A.AbsMaxAccumulator()
     acc.update("h", np.array([0.5, -3.25, 2.0], dtype=np.float16))
     acc.update("e", np.zeros((0, 3), dtype=np.float32))
     assert acc.maxima == {"h": 3.25, "e": 0.0}
@@ -143,7 +146,7 @@ def test_absmax_float16_and_empty():
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_absmax_rejects_non_finite(bad):
-    acc = S.AbsMaxAccumulator()
+    acc = A.AbsMaxAccumulator()
     x = np.ones(10, dtype=np.float32)
     x[3] = bad
     with pytest.raises(DataError) as e:
@@ -153,7 +156,7 @@ def test_absmax_rejects_non_finite(bad):
 
 
 def test_absmax_merge():
-    a, b = S.AbsMaxAccumulator(), S.AbsMaxAccumulator()
+    a, b = A.AbsMaxAccumulator(), A.AbsMaxAccumulator()
     a.update("x", np.array([1.0, -2.0]))
     b.update("x", np.array([3.0]))
     b.update("y", np.array([-7.0]))
@@ -185,11 +188,11 @@ def test_histogram_agrees_with_np_histogram_away_from_edges():
 
 
 def test_histogram_all_zero_tensor():
-    h = S.HistogramAccumulator({"z": 0.0}, 16)
+    h = A.HistogramAccumulator({"z": 0.0}, 16)
     h.update("z", np.zeros((2, 3), dtype=np.float32))
     assert h.counts["z"][0] == 6 and h.counts["z"][1:].sum() == 0
     for method in ("max", "entropy", "percentile", "mse"):
-        assert S.compute_amax(method, h.counts["z"], 0.0) == 0.0
+        assert M.compute_amax(method, h.counts["z"], 0.0) == 0.0
 
 
 def test_histogram_tiny_max():
@@ -200,28 +203,28 @@ def test_histogram_tiny_max():
 
 
 def test_histogram_values_above_max_go_to_last_bin_and_are_reported():
-    h = S.HistogramAccumulator({"t": 1.0}, 8)
+    h = A.HistogramAccumulator({"t": 1.0}, 8)
     h.update("t", np.array([0.5, 3.0], dtype=np.float32))
     assert h.counts["t"][-1] == 1 and h.counts["t"][4] == 1
     assert h.exceeded == {"t"}
 
 
 def test_histogram_rejects_non_finite():
-    h = S.HistogramAccumulator({"t": 1.0}, 8)
+    h = A.HistogramAccumulator({"t": 1.0}, 8)
     with pytest.raises(DataError, match="'t'"):
         h.update("t", np.array([0.5, np.nan], dtype=np.float32))
 
 
 def test_histogram_order_batch_and_shard_independent():
     x = np.concatenate([_dist("relu", 30_000, 5), _dist("outliers", 30_000, 6)]).reshape(60, 1000)
-    mx = S.AbsMaxAccumulator()
+    mx = A.AbsMaxAccumulator()
     mx.update("t", x)
     maxima = mx.maxima
 
     def run(rows, batch):
-        h = S.HistogramAccumulator(maxima, 2048)
+        h = A.HistogramAccumulator(maxima, 2048)
         for lo in range(0, len(rows), batch):
-            h.update("t", rows[lo:lo + batch])
+            h.update("t", rows[lo : lo + batch])
         return h
 
     base = run(x, 60).counts["t"]
@@ -236,15 +239,15 @@ def test_histogram_order_batch_and_shard_independent():
     assert np.array_equal(merged.counts["t"], base)
     # and so every method gives the same amax
     for method in ("entropy", "percentile", "mse"):
-        assert S.compute_amax(method, merged.counts["t"], maxima["t"]) == S.compute_amax(method, base, maxima["t"])
+        assert M.compute_amax(method, merged.counts["t"], maxima["t"]) == M.compute_amax(method, base, maxima["t"])
 
 
 def test_histogram_merge_requires_same_edges():
-    a = S.HistogramAccumulator({"t": 1.0}, 16)
+    a = A.HistogramAccumulator({"t": 1.0}, 16)
     with pytest.raises(ValueError):
-        a.merge(S.HistogramAccumulator({"t": 2.0}, 16))
+        a.merge(A.HistogramAccumulator({"t": 2.0}, 16))
     with pytest.raises(ValueError):
-        a.merge(S.HistogramAccumulator({"t": 1.0}, 32))
+        a.merge(A.HistogramAccumulator({"t": 1.0}, 32))
 
 
 # --------------------------------------------------------------------------------------------
@@ -260,7 +263,7 @@ def test_entropy_matches_reference(kind):
     finite = np.isfinite(ref_kls)
     assert np.array_equal(np.isfinite(kls), finite)
     assert np.allclose(kls[finite], np.array(ref_kls)[finite], rtol=1e-9, atol=1e-12)
-    assert S.compute_amax("entropy", counts, m) == pytest.approx(ref_amax, rel=1e-12)
+    assert M.compute_amax("entropy", counts, m) == pytest.approx(ref_amax, rel=1e-12)
 
 
 @pytest.mark.slow
@@ -268,7 +271,7 @@ def test_entropy_matches_reference(kind):
 def test_entropy_matches_reference_2048_bins(kind):
     counts, m = _hist(_dist(kind, 200_000, seed=12), num_bins=2048)
     ref_amax, _ = ref_entropy(counts, m)
-    assert S.compute_amax("entropy", counts, m) == pytest.approx(ref_amax, rel=1e-12)
+    assert M.compute_amax("entropy", counts, m) == pytest.approx(ref_amax, rel=1e-12)
 
 
 def test_entropy_empty_last_group_and_empty_prefix():
@@ -294,13 +297,13 @@ def test_entropy_empty_last_group_and_empty_prefix():
 @pytest.mark.parametrize("p", [99.0, 99.99, 100.0])
 def test_percentile_matches_reference(kind, p):
     counts, m = _hist(_dist(kind, 50_000, seed=21))
-    assert S.compute_amax("percentile", counts, m, p) == pytest.approx(ref_percentile(counts, m, p), rel=1e-12)
+    assert M.compute_amax("percentile", counts, m, p) == pytest.approx(ref_percentile(counts, m, p), rel=1e-12)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_mse_matches_reference(kind):
     counts, m = _hist(_dist(kind, 20_000, seed=31), num_bins=256)
-    assert S.compute_amax("mse", counts, m) == pytest.approx(ref_mse(counts, m), rel=1e-12)
+    assert M.compute_amax("mse", counts, m) == pytest.approx(ref_mse(counts, m), rel=1e-12)
 
 
 # --------------------------------------------------------------------------------------------
@@ -311,12 +314,12 @@ def test_mse_matches_reference(kind):
 def test_percentile_on_uniform_is_p_times_max():
     counts, m = _hist(_dist("uniform", 400_000, seed=41))
     for p in (50.0, 90.0, 99.0, 99.99):
-        assert S.compute_amax("percentile", counts, m, p) == pytest.approx(p / 100 * m, abs=2 * m / 2048 + 0.002 * m)
+        assert M.compute_amax("percentile", counts, m, p) == pytest.approx(p / 100 * m, abs=2 * m / 2048 + 0.002 * m)
 
 
 def test_entropy_on_uniform_is_close_to_max():
     counts, m = _hist(_dist("uniform", 400_000, seed=42))
-    assert S.compute_amax("entropy", counts, m) >= 0.97 * m
+    assert M.compute_amax("entropy", counts, m) >= 0.97 * m
 
 
 @pytest.mark.parametrize("method", ["entropy", "percentile"])
@@ -324,7 +327,7 @@ def test_far_outliers_are_clipped(method):
     x = _dist("outliers", 400_000, seed=43)  # N(0,1) with 1e-4 of values at +-100
     counts, m = _hist(x)
     assert m == 100.0
-    amax = S.compute_amax(method, counts, m, 99.9)
+    amax = M.compute_amax(method, counts, m, 99.9)
     assert amax < 0.1 * m
     assert amax > 2.0  # still covers the body of the gaussian
 
@@ -333,14 +336,14 @@ def test_entropy_keeps_a_saturated_mode_and_a_discrete_input():
     rng = np.random.default_rng(48)
     # HardSigmoid-like: 30% of the values saturate at exactly 1.0, the rest spread below
     x = np.clip(rng.normal(0.3, 0.15, 200_000), 0.0, 1.0).astype(np.float32)
-    x[: 60_000] = 1.0
+    x[:60_000] = 1.0
     counts, m = _hist(x)
-    assert S.compute_amax("entropy", counts, m) >= 0.99 * m
+    assert M.compute_amax("entropy", counts, m) >= 0.99 * m
     # a normalised 8-bit image: only 256 distinct values per channel, so most bins are empty
     pixels = rng.integers(0, 256, 300_000)
     img = ((pixels / 255.0 - 0.45) / 0.225).astype(np.float32)
     counts, m = _hist(img)
-    assert S.compute_amax("entropy", counts, m) >= 0.99 * m
+    assert M.compute_amax("entropy", counts, m) >= 0.99 * m
 
 
 def test_mse_clips_rare_far_outliers_but_not_frequent_ones():
@@ -349,54 +352,54 @@ def test_mse_clips_rare_far_outliers_but_not_frequent_ones():
     # least-squares range keeps the outliers; with f = 2.5e-7: 0.002 < 0.05 -> clipped.
     x = _dist("outliers", 400_000, seed=43)
     counts, m = _hist(x)
-    assert S.compute_amax("mse", counts, m) > 0.5 * m
+    assert M.compute_amax("mse", counts, m) > 0.5 * m
     rng = np.random.default_rng(47)
     y = rng.standard_normal(4_000_000).astype(np.float32)
     y[[10, 20]] = 100.0
     counts, m = _hist(y)
-    amax = S.compute_amax("mse", counts, m)
+    amax = M.compute_amax("mse", counts, m)
     assert amax < 0.2 * m and amax > 5.0  # clipped, body (|x| < ~5.3) kept
 
 
 def test_mse_amax_is_inside_range_for_gaussian():
     counts, m = _hist(_dist("gaussian", 400_000, seed=44))
-    amax = S.compute_amax("mse", counts, m)
+    amax = M.compute_amax("mse", counts, m)
     assert 2.0 < amax < m  # clips the sparse tail but keeps the body
 
 
 def test_compute_all_and_errors():
     x = _dist("gaussian", 10_000, seed=45)
-    mx = S.AbsMaxAccumulator()
+    mx = A.AbsMaxAccumulator()
     mx.update("a", x)
     mx.update("b", 2 * x)
-    h = S.HistogramAccumulator(mx.maxima)
+    h = A.HistogramAccumulator(mx.maxima)
     h.update("a", x)
     h.update("b", 2 * x)
-    got = S.compute_all("max", mx.maxima, None)
+    got = M.compute_all("max", mx.maxima, None)
     assert got == mx.maxima
-    ent = S.compute_all("entropy", mx.maxima, h.counts)
+    ent = M.compute_all("entropy", mx.maxima, h.counts)
     assert list(ent) == ["a", "b"]
     assert ent["b"] == pytest.approx(2 * ent["a"], rel=1e-6)
     with pytest.raises(ConfigError):
-        S.compute_all("kl", mx.maxima, h.counts)
+        M.compute_all("kl", mx.maxima, h.counts)
     with pytest.raises(ValueError):
-        S.compute_all("entropy", mx.maxima, None)
+        M.compute_all("entropy", mx.maxima, None)
     with pytest.raises(ConfigError):
-        S.compute_amax("percentile", h.counts["a"], 1.0, 120.0)
+        M.compute_amax("percentile", h.counts["a"], 1.0, 120.0)
     with pytest.raises(ConfigError):
-        S.compute_amax("entropy", np.ones(64, dtype=np.int64), 1.0)
+        M.compute_amax("entropy", np.ones(64, dtype=np.int64), 1.0)
 
 
 @pytest.mark.parametrize("batch", [1, 8, 32])
 def test_amax_identical_for_batch_sizes(batch):
     x = _dist("laplace", 64 * 500, seed=46).reshape(64, 500)
-    mx = S.AbsMaxAccumulator()
+    mx = A.AbsMaxAccumulator()
     h_full = None
     for lo in range(0, 64, batch):
-        mx.update("t", x[lo:lo + batch])
-    h_full = S.HistogramAccumulator(mx.maxima)
+        mx.update("t", x[lo : lo + batch])
+    h_full = A.HistogramAccumulator(mx.maxima)
     for lo in range(0, 64, batch):
-        h_full.update("t", x[lo:lo + batch])
+        h_full.update("t", x[lo : lo + batch])
     ref_counts, ref_m = _hist(x)
     assert mx.maxima["t"] == ref_m
     assert np.array_equal(h_full.counts["t"], ref_counts)
@@ -447,12 +450,12 @@ def test_stats_zeros_round_trip_and_old_files(tmp_path):
 
 def test_zeros_are_counted_and_merge():
     a = np.array([0.0, 0.0, -0.0, 1e-9, 0.5, -1.0], dtype=np.float32)
-    h = S.HistogramAccumulator({"t": 1.0, "z": 0.0}, num_bins=16)
+    h = A.HistogramAccumulator({"t": 1.0, "z": 0.0}, num_bins=16)
     h.update("t", a)
     h.update("z", np.zeros(5, dtype=np.float32))
     assert h.zeros == {"t": 3, "z": 5}  # -0.0 is zero, 1e-9 is not
     assert h.counts["t"][0] == 4
-    other = S.HistogramAccumulator({"t": 1.0}, num_bins=16)
+    other = A.HistogramAccumulator({"t": 1.0}, num_bins=16)
     other.update("t", np.zeros(7, dtype=np.float32))
     h.merge(other)
     assert h.zeros["t"] == 10
@@ -464,20 +467,20 @@ def test_entropy_leaves_exact_zeros_out_like_tensorrt():
     EfficientNet-Lite0); counting the zeros makes the search clip to 1/8 of it."""
     rng = np.random.default_rng(3)
     x = np.clip(rng.normal(1.0, 1.5, 400_000), 0.0, 6.0).astype(np.float32)
-    x[: 200_000] = 0.0
-    mx = S.AbsMaxAccumulator()
+    x[:200_000] = 0.0
+    mx = A.AbsMaxAccumulator()
     mx.update("r", x)
-    h = S.HistogramAccumulator(mx.maxima)
+    h = A.HistogramAccumulator(mx.maxima)
     h.update("r", x)
     m = mx.maxima["r"]
-    with_zeros = S.compute_amax("entropy", h.counts["r"], m)
-    without = S.compute_amax("entropy", h.counts["r"], m, zeros=h.zeros["r"])
+    with_zeros = M.compute_amax("entropy", h.counts["r"], m)
+    without = M.compute_amax("entropy", h.counts["r"], m, zeros=h.zeros["r"])
     assert with_zeros < 0.5 * m
     assert without >= 0.99 * m
-    assert S.compute_all("entropy", mx.maxima, h.counts, zeros=h.zeros)["r"] == without
+    assert M.compute_all("entropy", mx.maxima, h.counts, zeros=h.zeros)["r"] == without
     # the other methods count zeros as values
     for method in ("percentile", "mse"):
-        assert S.compute_amax(method, h.counts["r"], m, zeros=h.zeros["r"]) == S.compute_amax(method, h.counts["r"], m)
+        assert M.compute_amax(method, h.counts["r"], m, zeros=h.zeros["r"]) == M.compute_amax(method, h.counts["r"], m)
 
 
 def test_stats_name_without_npz_suffix(tmp_path):
@@ -520,8 +523,12 @@ def test_stats_bad_files(tmp_path):
     with pytest.raises(CacheError, match="missing arrays"):
         S.load_stats(foreign)
     wrong = tmp_path / "wrong.npz"
-    np.savez(wrong, header=np.frombuffer(b'{"format": "other"}', dtype=np.uint8), maxima=np.zeros(1),
-             counts=np.zeros((1, 4), dtype=np.int64))
+    np.savez(
+        wrong,
+        header=np.frombuffer(b'{"format": "other"}', dtype=np.uint8),
+        maxima=np.zeros(1),
+        counts=np.zeros((1, 4), dtype=np.int64),
+    )
     with pytest.raises(CacheError, match="format"):
         S.load_stats(wrong)
     pickled = tmp_path / "pickled.npz"

@@ -1,5 +1,6 @@
 """Plain-Python scoring of task outputs, written apart from trtq.compare's code, that the tests
 hold compare's numbers against (loops over lists, no shared helpers)."""
+
 import itertools
 from collections.abc import Sequence
 

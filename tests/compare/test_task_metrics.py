@@ -1,6 +1,7 @@
 """Each task metric against a straightforward computation on outputs built with known answers:
 boxes shifted by known amounts (known IoU and F1), known strings (known CER), masks of known
 overlap, class scores with known ranks."""
+
 import functools
 import itertools
 import math

@@ -1,5 +1,6 @@
 """compare --per-layer ranks layers by the task metric (SQNR breaks ties): on a YOLO-shaped head
 whose box conv dominates the whole-output SQNR while its class conv decides the detections."""
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -29,13 +30,23 @@ def two_head_detector():
         helper.make_node("Concat", ["boxes", "scores"], ["cat"], axis=1),
         helper.make_node("Reshape", ["cat", "shape"], ["output0"]),
     ]
-    inits = {"wb": rng.normal(0, 0.3, (8, 16, 1, 1)), "wc": rng.normal(0, 0.6, (8, 16, 1, 1)),
-             "zero": np.array([0]), "four": np.array([4]), "one": np.array([1]),
-             "px": np.array(64.0), "shape": np.array([0, 12, 128])}
+    inits = {
+        "wb": rng.normal(0, 0.3, (8, 16, 1, 1)),
+        "wc": rng.normal(0, 0.6, (8, 16, 1, 1)),
+        "zero": np.array([0]),
+        "four": np.array([4]),
+        "one": np.array([1]),
+        "px": np.array(64.0),
+        "shape": np.array([0, 12, 128]),
+    }
     inits = {k: v.astype(np.float32) if v.dtype.kind == "f" else v.astype(np.int64) for k, v in inits.items()}
-    graph = helper.make_graph(nodes, "det", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16, 8, 16])],
-                              [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["N", 12, 128])],
-                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    graph = helper.make_graph(
+        nodes,
+        "det",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16, 8, 16])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["N", 12, 128])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     return model
@@ -73,8 +84,14 @@ def test_per_layer_ranks_by_detection_f1_then_sqnr():
 def test_leave_one_out_ranks_by_the_metric_with_the_layer_float():
     model = two_head_detector()
     x = np.random.default_rng(6).normal(0, 1, (8, 16, 8, 16)).astype(np.float32)
-    rows = per_layer_sensitivity(model, {"x": float(np.abs(x).max())}, QuantizeOptions(), [Batch(0, {"x": x}, 8)],
-                                 mode="leave-one-out", task_options=CompareOptions())
+    rows = per_layer_sensitivity(
+        model,
+        {"x": float(np.abs(x).max())},
+        QuantizeOptions(),
+        [Batch(0, {"x": x}, 8)],
+        mode="leave-one-out",
+        task_options=CompareOptions(),
+    )
     # keeping the class conv float saves the most detections, though keeping the box conv float gains more dB
     assert [r.node for r in rows] == ["cls_conv", "box_conv"]
     assert rows[0].task_metric > rows[1].task_metric and rows[0].gain_db < rows[1].gain_db
@@ -90,10 +107,36 @@ def test_compare_per_layer_cli_ranks_by_the_task_metric(trtq, tmp_path):
     np.save(tmp_path / "x.npy", np.random.default_rng(6).normal(0, 1, (8, 16, 8, 16)).astype(np.float32))
     args = ["--model", tmp_path / "det.onnx", "--data", tmp_path / "x.npy", "--method", "max"]
     assert trtq(["calibrate", *args, "-o", tmp_path / "c.cache", "-q"]).code == 0
-    assert trtq(["quantize", "--model", tmp_path / "det.onnx", "--cache", tmp_path / "c.cache",
-                 "-o", tmp_path / "q.onnx", "-q"]).code == 0
-    r = trtq(["compare", "--reference", tmp_path / "det.onnx", "--candidate", tmp_path / "q.onnx", "--data",
-              tmp_path / "x.npy", "--per-layer", "--cache", tmp_path / "c.cache", "--json"])
+    assert (
+        trtq(
+            [
+                "quantize",
+                "--model",
+                tmp_path / "det.onnx",
+                "--cache",
+                tmp_path / "c.cache",
+                "-o",
+                tmp_path / "q.onnx",
+                "-q",
+            ]
+        ).code
+        == 0
+    )
+    r = trtq(
+        [
+            "compare",
+            "--reference",
+            tmp_path / "det.onnx",
+            "--candidate",
+            tmp_path / "q.onnx",
+            "--data",
+            tmp_path / "x.npy",
+            "--per-layer",
+            "--cache",
+            tmp_path / "c.cache",
+            "--json",
+        ]
+    )
     assert r.code == 0, r
     rows = json.loads(r.out)["per_layer"]
     assert [row["node"] for row in rows] == ["cls_conv", "box_conv"]

@@ -4,6 +4,7 @@ rendered with PIL, det (a [N, 1, H, W] probability map) on rendered pages and bu
 candidate is trtq's own INT8 Q/DQ model (calibrate --method max, quantize); the task is inferred
 and its metric equals an independent scoring (tests/compare/scoring.py) of the outputs that ONNX
 Runtime gives here for the same arrays, the Q/DQ model run with Q/DQ semantics."""
+
 import importlib.util
 import json
 from pathlib import Path
@@ -17,8 +18,24 @@ from tests.doc_pages import font
 
 from . import scoring
 
-WORDS = ["invoice", "total", "paid", "order", "number", "date", "amount", "seven",
-         "hello", "world", "quick", "brown", "fox", "2024", "12.50", "tax"]
+WORDS = [
+    "invoice",
+    "total",
+    "paid",
+    "order",
+    "number",
+    "date",
+    "amount",
+    "seven",
+    "hello",
+    "world",
+    "quick",
+    "brown",
+    "fox",
+    "2024",
+    "12.50",
+    "tax",
+]
 
 
 def _model(name: str) -> Path:
@@ -78,13 +95,14 @@ def run(model: Path, x: np.ndarray, qdq: bool = False) -> np.ndarray:
     if qdq:  # Q/DQ semantics: the pairs computed as written (compare's default)
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-    return np.concatenate([session.run(None, {"x": x[i:i + 4]})[0] for i in range(0, len(x), 4)])
+    return np.concatenate([session.run(None, {"x": x[i : i + 4]})[0] for i in range(0, len(x), 4)])
 
 
 @pytest.mark.slow
 def test_ctc_on_ppocr_rec(trtq, tmp_path):
-    task, ref, cand = compare_int8(trtq, _model("ch_PP-OCRv4_rec_infer.onnx"), text_lines(10), tmp_path,
-                                   "--batch-size", "4")
+    task, ref, cand = compare_int8(
+        trtq, _model("ch_PP-OCRv4_rec_infer.onnx"), text_lines(10), tmp_path, "--batch-size", "4"
+    )
     assert task["name"] == "ctc" and "Softmax" in task["how"], task
     assert min(len(line) for line in scoring.ctc_lines(ref)) >= 5  # FP32 reads every line
     agreement, cer = scoring.ctc_scores(ref, cand)
@@ -95,8 +113,9 @@ def test_ctc_on_ppocr_rec(trtq, tmp_path):
 
 @pytest.mark.slow
 def test_segment_on_ppocr_det(trtq, tmp_path):
-    task, ref, cand = compare_int8(trtq, _model("ch_PP-OCRv4_det_infer.onnx"), det_inputs(), tmp_path,
-                                   "--mask-threshold", "0.3")
+    task, ref, cand = compare_int8(
+        trtq, _model("ch_PP-OCRv4_det_infer.onnx"), det_inputs(), tmp_path, "--mask-threshold", "0.3"
+    )
     assert task["name"] == "segment" and "probability map" in task["how"], task
     assert (ref[:2] > 0.3).mean() > 0.05  # the text pages have text pixels
     m = task["metrics"]

@@ -6,6 +6,7 @@ tests/doc_pages.py and read from a folder with ``--preprocess yolo``.
 trtq's default calibration (mse) and quantize; compare infers the detect task, its detections after
 NMS equal an independent scoring (tests/compare/scoring.py) of the outputs ONNX Runtime gives here
 for pages letterboxed by hand, and the INT8 model keeps F1 >= 0.9 against FP32 (issue 13's goal)."""
+
 import importlib.util
 import json
 from pathlib import Path
@@ -48,7 +49,7 @@ def run(model: Path, x: np.ndarray, qdq: bool = False) -> np.ndarray:
     if qdq:  # Q/DQ semantics, as compare scores by default
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-    return np.concatenate([session.run(None, {"images": x[i:i + 1]})[0] for i in range(len(x))])
+    return np.concatenate([session.run(None, {"images": x[i : i + 1]})[0] for i in range(len(x))])
 
 
 @pytest.mark.slow
@@ -61,8 +62,7 @@ def test_yolov8n_doclaynet_int8_detections(trtq, tmp_path):
     r = trtq(["quantize", "--model", model, "--cache", cache, "-o", qdq])
     assert r.code == 0, r
     assert "quantized   64 nodes" in r.out  # every Conv of the model
-    r = trtq(["compare", "--reference", model, "--candidate", qdq, "--data", pages, "--preprocess", "yolo",
-              "--json"])
+    r = trtq(["compare", "--reference", model, "--candidate", qdq, "--data", pages, "--preprocess", "yolo", "--json"])
     assert r.code == 0, r
     task = json.loads(r.out)["outputs"][0]["task"]
     assert task["name"] == "detect" and "YOLOv8" in task["how"], task

@@ -1,7 +1,8 @@
 """Small real files for the data-pipeline tests (made with PIL / numpy in tmp_path)."""
+
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
-from collections.abc import Sequence
 
 import numpy as np
 from PIL import Image

@@ -1,4 +1,5 @@
 """Batcher: determinism, workers, last-batch policies, limit/shuffle, multi-input, skip_bad, shutdown."""
+
 import threading
 import time
 from dataclasses import replace
@@ -145,8 +146,9 @@ def test_batch_size_defaults_and_conflicts(shards):
     assert Batcher(npy_options(shards), [spec(shape=("N", 4))]).batch_size == 8
     assert Batcher(npy_options(shards), [spec(shape=(5, 4))]).batch_size == 5
     assert Batcher(npy_options(shards, shapes={"x": (3, 4)}), [spec(shape=("N", 4))]).batch_size == 3
-    with pytest.raises(DataError,
-                       match=r"data.batch_size is 4 but the model's fixed batch dim of x is 5; set data.batch_size: 5"):
+    with pytest.raises(
+        DataError, match=r"data.batch_size is 4 but the model's fixed batch dim of x is 5; set data.batch_size: 5"
+    ):
         Batcher(npy_options(shards, batch_size=4), [spec(shape=(5, 4))])
     with pytest.raises(DataError, match=r"data.batch_size is 4 but data.shapes.x\[0\] is 3"):
         Batcher(npy_options(shards, batch_size=4, shapes={"x": (3, 4)}), [spec(shape=("N", 4))])
@@ -164,10 +166,13 @@ def test_dynamic_non_batch_dim_needs_shapes(photos):
 
 def test_multi_input_pairs_sample_i(photos, tmp_path):
     np.save(tmp_path / "aux.npy", np.arange(11, dtype=np.float32)[:, None] * np.ones((1, 2), np.float32))
-    opts = DataOptions(inputs={
-        "image": InputSource(images=str(photos), preprocess=SMALL),
-        "aux": InputSource(npy=(str(tmp_path / "aux.npy"),)),
-    }, batch_size=4)
+    opts = DataOptions(
+        inputs={
+            "image": InputSource(images=str(photos), preprocess=SMALL),
+            "aux": InputSource(npy=(str(tmp_path / "aux.npy"),)),
+        },
+        batch_size=4,
+    )
     specs = [spec("image"), spec("aux", ("N", 2))]
     b = Batcher(opts, specs)
     batches = list(b)
@@ -181,17 +186,22 @@ def test_multi_input_pairs_sample_i(photos, tmp_path):
 
 def test_multi_input_counts_must_match(photos, tmp_path):
     np.save(tmp_path / "aux.npy", np.zeros((7, 2), np.float32))
-    opts = DataOptions(inputs={
-        "image": InputSource(images=str(photos), preprocess=SMALL),
-        "aux": InputSource(npy=(str(tmp_path / "aux.npy"),)),
-    })
+    opts = DataOptions(
+        inputs={
+            "image": InputSource(images=str(photos), preprocess=SMALL),
+            "aux": InputSource(npy=(str(tmp_path / "aux.npy"),)),
+        }
+    )
     with pytest.raises(DataError, match="different numbers of samples: image=11, aux=7"):
         Batcher(opts, [spec("image"), spec("aux", ("N", 2))])
 
 
 def test_config_inputs_must_match_model_inputs(photos):
-    with pytest.raises(DataError, match=r"config names images which the model lacks; model input\(s\) x have no data; "
-                                        r"model inputs: x; data.inputs: images"):
+    with pytest.raises(
+        DataError,
+        match=r"config names images which the model lacks; model input\(s\) x have no data; "
+        r"model inputs: x; data.inputs: images",
+    ):
         Batcher(folder_options(photos, name="images"), [spec("x")])
     with pytest.raises(DataError, match=r"model input\(s\) mask have no data"):
         Batcher(folder_options(photos), [spec("x"), spec("mask")])
@@ -201,8 +211,13 @@ def test_config_inputs_must_match_model_inputs(photos):
 
 def test_real_sample_model_input(sample_model, photos):
     specs = input_specs(load_model(sample_model))
-    opts = folder_options(photos, preprocess=PreprocessOptions(
-        resize=ResizeOptions(mode="shorter", size=(256,)), center_crop=(224,), mean=(0.5,), std=(0.5,)), batch_size=4)
+    opts = folder_options(
+        photos,
+        preprocess=PreprocessOptions(
+            resize=ResizeOptions(mode="shorter", size=(256,)), center_crop=(224,), mean=(0.5,), std=(0.5,)
+        ),
+        batch_size=4,
+    )
     b = Batcher(opts, specs)
     batch = next(iter(b))
     assert batch.arrays["x"].shape == (4, 3, 224, 224) and batch.arrays["x"].dtype == np.float32

@@ -1,4 +1,5 @@
 """Preprocessing: every option against straightforward numpy / PIL reference computations."""
+
 import math
 
 import numpy as np
@@ -12,8 +13,12 @@ from trtq.errors import ConfigError, DataError
 from .helpers import noise_rgb
 
 PIL_FILTERS = {
-    "nearest": Image.NEAREST, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC,
-    "lanczos": Image.LANCZOS, "box": Image.BOX, "hamming": Image.HAMMING,
+    "nearest": Image.NEAREST,
+    "bilinear": Image.BILINEAR,
+    "bicubic": Image.BICUBIC,
+    "lanczos": Image.LANCZOS,
+    "box": Image.BOX,
+    "hamming": Image.HAMMING,
 }
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406])
 IMAGENET_STD = np.array([0.229, 0.224, 0.225])
@@ -116,7 +121,7 @@ def test_torchvision_imagenet_recipe(tmp_path):
         nw, nh = (256, new_long) if w <= h else (new_long, 256)
         ref = np.asarray(img.resize((nw, nh), Image.BILINEAR)).astype(np.float64)
         top, left = int(round((nh - 224) / 2)), int(round((nw - 224) / 2))
-        ref = ref[top:top + 224, left:left + 224]
+        ref = ref[top : top + 224, left : left + 224]
         ref = ((ref / 255.0 - IMAGENET_MEAN) / IMAGENET_STD).transpose(2, 0, 1)
         assert got.shape == (3, 224, 224) and got.dtype == np.float32
         np.testing.assert_allclose(got, ref, atol=2e-6)
@@ -147,7 +152,7 @@ def test_yolo_recipe(tmp_path):
     got = build_preprocess(opts)(img)
     canvas = np.full((640, 640, 3), 114.0)
     top = (640 - 400) // 2
-    canvas[top:top + 400, :] = np.asarray(img.resize((640, 400), Image.BILINEAR))
+    canvas[top : top + 400, :] = np.asarray(img.resize((640, 400), Image.BILINEAR))
     ref = (canvas / 255.0).transpose(2, 0, 1)
     np.testing.assert_allclose(got, ref, atol=1e-6)
     assert got.shape == (3, 640, 640)
@@ -238,15 +243,19 @@ def test_center_crop_pair_and_square():
 
 
 def test_crop_larger_than_image_says_what_to_change():
-    with pytest.raises(DataError, match=r"image x.png is 11x9 .*smaller than preprocess\.center_crop 10x10"
-                                        r".*set preprocess\.resize"):
+    with pytest.raises(
+        DataError,
+        match=r"image x.png is 11x9 .*smaller than preprocess\.center_crop 10x10"
+        r".*set preprocess\.resize",
+    ):
         build_preprocess(PreprocessOptions(center_crop=(10,)))(rgb(11, 9), "image x.png")
 
 
 def test_letterbox_then_center_crop_cuts_padding():
     img = rgb(8, 4, seed=6)
-    opts = PreprocessOptions(resize=ResizeOptions(mode="letterbox", size=(8, 8), pad_value=7.0),
-                             center_crop=(6, 6), scale=1.0, layout="nhwc")
+    opts = PreprocessOptions(
+        resize=ResizeOptions(mode="letterbox", size=(8, 8), pad_value=7.0), center_crop=(6, 6), scale=1.0, layout="nhwc"
+    )
     got = build_preprocess(opts)(img)
     canvas = np.full((8, 8, 3), 7.0)
     canvas[2:6, :] = np.asarray(img)  # no resize needed: 8 wide already fits

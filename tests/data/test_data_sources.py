@@ -1,4 +1,5 @@
 """Sources: listing folders and file lists, decoding every image mode, .npy shards, bad inputs."""
+
 import pickle
 
 import numpy as np
@@ -7,7 +8,14 @@ from PIL import Image
 
 from trtq.config import InputSource, PreprocessOptions, ResizeOptions
 from trtq.data.sources import (
-    IMAGE_EXTENSIONS, NpySource, SampleError, decode_image, expand_npy, list_image_folder, make_source, read_file_list,
+    IMAGE_EXTENSIONS,
+    NpySource,
+    SampleError,
+    decode_image,
+    expand_npy,
+    list_image_folder,
+    make_source,
+    read_file_list,
 )
 from trtq.errors import ConfigError, DataError
 
@@ -26,8 +34,10 @@ def load_one(path, shape, preprocess=RAW, dtype="float32"):
 
 def test_folder_listing_recursive_sorted_case_insensitive_hidden_ignored(tmp_path):
     for rel in ["b.JPG", "a/z.png", "a/b/c.webp", "A.Tiff", "c.bmp", "d.jpeg", "e.tif"]:
-        save_rgb(tmp_path / rel, fmt={"jpg": "JPEG", "jpeg": "JPEG", "tiff": "TIFF", "tif": "TIFF"}.get(
-            rel.rsplit(".", 1)[1].lower()))
+        save_rgb(
+            tmp_path / rel,
+            fmt={"jpg": "JPEG", "jpeg": "JPEG", "tiff": "TIFF", "tif": "TIFF"}.get(rel.rsplit(".", 1)[1].lower()),
+        )
     save_rgb(tmp_path / ".hidden.png")
     save_rgb(tmp_path / ".cache" / "x.png")
     (tmp_path / "notes.txt").write_text("not an image")
@@ -185,9 +195,12 @@ def test_corrupt_and_truncated_images(tmp_path):
 def test_wrong_preprocessed_shape_names_the_option(tmp_path):
     save_rgb(tmp_path / "a.png", 20, 16)
     opts = PreprocessOptions(resize=ResizeOptions(mode="exact", size=(16, 16)))
-    with pytest.raises(DataError, match=r"image .*a\.png preprocesses to \[3, 16, 16\] but input x expects "
-                                        r"\[3, 8, 8\]; set data\.inputs\.x\.preprocess\.center_crop or "
-                                        r"data\.inputs\.x\.preprocess\.resize"):
+    with pytest.raises(
+        DataError,
+        match=r"image .*a\.png preprocesses to \[3, 16, 16\] but input x expects "
+        r"\[3, 8, 8\]; set data\.inputs\.x\.preprocess\.center_crop or "
+        r"data\.inputs\.x\.preprocess\.resize",
+    ):
         load_one(tmp_path / "a.png", (3, 8, 8), opts)
     with pytest.raises(DataError, match=r"set data\.inputs\.x\.preprocess\.layout: nhwc"):
         load_one(tmp_path / "a.png", (16, 20, 3), PreprocessOptions())
@@ -259,8 +272,11 @@ def test_npy_glob_matching_nothing_and_missing_file(tmp_path):
 
 def test_npy_wrong_shape_and_rank(tmp_path):
     np.save(tmp_path / "w.npy", np.zeros((4, 3, 16, 16), np.float32))
-    with pytest.raises(DataError, match=r"w\.npy holds samples of shape \[3, 16, 16\] \(array \[4, 3, 16, 16\]\) but "
-                                        r"input x expects samples of shape \[3, 8, 8\]; .* \[N, 3, 8, 8\]"):
+    with pytest.raises(
+        DataError,
+        match=r"w\.npy holds samples of shape \[3, 16, 16\] \(array \[4, 3, 16, 16\]\) but "
+        r"input x expects samples of shape \[3, 8, 8\]; .* \[N, 3, 8, 8\]",
+    ):
         make_source("x", InputSource(npy=(str(tmp_path / "w.npy"),)), (3, 8, 8), "float32")
     np.save(tmp_path / "one.npy", np.zeros((3, 8, 8), np.float32))
     with pytest.raises(DataError, match=r"single sample: save it with a leading sample axis"):
@@ -272,8 +288,9 @@ def test_npy_wrong_shape_and_rank(tmp_path):
 
 def test_npy_object_and_pickle_rejected(tmp_path):
     np.save(tmp_path / "o.npy", np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
-    with pytest.raises(DataError,
-                       match=r"pickled/object \.npy not supported; save with np\.save\(arr\) of a numeric array"):
+    with pytest.raises(
+        DataError, match=r"pickled/object \.npy not supported; save with np\.save\(arr\) of a numeric array"
+    ):
         make_source("x", InputSource(npy=(str(tmp_path / "o.npy"),)), (), "float32")
     (tmp_path / "p.npy").write_bytes(pickle.dumps(np.zeros(3)))
     with pytest.raises(DataError, match=r"pickled/object \.npy not supported"):

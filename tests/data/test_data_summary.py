@@ -1,4 +1,5 @@
 """summarize(): statistics over real rows only, counts, JSON-able output."""
+
 import json
 
 import numpy as np

@@ -6,6 +6,7 @@ steps (``pip install --no-deps rapidocr-onnxruntime``; read from the installed f
 import needs pyclipper and shapely) for the paddle preset. Tests that need them skip without them;
 the hand-computed cases always run.
 """
+
 import ast
 import importlib.util
 import math

@@ -1,7 +1,7 @@
 import pytest
 
-from trtq.errors import ConfigError, DataError
 from trtq.data.presets import PRESETS, layout_of, preset
+from trtq.errors import ConfigError, DataError
 
 
 def test_layout_detection():
@@ -45,7 +45,7 @@ def test_unknown_preset():
 
 
 def test_cli_preset_choice_names_every_preset():
-    from trtq.cli import _PRESET_CHOICE
+    from trtq.cli.flags import PRESET_CHOICE
     from trtq.data.presets import PRESETS
 
-    assert list(_PRESET_CHOICE.choices) == list(PRESETS)
+    assert list(PRESET_CHOICE.choices) == list(PRESETS)

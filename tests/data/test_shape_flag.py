@@ -1,5 +1,6 @@
 """--shape for inputs with dynamic dims (issue 13): presets are sized from it, .npy data brings its
 own shape, and bad --shape values are usage errors."""
+
 import json
 from pathlib import Path
 
@@ -14,10 +15,15 @@ def _dynamic_hw_model(path: Path) -> Path:
     """x[N,3,H,W] (H, W dynamic) -> Conv -> GlobalAveragePool -> y[N,16,1,1]."""
     w = np.random.default_rng(0).normal(0, 0.3, (16, 3, 3, 3)).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-         helper.make_node("GlobalAveragePool", ["c"], ["y"], name="pool")],
-        "dyn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16, 1, 1])], [numpy_helper.from_array(w, "w")])
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+            helper.make_node("GlobalAveragePool", ["c"], ["y"], name="pool"),
+        ],
+        "dyn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16, 1, 1])],
+        [numpy_helper.from_array(w, "w")],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(path))
     return path
 
@@ -38,15 +44,46 @@ def test_a_preset_on_dynamic_hw_needs_and_takes_the_shape(trtq, tmp_path):
     model, imgs = _dynamic_hw_model(tmp_path / "m.onnx"), _images(tmp_path / "imgs")
     r = trtq(["calibrate", "--model", model, "--data", imgs, "--preprocess", "yolo", "--dry-run"])
     assert r.code == 3 and "--shape INPUT=NxCxHxW" in r.err and "[?, 3, ?, ?]" in r.err, r
-    r = trtq(["calibrate", "--model", model, "--data", imgs, "--preprocess", "yolo", "--shape", "x=2x3x24x40",
-              "--dry-run", "--json"])
+    r = trtq(
+        [
+            "calibrate",
+            "--model",
+            model,
+            "--data",
+            imgs,
+            "--preprocess",
+            "yolo",
+            "--shape",
+            "x=2x3x24x40",
+            "--dry-run",
+            "--json",
+        ]
+    )
     assert r.code == 0, r
     assert _batch_shape(r) == [2, 3, 24, 40]
     resize = json.loads(r.out)["batches"]["inputs"]["x"]["source"]["preprocess"]["resize"]
     assert resize["mode"] == "letterbox" and resize["size"] == [24, 40]  # the preset is sized from --shape
     out = tmp_path / "c.cache"
-    assert trtq(["calibrate", "--model", model, "--data", imgs, "--preprocess", "yolo", "--shape", "2,3,24,40",
-                 "-o", out, "-q"]).code == 0 and out.exists()
+    assert (
+        trtq(
+            [
+                "calibrate",
+                "--model",
+                model,
+                "--data",
+                imgs,
+                "--preprocess",
+                "yolo",
+                "--shape",
+                "2,3,24,40",
+                "-o",
+                out,
+                "-q",
+            ]
+        ).code
+        == 0
+        and out.exists()
+    )
 
 
 def test_npy_data_gives_the_dynamic_dims(trtq, tmp_path):
@@ -63,26 +100,43 @@ def test_the_dynamic_dim_error_says_how_to_set_the_shape(trtq, tmp_path):
     imgs = _images(tmp_path / "imgs")
     files.write_text("\n".join(str(p) for p in sorted(imgs.iterdir())))
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"model: {model}\ndata:\n  inputs:\n    x:\n      images: {imgs}\n"
-                   "      preprocess: {resize: {mode: exact, size: [8, 8]}}\n")
+    cfg.write_text(
+        f"model: {model}\ndata:\n  inputs:\n    x:\n      images: {imgs}\n"
+        "      preprocess: {resize: {mode: exact, size: [8, 8]}}\n"
+    )
     r = trtq(["calibrate", "--config", cfg, "--dry-run"])
     assert r.code == 3 and "--shape x=Nx3x?x?" in r.err and "data.shapes.x" in r.err, r
     r = trtq(["calibrate", "--config", cfg, "--shape", "x=1x3x8x8", "--dry-run", "--json"])
     assert r.code == 0 and _batch_shape(r) == [1, 3, 8, 8], r
 
 
-@pytest.mark.parametrize("flag,message", [
-    ("y=1x3x8x8", "--shape names 'y', which is not a model input"),
-    ("x=1x3xAx8", "the dims must be positive integers"),
-    ("x=1x3x0x8", "the dims must be positive integers"),
-])
+@pytest.mark.parametrize(
+    "flag,message",
+    [
+        ("y=1x3x8x8", "--shape names 'y', which is not a model input"),
+        ("x=1x3xAx8", "the dims must be positive integers"),
+        ("x=1x3x0x8", "the dims must be positive integers"),
+    ],
+)
 def test_bad_shape_flags_are_usage_errors(trtq, tmp_path, flag, message):
     model = _dynamic_hw_model(tmp_path / "m.onnx")
     np.save(tmp_path / "x.npy", np.zeros((2, 3, 8, 8), np.float32))
     r = trtq(["calibrate", "--model", model, "--data", tmp_path / "x.npy", "--shape", flag, "--dry-run"])
     assert r.code == 2 and message in r.err, r
-    r = trtq(["calibrate", "--model", model, "--data", tmp_path / "x.npy", "--shape", "x=1x3x8x8",
-              "--shape", "x=2x3x8x8", "--dry-run"])
+    r = trtq(
+        [
+            "calibrate",
+            "--model",
+            model,
+            "--data",
+            tmp_path / "x.npy",
+            "--shape",
+            "x=1x3x8x8",
+            "--shape",
+            "x=2x3x8x8",
+            "--dry-run",
+        ]
+    )
     assert r.code == 2 and "--shape gives input 'x' twice" in r.err, r
 
 
@@ -99,6 +153,19 @@ def test_paddle_rec_model_with_a_shape(trtq, tmp_path):
     imgs = _images(tmp_path / "imgs")
     r = trtq(["calibrate", "--model", model, "--data", imgs, "--preprocess", "paddle", "--dry-run"])
     assert r.code == 3 and "--shape" in r.err, r
-    r = trtq(["calibrate", "--model", model, "--data", imgs, "--preprocess", "paddle", "--shape", "x=3x3x48x320",
-              "--dry-run", "--json"])
+    r = trtq(
+        [
+            "calibrate",
+            "--model",
+            model,
+            "--data",
+            imgs,
+            "--preprocess",
+            "paddle",
+            "--shape",
+            "x=3x3x48x320",
+            "--dry-run",
+            "--json",
+        ]
+    )
     assert r.code == 0 and _batch_shape(r) == [3, 3, 48, 320], r

@@ -1,6 +1,7 @@
 """pipeline.build: which network model each mode hands to trt's builder, checked with fake
 TensorRT modules (the real build needs a GPU: tests/trt/test_gpu_*.py). Only ``build_plan``, the
 part that drives TensorRT itself, is replaced by a recorder."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,8 +25,9 @@ def built(monkeypatch):
     calls = []
 
     def record(trt, recipe, model, model_path, output, options, profiles, **kw):
-        calls.append(dict(trt=trt, recipe=recipe, model=model, model_path=model_path, output=output,
-                          profiles=profiles, **kw))
+        calls.append(
+            dict(trt=trt, recipe=recipe, model=model, model_path=model_path, output=output, profiles=profiles, **kw)
+        )
         return "built"
 
     monkeypatch.setattr(pipeline_build, "build_plan", record)
@@ -50,8 +52,9 @@ def test_fp32_model_with_a_cache_is_quantized_as_quantize_for_does(tmp_path, bui
     cache = tmp_path / "c.cache"
     amax = _amax_for(model)
     write_cache(cache, CalibrationTable("8.6.0", "EntropyCalibration2", amax), "8.6.0")
-    call = built("8.6.0", model, tmp_path / "m.plan", BuildOptions(), cache_path=cache,
-                 data_options=DataOptions(batch_size=4))
+    call = built(
+        "8.6.0", model, tmp_path / "m.plan", BuildOptions(), cache_path=cache, data_options=DataOptions(batch_size=4)
+    )
     expected = quantize_for(onnx.load(str(model)), call["table"].amax, QuantizeOptions(), DataOptions(), "8.6.0")
     assert call["model"].SerializeToString() == expected.model.SerializeToString()
     assert call["quant_info"]["quantized"] == len(expected.quantized) > 0
@@ -72,8 +75,7 @@ def test_fp32_and_implicit_builds_parse_the_file(tmp_path, built, precision, mod
     model = residual_cnn(tmp_path / "m.onnx")
     cache = tmp_path / "c.cache"
     write_cache(cache, CalibrationTable("8.6.0", "EntropyCalibration2", _amax_for(model)), "8.6.0")
-    call = built("8.6.0", model, tmp_path / "m.plan", BuildOptions(precision=precision, mode=mode),
-                 cache_path=cache)
+    call = built("8.6.0", model, tmp_path / "m.plan", BuildOptions(precision=precision, mode=mode), cache_path=cache)
     assert call["model"] is None  # build_plan parses model_path itself
     assert (call["table"] is not None) == (precision == "int8")
     assert call["recipe"].calibrator == (mode == "implicit")

@@ -1,6 +1,7 @@
 """``calibrate --tensors qdq``: only the activations trtq quantize places Q/DQ on, on the bundled
 real model; checked against the Q/DQ model a full cache gives (an independent reading of its
 QuantizeLinear nodes), and refused where it cannot serve (implicit builds, TensorRT's backend)."""
+
 import json
 
 import onnx
@@ -12,8 +13,9 @@ from trtq.calib.cache import read_cache
 
 def _qdq_activation_inputs(path) -> set:
     m = onnx.load(str(path))
-    static = {i.name for i in m.graph.initializer} | {o for n in m.graph.node if n.op_type == "Constant"
-                                                       for o in n.output}
+    static = {i.name for i in m.graph.initializer} | {
+        o for n in m.graph.node if n.op_type == "Constant" for o in n.output
+    }
     return {n.input[0] for n in m.graph.node if n.op_type == "QuantizeLinear" and n.input[0] not in static}
 
 
@@ -26,8 +28,23 @@ def caches(tmp_path_factory):
     for name, extra in (("full", []), ("qdq", ["--tensors", "qdq"]), ("listed", ["--tensors", "x"])):
         path = root / f"{name}.cache"
         try:
-            main(["calibrate", "--model", str(SAMPLE_MODEL), "--data", str(SAMPLE_IMAGES), "--preprocess",
-                  "imagenet", "--limit", "16", "-o", str(path), "-q", *extra])
+            main(
+                [
+                    "calibrate",
+                    "--model",
+                    str(SAMPLE_MODEL),
+                    "--data",
+                    str(SAMPLE_IMAGES),
+                    "--preprocess",
+                    "imagenet",
+                    "--limit",
+                    "16",
+                    "-o",
+                    str(path),
+                    "-q",
+                    *extra,
+                ]
+            )
         except SystemExit as e:
             assert e.code in (0, None)
         out[name] = path
@@ -75,13 +92,16 @@ def test_inspect_cache_names_the_qdq_set(trtq, caches, sample_model):
     assert json.loads(r.out)["model_check"]["verdict"] == "incomplete"  # a hand-picked list stays a gap
 
 
-def test_a_cache_for_tensorrt_11_calibrates_the_qdq_set_unless_told_all(trtq, caches, sample_model, sample_images,
-                                                                       tmp_path):
+def test_a_cache_for_tensorrt_11_calibrates_the_qdq_set_unless_told_all(
+    trtq, caches, sample_model, sample_images, tmp_path
+):
     """TensorRT 11 has no implicit INT8: its cache is only read through Q/DQ placement."""
     root, c = caches
     base = ["calibrate", "--model", sample_model, "--data", sample_images, "--preprocess", "imagenet", "--limit", "16"]
-    for extra, expected, names in (([], "qdq", set(read_cache(c["qdq"]).amax)),
-                                   (["--tensors", "all"], "all", set(read_cache(c["full"]).amax))):
+    for extra, expected, names in (
+        ([], "qdq", set(read_cache(c["qdq"]).amax)),
+        (["--tensors", "all"], "all", set(read_cache(c["full"]).amax)),
+    ):
         out = tmp_path / f"t11-{expected}.cache"
         r = trtq(base + ["--trt-version", "11.0.0", "-o", out, *extra])
         assert r.code == 0, r

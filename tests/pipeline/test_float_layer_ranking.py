@@ -1,5 +1,6 @@
 """quantize --float-layers: every layer screened on a few samples, the shortlist ranked on
 RANK_SAMPLES; on the sample classifier the choice is the one ranking every layer on all of them."""
+
 import dataclasses
 
 import pytest
@@ -50,6 +51,12 @@ def test_per_layer_ranks_only_the_layers_asked_for(sample_cache):
     cfg = load_config("configs/sample.yaml", {})
     model, amax = load_model(cfg.model), read_cache(sample_cache).amax
     options = dataclasses.replace(cfg.quantize, samples=8)
-    rows = per_layer_sensitivity(model, amax, options, pq.sample_batches(model, dataclasses.replace(
-        options, float_layers=1), cfg.data), limit=8, layers=["Conv.3", "Conv.1", "not_a_layer"])
+    rows = per_layer_sensitivity(
+        model,
+        amax,
+        options,
+        pq.sample_batches(model, dataclasses.replace(options, float_layers=1), cfg.data),
+        limit=8,
+        layers=["Conv.3", "Conv.1", "not_a_layer"],
+    )
     assert sorted(r.node for r in rows) == ["Conv.1", "Conv.3"]

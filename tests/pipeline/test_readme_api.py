@@ -1,4 +1,5 @@
 """README's "Python API" example runs as written and leaves a usable cache and Q/DQ model."""
+
 import re
 import shutil
 import subprocess
@@ -23,8 +24,14 @@ def readme_example() -> str:
 def test_the_readme_python_example_runs(tmp_path):
     shutil.copytree(ROOT / "configs", tmp_path / "configs")
     (tmp_path / "sample_data").symlink_to(ROOT / "sample_data")
-    r = subprocess.run([sys.executable, "-c", readme_example()], cwd=tmp_path, env=repo_env(), capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", readme_example()],
+        cwd=tmp_path,
+        env=repo_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     table = read_cache(tmp_path / "out" / "api" / "calibration.cache")
     assert f"{len(table.amax)} tensors" in r.stdout

@@ -1,6 +1,7 @@
 """Helpers for the quantizer tests: real amax from FP32 runs, ORT sessions, real and synthetic images."""
-from pathlib import Path
+
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -106,8 +107,25 @@ def text_page(seed=0, size=480):
     from PIL import Image, ImageDraw
 
     rng = np.random.default_rng(seed)
-    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "engines", "quantize",
-             "every", "layer", "of", "the", "model"]
+    words = [
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "a",
+        "lazy",
+        "dog",
+        "while",
+        "engines",
+        "quantize",
+        "every",
+        "layer",
+        "of",
+        "the",
+        "model",
+    ]
     img = Image.new("RGB", (size, size), "white")
     draw = ImageDraw.Draw(img)
     face = font(18)

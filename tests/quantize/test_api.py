@@ -1,4 +1,5 @@
 """quantize_model's contract: errors, reports, options, names, exact Q/DQ arithmetic."""
+
 import json
 
 import numpy as np
@@ -35,9 +36,14 @@ def two_convs():
             helper.make_node("Flatten", ["r"], ["f"], name="flat"),
             helper.make_node("MatMul", ["f", "wm"], ["z"], name="head"),
         ],
-        [value("x", [2, 16, 4, 4])], [value("y", None), value("z", None)],
-        [init("w1", conv_weight(rng, 16, 16)), init("b1", rng.standard_normal(16).astype(np.float32)),
-         init("w2", conv_weight(rng, 16, 16)), init("wm", rng.standard_normal((256, 32)).astype(np.float32))],
+        [value("x", [2, 16, 4, 4])],
+        [value("y", None), value("z", None)],
+        [
+            init("w1", conv_weight(rng, 16, 16)),
+            init("b1", rng.standard_normal(16).astype(np.float32)),
+            init("w2", conv_weight(rng, 16, 16)),
+            init("wm", rng.standard_normal((256, 32)).astype(np.float32)),
+        ],
     )
 
 
@@ -49,10 +55,23 @@ def amax(two_convs):
 def test_golden_names_and_order(two_convs, amax):
     q = quantize_model(two_convs, amax, QuantizeOptions()).model
     assert [n.name for n in q.graph.node] == [
-        "x_QuantizeLinear", "x_DequantizeLinear", "w1_QuantizeLinear", "w1_DequantizeLinear", "c1",
-        "relu", "r_QuantizeLinear", "r_DequantizeLinear",
-        "w2_QuantizeLinear", "w2_DequantizeLinear", "c2",
-        "flat", "f_QuantizeLinear", "f_DequantizeLinear", "wm_QuantizeLinear", "wm_DequantizeLinear", "head",
+        "x_QuantizeLinear",
+        "x_DequantizeLinear",
+        "w1_QuantizeLinear",
+        "w1_DequantizeLinear",
+        "c1",
+        "relu",
+        "r_QuantizeLinear",
+        "r_DequantizeLinear",
+        "w2_QuantizeLinear",
+        "w2_DequantizeLinear",
+        "c2",
+        "flat",
+        "f_QuantizeLinear",
+        "f_DequantizeLinear",
+        "wm_QuantizeLinear",
+        "wm_DequantizeLinear",
+        "head",
     ]
     added = sorted(i.name for i in q.graph.initializer if i.name.endswith(("_scale", "_zero_point")))
     assert added == sorted(f"{t}_{k}" for t in ("x", "w1", "r", "w2", "f", "wm") for k in ("scale", "zero_point"))
@@ -73,7 +92,9 @@ def test_names_that_exist_already_get_a_suffix():
     rng = np.random.default_rng(1)
     model = make_model(
         [helper.make_node("Relu", ["x"], ["x_scale"], name="x_QuantizeLinear"), conv("c", "x", "w", "y")],
-        [value("x", [1, 16, 4, 4])], [value("y", None), value("x_scale", None)], [init("w", conv_weight(rng, 16, 16))],
+        [value("x", [1, 16, 4, 4])],
+        [value("y", None), value("x_scale", None)],
+        [init("w", conv_weight(rng, 16, 16))],
     )
     q = quantize_model(model, {"x": 2.0}, QuantizeOptions()).model
     onnx.checker.check_model(q, full_check=True)
@@ -166,13 +187,18 @@ def test_several_inputs_and_dynamic_batch():
     rng = np.random.default_rng(2)
     model = make_model(
         [
-            conv("ca", "a", "wa", "ha"), conv("cb", "b", "wb", "hb"),
+            conv("ca", "a", "wa", "ha"),
+            conv("cb", "b", "wb", "hb"),
             helper.make_node("Concat", ["ha", "hb"], ["cat"], name="cat", axis=1),
             conv("cc", "cat", "wc", "y"),
         ],
-        [value("a", ["N", 16, 5, 5]), value("b", ["N", 16, 5, 5])], [value("y", None)],
-        [init("wa", conv_weight(rng, 16, 16)), init("wb", conv_weight(rng, 16, 16)),
-         init("wc", conv_weight(rng, 16, 32))],
+        [value("a", ["N", 16, 5, 5]), value("b", ["N", 16, 5, 5])],
+        [value("y", None)],
+        [
+            init("wa", conv_weight(rng, 16, 16)),
+            init("wb", conv_weight(rng, 16, 16)),
+            init("wc", conv_weight(rng, 16, 32)),
+        ],
     )
     amax = activation_amax(model, [random_feeds(model, batch=2)])
     result = quantize_model(model, amax, QuantizeOptions())

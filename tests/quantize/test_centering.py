@@ -4,6 +4,7 @@ The float rewrite must leave the model's function unchanged (checked in ONNX Run
 producer / activation / reader kind it accepts), the Q/DQ model must give the shifted tensors half
 the step, and that must show up as less error where activation rounding is the only error.
 """
+
 import json
 
 import numpy as np
@@ -30,10 +31,12 @@ def _chain(rng, act="clip", pad=True, producer="conv", reader_pads=None, extra_o
         nodes.append(helper.make_node("Conv", ["x", "w0", "b0"], ["y0"], name="conv0"))
     else:  # unfused BatchNormalization after a bias-free conv
         nodes.append(helper.make_node("Conv", ["x", "w0"], ["t0"], name="conv0"))
-        inits += [init("bn_s", rng.uniform(0.5, 2, c).astype(np.float32)),
-                  init("bn_b", rng.standard_normal(c).astype(np.float32)),
-                  init("bn_m", rng.standard_normal(c).astype(np.float32) * 0.1),
-                  init("bn_v", rng.uniform(0.5, 2, c).astype(np.float32))]
+        inits += [
+            init("bn_s", rng.uniform(0.5, 2, c).astype(np.float32)),
+            init("bn_b", rng.standard_normal(c).astype(np.float32)),
+            init("bn_m", rng.standard_normal(c).astype(np.float32) * 0.1),
+            init("bn_v", rng.uniform(0.5, 2, c).astype(np.float32)),
+        ]
         nodes.append(helper.make_node("BatchNormalization", ["t0", "bn_s", "bn_b", "bn_m", "bn_v"], ["y0"], name="bn0"))
     if act == "clip":
         inits += [init("lo", np.array(clip[0], np.float32)), init("hi", np.array(clip[1], np.float32))]
@@ -45,20 +48,25 @@ def _chain(rng, act="clip", pad=True, producer="conv", reader_pads=None, extra_o
         inits.append(init("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)))
         nodes.append(helper.make_node("Pad", ["a0", "pads"], ["p0"], name="pad0", mode="constant"))
         dw_in = "p0"
-    inits += [init("w1", (rng.standard_normal((c, 1, 3, 3)) * 0.5).astype(np.float32)),
-              init("b1", rng.standard_normal(c).astype(np.float32) * 0.1)]
+    inits += [
+        init("w1", (rng.standard_normal((c, 1, 3, 3)) * 0.5).astype(np.float32)),
+        init("b1", rng.standard_normal(c).astype(np.float32) * 0.1),
+    ]
     dw_pads = reader_pads if reader_pads is not None else [0, 0, 0, 0]
-    nodes.append(helper.make_node("Conv", [dw_in, "w1", "b1"], ["y1"], name="dw1", group=c, kernel_shape=[3, 3],
-                                  pads=dw_pads))
+    nodes.append(
+        helper.make_node("Conv", [dw_in, "w1", "b1"], ["y1"], name="dw1", group=c, kernel_shape=[3, 3], pads=dw_pads)
+    )
     nodes.append(helper.make_node("Relu", ["y1"], ["a1"], name="act1"))
     inits.append(init("w2", (rng.standard_normal((16, c, 1, 1)) * 0.4).astype(np.float32)))
     nodes.append(helper.make_node("Conv", ["a1", "w2"], ["y2"], name="pw2"))  # no bias: one gets added
     nodes.append(helper.make_node("Relu", ["y2"], ["a2"], name="act3"))
     nodes.append(helper.make_node("GlobalAveragePool", ["a2"], ["g"], name="gap"))
     nodes.append(helper.make_node("Flatten", ["g"], ["f"], name="flat"))
-    inits += [init("wf", (rng.standard_normal((32, 16)) * 0.3).astype(np.float32)),
-              init("bf", rng.standard_normal(32).astype(np.float32) * 0.1),
-              init("wh", (rng.standard_normal((32, 24)) * 0.3).astype(np.float32))]
+    inits += [
+        init("wf", (rng.standard_normal((32, 16)) * 0.3).astype(np.float32)),
+        init("bf", rng.standard_normal(32).astype(np.float32) * 0.1),
+        init("wh", (rng.standard_normal((32, 24)) * 0.3).astype(np.float32)),
+    ]
     nodes.append(helper.make_node("Gemm", ["f", "wf", "bf"], ["h"], name="fc1", transB=1))
     nodes.append(helper.make_node("Relu", ["h"], ["ha"], name="act2"))
     nodes.append(helper.make_node("Gemm", ["ha", "wh"], ["out"], name="fc2", alpha=0.5))
@@ -75,12 +83,12 @@ def _centrings(model, amax=None):
     index = GraphIndex(prepared)
     amax = amax or activation_amax(model, _feeds(np.random.default_rng(1)))
     acts = {"p0": amax.get("p0", amax["a0"]), "a0": amax["a0"], "a1": amax["a1"], "ha": amax["ha"], "f": amax["f"]}
-    return prepared, find_centrings(index, {t: a for t, a in acts.items() if t in index.producer},
-                                    lambda i, s: True)
+    return prepared, find_centrings(index, {t: a for t, a in acts.items() if t in index.producer}, lambda i, s: True)
 
 
-@pytest.mark.parametrize("act,pad,producer", [("clip", True, "conv"), ("relu", False, "conv"),
-                                              ("clip", True, "bn"), ("relu", True, "bn")])
+@pytest.mark.parametrize(
+    "act,pad,producer", [("clip", True, "conv"), ("relu", False, "conv"), ("clip", True, "bn"), ("relu", True, "bn")]
+)
 def test_rewrite_keeps_the_function(act, pad, producer):
     rng = np.random.default_rng(0)
     model = _chain(rng, act=act, pad=pad, producer=producer)
@@ -142,7 +150,7 @@ def _representable(rng, shape):
 
 
 def _sqnr(ref, got):
-    return 10 * np.log10((ref ** 2).sum() / ((ref - got) ** 2).sum())
+    return 10 * np.log10((ref**2).sum() / ((ref - got) ** 2).sum())
 
 
 def test_centring_halves_the_step_and_cuts_activation_noise():
@@ -151,12 +159,17 @@ def test_centring_halves_the_step_and_cuts_activation_noise():
     rng = np.random.default_rng(3)
     w0 = _representable(rng, (8, 4, 1, 1))
     w1 = _representable(rng, (16, 8, 1, 1))
-    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["y0"], name="c0"),
-             helper.make_node("Relu", ["y0"], ["a0"], name="r0"),
-             helper.make_node("Conv", ["a0", "w1", "b1"], ["out"], name="c1")]
-    model = make_model(nodes, [value("x", [None, 4, 6, 6])], [value("out", None)],
-                       [init("w0", w0), init("b0", np.full(8, 0.5, np.float32)), init("w1", w1),
-                        init("b1", np.zeros(16, np.float32))])
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["y0"], name="c0"),
+        helper.make_node("Relu", ["y0"], ["a0"], name="r0"),
+        helper.make_node("Conv", ["a0", "w1", "b1"], ["out"], name="c1"),
+    ]
+    model = make_model(
+        nodes,
+        [value("x", [None, 4, 6, 6])],
+        [value("out", None)],
+        [init("w0", w0), init("b0", np.full(8, 0.5, np.float32)), init("w1", w1), init("b1", np.zeros(16, np.float32))],
+    )
     feeds = [{"x": rng.uniform(-1, 1, (8, 4, 6, 6)).astype(np.float32)} for _ in range(3)]
     amax = activation_amax(model, feeds)
     plain = quantize_model(model, amax, QuantizeOptions())
@@ -169,8 +182,9 @@ def test_centring_halves_the_step_and_cuts_activation_noise():
         scales[id(r)] = float(inits[q.input[1]])
     assert scales[id(centred)] == pytest.approx(scales[id(plain)] * 127 / 255, rel=1e-6)
     ref = np.concatenate([run(model, f)[0] for f in feeds])
-    gain = _sqnr(ref, np.concatenate([run(centred.model, f)[0] for f in feeds])) - \
-        _sqnr(ref, np.concatenate([run(plain.model, f)[0] for f in feeds]))
+    gain = _sqnr(ref, np.concatenate([run(centred.model, f)[0] for f in feeds])) - _sqnr(
+        ref, np.concatenate([run(plain.model, f)[0] for f in feeds])
+    )
     assert 4.5 < gain < 7.5, gain
 
 
@@ -199,7 +213,7 @@ def test_gptq_without_bias_correction_settles_the_readers_it_keeps_at_nearest():
     model = _chain(np.random.default_rng(0), pad=False)
     x = np.random.default_rng(1).standard_normal((16, 4, 10, 10)).astype(np.float32) * 1.5
     amax = activation_amax(model, [{"x": x}])
-    batches = [SimpleNamespace(arrays={"x": x[i:i + 8]}, valid=8) for i in (0, 8)]
+    batches = [SimpleNamespace(arrays={"x": x[i : i + 8]}, valid=8) for i in (0, 8)]
     nearest = quantize_model(model, amax, QuantizeOptions(center_activations=True))
     gptq = quantize_model(model, amax, QuantizeOptions(center_activations=True, weight_rounding="gptq"), data=batches)
     kept = next(n for n in gptq.notes if n.startswith("weight rounding gptq"))
@@ -235,20 +249,34 @@ def _weights_only(model):
     return m
 
 
-@pytest.mark.parametrize("extra", [[], ["--fp16"],
-                                   ["--weight-rounding", "gptq", "--bias-correction", "--samples", "8"]])
+@pytest.mark.parametrize(
+    "extra", [[], ["--fp16"], ["--weight-rounding", "gptq", "--bias-correction", "--samples", "8"]]
+)
 def test_quantize_center_activations_cli(trtq, tmp_path, extra):
     model = _chain(np.random.default_rng(0))
     onnx.save(model, str(tmp_path / "m.onnx"))
     x = np.random.default_rng(1).standard_normal((16, 4, 10, 10)).astype(np.float32) * 1.5
     np.save(tmp_path / "x.npy", x)
-    (tmp_path / "c.yaml").write_text(f"model: {tmp_path / 'm.onnx'}\ndata:\n  batch_size: 4\n  inputs:\n"
-                                     f"    x:\n      npy: {tmp_path / 'x.npy'}\n")
+    (tmp_path / "c.yaml").write_text(
+        f"model: {tmp_path / 'm.onnx'}\ndata:\n  batch_size: 4\n  inputs:\n    x:\n      npy: {tmp_path / 'x.npy'}\n"
+    )
     cache = tmp_path / "c.cache"
     assert trtq(["calibrate", "--config", tmp_path / "c.yaml", "-o", cache, "--method", "max"]).code == 0
     out = tmp_path / "q.onnx"
-    r = trtq(["quantize", "--config", tmp_path / "c.yaml", "--cache", cache, "-o", out, "--center-activations",
-              "--json", *extra])
+    r = trtq(
+        [
+            "quantize",
+            "--config",
+            tmp_path / "c.yaml",
+            "--cache",
+            cache,
+            "-o",
+            out,
+            "--center-activations",
+            "--json",
+            *extra,
+        ]
+    )
     assert r.code == 0, r
     report = json.loads(r.out)
     assert sorted(c["tensor"] for c in report["centred"]) == ["a1", "f", "ha"], report["left_float"]
@@ -267,8 +295,19 @@ def test_nothing_to_centre_is_reported(trtq, sample_config, tmp_path):
     """The sample's activations are HardSwish (not one-sided): the report says none qualified."""
     cache = tmp_path / "c.cache"
     assert trtq(["calibrate", "--config", sample_config, "-o", cache, "--method", "max"]).code == 0
-    r = trtq(["quantize", "--config", sample_config, "--cache", cache, "-o", tmp_path / "q.onnx",
-              "--center-activations", "--json"])
+    r = trtq(
+        [
+            "quantize",
+            "--config",
+            sample_config,
+            "--cache",
+            cache,
+            "-o",
+            tmp_path / "q.onnx",
+            "--center-activations",
+            "--json",
+        ]
+    )
     assert r.code == 0, r
     report = json.loads(r.out)
     assert report["centred"] == [] and any(n.startswith("centred activations: none") for n in report["notes"])
@@ -288,11 +327,21 @@ def test_editor_adds_a_bias_in_its_slot_under_a_free_name():
     from trtq.quantize.edit import InitializerEditor
 
     w = np.ones((2, 3, 1, 1), np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w", ""], ["y"], name="c"),
-             helper.make_node("Conv", ["y", "w2", "b2"], ["z"], name="d")]
-    model = make_model(nodes, [value("x", [1, 3, 2, 2])], [value("z", None)],
-                       [init("w", w), init("w2", np.ones((2, 2, 1, 1), np.float32)),
-                        init("b2", np.array([1, 2], np.float32)), init("c/centring_bias", np.zeros(1, np.float32))])
+    nodes = [
+        helper.make_node("Conv", ["x", "w", ""], ["y"], name="c"),
+        helper.make_node("Conv", ["y", "w2", "b2"], ["z"], name="d"),
+    ]
+    model = make_model(
+        nodes,
+        [value("x", [1, 3, 2, 2])],
+        [value("z", None)],
+        [
+            init("w", w),
+            init("w2", np.ones((2, 2, 1, 1), np.float32)),
+            init("b2", np.array([1, 2], np.float32)),
+            init("c/centring_bias", np.zeros(1, np.float32)),
+        ],
+    )
     ed = InitializerEditor(model)
     ed.add_to_bias(ed.nodes["c"], 2, np.array([0.5, -0.5]), np.float32, "centring_bias")
     ed.add_to_bias(ed.nodes["d"], 2, np.array([0.25, 0.25]), np.float32, "centring_bias")
@@ -332,4 +381,5 @@ def test_shift_is_an_add_after_the_activation(act, pad, producer):
         if len(prod.input) > bias_slot and prod.input[bias_slot] in before_inits and not is_reader:
             np.testing.assert_array_equal(
                 numpy_helper.to_array(next(i for i in prepared.graph.initializer if i.name == prod.input[bias_slot])),
-                before_inits[prod.input[bias_slot]])
+                before_inits[prod.input[bias_slot]],
+            )

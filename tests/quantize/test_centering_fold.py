@@ -4,6 +4,7 @@ The folded Q/DQ model must compute what the Add form computes (ONNX Runtime, Q/D
 no activation and no Add left where only clamp-commuting ops lie before the quantizer, the Add
 moved behind an averaging op, and nothing folded where the quantizer's clamp is not the activation.
 """
+
 import numpy as np
 import onnx
 import pytest
@@ -30,8 +31,10 @@ def _ops(model):
     return [n.op_type for n in model.graph.node]
 
 
-@pytest.mark.parametrize("act,pad,producer", [("clip", False, "conv"), ("relu", False, "bn"), ("clip", True, "conv"),
-                                              ("clip", False, "conv without bias")])
+@pytest.mark.parametrize(
+    "act,pad,producer",
+    [("clip", False, "conv"), ("relu", False, "bn"), ("clip", True, "conv"), ("clip", False, "conv without bias")],
+)
 def test_engine_form_computes_the_add_form(act, pad, producer, monkeypatch):
     model = _chain(np.random.default_rng(0), act=act, pad=pad, producer=producer.split()[0])
     if producer == "conv without bias":  # folding gives conv0 a bias of -c per output channel
@@ -48,8 +51,9 @@ def test_engine_form_computes_the_add_form(act, pad, producer, monkeypatch):
     names = {n.name for n in folded.model.graph.node}
     assert not ({"act1", "act2"} | ({"act0"} if not pad else set())) & names and "act3" in names
     gap = next(n for n in folded.model.graph.node if n.op_type == "GlobalAveragePool")
-    assert next(n for n in folded.model.graph.node if n.op_type == "Add").input[0] == gap.output[0] or \
-        _ops(folded.model).index("Add") > _ops(folded.model).index("GlobalAveragePool")
+    assert next(n for n in folded.model.graph.node if n.op_type == "Add").input[0] == gap.output[0] or _ops(
+        folded.model
+    ).index("Add") > _ops(folded.model).index("GlobalAveragePool")
     feeds = _feeds(np.random.default_rng(7), n=3)
     # the same INT8 levels at every quantizer, but where float rounding of (y + b) - c against
     # y + (b - c) lands on the other side of a rounding tie (one level)
@@ -57,8 +61,9 @@ def test_engine_form_computes_the_add_form(act, pad, producer, monkeypatch):
     for f in feeds:
         levels_a, levels_b = _levels(added.model, f), _levels(folded.model, f)
         assert levels_a.keys() == levels_b.keys()
-        d = np.concatenate([np.abs(la.astype(np.int32) - levels_b[k].astype(np.int32)).ravel()
-                            for k, la in levels_a.items()])
+        d = np.concatenate(
+            [np.abs(la.astype(np.int32) - levels_b[k].astype(np.int32)).ravel() for k, la in levels_a.items()]
+        )
         # without a bias of its own, conv0 writes y - c in one rounding where the Add form rounds twice:
         # 0.2-0.3% of a0's levels sit on the other side of a tie, and their flips cascade downstream
         bound = 1e-2 if producer == "conv without bias" else 5e-3
@@ -102,5 +107,5 @@ def _levels(model, feeds) -> dict:
     qs = [n for n in m.graph.node if n.op_type == "QuantizeLinear" and n.input[0] not in inits]
     for q in qs:
         m.graph.output.append(onnx.helper.make_empty_tensor_value_info(q.output[0]))
-    outs = run(m, feeds)[-len(qs):]
+    outs = run(m, feeds)[-len(qs) :]
     return {q.input[0]: o for q, o in zip(qs, outs)}

@@ -4,6 +4,7 @@ The rewrite must leave the model's function unchanged (ONNX Runtime, every produ
 reader kind it accepts), refuse the graphs where it would not be exact, and make the narrow
 channels of a Conv input cost less INT8 error; the amax of every scaled tensor is re-measured.
 """
+
 import json
 from types import SimpleNamespace
 
@@ -16,9 +17,15 @@ from tests.quantize.conftest import activation_amax, init, make_model, run, valu
 from trtq.compare.tasks import output_producers
 from trtq.config import QuantizeOptions
 from trtq.quantize import quantize_model
-from trtq.quantize.equalize import FLOOR, Remeasure, apply_equalization, channel_factors, equalize_model, \
-    find_equalizations
 from trtq.quantize.edit import InitializerEditor
+from trtq.quantize.equalize import (
+    FLOOR,
+    Remeasure,
+    apply_equalization,
+    channel_factors,
+    equalize_model,
+    find_equalizations,
+)
 from trtq.quantize.graph import GraphIndex
 from trtq.quantize.prepare import prepare_model
 
@@ -30,8 +37,7 @@ def _model(producer="affine", reader="depthwise", extra_reader=False, clip=False
     """x -> producer (per-channel widths SPREAD) -> [pass-through] -> reader Conv -> Sigmoid -> 1x1 Conv."""
     rng = np.random.default_rng(0)
     nodes, inits = [], []
-    inits.append(init("w0", (rng.standard_normal((C, 4, 3, 3)) * 0.3 * SPREAD[:, None, None, None])
-                      .astype(np.float32)))
+    inits.append(init("w0", (rng.standard_normal((C, 4, 3, 3)) * 0.3 * SPREAD[:, None, None, None]).astype(np.float32)))
     inits.append(init("b0", (rng.standard_normal(C) * SPREAD).astype(np.float32)))
     nodes.append(helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]))
     last = "c0"
@@ -44,18 +50,18 @@ def _model(producer="affine", reader="depthwise", extra_reader=False, clip=False
         nodes.append(helper.make_node("Add", ["m0", "shift"], ["a0"], name="affine_add"))
         last = "a0"
     elif producer == "bn":
-        inits += [init("bn_s", (rng.uniform(0.5, 2, C) * SPREAD).astype(np.float32)),
-                  init("bn_b", (rng.standard_normal(C) * SPREAD).astype(np.float32)),
-                  init("bn_m", rng.standard_normal(C).astype(np.float32) * 0.1),
-                  init("bn_v", rng.uniform(0.5, 2, C).astype(np.float32))]
-        nodes.append(helper.make_node("BatchNormalization", ["c0", "bn_s", "bn_b", "bn_m", "bn_v"], ["a0"],
-                                      name="bn0"))
+        inits += [
+            init("bn_s", (rng.uniform(0.5, 2, C) * SPREAD).astype(np.float32)),
+            init("bn_b", (rng.standard_normal(C) * SPREAD).astype(np.float32)),
+            init("bn_m", rng.standard_normal(C).astype(np.float32) * 0.1),
+            init("bn_v", rng.uniform(0.5, 2, C).astype(np.float32)),
+        ]
+        nodes.append(helper.make_node("BatchNormalization", ["c0", "bn_s", "bn_b", "bn_m", "bn_v"], ["a0"], name="bn0"))
         last = "a0"
     elif producer == "conv-relu-pool":  # Conv -> Relu -> MaxPool -> Sub(c - x) -> reader
         nodes.append(helper.make_node("Relu", ["c0"], ["r0"], name="relu0"))
         nodes.append(helper.make_node("MaxPool", ["r0"], ["p0"], name="pool0", kernel_shape=[2, 2], strides=[1, 1]))
-        inits.append(init("base", (rng.uniform(0, 1, (1, C, 1, 1)) * SPREAD[None, :, None, None])
-                          .astype(np.float32)))
+        inits.append(init("base", (rng.uniform(0, 1, (1, C, 1, 1)) * SPREAD[None, :, None, None]).astype(np.float32)))
         nodes.append(helper.make_node("Sub", ["base", "p0"], ["a0"], name="sub0"))
         last = "a0"
     if clip:
@@ -63,8 +69,10 @@ def _model(producer="affine", reader="depthwise", extra_reader=False, clip=False
         nodes.append(helper.make_node("Clip", [last, "lo", "hi"], ["cl"], name="clip0"))
         last = "cl"
     if reader == "depthwise":
-        inits += [init("w1", (rng.standard_normal((C, 1, 3, 3)) * 0.5).astype(np.float32)),
-                  init("b1", rng.standard_normal(C).astype(np.float32) * 0.1)]
+        inits += [
+            init("w1", (rng.standard_normal((C, 1, 3, 3)) * 0.5).astype(np.float32)),
+            init("b1", rng.standard_normal(C).astype(np.float32) * 0.1),
+        ]
         nodes.append(helper.make_node("Conv", [last, "w1", "b1"], ["y1"], name="reader", group=C, pads=[1, 1, 1, 1]))
     elif reader == "grouped":  # 2 input channels per group
         inits += [init("w1", (rng.standard_normal((C, 2, 3, 3)) * 0.5).astype(np.float32))]
@@ -77,21 +85,32 @@ def _model(producer="affine", reader="depthwise", extra_reader=False, clip=False
     if extra_reader:
         nodes.append(helper.make_node("Relu", [last], ["side"], name="side"))
         outs.append(value("side", None))
-    inits.append(init("w2", (rng.standard_normal((4, int(16 if reader == "dense" else C), 1, 1)) * 0.4)
-                      .astype(np.float32)))
+    inits.append(
+        init("w2", (rng.standard_normal((4, int(16 if reader == "dense" else C), 1, 1)) * 0.4).astype(np.float32))
+    )
     nodes.append(helper.make_node("Conv", ["r1", "w2"], ["out"], name="conv2"))
     return make_model(nodes, [value("x", [None, 4, 12, 12])], outs, inits)
 
 
 def _batches(n=3, seed=1):
     rng = np.random.default_rng(seed)
-    return [SimpleNamespace(arrays={"x": rng.standard_normal((4, 4, 12, 12)).astype(np.float32)}, valid=4)
-            for _ in range(n)]
+    return [
+        SimpleNamespace(arrays={"x": rng.standard_normal((4, 4, 12, 12)).astype(np.float32)}, valid=4) for _ in range(n)
+    ]
 
 
-@pytest.mark.parametrize("producer,reader", [("affine", "depthwise"), ("affine", "dense"), ("affine", "grouped"),
-                                             ("bn", "depthwise"), ("bn", "dense"), ("conv-relu-pool", "depthwise"),
-                                             ("conv-relu-pool", "dense")])
+@pytest.mark.parametrize(
+    "producer,reader",
+    [
+        ("affine", "depthwise"),
+        ("affine", "dense"),
+        ("affine", "grouped"),
+        ("bn", "depthwise"),
+        ("bn", "dense"),
+        ("conv-relu-pool", "depthwise"),
+        ("conv-relu-pool", "dense"),
+    ],
+)
 def test_the_rewrite_keeps_the_function(producer, reader):
     model = _model(producer, reader)
     prepared, _ = prepare_model(model)
@@ -199,8 +218,7 @@ def test_cli_needs_data_and_reports_the_step(trtq, tmp_path):
     out = tmp_path / "q.onnx"
     r = trtq(["quantize", "--model", model_path, "--cache", cache, "-o", out, "--equalize"])
     assert r.code == 2 and "equalize needs calibration data" in r.err and not out.exists()
-    r = trtq(["quantize", "--model", model_path, "--cache", cache, "-o", out, "--equalize", "--data", data,
-              "--json"])
+    r = trtq(["quantize", "--model", model_path, "--cache", cache, "-o", out, "--equalize", "--data", data, "--json"])
     assert r.code == 0, r
     note = [n for n in json.loads(r.out)["notes"] if n.startswith("equalized channels")]
     assert note and "re-measured (mse) on 16 samples" in note[0]
@@ -212,23 +230,29 @@ def test_ranking_reads_the_users_output_producer(trtq, tmp_path):
     upgrade of prepare_model puts a Reshape after the Softmax, yet --float-layers with --equalize
     still ranks by the CTC metric (it read "detection F1" on PP-OCRv4 rec)."""
     rng = np.random.default_rng(4)
-    inits = [init("w0", (rng.standard_normal((C, 1, 3, 3)) * SPREAD[:, None, None, None]).astype(np.float32)),
-             init("s", np.array([1.3], np.float32)), init("t", np.array([0.1], np.float32)),
-             init("w1", (rng.standard_normal((C, 1, 3, 3)) * 0.5).astype(np.float32)),
-             init("w2", (rng.standard_normal((6, C, 1, 1)) * 0.5).astype(np.float32)),
-             init("starts", np.array([0], np.int64)), init("ends", np.array([1], np.int64)),
-             init("rest", np.array([6, -1], np.int64))]
-    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
-             helper.make_node("Mul", ["c0", "s"], ["m0"], name="mul0"),
-             helper.make_node("Add", ["m0", "t"], ["a0"], name="add0"),
-             helper.make_node("Conv", ["a0", "w1"], ["y1"], name="dw1", group=C, pads=[1, 1, 1, 1]),
-             helper.make_node("Conv", ["y1", "w2"], ["y2"], name="pw2"),
-             helper.make_node("Shape", ["y2"], ["sh"], name="shape"),  # a run-time target: rank unknown
-             helper.make_node("Slice", ["sh", "starts", "ends"], ["n"], name="slice"),
-             helper.make_node("Concat", ["n", "rest"], ["target"], name="cat", axis=0),
-             helper.make_node("Reshape", ["y2", "target"], ["r"], name="flat"),
-             helper.make_node("Transpose", ["r"], ["tr"], name="tr", perm=[0, 2, 1]),
-             helper.make_node("Softmax", ["tr"], ["out"], name="softmax", axis=2)]
+    inits = [
+        init("w0", (rng.standard_normal((C, 1, 3, 3)) * SPREAD[:, None, None, None]).astype(np.float32)),
+        init("s", np.array([1.3], np.float32)),
+        init("t", np.array([0.1], np.float32)),
+        init("w1", (rng.standard_normal((C, 1, 3, 3)) * 0.5).astype(np.float32)),
+        init("w2", (rng.standard_normal((6, C, 1, 1)) * 0.5).astype(np.float32)),
+        init("starts", np.array([0], np.int64)),
+        init("ends", np.array([1], np.int64)),
+        init("rest", np.array([6, -1], np.int64)),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
+        helper.make_node("Mul", ["c0", "s"], ["m0"], name="mul0"),
+        helper.make_node("Add", ["m0", "t"], ["a0"], name="add0"),
+        helper.make_node("Conv", ["a0", "w1"], ["y1"], name="dw1", group=C, pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["y1", "w2"], ["y2"], name="pw2"),
+        helper.make_node("Shape", ["y2"], ["sh"], name="shape"),  # a run-time target: rank unknown
+        helper.make_node("Slice", ["sh", "starts", "ends"], ["n"], name="slice"),
+        helper.make_node("Concat", ["n", "rest"], ["target"], name="cat", axis=0),
+        helper.make_node("Reshape", ["y2", "target"], ["r"], name="flat"),
+        helper.make_node("Transpose", ["r"], ["tr"], name="tr", perm=[0, 2, 1]),
+        helper.make_node("Softmax", ["tr"], ["out"], name="softmax", axis=2),
+    ]
     model = make_model(nodes, [value("x", [None, 1, 4, 10])], [value("out", [None, 40, 6])], inits, opset=12)
     assert {k: tuple(v) for k, v in output_producers(prepare_model(model)[0]).items()} == {"out": ("Reshape", None)}
     path = tmp_path / "m.onnx"
@@ -237,8 +261,23 @@ def test_ranking_reads_the_users_output_producer(trtq, tmp_path):
     np.save(data, rng.standard_normal((8, 1, 4, 10)).astype(np.float32))
     cache = tmp_path / "c.cache"
     assert trtq(["calibrate", "--model", path, "--data", data, "-o", cache, "-q"]).code == 0
-    r = trtq(["quantize", "--model", path, "--cache", cache, "-o", tmp_path / "q.onnx", "--equalize",
-              "--float-layers", "1", "--data", data, "--json"])
+    r = trtq(
+        [
+            "quantize",
+            "--model",
+            path,
+            "--cache",
+            cache,
+            "-o",
+            tmp_path / "q.onnx",
+            "--equalize",
+            "--float-layers",
+            "1",
+            "--data",
+            data,
+            "--json",
+        ]
+    )
     assert r.code == 0, r
     reasons = [f["reason"] for f in json.loads(r.out)["left_float"] if f["reason"].startswith("float_layers")]
     assert len(reasons) == 1 and "sequence agreement" in reasons[0], reasons
@@ -250,11 +289,14 @@ def test_sample_model_equalizes_its_se_blocks(trtq, sample_config, tmp_path):
     assert trtq(["calibrate", "--config", sample_config, "-o", cache]).code == 0
     plain, even = tmp_path / "p.onnx", tmp_path / "e.onnx"
     assert trtq(["quantize", "--config", sample_config, "--cache", cache, "-o", plain]).code == 0
-    r = trtq(["quantize", "--config", sample_config, "--cache", cache, "-o", even, "--equalize", "--samples", "4",
-              "--json"])
+    r = trtq(
+        ["quantize", "--config", sample_config, "--cache", cache, "-o", even, "--equalize", "--samples", "4", "--json"]
+    )
     assert r.code == 0, r
-    assert any(n.startswith("equalized channels of 2 Conv inputs (0 depthwise, 2 other) of 2 found")
-               for n in json.loads(r.out)["notes"])
+    assert any(
+        n.startswith("equalized channels of 2 Conv inputs (0 depthwise, 2 other) of 2 found")
+        for n in json.loads(r.out)["notes"]
+    )
     x = np.random.default_rng(5).uniform(-2, 2, (2, 3, 224, 224)).astype(np.float32)
     name = onnx.load(str(plain)).graph.input[0].name
     a, b = run(onnx.load(str(plain)), {name: x})[0], run(onnx.load(str(even)), {name: x})[0]

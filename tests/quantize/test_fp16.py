@@ -1,4 +1,5 @@
 """fp16=True: the float rest in float16, Q/DQ and graph I/O in float32, runnable in ONNX Runtime."""
+
 import numpy as np
 import onnx
 import pytest
@@ -31,7 +32,9 @@ def _types(model):
 def _block(rng, var=None):
     c = 16
     bn_inits = [
-        init("s", np.ones(c, np.float32)), init("b", np.zeros(c, np.float32)), init("m", np.zeros(c, np.float32)),
+        init("s", np.ones(c, np.float32)),
+        init("b", np.zeros(c, np.float32)),
+        init("m", np.zeros(c, np.float32)),
         init("v", np.full(c, 1.0 if var is None else var, np.float32)),
     ]
     return make_model(
@@ -43,9 +46,14 @@ def _block(rng, var=None):
             conv("c2", "act", "w2", "y"),
             helper.make_node("Softmax", ["y"], ["p"], name="softmax", axis=1),
         ],
-        [value("x", ["N", 16, 6, 6])], [value("p", None), value("act", None)],
-        [init("w1", conv_weight(rng, 16, 16)), init("b1", np.zeros(16, np.float32)),
-         init("w2", conv_weight(rng, 16, 16))] + bn_inits,
+        [value("x", ["N", 16, 6, 6])],
+        [value("p", None), value("act", None)],
+        [
+            init("w1", conv_weight(rng, 16, 16)),
+            init("b1", np.zeros(16, np.float32)),
+            init("w2", conv_weight(rng, 16, 16)),
+        ]
+        + bn_inits,
     )
 
 
@@ -60,7 +68,9 @@ def test_fp16_rest_keeps_qdq_and_io_in_float32_and_runs():
     # graph I/O keep float32 and their names
     assert [(v.name, v.type.tensor_type.elem_type) for v in q16.graph.input] == [("x", TensorProto.FLOAT)]
     assert [(v.name, v.type.tensor_type.elem_type) for v in q16.graph.output] == [
-        ("p", TensorProto.FLOAT), ("act", TensorProto.FLOAT)]
+        ("p", TensorProto.FLOAT),
+        ("act", TensorProto.FLOAT),
+    ]
     # Q/DQ pairs stay float32 around int8; weights behind QuantizeLinear stay float32
     for qn in nodes_of(q16, "QuantizeLinear"):
         assert types[qn.input[0]] == TensorProto.FLOAT and types[qn.input[1]] == TensorProto.FLOAT
@@ -107,9 +117,14 @@ def test_fp16_resize_keeps_its_float32_scales_input(opset):
             helper.make_node("Resize", ["h", "", "scales"], ["up"], name="resize", mode="nearest"),
             conv("c2", "up", "w2", "y"),
         ],
-        [value("x", [1, 16, 4, 4])], [value("y", None)],
-        [init("w", conv_weight(rng, 16, 16)), init("w2", conv_weight(rng, 16, 16)),
-         init("scales", np.array([1, 1, 2, 2], np.float32))], opset=opset,
+        [value("x", [1, 16, 4, 4])],
+        [value("y", None)],
+        [
+            init("w", conv_weight(rng, 16, 16)),
+            init("w2", conv_weight(rng, 16, 16)),
+            init("scales", np.array([1, 1, 2, 2], np.float32)),
+        ],
+        opset=opset,
     )
     amax = activation_amax(model, [random_feeds(model)])
     q16 = quantize_model(model, amax, QuantizeOptions(fp16=True)).model

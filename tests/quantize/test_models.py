@@ -1,4 +1,5 @@
 """Real models: the bundled orientation classifier and, when installed, RapidOCR's PP-OCR models."""
+
 import importlib.util
 from pathlib import Path
 
@@ -51,6 +52,7 @@ def test_sample_model_quantizes_and_stays_close_to_fp32(sample_fp32, calibrated,
 # ------------------------------------------------------------------------------------------------
 # PP-OCR det / cls / rec from rapidocr-onnxruntime (pip install --no-deps rapidocr-onnxruntime)
 # ------------------------------------------------------------------------------------------------
+
 
 def _rapidocr_models() -> Path:
     spec = importlib.util.find_spec("rapidocr_onnxruntime")
@@ -107,8 +109,9 @@ def test_ppocr_models_from_rapidocr(kind, filename, opset):
     onnx.checker.check_model(q, full_check=True)
     assert f"upgraded default-domain opset {opset} -> 13" in result.notes
     assert any("Constant nodes into initializers" in n for n in result.notes)
-    assert not nodes_of(q, "Constant") or all(n.output[0] not in {i for c in nodes_of(q, "Conv") for i in c.input}
-                                              for n in nodes_of(q, "Constant"))
+    assert not nodes_of(q, "Constant") or all(
+        n.output[0] not in {i for c in nodes_of(q, "Conv") for i in c.input} for n in nodes_of(q, "Constant")
+    )
     convs = nodes_of(q, "Conv")
     quantized_convs = [c for c in convs if c.name in result.quantized]
     assert len(quantized_convs) >= 0.9 * len(convs)

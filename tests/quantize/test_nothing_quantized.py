@@ -1,5 +1,6 @@
 """A model with Conv/Gemm/MatMul whose quantization places no Q/DQ pair is an error (exit 3), not
 an "INT8" copy of the FP32 model that every accuracy gate would pass."""
+
 import numpy as np
 import onnx
 from onnx import helper
@@ -9,10 +10,12 @@ from tests.quantize.conftest import conv, conv_weight, init, make_model, value
 
 def _conv_model(path):
     rng = np.random.default_rng(3)
-    model = make_model([conv("c1", "x", "w1", "h"), helper.make_node("Relu", ["h"], ["r"], name="relu"),
-                        conv("c2", "r", "w2", "y")],
-                       [value("x", [1, 16, 6, 6])], [value("y", [1, 16, 6, 6])],
-                       [init("w1", conv_weight(rng, 16, 16)), init("w2", conv_weight(rng, 16, 16))])
+    model = make_model(
+        [conv("c1", "x", "w1", "h"), helper.make_node("Relu", ["h"], ["r"], name="relu"), conv("c2", "r", "w2", "y")],
+        [value("x", [1, 16, 6, 6])],
+        [value("y", [1, 16, 6, 6])],
+        [init("w1", conv_weight(rng, 16, 16)), init("w2", conv_weight(rng, 16, 16))],
+    )
     onnx.save(model, str(path))
     data = path.parent / "x.npy"
     np.save(data, rng.standard_normal((8, 16, 6, 6)).astype(np.float32))

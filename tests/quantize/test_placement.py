@@ -1,4 +1,5 @@
 """Where Q/DQ goes: weights per channel, residual Adds, Concat scales, shared tensors, kept-float patterns."""
+
 import numpy as np
 import onnx
 import pytest
@@ -52,7 +53,8 @@ def test_conv_weight_per_channel_scales_are_max_abs_over_127():
     w[5] = 0.0  # an all-zero output channel
     model = make_model(
         [conv("c", "x", "w", "y", bias="b")],
-        [value("x", [1, 16, 8, 8])], [value("y", None)],
+        [value("x", [1, 16, 8, 8])],
+        [value("y", None)],
         [init("w", w), init("b", rng.standard_normal(16).astype(np.float32))],
     )
     result = quantize(model)
@@ -86,7 +88,9 @@ def test_gemm_and_matmul_weight_axis_is_the_output_channel(op, w_shape, attrs, a
     w = rng.standard_normal(w_shape).astype(np.float32)
     model = make_model(
         [helper.make_node(op, ["x", "w"], ["y"], name="mm", **attrs)],
-        [value("x", [4, 16])], [value("y", None)], [init("w", w)],
+        [value("x", [4, 16])],
+        [value("y", None)],
+        [init("w", w)],
     )
     q = quantize(model).model
     (wq,) = q_of(q, "w")
@@ -106,7 +110,9 @@ def test_conv_transpose_weight_axis_1_and_depthwise_axis_0():
             helper.make_node("ConvTranspose", ["x", "wt"], ["t"], name="up", strides=[2, 2]),
             conv("dw", "t", "wd", "y", group=32),
         ],
-        [value("x", [1, 16, 4, 4])], [value("y", None)], [init("wt", wt), init("wd", wd)],
+        [value("x", [1, 16, 4, 4])],
+        [value("y", None)],
+        [init("wt", wt), init("wd", wd)],
     )
     result = quantize(model)
     q = result.model
@@ -133,7 +139,8 @@ def test_per_tensor_weights_when_per_channel_is_off():
 def test_matmul_of_two_activations_quantizes_both_per_tensor():
     model = make_model(
         [helper.make_node("MatMul", ["a", "b"], ["y"], name="mm")],
-        [value("a", [2, 16, 32]), value("b", [2, 32, 16])], [value("y", None)],
+        [value("a", [2, 16, 32]), value("b", [2, 32, 16])],
+        [value("y", None)],
     )
     result = quantize(model)
     q = result.model
@@ -151,7 +158,8 @@ def test_shared_weight_and_shared_activation_get_one_pair_each():
             conv("c2", "r", "w", "y1"),  # same weight as c1
             conv("c3", "r", "w3", "y2"),  # same activation as c2
         ],
-        [value("x", [1, 16, 6, 6])], [value("y1", None), value("y2", None)],
+        [value("x", [1, 16, 6, 6])],
+        [value("y1", None), value("y2", None)],
         [init("w", conv_weight(rng, 16, 16)), init("w3", conv_weight(rng, 16, 16))],
     )
     q = quantize(model).model
@@ -184,12 +192,16 @@ def test_identity_residual_add_quantizes_the_skip_input_only():
     bn2, i2 = _bn("bn2", "c2", "b2", 16, rng)
     model = make_model(
         [
-            conv("conv1", "x", "w1", "c1"), bn1, helper.make_node("Relu", ["b1"], ["r1"], name="relu1"),
-            conv("conv2", "r1", "w2", "c2"), bn2,
+            conv("conv1", "x", "w1", "c1"),
+            bn1,
+            helper.make_node("Relu", ["b1"], ["r1"], name="relu1"),
+            conv("conv2", "r1", "w2", "c2"),
+            bn2,
             helper.make_node("Add", ["b2", "x"], ["s"], name="add"),
             helper.make_node("Relu", ["s"], ["y"], name="relu2"),
         ],
-        [value("x", [1, 16, 8, 8])], [value("y", None)],
+        [value("x", [1, 16, 8, 8])],
+        [value("y", None)],
         [init("w1", conv_weight(rng, 16, 16)), init("w2", conv_weight(rng, 16, 16))] + i1 + i2,
     )
     result = quantize(model)
@@ -209,13 +221,19 @@ def test_downsampling_block_quantizes_the_shorter_shortcut_branch():
     bnd, i3 = _bn("bnd", "cd", "bd", 16, rng)
     model = make_model(
         [
-            conv("stem", "x", "w0", "s0"), helper.make_node("Relu", ["s0"], ["t"], name="relu0"),
-            conv("conv1", "t", "w1", "c1"), bn1, helper.make_node("Relu", ["b1"], ["r1"], name="relu1"),
-            conv("conv2", "r1", "w2", "c2"), bn2,
-            conv("convd", "t", "wd", "cd", k=1), bnd,
+            conv("stem", "x", "w0", "s0"),
+            helper.make_node("Relu", ["s0"], ["t"], name="relu0"),
+            conv("conv1", "t", "w1", "c1"),
+            bn1,
+            helper.make_node("Relu", ["b1"], ["r1"], name="relu1"),
+            conv("conv2", "r1", "w2", "c2"),
+            bn2,
+            conv("convd", "t", "wd", "cd", k=1),
+            bnd,
             helper.make_node("Add", ["b2", "bd"], ["y"], name="add"),
         ],
-        [value("x", [1, 16, 8, 8])], [value("y", None)],
+        [value("x", [1, 16, 8, 8])],
+        [value("y", None)],
         [init(n, conv_weight(rng, 16, 16, 1 if n == "wd" else 3)) for n in ("w0", "w1", "w2", "wd")] + i1 + i2 + i3,
     )
     q = quantize(model).model
@@ -233,7 +251,8 @@ def test_adds_that_are_not_residual_get_nothing():
             helper.make_node("Add", ["x", "rx"], ["plain"], name="plain_add"),  # no Conv on either side
             helper.make_node("Add", ["hb", "plain"], ["y"], name="out_add"),  # hb feeds only this Add
         ],
-        [value("x", [1, 16, 6, 6])], [value("y", None)],
+        [value("x", [1, 16, 6, 6])],
+        [value("y", None)],
         [init("w1", conv_weight(rng, 16, 16)), init("bias", np.ones((1, 16, 1, 1), np.float32))],
     )
     result = quantize(model)
@@ -249,7 +268,9 @@ def test_residual_add_stays_float_when_its_conv_is_excluded():
     rng = np.random.default_rng(9)
     model = make_model(
         [conv("c1", "x", "w1", "h"), helper.make_node("Add", ["h", "x"], ["y"], name="add")],
-        [value("x", [1, 16, 6, 6])], [value("y", None)], [init("w1", conv_weight(rng, 16, 16))],
+        [value("x", [1, 16, 6, 6])],
+        [value("y", None)],
+        [init("w1", conv_weight(rng, 16, 16))],
     )
     assert quantize(model).quantized == ["c1", "add"]
     result = quantize(model, exclude=("c1",))
@@ -269,14 +290,22 @@ def test_concat_quantized_inputs_and_output_share_the_largest_amax():
     rng = np.random.default_rng(10)
     model = make_model(
         [
-            conv("ca", "x", "wa", "a"), conv("cb", "x", "wb", "b"),
+            conv("ca", "x", "wa", "a"),
+            conv("cb", "x", "wb", "b"),
             helper.make_node("Concat", ["a", "b"], ["cat"], name="concat", axis=1),
-            conv("cc", "cat", "wc", "y0"), conv("cd", "a", "wd", "y1"), conv("ce", "b", "we", "y2"),
+            conv("cc", "cat", "wc", "y0"),
+            conv("cd", "a", "wd", "y1"),
+            conv("ce", "b", "we", "y2"),
         ],
-        [value("x", [1, 16, 6, 6])], [value("y0", None), value("y1", None), value("y2", None)],
-        [init("wa", conv_weight(rng, 16, 16)), init("wb", conv_weight(rng, 16, 16) * 3),
-         init("wc", conv_weight(rng, 16, 32)), init("wd", conv_weight(rng, 16, 16)),
-         init("we", conv_weight(rng, 16, 16))],
+        [value("x", [1, 16, 6, 6])],
+        [value("y0", None), value("y1", None), value("y2", None)],
+        [
+            init("wa", conv_weight(rng, 16, 16)),
+            init("wb", conv_weight(rng, 16, 16) * 3),
+            init("wc", conv_weight(rng, 16, 32)),
+            init("wd", conv_weight(rng, 16, 16)),
+            init("we", conv_weight(rng, 16, 16)),
+        ],
     )
     amax = activation_amax(model, [random_feeds(model)])
     assert amax["a"] != amax["b"]
@@ -292,13 +321,20 @@ def test_concat_scale_group_counts_only_quantized_tensors():
     rng = np.random.default_rng(17)
     model = make_model(
         [
-            conv("ca", "x", "wa", "a"), conv("cb", "x", "wb", "b"),
+            conv("ca", "x", "wa", "a"),
+            conv("cb", "x", "wb", "b"),
             helper.make_node("Concat", ["a", "b"], ["cat"], name="concat", axis=1),
-            conv("cd", "a", "wd", "y1"), conv("ce", "b", "we", "y2"),
+            conv("cd", "a", "wd", "y1"),
+            conv("ce", "b", "we", "y2"),
         ],
-        [value("x", [1, 16, 6, 6])], [value("cat", None), value("y1", None), value("y2", None)],
-        [init("wa", conv_weight(rng, 16, 16) * 4), init("wb", conv_weight(rng, 16, 16)),
-         init("wd", conv_weight(rng, 16, 16)), init("we", conv_weight(rng, 16, 16))],
+        [value("x", [1, 16, 6, 6])],
+        [value("cat", None), value("y1", None), value("y2", None)],
+        [
+            init("wa", conv_weight(rng, 16, 16) * 4),
+            init("wb", conv_weight(rng, 16, 16)),
+            init("wd", conv_weight(rng, 16, 16)),
+            init("we", conv_weight(rng, 16, 16)),
+        ],
     )
     amax = activation_amax(model, [random_feeds(model)])
     assert amax["a"] > amax["b"]
@@ -314,7 +350,9 @@ def test_amax_is_found_through_data_movement_ops():
     rng = np.random.default_rng(11)
     model = make_model(
         [helper.make_node("Transpose", ["x"], ["xt"], name="to_nchw", perm=[0, 3, 1, 2]), conv("c", "xt", "w", "y")],
-        [value("x", ["N", 8, 8, 16])], [value("y", None)], [init("w", conv_weight(rng, 16, 16))],
+        [value("x", ["N", 8, 8, 16])],
+        [value("y", None)],
+        [init("w", conv_weight(rng, 16, 16))],
     )
     feeds = random_feeds(model)
     amax = {"x": float(np.abs(feeds["x"]).max())}
@@ -369,9 +407,14 @@ def test_small_gemms_and_convs_are_kept_float():
             helper.make_node("Flatten", ["h"], ["f"], name="flat"),
             helper.make_node("MatMul", ["f", "w_head"], ["y"], name="head"),  # N = 4
         ],
-        [value("x", [1, 16, 4, 4])], [value("y", None), value("t", None)],
-        [init("w_big", conv_weight(rng, 16, 16)), init("w_narrow", conv_weight(rng, 4, 16, 1)),
-         init("w_tiny", conv_weight(rng, 4, 4)), init("w_head", rng.standard_normal((256, 4)).astype(np.float32))],
+        [value("x", [1, 16, 4, 4])],
+        [value("y", None), value("t", None)],
+        [
+            init("w_big", conv_weight(rng, 16, 16)),
+            init("w_narrow", conv_weight(rng, 4, 16, 1)),
+            init("w_tiny", conv_weight(rng, 4, 4)),
+            init("w_head", rng.standard_normal((256, 4)).astype(np.float32)),
+        ],
     )
     result = quantize(model)
     reasons = dict(result.left_float)
@@ -383,7 +426,9 @@ def test_small_gemms_and_convs_are_kept_float():
 def test_first_conv_on_rgb_input_is_quantized():
     rng = np.random.default_rng(14)
     model = make_model(
-        [conv("stem", "x", "w", "y")], [value("x", [1, 3, 8, 8])], [value("y", None)],
+        [conv("stem", "x", "w", "y")],
+        [value("x", [1, 3, 8, 8])],
+        [value("y", None)],
         [init("w", conv_weight(rng, 16, 3))],
     )
     assert quantize(model).quantized == ["stem"]
@@ -393,7 +438,8 @@ def test_graph_outputs_are_never_quantized():
     rng = np.random.default_rng(15)
     model = make_model(
         [conv("c1", "x", "w1", "h"), helper.make_node("Relu", ["h"], ["r"], name="relu"), conv("c2", "r", "w2", "y")],
-        [value("x", [1, 16, 4, 4])], [value("r", None), value("y", None)],  # r is an output and feeds c2
+        [value("x", [1, 16, 4, 4])],
+        [value("r", None), value("y", None)],  # r is an output and feeds c2
         [init("w1", conv_weight(rng, 16, 16)), init("w2", conv_weight(rng, 16, 16))],
     )
     q = quantize(model).model
@@ -406,8 +452,10 @@ def test_graph_outputs_are_never_quantized():
 def test_float16_inputs_are_left_float_with_a_reason():
     rng = np.random.default_rng(16)
     model = make_model(
-        [conv("c", "x", "w", "y")], [value("x", [1, 16, 4, 4], TensorProto.FLOAT16)],
-        [value("y", None, TensorProto.FLOAT16)], [init("w", conv_weight(rng, 16, 16).astype(np.float16))],
+        [conv("c", "x", "w", "y")],
+        [value("x", [1, 16, 4, 4], TensorProto.FLOAT16)],
+        [value("y", None, TensorProto.FLOAT16)],
+        [init("w", conv_weight(rng, 16, 16).astype(np.float16))],
     )
     result = quantize_model(model, {"x": 1.0}, QuantizeOptions())
     assert result.quantized == []

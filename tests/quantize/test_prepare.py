@@ -1,4 +1,5 @@
 """Real-model quirks: Constant weights, weights as inputs, old opsets, unnamed and unsorted nodes."""
+
 import numpy as np
 import onnx
 import pytest
@@ -45,7 +46,8 @@ def test_paddle_style_constant_weights_are_quantized():
             conv("c", "x", "w", "h"),
             helper.make_node("Add", ["h", "b"], ["y"], name="bias_add"),
         ],
-        [value("x", [1, 16, 6, 6])], [value("y", None)],
+        [value("x", [1, 16, 6, 6])],
+        [value("y", None)],
     )
     result, _ = quantize_checked(model)
     q = result.model
@@ -62,7 +64,9 @@ def test_paddle_style_constant_weights_are_quantized():
 def test_weights_listed_as_graph_inputs_are_treated_as_weights():
     rng = np.random.default_rng(2)
     model = make_model(
-        [conv("c", "x", "w", "y")], [value("x", [1, 16, 6, 6]), value("w", [16, 16, 3, 3])], [value("y", None)],
+        [conv("c", "x", "w", "y")],
+        [value("x", [1, 16, 6, 6]), value("w", [16, 16, 3, 3])],
+        [value("y", None)],
         [init("w", conv_weight(rng, 16, 16))],
     )
     result, _ = quantize_checked(model)
@@ -84,9 +88,13 @@ def _old_opset_model(opset):
         helper.make_node("Gemm", ["f", "wg", "bg"], ["y"], name="fc", transB=1),
     ]
     inits = [
-        init("w1", conv_weight(rng, 16, 16)), init("s", np.ones(16, np.float32)), init("b", np.zeros(16, np.float32)),
-        init("m", np.zeros(16, np.float32)), init("v", np.ones(16, np.float32)),
-        init("wg", rng.standard_normal((32, 16 * 16)).astype(np.float32) * 0.05), init("bg", np.zeros(32, np.float32)),
+        init("w1", conv_weight(rng, 16, 16)),
+        init("s", np.ones(16, np.float32)),
+        init("b", np.zeros(16, np.float32)),
+        init("m", np.zeros(16, np.float32)),
+        init("v", np.ones(16, np.float32)),
+        init("wg", rng.standard_normal((32, 16 * 16)).astype(np.float32) * 0.05),
+        init("bg", np.zeros(32, np.float32)),
     ]
     model = make_model(nodes, [value("x", ["N", 16, 4, 4])], [value("y", ["N", 32])], inits, opset=opset)
     model.ir_version = 4 if opset == 9 else 6
@@ -114,8 +122,11 @@ def test_old_opsets_are_upgraded_to_13_for_per_channel_qdq(opset):
 def test_opsets_13_and_later_are_kept(opset):
     rng = np.random.default_rng(4)
     model = make_model(
-        [conv("c", "x", "w", "y")], [value("x", [1, 16, 4, 4])], [value("y", None)],
-        [init("w", conv_weight(rng, 16, 16))], opset=opset,
+        [conv("c", "x", "w", "y")],
+        [value("x", [1, 16, 4, 4])],
+        [value("y", None)],
+        [init("w", conv_weight(rng, 16, 16))],
+        opset=opset,
     )
     result, _ = quantize_checked(model)
     assert default_opset(result.model) == opset and result.quantized == ["c"]
@@ -132,7 +143,10 @@ def test_unnamed_nodes_get_stable_names_and_unsorted_graphs_are_sorted():
         helper.make_node("Relu", ["y"], ["z"], name="dup"),
     ]
     graph = helper.make_graph(
-        nodes, "g", [value("x", [1, 16, 4, 4])], [value("z", [1, 16, 4, 4])],
+        nodes,
+        "g",
+        [value("x", [1, 16, 4, 4])],
+        [value("z", [1, 16, 4, 4])],
         [init("w", conv_weight(rng, 16, 16)), init("w2", conv_weight(rng, 16, 16))],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
@@ -158,10 +172,15 @@ def test_int64_constants_and_shape_subgraphs_are_left_alone():
             helper.make_node("Reshape", ["h", "target"], ["f"], name="flatten"),
             helper.make_node("MatMul", ["f", "wm"], ["y"], name="fc"),
         ],
-        [value("x", ["N", 16, 2, 2])], [value("y", ["N", 16])],
-        [init("w", conv_weight(rng, 16, 16)), init("zero", np.array([0], np.int64)),
-         init("one", np.array([1], np.int64)), init("minus1", np.array([-1], np.int64)),
-         init("wm", rng.standard_normal((64, 16)).astype(np.float32))],
+        [value("x", ["N", 16, 2, 2])],
+        [value("y", ["N", 16])],
+        [
+            init("w", conv_weight(rng, 16, 16)),
+            init("zero", np.array([0], np.int64)),
+            init("one", np.array([1], np.int64)),
+            init("minus1", np.array([-1], np.int64)),
+            init("wm", rng.standard_normal((64, 16)).astype(np.float32)),
+        ],
     )
     result, _ = quantize_checked(model)
     assert result.quantized == ["c", "fc"]
@@ -180,8 +199,13 @@ def _zoo_style_model(rng):
     return make_model(
         [
             # conv weight = ConstantOfShape(1.0) * w_base  (the model zoo's "ones * values")
-            helper.make_node("ConstantOfShape", ["w_shape"], ["ones"], name="ones",
-                             value=numpy_helper.from_array(np.array([1.0], np.float32))),
+            helper.make_node(
+                "ConstantOfShape",
+                ["w_shape"],
+                ["ones"],
+                name="ones",
+                value=numpy_helper.from_array(np.array([1.0], np.float32)),
+            ),
             helper.make_node("Mul", ["ones", "w_base"], ["w"], name="w_mul"),
             # bias = zeros + b_base, reshaped by a shape that is itself computed: Concat([1], [8]) -> [1, 8, 1, 1]
             helper.make_node("ConstantOfShape", ["b_len"], ["zeros"], name="zeros"),
@@ -195,11 +219,19 @@ def _zoo_style_model(rng):
             helper.make_node("Sub", ["fc_cat", "fc_zero"], ["fc_w"], name="fc_sub"),
             helper.make_node("MatMul", ["f", "fc_w"], ["y"], name="fc"),
         ],
-        [value("x", [1, 3, 4, 4])], [value("y", [1, 16])],
-        [init("w_shape", np.array(w.shape, np.int64)), init("w_base", w),
-         init("b_len", np.array([8], np.int64)), init("b_base", rng.standard_normal(8).astype(np.float32)),
-         init("one", np.array([1], np.int64)), init("minus1", np.array([-1], np.int64)),
-         init("fc_a", fc[:64]), init("fc_b", fc[64:]), init("fc_zero", np.zeros((1,), np.float32))],
+        [value("x", [1, 3, 4, 4])],
+        [value("y", [1, 16])],
+        [
+            init("w_shape", np.array(w.shape, np.int64)),
+            init("w_base", w),
+            init("b_len", np.array([8], np.int64)),
+            init("b_base", rng.standard_normal(8).astype(np.float32)),
+            init("one", np.array([1], np.int64)),
+            init("minus1", np.array([-1], np.int64)),
+            init("fc_a", fc[:64]),
+            init("fc_b", fc[64:]),
+            init("fc_zero", np.zeros((1,), np.float32)),
+        ],
     )
 
 
@@ -249,9 +281,12 @@ def test_weights_computed_from_constant_of_shape_are_folded_and_quantized():
 
 def test_random_ops_are_never_folded():
     model = make_model(
-        [helper.make_node("RandomNormal", [], ["noise"], name="noise", shape=[1, 4], dtype=TensorProto.FLOAT),
-         helper.make_node("Add", ["x", "noise"], ["y"], name="add")],
-        [value("x", [1, 4])], [value("y", None)],
+        [
+            helper.make_node("RandomNormal", [], ["noise"], name="noise", shape=[1, 4], dtype=TensorProto.FLOAT),
+            helper.make_node("Add", ["x", "noise"], ["y"], name="add"),
+        ],
+        [value("x", [1, 4])],
+        [value("y", None)],
     )
     from trtq.quantize.prepare import prepare_model
 
@@ -281,7 +316,8 @@ def test_folded_scalars_stay_scalars():
             helper.make_node("Add", ["xr", "pos"], ["xp"], name="add_pos"),
             helper.make_node("MatMul", ["xp", "w"], ["y"], name="proj"),
         ],
-        [value("x", [1, 32, 4, 4])], [value("y", [1, 16, 32])],
+        [value("x", [1, 32, 4, 4])],
+        [value("y", [1, 16, 32])],
         [grid, two, lead, chans, w, pos, init("axes0", np.array([0], np.int64))],
     )
     from trtq.quantize.prepare import prepare_model

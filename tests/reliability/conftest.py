@@ -1,14 +1,15 @@
 """Fixtures for the fault suite: a tiny real model, its data and cache, and ways to run trtq in a
 child process (real signals, dropped privileges, size limits) or under a small tmpfs."""
+
 import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Optional
-from collections.abc import Iterator, Sequence
 
 import numpy as np
 import onnx
@@ -35,11 +36,11 @@ def make_model(path: Path, seed: int = 0) -> Path:
         helper.make_node("Gemm", ["f", "g"], ["y"], name="fc"),
     ]
     graph = helper.make_graph(
-        nodes, "tiny",
+        nodes,
+        "tiny",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])],
-        initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"),
-                     numpy_helper.from_array(g, "g")],
+        initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"), numpy_helper.from_array(g, "g")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     onnx.checker.check_model(model)
@@ -74,8 +75,18 @@ def _kit_template(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("kit")
     make_model(root / "m.onnx")
     np.save(root / "x.npy", np.random.default_rng(1).normal(0, 1, (6, 3, 8, 8)).astype(np.float32))
-    args = ["calibrate", "--model", root / "m.onnx", "--data", root / "x.npy", "-o", root / "c.cache",
-            "--save-stats", root / "s.npz", "-q"]
+    args = [
+        "calibrate",
+        "--model",
+        root / "m.onnx",
+        "--data",
+        root / "x.npy",
+        "-o",
+        root / "c.cache",
+        "--save-stats",
+        root / "s.npz",
+        "-q",
+    ]
     try:
         main([str(a) for a in args])
     except SystemExit as e:
@@ -96,8 +107,14 @@ def one_line_error(r: CliResult) -> bool:
     lines = [ln for ln in r.err.splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("trtq: error: ")]
     others_are_logs = all(ln.startswith(("trtq: WARNING: ", "trtq: INFO: ")) for ln in lines[:-1])
-    return (len(errors) == 1 and lines[-1] == errors[0] and ";" in errors[0] and others_are_logs
-            and "Traceback" not in r.err and "internal error" not in r.err)
+    return (
+        len(errors) == 1
+        and lines[-1] == errors[0]
+        and ";" in errors[0]
+        and others_are_logs
+        and "Traceback" not in r.err
+        and "internal error" not in r.err
+    )
 
 
 def temp_leftovers(folder: Path) -> list[str]:
@@ -120,8 +137,9 @@ def trtq_cmd(args: Sequence) -> list[str]:
 
 
 def run_child(args: Sequence, prefix: Sequence[str] = (), timeout: float = 120, **kw) -> CliResult:
-    p = subprocess.run(list(prefix) + trtq_cmd(args), capture_output=True, text=True, env=child_env(),
-                       timeout=timeout, **kw)
+    p = subprocess.run(
+        list(prefix) + trtq_cmd(args), capture_output=True, text=True, env=child_env(), timeout=timeout, **kw
+    )
     return CliResult(p.returncode, p.stdout, p.stderr)
 
 
@@ -134,8 +152,17 @@ def _setpriv_works() -> bool:
     try:
         probe = tempfile.mkdtemp()
         os.chmod(probe, 0)
-        r = subprocess.run([exe, "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-c",
-                            f"import os; os.listdir({probe!r})"], capture_output=True, timeout=30)
+        r = subprocess.run(
+            [
+                exe,
+                "--bounding-set=-dac_override,-dac_read_search",
+                sys.executable,
+                "-c",
+                f"import os; os.listdir({probe!r})",
+            ],
+            capture_output=True,
+            timeout=30,
+        )
         os.chmod(probe, 0o700)
         os.rmdir(probe)
         return r.returncode != 0 and b"PermissionError" in r.stderr

@@ -1,6 +1,7 @@
 """Defect 3: caches whose scales cannot quantize anything (zero, denormal, huge, short hex, NaN/Inf)
 are refused where they are read (exit 3 naming the tensor); inspect-cache does not call them
 complete, and inspect-cache --model exits 3 on such a cache or on another model's cache."""
+
 import json
 
 import pytest
@@ -18,8 +19,15 @@ BAD_SCALES = {
     "inf": "7f800000",
     "negative": "bc010204",
 }
-WHY = {"zero": "every value would quantize to 0", "denormal": "a denormal float32", "huge": "above",
-       "short hex": "not 8 hex digits", "nan": "not finite", "inf": "not finite", "negative": "negative"}
+WHY = {
+    "zero": "every value would quantize to 0",
+    "denormal": "a denormal float32",
+    "huge": "above",
+    "short hex": "not 8 hex digits",
+    "nan": "not finite",
+    "inf": "not finite",
+    "negative": "negative",
+}
 
 
 def _cache(path, bad_tensor="r", bad_hex=None):

@@ -7,6 +7,7 @@ cache replaced). The stress test sends signals at random times in the first seco
 itself, several at a time (the machine is loaded by the runs themselves); the full 200-run tally is
 benchmarks/signal_stress.py --entry script.
 """
+
 import concurrent.futures
 import random
 import signal
@@ -26,7 +27,7 @@ RUNS = 24  # benchmarks/signal_stress.py --entry script runs 200
 PARALLEL = 4
 # frames of a KeyboardInterrupt traceback that mean the signal reached trtq's own start-up (the CLI
 # import, its dependencies) without a trtq handler in place: the defect this file guards against
-TRTQ_FRAMES = ("trtq/cli.py", "click", "numpy", "onnx")
+TRTQ_FRAMES = ("trtq/cli/", "click", "numpy", "onnx")
 
 
 def console_script() -> Path:
@@ -42,17 +43,22 @@ def test_the_console_script_enters_through_the_early_handlers():
     from importlib.metadata import entry_points
 
     eps = entry_points()
-    scripts = eps.select(group="console_scripts", name="trtq") if hasattr(eps, "select") else [
-        e for e in eps.get("console_scripts", []) if e.name == "trtq"]
+    scripts = (
+        eps.select(group="console_scripts", name="trtq")
+        if hasattr(eps, "select")
+        else [e for e in eps.get("console_scripts", []) if e.name == "trtq"]
+    )
     scripts = list(scripts)
     if not scripts:
         pytest.skip("trtq is not installed with its console script here")
     module, _, attr = scripts[0].value.partition(":")
-    code = ("import importlib, signal, sys\n"
-            "sys.modules['trtq.cli'] = None  # stop right where the entry imports the CLI\n"
-            f"entry = getattr(importlib.import_module({module!r}), {attr!r})\n"
-            "try:\n    entry()\nexcept ImportError:\n    pass\n"
-            "print(signal.getsignal(signal.SIGINT).__name__, signal.getsignal(signal.SIGTERM).__name__)\n")
+    code = (
+        "import importlib, signal, sys\n"
+        "sys.modules['trtq.cli'] = None  # stop right where the entry imports the CLI\n"
+        f"entry = getattr(importlib.import_module({module!r}), {attr!r})\n"
+        "try:\n    entry()\nexcept ImportError:\n    pass\n"
+        "print(signal.getsignal(signal.SIGINT).__name__, signal.getsignal(signal.SIGTERM).__name__)\n"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=60)
     assert p.stdout.split() == ["_early_exit", "_early_exit"], (scripts[0].value, p.stdout + p.stderr)
 
@@ -70,8 +76,9 @@ def _trtq_handler_in_place(pid: int) -> bool:
 def run_once(script: Path, args: list, sig: int, delay: float, after_handlers: bool = False) -> dict:
     """Start the script, send ``sig`` ``delay`` seconds after the start (``after_handlers``: after
     trtq's early handlers are in place), wait for the end."""
-    p = subprocess.Popen([str(script), *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=child_env())
+    p = subprocess.Popen(
+        [str(script), *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env()
+    )
     try:
         deadline = time.monotonic() + 60
         while after_handlers and not _trtq_handler_in_place(p.pid) and p.poll() is None and time.monotonic() < deadline:
@@ -120,8 +127,19 @@ def test_signals_in_the_first_second_of_the_console_script(kit):
         after_handlers = i % 3 == 0
         delay = rnd.uniform(0, 0.3) if i % 2 or after_handlers else rnd.uniform(0, 1.0)
         sig = signal.SIGTERM if i % 4 >= 2 else signal.SIGINT
-        args = ["calibrate", "--model", kit.model, "--data", big, "-o", out, "--batch-size", "1", "--method",
-                "percentile"]
+        args = [
+            "calibrate",
+            "--model",
+            kit.model,
+            "--data",
+            big,
+            "-o",
+            out,
+            "--batch-size",
+            "1",
+            "--method",
+            "percentile",
+        ]
         runs.append((out, args, sig, delay, after_handlers))
     with concurrent.futures.ThreadPoolExecutor(PARALLEL) as pool:
         results = list(pool.map(lambda r: run_once(script, *r[1:]), runs))

@@ -1,5 +1,6 @@
 """Defects 4 and 8 (data side): unreadable sub-folders, --data NAME=PATH mistakes, repeated inputs,
 integer .npy data."""
+
 import json
 import os
 
@@ -22,8 +23,9 @@ def test_unreadable_subfolder_is_an_error_naming_it(kit, unprivileged):
     imgs = _images_with_locked_subfolder(kit.root)
     out = kit.root / "new.cache"
     try:
-        r = run_child(["calibrate", "--model", kit.model, "--data", imgs, "--preprocess", "unit", "-o", out],
-                      unprivileged)
+        r = run_child(
+            ["calibrate", "--model", kit.model, "--data", imgs, "--preprocess", "unit", "-o", out], unprivileged
+        )
     finally:
         os.chmod(imgs / "locked", 0o755)
     assert r.code == 3, r
@@ -35,8 +37,22 @@ def test_unreadable_subfolder_skipped_and_counted_with_skip_bad(kit, unprivilege
     imgs = _images_with_locked_subfolder(kit.root)
     out = kit.root / "new.cache"
     try:
-        r = run_child(["calibrate", "--model", kit.model, "--data", imgs, "--preprocess", "unit", "-o", out,
-                       "--skip-bad", "--json"], unprivileged)
+        r = run_child(
+            [
+                "calibrate",
+                "--model",
+                kit.model,
+                "--data",
+                imgs,
+                "--preprocess",
+                "unit",
+                "-o",
+                out,
+                "--skip-bad",
+                "--json",
+            ],
+            unprivileged,
+        )
     finally:
         os.chmod(imgs / "locked", 0o755)
     assert r.code == 0, r
@@ -60,8 +76,19 @@ def test_data_path_with_an_equals_sign_still_works(trtq, kit):
 
 
 def test_repeated_data_input_is_refused(trtq, kit):
-    r = trtq(["calibrate", "--model", kit.model, "--data", f"x={kit.data}", "--data", f"x={kit.data}",
-              "-o", kit.root / "n.cache"])
+    r = trtq(
+        [
+            "calibrate",
+            "--model",
+            kit.model,
+            "--data",
+            f"x={kit.data}",
+            "--data",
+            f"x={kit.data}",
+            "-o",
+            kit.root / "n.cache",
+        ]
+    )
     assert r.code == 2 and one_line_error(r) and "input 'x' twice" in r.err, r
     assert not (kit.root / "n.cache").exists()
 
@@ -86,8 +113,11 @@ def test_special_files_as_inputs_do_not_hang(trtq, kit):
         (["quantize", "--model", kit.model, "--cache", fifo, "-o", kit.root / "q.onnx"], 3, "not a regular file"),
         (["calibrate", "--config", fifo], 2, "not a regular file"),
         (["calibrate", "--model", kit.model, "--data", f"x={fifo}.npy", "-o", out], 3, None),
-        (["calibrate", "--model", kit.model, "--data", kit.root / "list.txt", "--preprocess", "unit", "-o", out],
-         3, "not a regular file"),
+        (
+            ["calibrate", "--model", kit.model, "--data", kit.root / "list.txt", "--preprocess", "unit", "-o", out],
+            3,
+            "not a regular file",
+        ),
     ]
     os.symlink(fifo, kit.root / "list.txt")
     os.symlink(fifo, kit.root / "pipe.npy")

@@ -13,6 +13,7 @@ and checks that
   the declaration, or wrote a side file it did not declare, fails here; one that writes through
   trtq.fileio is refused at run time as well, see test_an_undeclared_write_is_refused).
 """
+
 import json
 import os
 from pathlib import Path
@@ -24,8 +25,19 @@ from tests.data.helpers import image_folder
 from trtq.cli import cli
 
 # string options that name no file: the rest of a command's options are flags, choices or numbers
-NOT_FILES = {"shard", "max_memory", "trt_version", "tensors", "providers", "exclude", "tactic_sources", "shape",
-             "override_input_shape", "scores", "boxes"}  # scores / boxes: output names of the model
+NOT_FILES = {
+    "shard",
+    "max_memory",
+    "trt_version",
+    "tensors",
+    "providers",
+    "exclude",
+    "tactic_sources",
+    "shape",
+    "override_input_shape",
+    "scores",
+    "boxes",
+}  # scores / boxes: output names of the model
 
 
 def file_params(command: click.Command) -> set[str]:
@@ -35,8 +47,10 @@ def file_params(command: click.Command) -> set[str]:
         if isinstance(p.type, click.Path) or p.name == "data":
             names.add(p.name)
         elif isinstance(p.type, click.types.StringParamType) and p.name not in NOT_FILES:
-            raise AssertionError(f"trtq {command.name} {p.opts[0]}: a string option; if it names a file, declare it "
-                                 "in the command's _declare call and add a case here, else add it to NOT_FILES")
+            raise AssertionError(
+                f"trtq {command.name} {p.opts[0]}: a string option; if it names a file, declare it "
+                "in the command's _declare call and add a case here, else add it to NOT_FILES"
+            )
     return names
 
 
@@ -70,46 +84,198 @@ def _p(kit, name):
 # (command, args, allowed exit codes); run in this order, later cases read what earlier ones wrote
 CASES = {
     "calibrate": [
-        (lambda k: ["calibrate", "--config", _p(k, "cfg.yaml"), "--model", k.model, "--data", k.data,
-                    "-o", _p(k, "n.cache"), "--save-stats", _p(k, "n.npz")], {0}),
+        (
+            lambda k: [
+                "calibrate",
+                "--config",
+                _p(k, "cfg.yaml"),
+                "--model",
+                k.model,
+                "--data",
+                k.data,
+                "-o",
+                _p(k, "n.cache"),
+                "--save-stats",
+                _p(k, "n.npz"),
+            ],
+            {0},
+        ),
         (lambda k: ["calibrate", "--from-stats", k.stats, "-o", _p(k, "f.cache"), "--method", "percentile"], {0}),
-        (lambda k: ["calibrate", "--model", k.model, "--data", _p(k, "imgs"), "--preprocess", "unit", "--method",
-                    "entropy", "--shard", "0/2", "--save-stats", _p(k, "r0.npz"), "--keep-batches", _p(k, "k0.bin")],
-         {0}),
-        (lambda k: ["calibrate", "--model", k.model, "--data", _p(k, "imgs"), "--preprocess", "unit", "--method",
-                    "entropy", "--shard", "1/2", "--save-stats", _p(k, "r1.npz")], {0}),
-        (lambda k: ["calibrate", "--model", k.model, "--data", _p(k, "imgs"), "--preprocess", "unit", "--dry-run"],
-         {0}),
+        (
+            lambda k: [
+                "calibrate",
+                "--model",
+                k.model,
+                "--data",
+                _p(k, "imgs"),
+                "--preprocess",
+                "unit",
+                "--method",
+                "entropy",
+                "--shard",
+                "0/2",
+                "--save-stats",
+                _p(k, "r0.npz"),
+                "--keep-batches",
+                _p(k, "k0.bin"),
+            ],
+            {0},
+        ),
+        (
+            lambda k: [
+                "calibrate",
+                "--model",
+                k.model,
+                "--data",
+                _p(k, "imgs"),
+                "--preprocess",
+                "unit",
+                "--method",
+                "entropy",
+                "--shard",
+                "1/2",
+                "--save-stats",
+                _p(k, "r1.npz"),
+            ],
+            {0},
+        ),
+        (
+            lambda k: ["calibrate", "--model", k.model, "--data", _p(k, "imgs"), "--preprocess", "unit", "--dry-run"],
+            {0},
+        ),
     ],
     "merge-stats": [
-        (lambda k: ["merge-stats", _p(k, "r0.npz"), _p(k, "r1.npz"), "-o", _p(k, "ranges.npz"), "--config",
-                    _p(k, "cfg.yaml")], {0}),
+        (
+            lambda k: [
+                "merge-stats",
+                _p(k, "r0.npz"),
+                _p(k, "r1.npz"),
+                "-o",
+                _p(k, "ranges.npz"),
+                "--config",
+                _p(k, "cfg.yaml"),
+            ],
+            {0},
+        ),
     ],
     "calibrate-pass-2": [  # calibrate again: pass 2 reads --ranges and the batches pass 1 kept
-        (lambda k: ["calibrate", "--model", k.model, "--data", _p(k, "imgs"), "--preprocess", "unit", "--method",
-                    "entropy", "--shard", "0/2", "--ranges", _p(k, "ranges.npz"), "--keep-batches", _p(k, "k0.bin"),
-                    "--save-stats", _p(k, "h0.npz")], {0}),
+        (
+            lambda k: [
+                "calibrate",
+                "--model",
+                k.model,
+                "--data",
+                _p(k, "imgs"),
+                "--preprocess",
+                "unit",
+                "--method",
+                "entropy",
+                "--shard",
+                "0/2",
+                "--ranges",
+                _p(k, "ranges.npz"),
+                "--keep-batches",
+                _p(k, "k0.bin"),
+                "--save-stats",
+                _p(k, "h0.npz"),
+            ],
+            {0},
+        ),
     ],
     "quantize": [
-        (lambda k: ["quantize", "--config", _p(k, "cfg.yaml"), "--model", k.model, "--cache", k.cache,
-                    "-o", _p(k, "q.onnx"), "--data", k.data, "--bias-correction", "--json"], {0}),
+        (
+            lambda k: [
+                "quantize",
+                "--config",
+                _p(k, "cfg.yaml"),
+                "--model",
+                k.model,
+                "--cache",
+                k.cache,
+                "-o",
+                _p(k, "q.onnx"),
+                "--data",
+                k.data,
+                "--bias-correction",
+                "--json",
+            ],
+            {0},
+        ),
     ],
     "compare": [
-        (lambda k: ["compare", "--config", _p(k, "cfg.yaml"), "--reference", k.model, "--candidate", _p(k, "q.onnx"),
-                    "--data", k.data, "--per-layer", "--cache", k.cache, "--json"], {0}),
+        (
+            lambda k: [
+                "compare",
+                "--config",
+                _p(k, "cfg.yaml"),
+                "--reference",
+                k.model,
+                "--candidate",
+                _p(k, "q.onnx"),
+                "--data",
+                k.data,
+                "--per-layer",
+                "--cache",
+                k.cache,
+                "--json",
+            ],
+            {0},
+        ),
     ],
     "report": [
-        (lambda k: ["report", "--config", _p(k, "cfg.yaml"), "--cache", k.cache, "--stats", k.stats,
-                    "--compare", _p(k, "compare.json"), "--quantize", _p(k, "quantize.json"),
-                    "--bench", _p(k, "bench.json"), "-o", _p(k, "r.html")], {0}),
+        (
+            lambda k: [
+                "report",
+                "--config",
+                _p(k, "cfg.yaml"),
+                "--cache",
+                k.cache,
+                "--stats",
+                k.stats,
+                "--compare",
+                _p(k, "compare.json"),
+                "--quantize",
+                _p(k, "quantize.json"),
+                "--bench",
+                _p(k, "bench.json"),
+                "-o",
+                _p(k, "r.html"),
+            ],
+            {0},
+        ),
     ],
     "inspect-cache": [
-        (lambda k: ["inspect-cache", k.cache, "--config", _p(k, "cfg.yaml"), "--model", k.model,
-                    "--diff", _p(k, "f.cache")], {0}),
+        (
+            lambda k: [
+                "inspect-cache",
+                k.cache,
+                "--config",
+                _p(k, "cfg.yaml"),
+                "--model",
+                k.model,
+                "--diff",
+                _p(k, "f.cache"),
+            ],
+            {0},
+        ),
     ],
     "build": [  # exit 4 without TensorRT: the guard runs before TensorRT is looked for
-        (lambda k: ["build", "--config", _p(k, "cfg.yaml"), "--model", k.model, "--cache", k.cache,
-                    "-o", _p(k, "e.plan"), "--timing-cache", _p(k, "t.cache")], {0, 4}),
+        (
+            lambda k: [
+                "build",
+                "--config",
+                _p(k, "cfg.yaml"),
+                "--model",
+                k.model,
+                "--cache",
+                k.cache,
+                "-o",
+                _p(k, "e.plan"),
+                "--timing-cache",
+                _p(k, "t.cache"),
+            ],
+            {0, 4},
+        ),
     ],
     "bench": [
         (lambda k: ["bench", _p(k, "fake.plan"), "--config", _p(k, "cfg.yaml")], {3, 4}),
@@ -170,8 +336,9 @@ def test_every_file_flag_of_every_command_is_declared_and_guarded(trtq, tree, mo
                 before = _files(kit.root)  # the test wrote that one
             assert len(seen) == 1, f"trtq {name}: the guard ran {len(seen)} times"
             declared = seen[0]
-            names = {os.path.realpath(p) for _, p in
-                     declared.inputs + declared.folders + declared.models + declared.outputs}
+            names = {
+                os.path.realpath(p) for _, p in declared.inputs + declared.folders + declared.models + declared.outputs
+            }
             for param, paths in given.items():
                 for p in paths:
                     assert os.path.realpath(p) in names, f"trtq {name} {param}={p} is not in its declaration"

@@ -1,5 +1,6 @@
 """Issue 29: a model's external-data files are part of its identity. The provenance hashed only the
 .onnx, so a cache stayed "fresh" after the weights file beside it changed."""
+
 import json
 
 import numpy as np
@@ -10,8 +11,9 @@ from tests.reliability.conftest import one_line_error
 
 def _external(kit, name="ext"):
     model = kit.root / f"{name}.onnx"
-    onnx.save(onnx.load(str(kit.model)), str(model), save_as_external_data=True, location=f"{name}.weights",
-              size_threshold=0)
+    onnx.save(
+        onnx.load(str(kit.model)), str(model), save_as_external_data=True, location=f"{name}.weights", size_threshold=0
+    )
     return model, kit.root / f"{name}.weights"
 
 
@@ -41,8 +43,12 @@ def test_a_cache_is_stale_once_the_external_data_changes(trtq, kit):
 def test_statistics_of_other_weights_are_refused(trtq, kit):
     model, weights = _external(kit)
     stats = kit.root / "e.npz"
-    assert trtq(["calibrate", "--model", model, "--data", kit.data, "-o", kit.root / "e.cache",
-                 "--save-stats", stats, "-q"]).code == 0
+    assert (
+        trtq(
+            ["calibrate", "--model", model, "--data", kit.data, "-o", kit.root / "e.cache", "--save-stats", stats, "-q"]
+        ).code
+        == 0
+    )
     _change_weights(weights)
     r = trtq(["calibrate", "--from-stats", stats, "--model", model, "-o", kit.root / "f.cache"])
     assert r.code == 3 and one_line_error(r) and "different model" in r.err, r

@@ -1,6 +1,7 @@
 """Property-based fuzzing (hypothesis) of the three parsers of user files: the calibration cache,
 the YAML config and the .npy reader. Random bytes and mutated valid files give a clean trtq error
 (exit 3 / 2 classes) or a valid result, never another exception, a hang or a half-written file."""
+
 import io
 import math
 import os
@@ -11,23 +12,25 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("hypothesis",
-                    reason="the fuzz tests need hypothesis (in the dev extra; not in the GPU test bundle)")
+pytest.importorskip(
+    "hypothesis", reason="the fuzz tests need hypothesis (in the dev extra; not in the GPU test bundle)"
+)
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.reliability.conftest import make_model, one_line_error, temp_leftovers
 from trtq.calib.cache import INT8_MAX, read_cache, scale_problem
+from trtq.calib.cache_inspect import load_for_inspection
 from trtq.config import TrtqConfig, load_config
 from trtq.data.sources import NpySource, SampleError
 from trtq.errors import CacheError, ConfigError, DataError
-from trtq.calib.inspect import load_for_inspection
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 FUZZ_CLI = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 
-VALID_CACHE = (b"TRT-100300-EntropyCalibration2\nx: 3c010204\nc: 3d8f5c29\nr: 3d8f5c29\n"
-               b"f: 3c23d70a\nname with: colon: 3c010204\n")
+VALID_CACHE = (
+    b"TRT-100300-EntropyCalibration2\nx: 3c010204\nc: 3d8f5c29\nr: 3d8f5c29\nf: 3c23d70a\nname with: colon: 3c010204\n"
+)
 VALID_ORT = b"c 2.5\nf 0.25\nr 2.5\nx 1.0\n"
 VALID_CONFIG = b"""model: m.onnx
 data:
@@ -64,11 +67,11 @@ def mutated(draw, original: bytes):
         elif op == "insert":
             data[pos:pos] = draw(st.binary(min_size=1, max_size=8))
         elif op == "delete" and data:
-            del data[pos:pos + draw(st.integers(1, 8))]
+            del data[pos : pos + draw(st.integers(1, 8))]
         elif op == "truncate":
             data = data[:pos]
         elif op == "duplicate" and data:
-            data[pos:pos] = data[pos:pos + draw(st.integers(1, 40))]
+            data[pos:pos] = data[pos : pos + draw(st.integers(1, 40))]
     return bytes(data)
 
 
@@ -121,7 +124,7 @@ def test_cache_parser_mutated_files(data):
 
 
 @FUZZ
-@given(st.lists(st.tuples(st.text(min_size=1, max_size=12), st.integers(0, 2 ** 32 - 1)), min_size=1, max_size=6))
+@given(st.lists(st.tuples(st.text(min_size=1, max_size=12), st.integers(0, 2**32 - 1)), min_size=1, max_size=6))
 def test_cache_parser_any_scale_bits(entries):
     """Every float32 bit pattern: usable scales read back, unusable ones are refused."""
     lines = [f"{n.replace(chr(10), ' ').replace(chr(13), ' ')}: {bits:08x}" for n, bits in entries]
@@ -175,7 +178,7 @@ def _check_config_bytes(data: bytes) -> None:
 
 @FUZZ
 @given(st.binary(max_size=200))
-@example(b"model: a\n\"x\\ny\": 1\n")  # a key with a line break: was a two-line error
+@example(b'model: a\n"x\\ny": 1\n')  # a key with a line break: was a two-line error
 def test_config_loader_random_bytes(data):
     _check_config_bytes(data)
 
@@ -186,16 +189,40 @@ def test_config_loader_mutated_files(data):
     _check_config_bytes(data)
 
 
-yaml_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10, 10 ** 6), st.floats(allow_nan=True),
-                         st.text(max_size=10))
+yaml_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-10, 10**6), st.floats(allow_nan=True), st.text(max_size=10)
+)
 yaml_trees = st.recursive(
     yaml_scalars,
-    lambda children: st.one_of(st.lists(children, max_size=4),
-                               st.dictionaries(st.sampled_from(["model", "data", "inputs", "x", "images", "npy",
-                                                                "calibrate", "method", "build", "tactic_sources",
-                                                                "batch_size", "shapes", "preprocess", "resize",
-                                                                "quantize", "exclude", "mean"]) | st.text(max_size=6),
-                                               children, max_size=4)),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.dictionaries(
+            st.sampled_from(
+                [
+                    "model",
+                    "data",
+                    "inputs",
+                    "x",
+                    "images",
+                    "npy",
+                    "calibrate",
+                    "method",
+                    "build",
+                    "tactic_sources",
+                    "batch_size",
+                    "shapes",
+                    "preprocess",
+                    "resize",
+                    "quantize",
+                    "exclude",
+                    "mean",
+                ]
+            )
+            | st.text(max_size=6),
+            children,
+            max_size=4,
+        ),
+    ),
     max_leaves=12,
 )
 
@@ -249,8 +276,11 @@ def test_npy_reader_mutated_files(data):
 
 
 @FUZZ
-@given(st.sampled_from(["<f4", "<f8", "<i4", "|u1", "|b1", ">f4", "<c8", "<f2", "|O", "<U3", "|V4", "<M8[s]"]),
-       st.lists(st.integers(0, 12), min_size=0, max_size=5), st.booleans())
+@given(
+    st.sampled_from(["<f4", "<f8", "<i4", "|u1", "|b1", ">f4", "<c8", "<f2", "|O", "<U3", "|V4", "<M8[s]"]),
+    st.lists(st.integers(0, 12), min_size=0, max_size=5),
+    st.booleans(),
+)
 def test_npy_reader_forged_headers(descr, shape, fortran):
     """A well-formed header of any dtype and shape over too little (or enough) data."""
     header = repr({"descr": descr, "fortran_order": fortran, "shape": tuple(shape)}).encode()
@@ -264,12 +294,28 @@ def test_npy_reader_forged_headers(descr, shape, fortran):
 # values typed on the command line (issue 29): digits of other scripts, huge numbers, junk
 # ------------------------------------------------------------------------------------------------
 
-NUMBER_FLAGS = ["--batch-size", "--limit", "--workers", "--seed", "--num-bins", "--hist-elements", "--percentile",
-                "--max-memory", "--shape", "--override-input-shape", "--trt-version", "--shard"]
+NUMBER_FLAGS = [
+    "--batch-size",
+    "--limit",
+    "--workers",
+    "--seed",
+    "--num-bins",
+    "--hist-elements",
+    "--percentile",
+    "--max-memory",
+    "--shape",
+    "--override-input-shape",
+    "--trt-version",
+    "--shard",
+]
 typed = st.one_of(
-    st.lists(st.sampled_from(list("0123456789") + ["²", "١", "５", "٣", "_", ".", "e", "-", "+", " ", "x", "G", "/",
-                                                    "9" * 40]), max_size=12).map("".join),
-    st.integers(-10 ** 30, 10 ** 30).map(str),
+    st.lists(
+        st.sampled_from(
+            list("0123456789") + ["²", "١", "５", "٣", "_", ".", "e", "-", "+", " ", "x", "G", "/", "9" * 40]
+        ),
+        max_size=12,
+    ).map("".join),
+    st.integers(-(10**30), 10**30).map(str),
     st.sampled_from(["nan", "inf", "-0", "1e400", "0x10", "4/4", "0/1", "1/" + "0" * 30, "2/1e26"]),
 )
 
@@ -287,8 +333,20 @@ def test_calibrate_number_flags(trtq, flag, value):
         if flag in ("--shape", "--override-input-shape"):
             value = "x=" + value
         extra = ["--save-stats", stats] if flag == "--shard" else []
-        r = trtq(["calibrate", "--model", MODEL_DIR / "m.onnx", "--data", MODEL_DIR / "x.npy", "-o", out,
-                  flag, value, *extra])
+        r = trtq(
+            [
+                "calibrate",
+                "--model",
+                MODEL_DIR / "m.onnx",
+                "--data",
+                MODEL_DIR / "x.npy",
+                "-o",
+                out,
+                flag,
+                value,
+                *extra,
+            ]
+        )
         assert r.code in (0, 2, 3), (flag, value, r)
         if r.code:
             assert one_line_error(r), (flag, value, r.err)

@@ -1,4 +1,5 @@
 """Defects 5, 6 and 8: providers, stdout, environment problems and the messages users see."""
+
 import json
 import os
 import subprocess
@@ -28,13 +29,13 @@ def test_only_the_result_reaches_stdout(kit):
     while a command runs, the result alone to stdout."""
     code = f"""
 import os, onnxruntime as ort
-from trtq.cli import _guard
-_guard.engage()
+from trtq.cli.process import stdout_guard as guard
+guard.engage()
 ort.InferenceSession({str(kit.model)!r}, providers=["Bogus"])   # prints its EP error banner
 print("a library print")
 os.write(1, b"a write to fd 1\\n")
-_guard.result.write('{{"result": 1}}\\n')
-_guard.restore()
+guard.result.write('{{"result": 1}}\\n')
+guard.restore()
 print("after the command")
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=60)
@@ -44,8 +45,22 @@ print("after the command")
 
 
 def test_json_stdout_of_a_real_run_is_pure_json(kit):
-    r = run_child(["calibrate", "--model", kit.model, "--data", kit.data, "-o", kit.root / "n.cache",
-                   "--method", "max", "--json", "--providers", "CPUExecutionProvider"])
+    r = run_child(
+        [
+            "calibrate",
+            "--model",
+            kit.model,
+            "--data",
+            kit.data,
+            "-o",
+            kit.root / "n.cache",
+            "--method",
+            "max",
+            "--json",
+            "--providers",
+            "CPUExecutionProvider",
+        ]
+    )
     assert r.code == 0, r
     assert json.loads(r.out)["providers"] == ["CPUExecutionProvider"]
 
@@ -63,8 +78,9 @@ def test_non_utf8_config(trtq, tmp_path):
 
 
 def test_absurd_batch_size(trtq, kit):
-    r = trtq(["calibrate", "--model", kit.model, "--data", kit.data, "-o", kit.root / "n.cache",
-              "--batch-size", str(10 ** 12)])
+    r = trtq(
+        ["calibrate", "--model", kit.model, "--data", kit.data, "-o", kit.root / "n.cache", "--batch-size", str(10**12)]
+    )
     assert r.code == 2 and one_line_error(r) and "lower --batch-size" in r.err and "GiB" in r.err, r
 
 
@@ -147,10 +163,16 @@ def _relu_model(path):
     import onnx
     from onnx import TensorProto, helper
 
-    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
-             helper.make_node("Add", ["r", "x"], ["y"], name="add")]
-    graph = helper.make_graph(nodes, "relu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, 8, 8])])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("Add", ["r", "x"], ["y"], name="add"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, 8, 8])],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(path))
     return path
 
@@ -166,10 +188,37 @@ def test_float_layers_and_per_layer_with_nothing_to_quantize_exit_3(trtq, kit, h
         (kit.root / "cfg.yaml").write_text("quantize: {exclude: [Conv, Gemm]}\n")
         exclude = ["--config", kit.root / "cfg.yaml"]
     before = kit.snapshot()
-    r = trtq(["quantize", "--model", model, "--cache", cache, "-o", kit.root / "q.onnx", "--data", kit.data,
-              "--float-layers", "1", *exclude])
+    r = trtq(
+        [
+            "quantize",
+            "--model",
+            model,
+            "--cache",
+            cache,
+            "-o",
+            kit.root / "q.onnx",
+            "--data",
+            kit.data,
+            "--float-layers",
+            "1",
+            *exclude,
+        ]
+    )
     assert r.code == 3 and one_line_error(r) and "nothing to rank" in r.err, r
-    r = trtq(["compare", "--reference", model, "--candidate", model, "--data", kit.data, "--per-layer",
-              "--cache", cache, *exclude])
+    r = trtq(
+        [
+            "compare",
+            "--reference",
+            model,
+            "--candidate",
+            model,
+            "--data",
+            kit.data,
+            "--per-layer",
+            "--cache",
+            cache,
+            *exclude,
+        ]
+    )
     assert r.code == 3 and one_line_error(r) and "nothing to rank" in r.err, r
     assert kit.snapshot() == before

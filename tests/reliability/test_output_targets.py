@@ -4,13 +4,19 @@ Every output-writing command (calibrate, calibrate --from-stats, quantize, build
 run is refused or fails with one line, exit 2 (bad target) or 1 (cannot write), the previous
 outputs are byte-identical and no temporary file is left.
 """
+
 import os
 import stat
 
 import pytest
 
 from tests.reliability.conftest import (
-    fill_up, one_line_error, remount_read_only, run_child, temp_leftovers, tmpfs,
+    fill_up,
+    one_line_error,
+    remount_read_only,
+    run_child,
+    temp_leftovers,
+    tmpfs,
 )
 from trtq.errors import UsageError
 from trtq.fileio import atomic_write_bytes
@@ -19,12 +25,33 @@ from trtq.fileio import atomic_write_bytes
 def commands(kit, out_dir):
     """(name, args, outputs) for every output-writing command, writing into out_dir."""
     return [
-        ("calibrate", ["calibrate", "--model", kit.model, "--data", kit.data, "-o", out_dir / "c.cache",
-                       "--method", "max"], ["c.cache", "c.cache.json"]),
-        ("calibrate-save-stats", ["calibrate", "--model", kit.model, "--data", kit.data, "-o", out_dir / "c.cache",
-                                  "--method", "max", "--save-stats", out_dir / "s.npz"], ["c.cache", "s.npz"]),
-        ("from-stats", ["calibrate", "--from-stats", kit.stats, "-o", out_dir / "c.cache", "--method", "percentile"],
-         ["c.cache", "c.cache.json"]),
+        (
+            "calibrate",
+            ["calibrate", "--model", kit.model, "--data", kit.data, "-o", out_dir / "c.cache", "--method", "max"],
+            ["c.cache", "c.cache.json"],
+        ),
+        (
+            "calibrate-save-stats",
+            [
+                "calibrate",
+                "--model",
+                kit.model,
+                "--data",
+                kit.data,
+                "-o",
+                out_dir / "c.cache",
+                "--method",
+                "max",
+                "--save-stats",
+                out_dir / "s.npz",
+            ],
+            ["c.cache", "s.npz"],
+        ),
+        (
+            "from-stats",
+            ["calibrate", "--from-stats", kit.stats, "-o", out_dir / "c.cache", "--method", "percentile"],
+            ["c.cache", "c.cache.json"],
+        ),
         ("quantize", ["quantize", "--model", kit.model, "--cache", kit.cache, "-o", out_dir / "q.onnx"], ["q.onnx"]),
     ]
 
@@ -56,8 +83,10 @@ def test_fifo_target_is_refused_and_kept(trtq, kit, name):
 
 
 def test_dev_null_target_stays_a_device(trtq, kit):
-    for args in (["quantize", "--model", kit.model, "--cache", kit.cache, "-o", "/dev/null"],
-                 ["calibrate", "--model", kit.model, "--data", kit.data, "-o", "/dev/null"]):
+    for args in (
+        ["quantize", "--model", kit.model, "--cache", kit.cache, "-o", "/dev/null"],
+        ["calibrate", "--model", kit.model, "--data", kit.data, "-o", "/dev/null"],
+    ):
         r = trtq(args)
         assert r.code == 2 and one_line_error(r) and "device node" in r.err, r
         assert stat.S_ISCHR(os.stat("/dev/null").st_mode)

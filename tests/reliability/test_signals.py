@@ -2,6 +2,7 @@
 with one line (or 0 when the run had already finished), the previous outputs intact or the new
 ones complete, never a temporary file, never a traceback. A second signal stops at once. An
 interrupt that a finalizer swallows is raised again at the next batch."""
+
 import random
 import signal
 import subprocess
@@ -78,8 +79,10 @@ def _interrupt(args, delay, sig, ready=None):
         except subprocess.TimeoutExpired:
             p.send_signal(signal.SIGABRT)
             _, err = p.communicate(timeout=30)
-            pytest.fail(f"trtq {args[0]} still running 60 s after {signal.Signals(sig).name} "
-                        f"(delay {delay:.3f} s); its threads:\n{err[-8000:]}")
+            pytest.fail(
+                f"trtq {args[0]} still running 60 s after {signal.Signals(sig).name} "
+                f"(delay {delay:.3f} s); its threads:\n{err[-8000:]}"
+            )
     finally:
         if p.poll() is None:
             p.kill()
@@ -101,21 +104,38 @@ def _valid_model(path):
 
 
 CASES = [(sig, i) for sig in (signal.SIGINT, signal.SIGTERM) for i in range(2)]
-DELAYS = (0.0, 0.5)  # after the first progress line: the numba warm-up thread has just started / is loading
+DELAYS = (0.0, 0.5)  # after the first progress line: the kernels' warm-up thread has just started / is loading
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,i", CASES, ids=[f"{signal.Signals(s).name}-{i}" for s, i in CASES])
 def test_calibrate_while_it_runs(kit, sig, i):
     """Signalled in pass 1 (the first progress line is printed after its first batch, right after the
-    numba warm-up thread was started), not at a random time: a time that the start-up of a loaded
+    kernels' warm-up thread was started), not at a random time: a time that the start-up of a loaded
     machine can stretch past any point. The start-up itself: test_signal_while_starting_up, the
     import-time paths: test_signal_inside_an_import_is_raised_after_it."""
     big = _big_npy(kit)
     outputs = [kit.cache, kit.prov]
     before = {o: o.read_bytes() for o in outputs}
-    p, err = _interrupt(["calibrate", "--model", kit.model, "--data", big, "-o", kit.cache, "--batch-size", "1",
-                         "--method", "entropy", "--progress"], DELAYS[i], sig, ready="pass 1/2")
+    p, err = _interrupt(
+        [
+            "calibrate",
+            "--model",
+            kit.model,
+            "--data",
+            big,
+            "-o",
+            kit.cache,
+            "--batch-size",
+            "1",
+            "--method",
+            "entropy",
+            "--progress",
+        ],
+        DELAYS[i],
+        sig,
+        ready="pass 1/2",
+    )
     assert _check_outcome(p, err, kit, sig, outputs, before, _valid_cache) == "interrupted"
 
 
@@ -129,8 +149,9 @@ def test_quantize_and_from_stats_at_random_points(kit, sig, i):
     _check_outcome(p, err, kit, sig, [out], {out: b"previous model"}, _valid_model)
     outputs = [kit.cache, kit.prov]
     before = {o: o.read_bytes() for o in outputs}
-    p, err = _interrupt(["calibrate", "--from-stats", kit.stats, "-o", kit.cache, "--method", "percentile"],
-                        rnd.uniform(0, 1.0), sig)
+    p, err = _interrupt(
+        ["calibrate", "--from-stats", kit.stats, "-o", kit.cache, "--method", "percentile"], rnd.uniform(0, 1.0), sig
+    )
     _check_outcome(p, err, kit, sig, outputs, before, _valid_cache)
 
 
@@ -138,9 +159,15 @@ def test_quantize_and_from_stats_at_random_points(kit, sig, i):
 def test_double_ctrl_c_stops_at_once_without_a_traceback(kit):
     big = _big_npy(kit)
     before = {o: o.read_bytes() for o in (kit.cache, kit.prov)}
-    p = subprocess.Popen(trtq_cmd(["calibrate", "--model", kit.model, "--data", big, "-o", kit.cache,
-                                   "--batch-size", "1", "--progress"]),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+    p = subprocess.Popen(
+        trtq_cmd(
+            ["calibrate", "--model", kit.model, "--data", big, "-o", kit.cache, "--batch-size", "1", "--progress"]
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
     try:
         assert "pass 1/1" in p.stderr.readline()  # the model is running (mse: one pass)
         p.send_signal(signal.SIGINT)
@@ -158,12 +185,12 @@ def test_double_ctrl_c_stops_at_once_without_a_traceback(kit):
 _SWALLOW = r"""
 import os, signal, sys, weakref
 import numpy as np
-from trtq.cli import _install_signal_handlers
+from trtq.cli.process import install_signal_handlers
 from trtq.config import DataOptions, InputSource
 from trtq.data.batcher import Batcher
 from trtq.model import TensorSpec
 
-_install_signal_handlers()
+install_signal_handlers()
 
 
 class Finalized:
@@ -200,10 +227,11 @@ sys.exit(1)
 
 
 def test_interrupt_swallowed_by_a_finalizer_is_raised_at_the_next_batch(kit):
-    """The cause of the flaky Ctrl-C test: numba/llvmlite finalizers run on the main thread while
-    the warm-up thread compiles; a SIGINT handled inside one is 'ignored' by Python."""
-    p = subprocess.run([sys.executable, "-c", _SWALLOW, str(kit.data)], capture_output=True, text=True,
-                       env=child_env(), timeout=60)
+    """The cause of a flaky Ctrl-C test: finalizers run on the main thread (numba's did while its
+    warm-up thread compiled); a SIGINT handled inside one is 'ignored' by Python."""
+    p = subprocess.run(
+        [sys.executable, "-c", _SWALLOW, str(kit.data)], capture_output=True, text=True, env=child_env(), timeout=60
+    )
     assert "Exception ignored" in p.stderr and "KeyboardInterrupt" in p.stderr  # Python did swallow it
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.strip() == "interrupted at batch 3"
@@ -212,8 +240,9 @@ def test_interrupt_swallowed_by_a_finalizer_is_raised_at_the_next_batch(kit):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_while_starting_up(sig):
     """Right after the early handlers of `python -m trtq` are in place (the CLI still importing)."""
-    p = subprocess.Popen(trtq_cmd(["--version"]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=child_env())
+    p = subprocess.Popen(
+        trtq_cmd(["--version"]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env()
+    )
     _handlers_installed(p.pid)
     p.send_signal(sig)
     out, err = p.communicate(timeout=60)
@@ -227,11 +256,11 @@ def test_signal_while_starting_up(sig):
 _SWALLOW_PASS2 = r"""
 import os, signal, sys, weakref
 from pathlib import Path
-from trtq.cli import _install_signal_handlers
-from trtq.calib.calibrate import run_calibration
+from trtq.cli.process import install_signal_handlers
+from trtq.pipeline.calibrate import calibrate_with_onnxruntime
 from trtq.config import load_config
 
-_install_signal_handlers()
+install_signal_handlers()
 
 
 class Finalized:
@@ -258,7 +287,7 @@ model, data, out = sys.argv[1:4]
 cfg = load_config(None, {"model": model, "data.inputs": {"x": {"images": data}}, "data.batch_size": 1,
                          "calibrate.output": out, "calibrate.method": "mse"}, environ={})
 try:
-    run_calibration(cfg, progress=progress)
+    calibrate_with_onnxruntime(cfg, progress=progress)
 except KeyboardInterrupt:
     print("interrupted; cache written:", Path(out).exists())
     sys.exit(0)
@@ -268,24 +297,29 @@ sys.exit(1)
 
 
 def test_interrupt_swallowed_in_the_histogram_pass_is_raised_at_the_next_batch(kit):
-    """Images: pass 2 replays the decoded batches from a temporary file (trtq.calib.replay), so the
+    """Images: pass 2 replays the decoded batches from a temporary file (trtq.calib.collect.replay), so the
     check in the calibration loop itself is what catches it."""
     from tests.data.helpers import image_folder
 
     image_folder(kit.root / "imgs", 5, 8, 8)
     out = kit.root / "n.cache"
-    p = subprocess.run([sys.executable, "-c", _SWALLOW_PASS2, str(kit.model), str(kit.root / "imgs"), str(out)],
-                       capture_output=True, text=True, env=child_env(), timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", _SWALLOW_PASS2, str(kit.model), str(kit.root / "imgs"), str(out)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=120,
+    )
     assert "Exception ignored" in p.stderr  # Python did swallow it
     assert p.returncode == 0 and p.stdout.strip() == "interrupted; cache written: False", p.stdout + p.stderr
 
 
 _SECOND_SIGNAL_WHILE_WRITING = r"""
 import os, signal, sys
-from trtq.cli import _install_signal_handlers
+from trtq.cli.process import install_signal_handlers
 from trtq.fileio import atomic_path
 
-_install_signal_handlers()
+install_signal_handlers()
 
 
 class Finalized:
@@ -308,8 +342,13 @@ print("still running")
 def test_second_signal_stops_at_once_and_removes_the_temporary_file(tmp_path):
     dest = tmp_path / "out.cache"
     dest.write_bytes(b"previous")
-    p = subprocess.run([sys.executable, "-c", _SECOND_SIGNAL_WHILE_WRITING, str(dest)], capture_output=True,
-                       text=True, env=child_env(), timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", _SECOND_SIGNAL_WHILE_WRITING, str(dest)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
     assert p.returncode == 130, p.stdout + p.stderr
     assert "still running" not in p.stdout and "interrupted again; stopped at once" in p.stderr
     assert dest.read_bytes() == b"previous" and not temp_leftovers(tmp_path)
@@ -319,11 +358,11 @@ _SIGTERM_WHILE_WRITING = r"""
 import os, signal, sys
 from trtq.cli import main
 from trtq.fileio import atomic_path, declare_outputs
-import trtq.cli as cli
+import trtq.cli.process as process
 
 # run a real command whose write is cut by SIGTERM: the console-script entry (trtq.cli:main) has no
 # early handler of its own, so only trtq's handler stands between the signal and a leftover temp file
-real = cli._emit
+real = process.emit
 def emit_while_writing(*args, **kwargs):
     declare_outputs([sys.argv[1]])  # as a command's guard would (trtq.outputs)
     with atomic_path(sys.argv[1]) as tmp:
@@ -331,7 +370,7 @@ def emit_while_writing(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)
         for _ in range(1000000):
             pass
-cli._emit = emit_while_writing
+process.emit = emit_while_writing
 main(["inspect-cache", sys.argv[2]])
 """
 
@@ -339,8 +378,13 @@ main(["inspect-cache", sys.argv[2]])
 def test_sigterm_during_a_write_unwinds_like_ctrl_c(kit, tmp_path):
     dest = tmp_path / "out.txt"
     dest.write_bytes(b"previous")
-    p = subprocess.run([sys.executable, "-c", _SIGTERM_WHILE_WRITING, str(dest), str(kit.cache)], capture_output=True,
-                       text=True, env=child_env(), timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", _SIGTERM_WHILE_WRITING, str(dest), str(kit.cache)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
     assert p.returncode == 143, (p.returncode, p.stderr)
     assert p.stderr.strip().splitlines()[-1] == "trtq: terminated (SIGTERM); nothing was written", p.stderr
     assert "Traceback" not in p.stderr
@@ -349,9 +393,9 @@ def test_sigterm_during_a_write_unwinds_like_ctrl_c(kit, tmp_path):
 
 _SIGNAL_IN_IMPORT = r"""
 import os, signal, sys
-from trtq.cli import _install_signal_handlers
+from trtq.cli.process import install_signal_handlers
 
-_install_signal_handlers()
+install_signal_handlers()
 sys.path.insert(0, sys.argv[1])
 try:
     import slow_module  # sends itself SIGINT while it initialises
@@ -370,9 +414,15 @@ def test_signal_inside_an_import_is_raised_after_it(tmp_path):
     """An exception thrown into a module's initialisation (onnx's C++ extension) crashed Python."""
     (tmp_path / "slow_module.py").write_text(
         "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\n"
-        "for _ in range(200000):\n    pass\nCOMPLETE = True\n")
-    p = subprocess.run([sys.executable, "-c", _SIGNAL_IN_IMPORT, str(tmp_path)], capture_output=True, text=True,
-                       env=child_env(), timeout=60)
+        "for _ in range(200000):\n    pass\nCOMPLETE = True\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_IN_IMPORT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     # the re-sent signal may land inside print("after the import"), between the text and its newline
     assert p.stdout.rstrip("\n").endswith("interrupted; module complete: True"), p.stdout
@@ -380,10 +430,12 @@ def test_signal_inside_an_import_is_raised_after_it(tmp_path):
 
 
 def test_module_entry_catches_signals_before_importing_the_cli():
-    code = ("import runpy, signal, sys\n"
-            "sys.modules['trtq.cli'] = None  # stop right where __main__ imports the CLI\n"
-            "try:\n    runpy.run_module('trtq', run_name='__main__')\nexcept ImportError:\n    pass\n"
-            "print(signal.getsignal(signal.SIGINT).__name__, signal.getsignal(signal.SIGTERM).__name__)\n")
+    code = (
+        "import runpy, signal, sys\n"
+        "sys.modules['trtq.cli'] = None  # stop right where __main__ imports the CLI\n"
+        "try:\n    runpy.run_module('trtq', run_name='__main__')\nexcept ImportError:\n    pass\n"
+        "print(signal.getsignal(signal.SIGINT).__name__, signal.getsignal(signal.SIGTERM).__name__)\n"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=60)
     assert p.stdout.split() == ["_early_exit", "_early_exit"], p.stdout + p.stderr
 
@@ -394,7 +446,7 @@ _ABANDONED = []
 def test_temp_files_of_abandoned_writes_are_removed_when_the_command_ends(trtq, kit, tmp_path, monkeypatch):
     """A write whose context was left without its exit (a signal between the temporary file's creation
     and the with-block, its generator still referenced) still leaves no temporary file."""
-    import trtq.cli as cli
+    import trtq.cli.process as process
     from trtq.fileio import atomic_path, declare_outputs
 
     dest = tmp_path / "out.txt"
@@ -406,7 +458,7 @@ def test_temp_files_of_abandoned_writes_are_removed_when_the_command_ends(trtq, 
         cm.__enter__().write_bytes(b"half")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_emit", emit_then_interrupted)
+    monkeypatch.setattr(process, "emit", emit_then_interrupted)
     r = trtq(["inspect-cache", kit.cache])
     assert r.code == 130 and "interrupted; nothing was written" in r.err, r
     assert not dest.exists() and not temp_leftovers(tmp_path)
@@ -435,14 +487,20 @@ def test_a_signal_between_the_cache_and_its_provenance_lets_both_finish(kit):
     from trtq.calib.cache import read_provenance
 
     old_cache = kit.cache.read_bytes()
-    p = subprocess.run([sys.executable, "-c", _SIGTERM_BETWEEN_CACHE_AND_PROVENANCE, str(kit.stats), str(kit.cache)],
-                       capture_output=True, text=True, env=child_env(), timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", _SIGTERM_BETWEEN_CACHE_AND_PROVENANCE, str(kit.stats), str(kit.cache)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
     assert p.returncode == 0 and "Traceback" not in p.stderr, (p.returncode, p.stderr)
     assert kit.cache.read_bytes() != old_cache  # percentile, not the kit's mse: a new cache
     prov = read_provenance(kit.cache)
     assert prov["method"]["name"] == "percentile"
-    assert {k: round(v, 6) for k, v in read_cache(kit.cache).amax.items()} == \
-        {k: round(v, 6) for k, v in prov["amax"].items()}
+    assert {k: round(v, 6) for k, v in read_cache(kit.cache).amax.items()} == {
+        k: round(v, 6) for k, v in prov["amax"].items()
+    }
     assert not temp_leftovers(kit.root)
 
 
@@ -450,6 +508,7 @@ _MAIN_THREAD_STUCK = r"""
 import sys, threading, time
 sys.path.insert(0, sys.argv[1])
 import trtq.cli as cli
+import trtq.cli.process as process
 
 how, cache = sys.argv[2], sys.argv[3]
 
@@ -473,8 +532,8 @@ def report_when_waiting(main_id):
 
 
 def emit_while_stuck(*args, **kwargs):
-    # the command's main thread waits for another thread that never lets go (the numba warm-up thread
-    # stuck in its import of numba, say): in a module lock (the handler defers a signal inside an import
+    # the command's main thread waits for another thread that never lets go (a warm-up thread
+    # stuck in an import, say): in a module lock (the handler defers a signal inside an import
     # until the import is over) or in the import lock itself (a C wait: no Python handler runs at all)
     threading.Thread(target=hold_the_import_lock if how == "import-lock" else import_a_module_that_never_finishes,
                      daemon=True).start()
@@ -486,7 +545,7 @@ def emit_while_stuck(*args, **kwargs):
         import never_finishes
 
 
-cli._emit = emit_while_stuck
+process.emit = emit_while_stuck
 sys.argv = ["trtq", "inspect-cache", cache]
 cli.main()  # the console-script path: argv from sys.argv, the process leaves through os._exit
 """
@@ -500,8 +559,13 @@ def test_a_signal_stops_the_process_even_when_its_main_thread_is_stuck(kit, tmp_
     handler at all in a C wait); the watchdog stops the process TRTQ_SIGNAL_GRACE seconds later."""
     (tmp_path / "never_finishes.py").write_text("import threading\nthreading.Event().wait()\n")
     env = child_env({"TRTQ_SIGNAL_GRACE": "1", "PYTHONFAULTHANDLER": "1"})
-    p = subprocess.Popen([sys.executable, "-c", _MAIN_THREAD_STUCK, str(tmp_path), how, str(kit.cache)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    p = subprocess.Popen(
+        [sys.executable, "-c", _MAIN_THREAD_STUCK, str(tmp_path), how, str(kit.cache)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         assert p.stderr.readline().strip() == "trtq-test: stuck"
         sent = time.monotonic()
@@ -525,6 +589,7 @@ def test_a_signal_stops_the_process_even_when_its_main_thread_is_stuck(kit, tmp_
 _SIGNAL_BEFORE_THE_COMMAND = r"""
 import os, signal, sys
 import trtq.cli as cli
+import trtq.cli.process as process
 
 SIG = signal.SIGINT if sys.argv[1] == "SIGINT" else signal.SIGTERM
 
@@ -535,7 +600,7 @@ def watchdog_start_cut_by_a_signal():  # the signal lands right after trtq's han
         pass
 
 
-cli._start_signal_watchdog = watchdog_start_cut_by_a_signal
+process.start_signal_watchdog = watchdog_start_cut_by_a_signal
 sys.argv = ["trtq", "--version"]
 cli.main()
 print("not interrupted")
@@ -545,9 +610,14 @@ print("not interrupted")
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_between_the_handlers_and_the_command(sig):
     """Seen in a loaded run of this suite: SIGINT while the watchdog thread was being started (after
-    trtq's handlers, before _run's try) escaped main() as a traceback."""
-    p = subprocess.run([sys.executable, "-c", _SIGNAL_BEFORE_THE_COMMAND, signal.Signals(sig).name],
-                       capture_output=True, text=True, env=child_env(), timeout=60)
+    trtq's handlers, before run's try) escaped main() as a traceback."""
+    p = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_BEFORE_THE_COMMAND, signal.Signals(sig).name],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
     assert p.returncode == EXIT[sig], (p.returncode, p.stderr)
     assert p.stderr.strip().splitlines()[-1].startswith(f"trtq: {WORD[sig]}") and "Traceback" not in p.stderr, p.stderr
     assert "not interrupted" not in p.stdout and "version" not in p.stdout
@@ -555,9 +625,9 @@ def test_a_signal_between_the_handlers_and_the_command(sig):
 
 _SIGNAL_IN_DEL = r"""
 import os, signal, sys, time
-from trtq.cli import _install_signal_handlers
+from trtq.cli.process import install_signal_handlers
 
-_install_signal_handlers()
+install_signal_handlers()
 
 
 class Finalized:
@@ -581,8 +651,9 @@ except KeyboardInterrupt:
 def test_a_signal_inside_a_finalizer_is_raised_after_it():
     """Seen in a loaded run of the fault suite: SIGTERM handled inside ZipFile.__del__ during
     calibrate --from-stats; Python printed "Exception ignored ... Terminated" and dropped it."""
-    p = subprocess.run([sys.executable, "-c", _SIGNAL_IN_DEL], capture_output=True, text=True, env=child_env(),
-                       timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_IN_DEL], capture_output=True, text=True, env=child_env(), timeout=60
+    )
     assert "Exception ignored" not in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert p.stdout.strip() == "interrupted after the finalizer", p.stdout + p.stderr
 
@@ -613,12 +684,32 @@ def test_sigterm_while_merge_stats_writes_leaves_no_zipfile_traceback(kit, trtq)
     parts = []
     for i in range(2):
         parts.append(kit.root / f"h{i}.npz")
-        assert trtq(["calibrate", "--model", kit.model, "--data", kit.data, "--shard", f"{i}/2", "--save-stats",
-                     parts[-1], "-q"]).code == 0
+        assert (
+            trtq(
+                [
+                    "calibrate",
+                    "--model",
+                    kit.model,
+                    "--data",
+                    kit.data,
+                    "--shard",
+                    f"{i}/2",
+                    "--save-stats",
+                    parts[-1],
+                    "-q",
+                ]
+            ).code
+            == 0
+        )
     out = kit.root / "m.npz"
     out.write_bytes(b"previous")
-    p = subprocess.run([sys.executable, "-c", _SIGTERM_IN_MERGE_WRITE, *map(str, parts), str(out)],
-                       capture_output=True, text=True, env=child_env(), timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", _SIGTERM_IN_MERGE_WRITE, *map(str, parts), str(out)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
     assert p.returncode == 143, (p.returncode, p.stderr)
     assert p.stderr.strip().splitlines() == ["trtq: terminated (SIGTERM); nothing was written"], p.stderr
     assert out.read_bytes() == b"previous" and not temp_leftovers(kit.root)

@@ -1,5 +1,6 @@
 """``trtq report``: the data (``--json``) checked against independent computations and real runs;
 refusals of foreign or malformed inputs. The browser test is in test_report_browser.py."""
+
 import json
 from pathlib import Path
 
@@ -23,8 +24,22 @@ def run(tmp_path_factory):
     x = np.random.default_rng(3).standard_t(2, size=(300, 16)).astype(np.float32)
     np.save(root / "x.npy", x)
     cache, stats = root / "c.cache", root / "s.npz"
-    for args in (["calibrate", "-m", model, "--data", root / "x.npy", "--method", "mse", "-o", cache,
-                  "--save-stats", stats, "-q"],):
+    for args in (
+        [
+            "calibrate",
+            "-m",
+            model,
+            "--data",
+            root / "x.npy",
+            "--method",
+            "mse",
+            "-o",
+            cache,
+            "--save-stats",
+            stats,
+            "-q",
+        ],
+    ):
         try:
             main([str(a) for a in args])
         except SystemExit as e:
@@ -39,8 +54,7 @@ def _ok(r):
 
 def test_json_ranges_are_the_caches_each_method_writes(trtq, run, tmp_path):
     root, model, x, weights, cache, stats = run
-    rep = json.loads(_ok(trtq(["report", "--cache", cache, "--stats", stats, "-o", tmp_path / "r.html",
-                               "--json"])).out)
+    rep = json.loads(_ok(trtq(["report", "--cache", cache, "--stats", stats, "-o", tmp_path / "r.html", "--json"])).out)
     rows = {r["name"]: r for r in rep["tensors"]}
     assert list(rows) == list(read_cache(cache).amax)
     # mse's one-pass (power-of-two) histograms: every method but entropy, which is TensorRT's over [0, max]
@@ -52,10 +66,26 @@ def test_json_ranges_are_the_caches_each_method_writes(trtq, run, tmp_path):
             assert rows[name]["ranges"][m] == pytest.approx(a, rel=1e-6), (m, name)  # the cache rounds to f32
     # entropy's two-pass histograms over [0, max]: all four
     two = tmp_path / "two.npz"
-    _ok(trtq(["calibrate", "-m", model, "--data", root / "x.npy", "--method", "entropy", "-o", tmp_path / "e.cache",
-              "--save-stats", two]))
-    rep2 = json.loads(_ok(trtq(["report", "--cache", tmp_path / "e.cache", "--stats", two, "-o", tmp_path / "r2.html",
-                                "--json"])).out)
+    _ok(
+        trtq(
+            [
+                "calibrate",
+                "-m",
+                model,
+                "--data",
+                root / "x.npy",
+                "--method",
+                "entropy",
+                "-o",
+                tmp_path / "e.cache",
+                "--save-stats",
+                two,
+            ]
+        )
+    )
+    rep2 = json.loads(
+        _ok(trtq(["report", "--cache", tmp_path / "e.cache", "--stats", two, "-o", tmp_path / "r2.html", "--json"])).out
+    )
     rows2 = {r["name"]: r for r in rep2["tensors"]}
     for m in METHODS:
         out = tmp_path / f"two-{m}.cache"
@@ -75,8 +105,7 @@ def test_clipped_fraction_and_histogram_match_the_activations(trtq, run, tmp_pat
     """Recompute the activations with numpy: the histogram holds every value, and the clipped
     share is the true share of |x| > amax to within the one bin that holds amax."""
     root, model, x, weights, cache, stats = run
-    rep = json.loads(_ok(trtq(["report", "--cache", cache, "--stats", stats, "-o", tmp_path / "r.html",
-                               "--json"])).out)
+    rep = json.loads(_ok(trtq(["report", "--cache", cache, "--stats", stats, "-o", tmp_path / "r.html", "--json"])).out)
     acts = _activations(x, weights)
     checked = 0
     for r in rep["tensors"]:
@@ -97,9 +126,14 @@ def _convnet(path: Path) -> None:
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    inits = {"w1": rng.normal(0, 0.2, (16, 16, 3, 3)), "b1": rng.normal(0, 0.1, 16),
-             "w2": rng.normal(0, 0.1, (32, 16, 3, 3)), "b2": rng.normal(0, 0.1, 32),
-             "w3": rng.normal(0, 0.3, (5, 32)), "b3": rng.normal(0, 0.1, 5)}
+    inits = {
+        "w1": rng.normal(0, 0.2, (16, 16, 3, 3)),
+        "b1": rng.normal(0, 0.1, 16),
+        "w2": rng.normal(0, 0.1, (32, 16, 3, 3)),
+        "b2": rng.normal(0, 0.1, 32),
+        "w3": rng.normal(0, 0.3, (5, 32)),
+        "b3": rng.normal(0, 0.1, 5),
+    }
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
@@ -110,9 +144,12 @@ def _convnet(path: Path) -> None:
         helper.make_node("Gemm", ["f", "w3", "b3"], ["y"], name="fc", transB=1),
     ]
     graph = helper.make_graph(
-        nodes, "convnet", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16, 8, 8])],
+        nodes,
+        "convnet",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16, 8, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5])],
-        initializer=[numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
+        initializer=[numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
@@ -128,20 +165,57 @@ def test_html_is_self_contained_and_names_the_runtimes(trtq, tmp_path):
     qdq = tmp_path / "m.qdq.onnx"
     q = _ok(trtq(["quantize", "-m", model, "--cache", cache, "-o", qdq, "--exclude", "fc", "--json"]))
     (tmp_path / "q.json").write_text(q.out)
-    c = trtq(["compare", "--reference", model, "--candidate", qdq, "--data", xs, "--per-layer",
-              "--cache", cache, "--json"])
+    c = trtq(
+        ["compare", "--reference", model, "--candidate", qdq, "--data", xs, "--per-layer", "--cache", cache, "--json"]
+    )
     assert c.code == 0, c
     cj = json.loads(c.out)
     cj["outputs"][0]["task_top1"] = 0.8125  # a metric a later compare may add: shown as a column too
     (tmp_path / "c.json").write_text(json.dumps(cj))
-    bench = [{"plan": "m.int8.plan", "precision": "int8", "batch": 8, "median_ms": 0.5, "p99_ms": 0.6,
-              "samples_per_s": 16000.0, "tensorrt_version": "10.3.0", "gpu_name": "NVIDIA H100"},
-             {"plan": "m.fp16.plan", "precision": "fp16", "batch": 8, "median_ms": 1.0, "p99_ms": 1.2,
-              "samples_per_s": 8000.0, "tensorrt_version": "10.3.0", "gpu_name": "NVIDIA H100"}]
+    bench = [
+        {
+            "plan": "m.int8.plan",
+            "precision": "int8",
+            "batch": 8,
+            "median_ms": 0.5,
+            "p99_ms": 0.6,
+            "samples_per_s": 16000.0,
+            "tensorrt_version": "10.3.0",
+            "gpu_name": "NVIDIA H100",
+        },
+        {
+            "plan": "m.fp16.plan",
+            "precision": "fp16",
+            "batch": 8,
+            "median_ms": 1.0,
+            "p99_ms": 1.2,
+            "samples_per_s": 8000.0,
+            "tensorrt_version": "10.3.0",
+            "gpu_name": "NVIDIA H100",
+        },
+    ]
     (tmp_path / "b.json").write_text(json.dumps(bench))
     out = tmp_path / "report.html"
-    r = _ok(trtq(["report", "--cache", cache, "--stats", stats, "--compare", tmp_path / "c.json", "--quantize",
-                  tmp_path / "q.json", "--bench", tmp_path / "b.json", "-o", out, "--json"]))
+    r = _ok(
+        trtq(
+            [
+                "report",
+                "--cache",
+                cache,
+                "--stats",
+                stats,
+                "--compare",
+                tmp_path / "c.json",
+                "--quantize",
+                tmp_path / "q.json",
+                "--bench",
+                tmp_path / "b.json",
+                "-o",
+                out,
+                "--json",
+            ]
+        )
+    )
     data = json.loads(r.out)
     assert data["accuracy"]["runtime"] == cj["runtime"] and "Q/DQ semantics" in cj["runtime"]  # compare's own words
     assert data["latency"]["runtime"] == "TensorRT engine (TensorRT 10.3.0) on NVIDIA H100"
@@ -152,13 +226,21 @@ def test_html_is_self_contained_and_names_the_runtimes(trtq, tmp_path):
     assert data["accuracy"]["outputs"][0]["task_top1"] == 0.8125
     page = out.read_text(encoding="utf-8")
     assert "<th>task top1</th>" in page and "<td>0.8125</td>" in page
-    for needle in ("id=histogram", "id=layers", "id=float", "id=accuracy", "id=latency", ">fc<",
-                   "TensorRT engine (TensorRT 10.3.0)", "Q/DQ semantics (what TensorRT computes"):
+    for needle in (
+        "id=histogram",
+        "id=layers",
+        "id=float",
+        "id=accuracy",
+        "id=latency",
+        ">fc<",
+        "TensorRT engine (TensorRT 10.3.0)",
+        "Q/DQ semantics (what TensorRT computes",
+    ):
         assert needle in page, needle
     # nothing to fetch: no external URL in src/href, no CDN
     low = page.lower()
-    assert "src=\"http" not in low and "href=\"http" not in low and "@import" not in low and "cdn" not in low
-    embedded = page.split('id=trtq-data>', 1)[1].split("</script>", 1)[0]
+    assert 'src="http' not in low and 'href="http' not in low and "@import" not in low and "cdn" not in low
+    embedded = page.split("id=trtq-data>", 1)[1].split("</script>", 1)[0]
     assert json.loads(embedded.replace("<\\/", "</")) == {k: v for k, v in data.items() if k != "report"}
 
 
@@ -174,8 +256,21 @@ def test_refuses_foreign_stats_and_malformed_inputs(trtq, run, tmp_path):
     root, model, x, weights, cache, stats = run
     other = tmp_path / "other.onnx"
     _mlp(other, seed=9)
-    _ok(trtq(["calibrate", "-m", other, "--data", root / "x.npy", "-o", tmp_path / "o.cache",
-              "--save-stats", tmp_path / "o.npz"]))
+    _ok(
+        trtq(
+            [
+                "calibrate",
+                "-m",
+                other,
+                "--data",
+                root / "x.npy",
+                "-o",
+                tmp_path / "o.cache",
+                "--save-stats",
+                tmp_path / "o.npz",
+            ]
+        )
+    )
     out = tmp_path / "r.html"
     _refused(trtq(["report", "--cache", cache, "--stats", tmp_path / "o.npz", "-o", out]), 3, "another model")
     _refused(trtq(["report", "--cache", tmp_path / "none.cache", "-o", out]), 3, "not found")

@@ -5,6 +5,7 @@ the histogram view must show the bars. Skips (with the reason) when Chromium is 
 
 The harness is checked against a broken copy of the page, so it cannot pass by seeing nothing.
 """
+
 import os
 import re
 import shutil
@@ -36,10 +37,22 @@ pytestmark = pytest.mark.skipif(_browser() is None, reason="no Chromium here (ap
 def _chromium(page: Path, tmp: Path, *mode: str, size=(1280, 1100)):
     """Run headless Chromium on ``page``; returns (stdout, console lines from stderr)."""
     args = [
-        _browser(), "--headless", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--disable-dev-shm-usage", f"--user-data-dir={tmp / 'profile'}", "--enable-logging=stderr", "--v=0",
-        f"--window-size={size[0]},{size[1]}", "--virtual-time-budget=10000", "--hide-scrollbars", *mode,
+        _browser(),
+        "--headless",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={tmp / 'profile'}",
+        "--enable-logging=stderr",
+        "--v=0",
+        f"--window-size={size[0]},{size[1]}",
+        "--virtual-time-budget=10000",
+        "--hide-scrollbars",
+        *mode,
         page.resolve().as_uri(),
     ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -56,9 +69,10 @@ def sample_report(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("browser")
     cache, stats, page = root / "c.cache", root / "s.npz", root / "report.html"
-    for args in (["calibrate", "-c", SAMPLE_CONFIG, "--limit", "8", "--method", "mse", "-o", cache,
-                  "--save-stats", stats, "-q"],
-                 ["report", "--cache", cache, "--stats", stats, "-o", page, "-q"]):
+    for args in (
+        ["calibrate", "-c", SAMPLE_CONFIG, "--limit", "8", "--method", "mse", "-o", cache, "--save-stats", stats, "-q"],
+        ["report", "--cache", cache, "--stats", stats, "-o", page, "-q"],
+    ):
         try:
             main([str(a) for a in args])
         except SystemExit as e:
@@ -103,8 +117,8 @@ def test_screenshot_of_the_histogram_view(sample_report, tmp_path):
     img = np.asarray(Image.open(shot).convert("RGB")).astype(int)
     assert img.shape[:2] == (1100, 1280)
     # the histogram's bar fill (#9ecae1) and the cache's range line (#d62728) are on screen
-    bars = np.all(np.abs(img - [0x9e, 0xca, 0xe1]) <= 4, axis=-1)
-    red = np.all(np.abs(img - [0xd6, 0x27, 0x28]) <= 8, axis=-1)
+    bars = np.all(np.abs(img - [0x9E, 0xCA, 0xE1]) <= 4, axis=-1)
+    red = np.all(np.abs(img - [0xD6, 0x27, 0x28]) <= 8, axis=-1)
     assert bars.sum() > 5000, bars.sum()
     assert red.sum() > 50, red.sum()
     rows = np.flatnonzero(bars.any(axis=1))
@@ -130,20 +144,50 @@ def test_sensitivity_bars_with_layers_of_no_error(sample_report, tmp_path):
     from trtq.cli import main
 
     root, _ = sample_report
-    rows = [{"node": "Conv.1", "op_type": "Conv", "sqnr_db": 12.5, "cosine_mean": 0.99},
-            {"node": "Conv.7", "op_type": "Conv", "sqnr_db": 31.0, "cosine_mean": 0.999},
-            {"node": "Add.2", "op_type": "Add", "sqnr_db": "inf", "cosine_mean": 1.0},
-            {"node": "Mul.3", "op_type": "Mul", "sqnr_db": "nan", "cosine_mean": "nan"}]
-    compare = {"reference": "m.onnx", "candidate": "m.qdq.onnx", "samples": 8, "batches": 1,
-               "outputs": [{"name": "y", "samples": 8, "top1_agreement": 0.75, "cosine_mean": 0.99,
-                            "cosine_min": 0.9, "sqnr_db": "inf", "max_abs_error": 0.0}],
-               "per_layer": rows}
+    rows = [
+        {"node": "Conv.1", "op_type": "Conv", "sqnr_db": 12.5, "cosine_mean": 0.99},
+        {"node": "Conv.7", "op_type": "Conv", "sqnr_db": 31.0, "cosine_mean": 0.999},
+        {"node": "Add.2", "op_type": "Add", "sqnr_db": "inf", "cosine_mean": 1.0},
+        {"node": "Mul.3", "op_type": "Mul", "sqnr_db": "nan", "cosine_mean": "nan"},
+    ]
+    compare = {
+        "reference": "m.onnx",
+        "candidate": "m.qdq.onnx",
+        "samples": 8,
+        "batches": 1,
+        "outputs": [
+            {
+                "name": "y",
+                "samples": 8,
+                "top1_agreement": 0.75,
+                "cosine_mean": 0.99,
+                "cosine_min": 0.9,
+                "sqnr_db": "inf",
+                "max_abs_error": 0.0,
+            }
+        ],
+        "per_layer": rows,
+    }
     (tmp_path / "c.json").write_text(__import__("json").dumps(compare))
     (tmp_path / "q.json").write_text('{"left_float": [{"node": "Conv.1", "reason": "excluded by --exclude Conv.1"}]}')
     page = tmp_path / "r.html"
     try:
-        main(["report", "--cache", str(root / "c.cache"), "--stats", str(root / "s.npz"), "--compare",
-              str(tmp_path / "c.json"), "--quantize", str(tmp_path / "q.json"), "-o", str(page), "-q"])
+        main(
+            [
+                "report",
+                "--cache",
+                str(root / "c.cache"),
+                "--stats",
+                str(root / "s.npz"),
+                "--compare",
+                str(tmp_path / "c.json"),
+                "--quantize",
+                str(tmp_path / "q.json"),
+                "-o",
+                str(page),
+                "-q",
+            ]
+        )
     except SystemExit as e:
         assert e.code in (0, None)
     dom, console, proc = _chromium(page, tmp_path, "--dump-dom")

@@ -13,6 +13,7 @@ For each use whose conditions hold in that version:
   dynamic     names the scan cannot see: only those covered by running ``plan_build`` on the real
               module or checked with ``hasattr`` are allowed
 """
+
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -43,9 +44,11 @@ class Report:
     covered: list = field(default_factory=list)  # dynamic names covered another way
 
     def summary(self) -> str:
-        return (f"TensorRT {self.version}: {len(self.names)} names ({len(self.enum_members)} enum members), "
-                f"{len(self.calls)} call signatures checked, {len(self.not_applicable)} uses not applicable, "
-                f"{len(self.problems)} problems")
+        return (
+            f"TensorRT {self.version}: {len(self.names)} names ({len(self.enum_members)} enum members), "
+            f"{len(self.calls)} call signatures checked, {len(self.not_applicable)} uses not applicable, "
+            f"{len(self.problems)} problems"
+        )
 
 
 def strip_module(t: str) -> str:
@@ -111,7 +114,7 @@ class Surface:
         t = strip_module(typename)
         for wrap in ("typing.Optional[", "Optional["):
             if t.startswith(wrap) and t.endswith("]"):
-                t = t[len(wrap):-1]
+                t = t[len(wrap) : -1]
         if t.endswith(" | None"):
             t = t[: -len(" | None")]
         path = self.class_for(t, near)
@@ -235,7 +238,7 @@ class Surface:
         optional = p.startswith(("typing.Optional[", "Optional[")) or p.endswith(" | None")
         for wrap in ("typing.Optional[", "Optional["):
             if p.startswith(wrap) and p.endswith("]"):
-                p = p[len(wrap):-1]
+                p = p[len(wrap) : -1]
         if p.endswith(" | None"):
             p = p[: -len(" | None")]
         if v == ("py", "None"):
@@ -291,8 +294,9 @@ def _binds(sig: dict, use: Any, bound: bool, surface: Surface) -> Optional[str]:
         if k in filled:
             return f"{k!r} given twice"
     filled |= set(use.kwnames)
-    missing = [p["name"] for p in params if p["kind"] in ("pos", "kwonly") and not p["default"]
-               and p["name"] not in filled]
+    missing = [
+        p["name"] for p in params if p["kind"] in ("pos", "kwonly") and not p["default"] and p["name"] not in filled
+    ]
     if missing:
         return "missing " + ", ".join(missing)
     for p, a in zip(pos, argtypes):
@@ -312,8 +316,11 @@ def _sig_text(name: str, sig: dict) -> str:
     parts = []
     for p in sig["params"]:
         star = {"varargs": "*", "varkw": "**"}.get(p["kind"], "")
-        parts.append(f"{star}{p['name']}" + (f": {strip_module(p['type'])}" if p["type"] else "")
-                     + (" = ..." if p["default"] else ""))
+        parts.append(
+            f"{star}{p['name']}"
+            + (f": {strip_module(p['type'])}" if p["type"] else "")
+            + (" = ..." if p["default"] else "")
+        )
     return f"{name}({', '.join(parts)})"
 
 
@@ -359,8 +366,9 @@ def check(uses: list, surface: Surface) -> Report:
             _check_one(use, surface, rep)
         except Missing as e:
             if use.kind != "probe":
-                rep.problems.append(f"{use.where}: unknown name {e} ({show(use.recv)}"
-                                    f"{'.' + use.name if use.name else ''})")
+                rep.problems.append(
+                    f"{use.where}: unknown name {e} ({show(use.recv)}{'.' + use.name if use.name else ''})"
+                )
         except Unresolved as e:
             rep.problems.append(f"{use.where}: cannot check {show(use.recv)}.{use.name}: {e}")
     _exercised_names(surface, rep)
@@ -390,8 +398,9 @@ def _check_one(use: Any, surface: Surface, rep: Report) -> None:
         for r in surface.resolve(use.recv):
             path = r[1] if r[0] == "instance" else None
             if path is None or not surface.is_a(path, use.value):
-                rep.problems.append(f"{use.where}: {show(use.recv)} gives {path or r[0]}, but trtq's name for it "
-                                    f"means {use.value}")
+                rep.problems.append(
+                    f"{use.where}: {show(use.recv)} gives {path or r[0]}, but trtq's name for it means {use.value}"
+                )
         return
     for r in surface.resolve(use.recv):
         if kind == "call":
@@ -411,8 +420,10 @@ def _check_one(use: Any, surface: Surface, rep: Report) -> None:
             elif e.get("readonly"):
                 rep.problems.append(f"{use.where}: {_label(r, use.name)} is read-only")
             elif not surface.fits(e.get("type", ""), use.value):
-                rep.problems.append(f"{use.where}: {_label(r, use.name)} wants {strip_module(e['type'])}, "
-                                    f"trtq sets {_show_arg(use.value)}")
+                rep.problems.append(
+                    f"{use.where}: {_label(r, use.name)} wants {strip_module(e['type'])}, "
+                    f"trtq sets {_show_arg(use.value)}"
+                )
         del m
 
 
@@ -462,6 +473,8 @@ def _check_override(use: Any, r: tuple, surface: Surface, rep: Report) -> None:
         return
     wanted = sum(1 for p in sigs[0]["params"] if p["kind"] == "pos")
     if (use.npos < wanted and not use.varargs) or use.required > wanted:
-        rep.problems.append(f"{use.where}: {use.name} takes {use.npos} positional parameters "
-                            f"({use.required} required); TensorRT calls it with {wanted}: "
-                            f"{_sig_text(_label(r, use.name), sigs[0])}")
+        rep.problems.append(
+            f"{use.where}: {use.name} takes {use.npos} positional parameters "
+            f"({use.required} required); TensorRT calls it with {wanted}: "
+            f"{_sig_text(_label(r, use.name), sigs[0])}"
+        )

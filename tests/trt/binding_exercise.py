@@ -7,6 +7,7 @@ constructed and called from Python. Two results being equal means the fake answe
 decision as the real binding does. Standard library only, plus numpy where it is installed (the
 calibrator module needs it), so it runs in the Python of the 8.6.0 binding too.
 """
+
 import itertools
 
 RECIPE_FIELDS = ("creation_flags", "builder_flags", "strongly_typed", "quantize", "quantizer_fp16", "calibrator")
@@ -35,8 +36,13 @@ class _FlagRecorder:
 
 def _recipe(trt, compat, precision, mode, fp16):
     r = compat.plan_build(trt, precision, mode, fp16)
-    out = {k: (list(v) if isinstance(v, tuple) else v) for k, v in zip(RECIPE_FIELDS, (
-        r.creation_flags, r.builder_flags, r.strongly_typed, r.quantize, r.quantizer_fp16, r.calibrator))}
+    out = {
+        k: (list(v) if isinstance(v, tuple) else v)
+        for k, v in zip(
+            RECIPE_FIELDS,
+            (r.creation_flags, r.builder_flags, r.strongly_typed, r.quantize, r.quantizer_fp16, r.calibrator),
+        )
+    }
     out["creation_mask"] = compat.creation_mask(trt, r.creation_flags)
     rec = _FlagRecorder()
     compat.set_builder_flags(trt, rec, r.builder_flags)
@@ -49,9 +55,16 @@ def exercise(trt):
     from trtq.trt import compat
 
     out = {"version": str(compat.version_of(trt))}
-    out["predicates"] = {name: _run(getattr(compat, name), trt) for name in (
-        "has_weak_typing", "has_implicit_int8", "can_request_strong_typing", "needs_explicit_batch_flag",
-        "float_grouped_conv_is_unsafe")}
+    out["predicates"] = {
+        name: _run(getattr(compat, name), trt)
+        for name in (
+            "has_weak_typing",
+            "has_implicit_int8",
+            "can_request_strong_typing",
+            "needs_explicit_batch_flag",
+            "float_grouped_conv_is_unsafe",
+        )
+    }
     recipes = {}
     for precision, mode, fp16 in itertools.product(("int8", "fp16", "fp32"), ("explicit", "implicit"), (False, True)):
         key = f"{precision}/{mode}/{'fp16' if fp16 else 'nofp16'}"
@@ -74,8 +87,11 @@ def exercise(trt):
     logger = compat.make_logger(trt)
     logger.log(severities.ERROR, "an error")
     logger.log(severities.WARNING, "a warning")
-    out["logger"] = {"is_ilogger": isinstance(logger, trt.ILogger), "errors": logger.take_errors(),
-                     "warnings": list(logger.warnings)}
+    out["logger"] = {
+        "is_ilogger": isinstance(logger, trt.ILogger),
+        "errors": logger.take_errors(),
+        "warnings": list(logger.warnings),
+    }
     out["centring"] = compat.centring_in_engines(trt) is None
     out["calibrators"] = _run(_calibrators, trt)
     out["profiler"] = _run(_profiler, trt)
@@ -91,11 +107,17 @@ def _calibrators(trt):
 
     out = {}
     for algorithm, cls_name in sorted(CALIBRATOR_CLASSES.items()):
+
         def make(algorithm=algorithm, cls_name=cls_name):
             cal = make_cache_calibrator(trt, algorithm, b"TRT-cache", 4)
-            return {"subclass_of": cls_name if isinstance(cal, getattr(trt, cls_name)) else None,
-                    "batch_size": cal.get_batch_size(), "batch": cal.get_batch(["x"]),
-                    "cache": bytes(cal.read_calibration_cache()).decode(), "reads": cal.cache_reads}
+            return {
+                "subclass_of": cls_name if isinstance(cal, getattr(trt, cls_name)) else None,
+                "batch_size": cal.get_batch_size(),
+                "batch": cal.get_batch(["x"]),
+                "cache": bytes(cal.read_calibration_cache()).decode(),
+                "reads": cal.cache_reads,
+            }
+
         out[algorithm] = _run(make)
     return out
 

@@ -9,6 +9,7 @@ the symbols the binding imports (``nm -D --undefined-only``) under the names it 
 never meet in one interpreter, and the 8.6.0 binding needs the Python it was built for) and
 returns :mod:`tests.trt.binding_introspect`'s JSON.
 """
+
 import json
 import os
 import re
@@ -135,8 +136,9 @@ def undefined(so: Path) -> list:
 def _system_symbols(libs: list) -> set:
     """Symbols the binding's system libraries define (dlopen is libc's in glibc >= 2.34 ...)."""
     paths = []
-    listing = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout if shutil.which("ldconfig") \
-        else ""
+    listing = (
+        subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout if shutil.which("ldconfig") else ""
+    )
     for lib in libs:
         m = re.search(rf"^\s*{re.escape(lib)} \(libc6,x86-64[^)]*\) => (\S+)", listing, re.M)
         if m:
@@ -182,9 +184,22 @@ def build_stubs(so: Path, out: Path) -> dict:
         src.write_text("\n".join(body) + "\n", encoding="utf-8")
         script = out / f"{lib}.map"
         script.write_text("{ global: " + "".join(f"{n}; " for n in names) + "local: *; };\n", encoding="utf-8")
-        subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(out / lib), str(src),
-                        f"-Wl,-soname,{lib}", f"-Wl,--version-script={script}"], check=True,
-                       capture_output=True, text=True)
+        subprocess.run(
+            [
+                "gcc",
+                "-shared",
+                "-fPIC",
+                "-O1",
+                "-o",
+                str(out / lib),
+                str(src),
+                f"-Wl,-soname,{lib}",
+                f"-Wl,--version-script={script}",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
     return plan
 
 
@@ -218,11 +233,17 @@ def describe(case: str) -> dict:
         env["LD_LIBRARY_PATH"] = tmp + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
         env.pop("PYTHONPATH", None)
         env["PYTHONDONTWRITEBYTECODE"] = "1"
-        proc = subprocess.run(cmd + [str(REPO / "tests" / "trt" / "binding_introspect.py"), str(b.root), str(REPO)],
-                              capture_output=True, text=True, env=env, timeout=300)
+        proc = subprocess.run(
+            cmd + [str(REPO / "tests" / "trt" / "binding_introspect.py"), str(b.root), str(REPO)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
     if proc.returncode != 0:
-        raise HarnessError(f"importing the TensorRT {b.version} binding failed (exit {proc.returncode}): "
-                           f"{proc.stderr.strip()[-2000:]}")
+        raise HarnessError(
+            f"importing the TensorRT {b.version} binding failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}"
+        )
     doc = json.loads(proc.stdout)
     doc["stubs"] = plan
     doc["binding"] = {"root": str(b.root), "python_tag": b.python_tag}

@@ -24,6 +24,7 @@ the source. A callable without such a line gets a signature from :mod:`inspect` 
 package's ``__init__.py`` adds in Python) or ``"signatures": []`` (unknown: calls to it are not
 checked).
 """
+
 import inspect
 import json
 import re
@@ -108,9 +109,9 @@ def doc_signatures(name, doc):
         close = _closing(line, open_at)
         if close < 0:
             continue
-        rest = line[close + 1:].strip()
+        rest = line[close + 1 :].strip()
         returns = rest[2:].strip() if rest.startswith("->") else ""
-        params = parse_params(line[open_at + 1:close])
+        params = parse_params(line[open_at + 1 : close])
         if [p["kind"] for p in params] == ["varargs", "varkw"] and "Overloaded function" in doc:
             continue  # the umbrella line of an overload set
         out.append({"params": params, "returns": returns})
@@ -128,10 +129,20 @@ def python_signature(func):
         sig = inspect.signature(func)
     except (TypeError, ValueError):
         return []
-    kinds = {inspect.Parameter.VAR_POSITIONAL: "varargs", inspect.Parameter.VAR_KEYWORD: "varkw",
-             inspect.Parameter.KEYWORD_ONLY: "kwonly"}
-    params = [{"name": p.name, "type": "", "default": p.default is not inspect.Parameter.empty,
-               "kind": kinds.get(p.kind, "pos")} for p in sig.parameters.values()]
+    kinds = {
+        inspect.Parameter.VAR_POSITIONAL: "varargs",
+        inspect.Parameter.VAR_KEYWORD: "varkw",
+        inspect.Parameter.KEYWORD_ONLY: "kwonly",
+    }
+    params = [
+        {
+            "name": p.name,
+            "type": "",
+            "default": p.default is not inspect.Parameter.empty,
+            "kind": kinds.get(p.kind, "pos"),
+        }
+        for p in sig.parameters.values()
+    ]
     return [{"params": params, "returns": ""}]
 
 
@@ -174,8 +185,7 @@ def static_lookup(cls, name):
 
 
 def describe_class(cls, depth=0):
-    entry = {"kind": "class", "bases": [b.__name__ for b in cls.__mro__[1:] if b is not object],
-             "members": {}}
+    entry = {"kind": "class", "bases": [b.__name__ for b in cls.__mro__[1:] if b is not object], "members": {}}
     enum = enum_members(cls)
     if enum is not None:
         entry["enum"] = enum
@@ -231,8 +241,11 @@ def main(argv):
     sys.path.insert(0, argv[1])
     import tensorrt
 
-    doc = {"version": str(getattr(tensorrt, "__version__", "")), "python": "{}.{}".format(*sys.version_info[:2]),
-           "module": describe_module(tensorrt)}
+    doc = {
+        "version": str(getattr(tensorrt, "__version__", "")),
+        "python": "{}.{}".format(*sys.version_info[:2]),
+        "module": describe_module(tensorrt),
+    }
     if len(argv) > 2:
         sys.path.insert(1, argv[2])
         from tests.trt.binding_exercise import exercise

@@ -48,6 +48,7 @@ non-TensorRT objects outside the convention; values returned by TensorRT as list
 ``else`` branches of compound conditions; version comparisons (``version_of(trt).major >= 10``):
 a use under one is checked in every version. cuda-python is not scanned.
 """
+
 import ast
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,8 +70,18 @@ CONVENTION = {
 }
 # recipe fields that carry builder / creation flag names (covered by binding_exercise)
 RECIPE_NAME_FIELDS = ("builder_flags", "creation_flags")
-_BUILTIN_CALLS = {"int": "int", "str": "str", "bytes": "bytes", "bool": "bool", "float": "float", "len": "int",
-                  "tuple": "tuple", "list": "list", "dict": "dict", "memoryview": "memoryview"}
+_BUILTIN_CALLS = {
+    "int": "int",
+    "str": "str",
+    "bytes": "bytes",
+    "bool": "bool",
+    "float": "float",
+    "len": "int",
+    "tuple": "tuple",
+    "list": "list",
+    "dict": "dict",
+    "memoryview": "memoryview",
+}
 _ANNOTATIONS = {"int": "int", "str": "str", "bytes": "bytes", "bool": "bool", "float": "float"}
 
 
@@ -215,13 +226,20 @@ class Scanner:
                             self.method_names.add(item.name)
         if compat is not None:
             for node in compat.tree.body:
-                if (isinstance(node, ast.FunctionDef) and [a.arg for a in node.args.args] == ["trt"]
-                        and isinstance(node.returns, ast.Name) and node.returns.id == "bool"):
+                if (
+                    isinstance(node, ast.FunctionDef)
+                    and [a.arg for a in node.args.args] == ["trt"]
+                    and isinstance(node.returns, ast.Name)
+                    and node.returns.id == "bool"
+                ):
                     preds.append(node.name)
                 if isinstance(node, ast.ClassDef) and node.name == "BuildRecipe":
                     for item in node.body:
-                        if (isinstance(item, ast.AnnAssign) and isinstance(item.annotation, ast.Name)
-                                and item.annotation.id == "bool"):
+                        if (
+                            isinstance(item, ast.AnnAssign)
+                            and isinstance(item.annotation, ast.Name)
+                            and item.annotation.id == "bool"
+                        ):
                             fields.append(item.target.id)
         self.predicates, self.recipe_fields = tuple(sorted(preds)), tuple(fields)
         for key, f in self.functions.items():
@@ -230,8 +248,9 @@ class Scanner:
     def _add_function(self, mod: _Module, node: Any, qualname: str) -> None:
         params = [a.arg for a in node.args.args + node.args.kwonlyargs]
         ann = node.returns.id if isinstance(node.returns, ast.Name) else None
-        self.functions[(mod.name, qualname)] = FuncInfo(mod.name, qualname, node, params,
-                                                         return_annotation=_ANNOTATIONS.get(ann or ""))
+        self.functions[(mod.name, qualname)] = FuncInfo(
+            mod.name, qualname, node, params, return_annotation=_ANNOTATIONS.get(ann or "")
+        )
 
     # -- the scan ----------------------------------------------------------------------------------
 
@@ -246,8 +265,10 @@ class Scanner:
         for f in self.functions.values():
             for pname in sorted(f.dyn_params):
                 if not f.internal or not f.ncalls:
-                    self.unseen.append(f"{f.module}:{f.node.lineno} {f.qualname}: names for "
-                                       f"{f.qualname}({pname}=...) come from outside the scanned calls")
+                    self.unseen.append(
+                        f"{f.module}:{f.node.lineno} {f.qualname}: names for "
+                        f"{f.qualname}({pname}=...) come from outside the scanned calls"
+                    )
         return ScanResult(self.uses, self.functions, self.predicates, self.recipe_fields, self.unseen)
 
     def _propagate_conditions(self) -> None:
@@ -307,8 +328,11 @@ class _FunctionScan:
         self._block(node.body, env, frozenset(), top=True)
         f = self.f
         typed = [r for r in self.returns if r is not None]
-        f.returns = typed[0] if typed and all(r == typed[0] for r in typed) else (
-            ("union", tuple(dict.fromkeys(typed))) if typed else None)
+        f.returns = (
+            typed[0]
+            if typed and all(r == typed[0] for r in typed)
+            else (("union", tuple(dict.fromkeys(typed))) if typed else None)
+        )
         f.ensures = frozenset(self.ensures)
         f.calls = self.calls
 
@@ -320,8 +344,13 @@ class _FunctionScan:
         ann = a.annotation
         if isinstance(ann, ast.Name) and ann.id in _ANNOTATIONS:
             return ("py", _ANNOTATIONS[ann.id])
-        if (isinstance(ann, ast.Subscript) and isinstance(ann.value, ast.Name) and ann.value.id == "Optional"
-                and isinstance(ann.slice, ast.Name) and ann.slice.id in _ANNOTATIONS):
+        if (
+            isinstance(ann, ast.Subscript)
+            and isinstance(ann.value, ast.Name)
+            and ann.value.id == "Optional"
+            and isinstance(ann.slice, ast.Name)
+            and ann.slice.id in _ANNOTATIONS
+        ):
             return ("py", _ANNOTATIONS[ann.slice.id])
         concrete = ann is not None and not (isinstance(ann, ast.Name) and ann.id == "Any")
         if a.arg in CONVENTION and not concrete:
@@ -475,8 +504,12 @@ class _FunctionScan:
         env[node.name] = sub
         own = {item.name for item in node.body if isinstance(item, ast.FunctionDef)}
         for item in ast.walk(node):
-            if (isinstance(item, ast.Attribute) and isinstance(item.value, ast.Name) and item.value.id == "self"
-                    and isinstance(item.ctx, ast.Store)):
+            if (
+                isinstance(item, ast.Attribute)
+                and isinstance(item.value, ast.Name)
+                and item.value.id == "self"
+                and isinstance(item.ctx, ast.Store)
+            ):
                 own.add(item.attr)
         self.s.classes[qual + "#own"] = frozenset(own)
         for item in node.body:
@@ -488,8 +521,15 @@ class _FunctionScan:
             for base in trt_bases:
                 if item.name == "__init__":
                     continue
-                u = Use("override", base, item.name, npos=npos, required=required, varargs=a.vararg is not None,
-                        value=item.name in self.s.attr_names)
+                u = Use(
+                    "override",
+                    base,
+                    item.name,
+                    npos=npos,
+                    required=required,
+                    varargs=a.vararg is not None,
+                    value=item.name in self.s.attr_names,
+                )
                 self._use(u, item, conds)
             inner = dict(env)
             inner["self"] = ("call", sub)
@@ -527,8 +567,13 @@ class _FunctionScan:
                         return [("has", recv, name)]
         if isinstance(test, ast.Attribute) and test.attr in self.s.recipe_fields:
             return [("recipe", test.attr)]
-        if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.comparators[0], ast.Constant) \
-                and test.comparators[0].value is None and isinstance(test.left, ast.Name):
+        if (
+            isinstance(test, ast.Compare)
+            and len(test.ops) == 1
+            and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value is None
+            and isinstance(test.left, ast.Name)
+        ):
             t = env.get(test.left.id)
             if t is not None and t[0] == "attr" and isinstance(test.ops[0], ast.IsNot):
                 return [("has", t[1], t[2])]
@@ -541,9 +586,14 @@ class _FunctionScan:
             for v in test.values:
                 out.extend(self._exit_conditions(v, env))
             return out
-        if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Is) \
-                and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None \
-                and isinstance(test.left, ast.Name):
+        if (
+            isinstance(test, ast.Compare)
+            and len(test.ops) == 1
+            and isinstance(test.ops[0], ast.Is)
+            and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value is None
+            and isinstance(test.left, ast.Name)
+        ):
             t = env.get(test.left.id)
             if t is not None and t[0] == "attr":
                 return [("has", t[1], t[2])]
@@ -642,8 +692,12 @@ class _FunctionScan:
             return {ast.Tuple: "tuple", ast.List: "list", ast.Dict: "dict"}[type(node)]
         if isinstance(node, ast.JoinedStr):
             return "str"
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _BUILTIN_CALLS \
-                and node.func.id not in env:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _BUILTIN_CALLS
+            and node.func.id not in env
+        ):
             return _BUILTIN_CALLS[node.func.id]
         if isinstance(node, ast.Call):
             key = self.s.resolve_call_target(self.mod, node.func, env)
@@ -690,8 +744,10 @@ class _FunctionScan:
             else:
                 self._use(Use("dynamic", recv, note="unseen"), node, conds)
                 if self.record:
-                    self.s.unseen.append(f"{self.mod.source_name}:{node.lineno} {self.f.qualname}: "
-                                         f"getattr({show(recv)}, <{ast.unparse(args[1])}>)")
+                    self.s.unseen.append(
+                        f"{self.mod.source_name}:{node.lineno} {self.f.qualname}: "
+                        f"getattr({show(recv)}, <{ast.unparse(args[1])}>)"
+                    )
             return None
         if (fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")) == "import_tensorrt":
             return MOD  # compat.import_tensorrt(), in any package
@@ -714,8 +770,19 @@ class _FunctionScan:
             return callee.returns
         if self._is_trt(callee_t):
             if callee_t[0] != "sub":  # a trtq subclass: its own __init__ (Base.__init__ calls are checked)
-                self._use(Use("call", callee_t, npos=len(argtypes), kwnames=tuple(k for k, _ in kw), star=star,
-                              argtypes=argtypes, kwtypes=tuple(kw)), node, conds)
+                self._use(
+                    Use(
+                        "call",
+                        callee_t,
+                        npos=len(argtypes),
+                        kwnames=tuple(k for k, _ in kw),
+                        star=star,
+                        argtypes=argtypes,
+                        kwtypes=tuple(kw),
+                    ),
+                    node,
+                    conds,
+                )
             return ("call", callee_t)
         return None
 
@@ -735,13 +802,16 @@ class _FunctionScan:
                 for n in names:
                     self._use(Use("attr", recv, n), node, conds)
             elif isinstance(arg, ast.Attribute) and arg.attr in RECIPE_NAME_FIELDS:
-                self._use(Use("dynamic", recv, note=f"recipe.{arg.attr}: plan_build run on the real module"),
-                          node, conds)
+                self._use(
+                    Use("dynamic", recv, note=f"recipe.{arg.attr}: plan_build run on the real module"), node, conds
+                )
             else:
                 self._use(Use("dynamic", recv, note="unseen"), node, conds)
                 if self.record:
-                    self.s.unseen.append(f"{self.mod.source_name}:{node.lineno} {self.f.qualname}: names for "
-                                         f"{callee.qualname}({pname}=...) the scan cannot see")
+                    self.s.unseen.append(
+                        f"{self.mod.source_name}:{node.lineno} {self.f.qualname}: names for "
+                        f"{callee.qualname}({pname}=...) the scan cannot see"
+                    )
 
 
 def scan_package(root: Path, package: str = "trtq.trt", outside: Optional[Path] = None) -> ScanResult:

@@ -1,4 +1,5 @@
 """GPU tests (``@pytest.mark.gpu``) skip cleanly without TensorRT, cuda-python or a visible GPU."""
+
 import pytest
 
 

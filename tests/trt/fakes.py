@@ -11,6 +11,7 @@ fake offers a name, method or enum member its version's binding lacks.
 The 10.x fake is the newest 10.x binding's surface (the version strings tests pass, such as
 "10.3.0", only name the version in messages).
 """
+
 import json
 from types import SimpleNamespace
 from typing import Optional
@@ -18,6 +19,7 @@ from typing import Optional
 from tests.trt.surface_snapshot import FAKED, SURFACES, fake_surface  # noqa: F401  (FAKED, fake_surface: API)
 
 CALIBRATORS = ("IInt8EntropyCalibrator2", "IInt8MinMaxCalibrator", "IInt8EntropyCalibrator", "IInt8LegacyCalibrator")
+
 
 def snapshots() -> dict:
     """major version -> the committed snapshot of that major's binding."""
@@ -86,8 +88,12 @@ def fake_trt(version: str, snapshot: Optional[dict] = None) -> SimpleNamespace:
         if "." not in name:
             setattr(trt, name, make_enum(name, values))
     has = snap["members"]["IBuilderConfig"]
-    placeholders = {"builder_optimization_level": 3, "set_memory_pool_limit": lambda self, *a: None,
-                    "int8_calibrator": None, "set_calibration_profile": lambda self, p: None}
+    placeholders = {
+        "builder_optimization_level": 3,
+        "set_memory_pool_limit": lambda self, *a: None,
+        "int8_calibrator": None,
+        "set_calibration_profile": lambda self, p: None,
+    }
     trt.IBuilderConfig = type("IBuilderConfig", (), {k: v for k, v in placeholders.items() if has.get(k)})
     if snap["module"].get("IInt8Calibrator"):
         trt.IInt8Calibrator = type("IInt8Calibrator", (_Calibrator,), {})

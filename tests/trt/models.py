@@ -1,8 +1,9 @@
 """Tiny exact ONNX models, ONNX Runtime references and hand-written TensorRT caches for GPU tests."""
+
 import struct
-from pathlib import Path
-from typing import Union, Optional
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Optional, Union
 
 import numpy as np
 import onnx
@@ -39,8 +40,14 @@ def residual_cnn(path: Path, batch: Union[int, str] = 2, opset: int = 13, seed: 
     def init(name, shape, std):
         return numpy_helper.from_array(rng.normal(0, std, shape).astype(np.float32), name)
 
-    inits = [init("w1", (C, 3, 3, 3), 0.3), init("b1", (C,), 0.1), init("w2", (C, C, 3, 3), 0.08),
-             init("b2", (C,), 0.1), init("wg", (K, C), 0.3), init("bg", (K,), 0.1)]
+    inits = [
+        init("w1", (C, 3, 3, 3), 0.3),
+        init("b1", (C,), 0.1),
+        init("w2", (C, C, 3, 3), 0.08),
+        init("b2", (C,), 0.1),
+        init("wg", (K, C), 0.3),
+        init("bg", (K,), 0.1),
+    ]
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
@@ -57,9 +64,11 @@ def residual_cnn(path: Path, batch: Union[int, str] = 2, opset: int = 13, seed: 
         nodes, inits = nodes[:5], inits[:4]
         out = helper.make_tensor_value_info("r2", TensorProto.FLOAT, [batch, C, 16, 16])
     graph = helper.make_graph(
-        nodes, "residual_cnn",
+        nodes,
+        "residual_cnn",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 16, 16])],
-        [out], inits,
+        [out],
+        inits,
     )
     return _save(helper.make_model(graph), path, opset)
 
@@ -74,12 +83,19 @@ def relu6_cnn(path: Path, batch: int = 4, seed: int = 0) -> Path:
     def init(name, shape, std, mean=0.0):
         return numpy_helper.from_array(rng.normal(mean, std, shape).astype(np.float32), name)
 
-    inits = [init("w1", (C, 3, 1, 1), 1.0), init("b1", (C,), 0.5, 1.0), init("wd", (C, 1, 3, 3), 0.6),
-             init("bd", (C,), 0.5, 0.5), init("w2", (C, C, 1, 1), 0.2), init("b2", (C,), 0.1),
-             init("wg", (K, C), 0.3), init("bg", (K,), 0.1),
-             numpy_helper.from_array(np.array(0.0, np.float32), "lo"),
-             numpy_helper.from_array(np.array(6.0, np.float32), "hi"),
-             numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads")]
+    inits = [
+        init("w1", (C, 3, 1, 1), 1.0),
+        init("b1", (C,), 0.5, 1.0),
+        init("wd", (C, 1, 3, 3), 0.6),
+        init("bd", (C,), 0.5, 0.5),
+        init("w2", (C, C, 1, 1), 0.2),
+        init("b2", (C,), 0.1),
+        init("wg", (K, C), 0.3),
+        init("bg", (K,), 0.1),
+        numpy_helper.from_array(np.array(0.0, np.float32), "lo"),
+        numpy_helper.from_array(np.array(6.0, np.float32), "hi"),
+        numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads"),
+    ]
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="expand"),
         helper.make_node("Clip", ["c1", "lo", "hi"], ["a1"], name="relu6_1"),
@@ -93,9 +109,11 @@ def relu6_cnn(path: Path, batch: int = 4, seed: int = 0) -> Path:
         helper.make_node("Gemm", ["f", "wg", "bg"], ["y"], name="fc", transB=1),
     ]
     graph = helper.make_graph(
-        nodes, "relu6_cnn",
+        nodes,
+        "relu6_cnn",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, K])], inits,
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, K])],
+        inits,
     )
     return _save(helper.make_model(graph), path, 13)
 
@@ -104,7 +122,8 @@ def unsupported_op_opset18(path: Path) -> Path:
     """An opset-18 model whose one node is a custom-domain op no TensorRT parser knows."""
     node = helper.make_node("NoSuchOp", ["x"], ["y"], domain="trtq.test")
     graph = helper.make_graph(
-        [node], "unsupported",
+        [node],
+        "unsupported",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
     )
@@ -120,8 +139,9 @@ def ort_run(model_path: Path, feeds: dict[str, np.ndarray], int8_kernels: bool =
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if int8_kernels
-                                   else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+    so.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if int8_kernels else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    )
     so.log_severity_level = 3
     sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
@@ -148,8 +168,9 @@ def activation_amax(model_path: Path, batches: Iterable[dict[str, np.ndarray]]) 
     return amax
 
 
-def write_trt_cache(path: Path, amax: dict[str, float], algorithm: str = "MinMaxCalibration",
-                    version_code: str = "101600") -> Path:
+def write_trt_cache(
+    path: Path, amax: dict[str, float], algorithm: str = "MinMaxCalibration", version_code: str = "101600"
+) -> Path:
     """A TensorRT calibration cache written from the documented format, independently of trtq:
     header ``TRT-<code>-<Algorithm>``, then ``name: <big-endian float32 hex of amax/127>``."""
     lines = [f"TRT-{version_code}-{algorithm}"]
@@ -191,12 +212,17 @@ def qat_style_cnn(path: Path, batch: Union[int, str] = 2, seed: int = 0, scales_
     or initializers. Activation scales are fixed, as training would have learnt them."""
     rng = np.random.default_rng(seed)
     C, K = 32, 16
-    w = {"w1": rng.normal(0, 0.3, (C, 3, 3, 3)), "w2": rng.normal(0, 0.08, (C, C, 3, 3)),
-         "wg": rng.normal(0, 0.3, (K, C))}
+    w = {
+        "w1": rng.normal(0, 0.3, (C, 3, 3, 3)),
+        "w2": rng.normal(0, 0.08, (C, C, 3, 3)),
+        "wg": rng.normal(0, 0.3, (K, C)),
+    }
     w = {k: v.astype(np.float32) for k, v in w.items()}
     inits = [numpy_helper.from_array(v, k) for k, v in w.items()]
-    inits += [numpy_helper.from_array(rng.normal(0, 0.1, n).astype(np.float32), b) for b, n in
-              (("b1", C), ("b2", C), ("bg", K))]
+    inits += [
+        numpy_helper.from_array(rng.normal(0, 0.1, n).astype(np.float32), b)
+        for b, n in (("b1", C), ("b2", C), ("bg", K))
+    ]
     nodes = []
 
     def const(name: str, arr: np.ndarray) -> str:
@@ -230,15 +256,18 @@ def qat_style_cnn(path: Path, batch: Union[int, str] = 2, seed: int = 0, scales_
     f = qdq("f", np.array(1.5 / 127, np.float32))
     nodes.append(helper.make_node("Gemm", [f, weight("wg"), "bg"], ["y"], name="fc", transB=1))
     graph = helper.make_graph(
-        nodes, "qat_cnn",
+        nodes,
+        "qat_cnn",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, K])], inits,
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, K])],
+        inits,
     )
     return _save(helper.make_model(graph), path, 13)
 
 
-def ort_quantize_static(fp32: Path, path: Path, batches: Iterable[dict[str, np.ndarray]],
-                        symmetric: bool = True) -> Path:
+def ort_quantize_static(
+    fp32: Path, path: Path, batches: Iterable[dict[str, np.ndarray]], symmetric: bool = True
+) -> Path:
     """ONNX Runtime's own ``quantize_static`` in QDQ format: per-channel int8 weights, MinMax on the
     batches; ``symmetric``: int8 activations with zero point 0 (what TensorRT takes), else ONNX
     Runtime's default asymmetric uint8 activations."""
@@ -257,8 +286,22 @@ def ort_quantize_static(fp32: Path, path: Path, batches: Iterable[dict[str, np.n
         def get_next(self):
             return next(self._it, None)
 
-    extra = dict(activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                 extra_options={"ActivationSymmetric": True, "WeightSymmetric": True}) if symmetric else {}
-    quantize_static(str(fp32), str(path), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    calibrate_method=CalibrationMethod.MinMax, **extra)
+    extra = (
+        dict(
+            activation_type=QuantType.QInt8,
+            weight_type=QuantType.QInt8,
+            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
+        )
+        if symmetric
+        else {}
+    )
+    quantize_static(
+        str(fp32),
+        str(path),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        calibrate_method=CalibrationMethod.MinMax,
+        **extra,
+    )
     return path

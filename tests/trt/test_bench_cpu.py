@@ -1,4 +1,5 @@
 """Bench statistics, option checks and the text table (no GPU)."""
+
 import sys
 
 import pytest
@@ -20,11 +21,26 @@ def test_summarize_statistics():
 
 
 def _result(name, median, **kw):
-    base = dict(plan=f"/x/{name}", precision="int8", batch=64, input_shapes={"x": [64, 3, 224, 224]},
-                iterations=100, median_ms=median, mean_ms=median, p90_ms=median, p95_ms=median,
-                p99_ms=median, min_ms=median, max_ms=median, inferences_per_s=1000 / median,
-                samples_per_s=64000 / median, include_copies=False, cuda_graph=False,
-                tensorrt_version="8.6.0", gpu_name="GPU")
+    base = dict(
+        plan=f"/x/{name}",
+        precision="int8",
+        batch=64,
+        input_shapes={"x": [64, 3, 224, 224]},
+        iterations=100,
+        median_ms=median,
+        mean_ms=median,
+        p90_ms=median,
+        p95_ms=median,
+        p99_ms=median,
+        min_ms=median,
+        max_ms=median,
+        inferences_per_s=1000 / median,
+        samples_per_s=64000 / median,
+        include_copies=False,
+        cuda_graph=False,
+        tensorrt_version="8.6.0",
+        gpu_name="GPU",
+    )
     base.update(kw)
     return BenchResult(**base)
 
@@ -70,11 +86,19 @@ def test_layer_details_from_the_engine_inspector():
     from trtq.trt.layers import _details
 
     layers = [
-        {"Name": "conv1 + relu", "LayerType": "CaskConvolution", "TacticName": "sm90_xmma",
-         "Inputs": [{"Name": "x", "Format/Datatype": "Channel major INT8 format where channel % 32 == 0"}],
-         "Outputs": [{"Name": "y", "Format/Datatype": "Row major linear FP32"}]},
-        {"Name": "pool", "LayerType": "CaskPooling", "Inputs": [{"Format/Datatype": "Row major linear FP16 format"}],
-         "Outputs": [{"Format/Datatype": "Int8 NC32"}]},
+        {
+            "Name": "conv1 + relu",
+            "LayerType": "CaskConvolution",
+            "TacticName": "sm90_xmma",
+            "Inputs": [{"Name": "x", "Format/Datatype": "Channel major INT8 format where channel % 32 == 0"}],
+            "Outputs": [{"Name": "y", "Format/Datatype": "Row major linear FP32"}],
+        },
+        {
+            "Name": "pool",
+            "LayerType": "CaskPooling",
+            "Inputs": [{"Format/Datatype": "Row major linear FP16 format"}],
+            "Outputs": [{"Format/Datatype": "Int8 NC32"}],
+        },
         "names only",
     ]
     d = _details(layers)
@@ -86,8 +110,12 @@ def test_layer_details_from_the_engine_inspector():
 def test_render_layers_lists_the_slowest_then_the_rest():
     from trtq.trt.layers import LayerProfile, LayerTime, render_layers
 
-    p = LayerProfile("/x/m.plan", 10, 1.0, [LayerTime("a", 0.6, 0.6, "Conv", "int8->int8"),
-                                           LayerTime("b", 0.3, 0.3), LayerTime("c", 0.1, 0.1)])
+    p = LayerProfile(
+        "/x/m.plan",
+        10,
+        1.0,
+        [LayerTime("a", 0.6, 0.6, "Conv", "int8->int8"), LayerTime("b", 0.3, 0.3), LayerTime("c", 0.1, 0.1)],
+    )
     lines = render_layers([p], top=2).splitlines()
     assert lines[0].startswith("m.plan: 3 layers, 1.000 ms")
     assert "int8->int8" in lines[2] and lines[2].rstrip().endswith(" a")
@@ -101,7 +129,8 @@ def test_bench_layers_needs_a_positive_count(tmp_path):
 
     plan = tmp_path / "m.plan"
     plan.write_bytes(b"x")
-    r = subprocess.run([sys.executable, "-m", "trtq", "bench", "--layers", "0", str(plan)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "trtq", "bench", "--layers", "0", str(plan)], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip() == "trtq: error: --layers must be a positive number of rows, got 0; e.g. --layers 30"

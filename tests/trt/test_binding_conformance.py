@@ -6,6 +6,7 @@ libraries in a subprocess (tests/trt/binding_harness.py) and described; the stat
 ``trtq/trt/`` (tests/trt/binding_scan.py) lists every TensorRT name, call and enum member trtq
 uses, and tests/trt/binding_check.py checks them against that description.
 """
+
 import json
 
 import pytest
@@ -75,16 +76,27 @@ def test_fakes_conformance(case):
     live = fake_surface(doc)
     major = int(doc["version"].split(".")[0])
     committed = snapshots().get(major)
-    assert committed is not None, f"no committed snapshot for TensorRT {major}.x: run python -m " \
-                                  "tests.trt.binding_harness --write-snapshots"
+    assert committed is not None, (
+        f"no committed snapshot for TensorRT {major}.x: run python -m tests.trt.binding_harness --write-snapshots"
+    )
     fake = fake_trt(doc["version"])
     assert fake_extras(fake, live) == []
     if committed["version"] == doc["version"]:
         assert committed == json.loads(json.dumps(live)), "snapshot differs from the binding: rewrite it"
     real = doc["exercised"]
     mine = json.loads(json.dumps(exercise(fake)))
-    keys = ["predicates", "recipes", "recipe_fields", "tactic_sources", "tactic_masks", "tactic_unknown",
-            "dtypes", "severities", "logger", "centring"]
+    keys = [
+        "predicates",
+        "recipes",
+        "recipe_fields",
+        "tactic_sources",
+        "tactic_masks",
+        "tactic_unknown",
+        "dtypes",
+        "severities",
+        "logger",
+        "centring",
+    ]
     if isinstance(real["calibrators"], dict):
         keys.append("calibrators")  # the binding's Python has numpy
     for key in keys:
@@ -125,8 +137,9 @@ def _from_module(t):
 
 def test_no_tensorrt_uses_outside_trtq_trt():
     """Only trtq/trt touches TensorRT names (the other packages hand the module to compat)."""
-    folders = [REPO / "trtq"] + sorted(p for p in (REPO / "trtq").iterdir()
-                                       if p.is_dir() and p.name not in ("trt", "__pycache__"))
+    folders = [REPO / "trtq"] + sorted(
+        p for p in (REPO / "trtq").iterdir() if p.is_dir() and p.name not in ("trt", "__pycache__")
+    )
     seen = 0
     for folder in folders:
         package = "trtq" if folder.name == "trtq" else f"trtq.{folder.name}"

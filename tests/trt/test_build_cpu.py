@@ -1,4 +1,5 @@
 """Build logic that needs no GPU: optimization profiles and the errors raised before TensorRT runs."""
+
 import contextlib
 import logging
 import sys
@@ -44,12 +45,15 @@ def test_dynamic_non_batch_dim_needs_a_shape():
     assert resolve_profiles([TOKENS], {}, {}, 4, {"ids": [4, 128]})["ids"][1] == (4, 128)
 
 
-@pytest.mark.parametrize("profile,match", [
-    (ProfileShapes((1, 3, 224), (8, 3, 224), (9, 3, 224)), "rank 3"),
-    (ProfileShapes((1, 3, 224, 224), (8, 3, 224, 224), (4, 3, 224, 224)), "min <= opt <= max"),
-    (ProfileShapes((1, 1, 224, 224), (8, 1, 224, 224), (9, 1, 224, 224)), "model fixes it to 3"),
-    (ProfileShapes((0, 3, 224, 224), (8, 3, 224, 224), (9, 3, 224, 224)), "must be positive"),
-])
+@pytest.mark.parametrize(
+    "profile,match",
+    [
+        (ProfileShapes((1, 3, 224), (8, 3, 224), (9, 3, 224)), "rank 3"),
+        (ProfileShapes((1, 3, 224, 224), (8, 3, 224, 224), (4, 3, 224, 224)), "min <= opt <= max"),
+        (ProfileShapes((1, 1, 224, 224), (8, 1, 224, 224), (9, 1, 224, 224)), "model fixes it to 3"),
+        (ProfileShapes((0, 3, 224, 224), (8, 3, 224, 224), (9, 3, 224, 224)), "must be positive"),
+    ],
+)
 def test_bad_profiles(profile, match):
     with pytest.raises(ConfigError, match=match):
         resolve_profiles([X_DYN], {"x": profile}, {}, None)
@@ -97,10 +101,16 @@ def build_warnings(logger_name: str = "trtq.pipeline.build"):
         logger.setLevel(level)
 
 
-@pytest.mark.parametrize("qopts,named", [
-    ({"center_activations": True, "bias_correction": True}, "quantize.bias_correction, quantize.center_activations"),
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    "qopts,named",
+    [
+        (
+            {"center_activations": True, "bias_correction": True},
+            "quantize.bias_correction, quantize.center_activations",
+        ),
+        ({}, None),
+    ],
+)
 def test_implicit_build_says_which_quantize_settings_it_ignores(tmp_path, sample_model, monkeypatch, qopts, named):
     from trtq.config import QuantizeOptions
 
@@ -109,10 +119,15 @@ def test_implicit_build_says_which_quantize_settings_it_ignores(tmp_path, sample
     path = tmp_path / "calibration.cache"
     cache.write_cache(path, cache.CalibrationTable("8.6.0", "EntropyCalibration2", {"x": 2.0}), "8.6.0")
     with build_warnings() as records, pytest.raises(EnvironmentMissing):
-        build_engine(sample_model, tmp_path / "m.plan", BuildOptions(mode="implicit"), cache_path=path,
-                     quantize_options=QuantizeOptions(**qopts))
+        build_engine(
+            sample_model,
+            tmp_path / "m.plan",
+            BuildOptions(mode="implicit"),
+            cache_path=path,
+            quantize_options=QuantizeOptions(**qopts),
+        )
     said = [r.getMessage() for r in records if "build.mode implicit" in r.getMessage()]
-    assert (said[0].split(": ", 1)[1].startswith(named) if named else said == []), said
+    assert said[0].split(": ", 1)[1].startswith(named) if named else said == [], said
 
 
 def test_stale_cache_is_refused_before_tensorrt_is_needed(tmp_path, sample_model, monkeypatch):
@@ -176,16 +191,23 @@ def _one_node_model(opset):
     from onnx import TensorProto, helper
 
     node = helper.make_node("NoSuchOp", ["x"], ["y"], name="mystery", domain="trtq.test")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-@pytest.mark.parametrize("version,opset,hint", [
-    ("8.6.0", 18, "TensorRT 8.6.0 reads ONNX opset <= 17 and this model is opset 18: re-export with opset 17"),
-    ("8.6.0", 13, "TensorRT 8.6.0 reads ONNX opset <= 17; check that every op is supported"),
-    ("10.3.0", 18, "check that every op is supported by TensorRT 10.3.0"),
-])
+@pytest.mark.parametrize(
+    "version,opset,hint",
+    [
+        ("8.6.0", 18, "TensorRT 8.6.0 reads ONNX opset <= 17 and this model is opset 18: re-export with opset 17"),
+        ("8.6.0", 13, "TensorRT 8.6.0 reads ONNX opset <= 17; check that every op is supported"),
+        ("10.3.0", 18, "check that every op is supported by TensorRT 10.3.0"),
+    ],
+)
 def test_parser_error_names_the_onnx_node(tmp_path, version, opset, hint):
     from tests.trt.fakes import fake_trt
     from trtq.errors import ModelError
@@ -196,8 +218,9 @@ def test_parser_error_names_the_onnx_node(tmp_path, version, opset, hint):
     parser = _Parser([_ParserError("Plugin not found", 0), _ParserError("second", 0)])
     err = parser_error(trt, parser, compat.make_logger(trt), tmp_path / "m.onnx", _one_node_model(opset))
     assert isinstance(err, ModelError)
-    assert err.message == (f"TensorRT {version} cannot parse m.onnx at node #0 (NoSuchOp 'mystery'): "
-                           "Plugin not found (+1 more)")
+    assert err.message == (
+        f"TensorRT {version} cannot parse m.onnx at node #0 (NoSuchOp 'mystery'): Plugin not found (+1 more)"
+    )
     assert err.hint.startswith(hint)
 
 
@@ -207,32 +230,47 @@ def _depthwise_pair_model():
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.normal(size=(16, 1, 3, 3)).astype(np.float32), "wd"),
-             numpy_helper.from_array(rng.normal(size=(16, 16, 1, 1)).astype(np.float32), "wp")]
-    nodes = [helper.make_node("Conv", ["x", "wd"], ["d"], name="dw", group=16, kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["d"], ["r"], name="relu"),
-             helper.make_node("Conv", ["r", "wp"], ["y"], name="pw", kernel_shape=[1, 1])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])], initializer=inits)
+    inits = [
+        numpy_helper.from_array(rng.normal(size=(16, 1, 3, 3)).astype(np.float32), "wd"),
+        numpy_helper.from_array(rng.normal(size=(16, 16, 1, 1)).astype(np.float32), "wp"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "wd"], ["d"], name="dw", group=16, kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["d"], ["r"], name="relu"),
+        helper.make_node("Conv", ["r", "wp"], ["y"], name="pw", kernel_shape=[1, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])],
+        initializer=inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
-@pytest.mark.parametrize("version,excluded,extra", [
-    ("8.6.0", "dw", ["pw"]),   # measured: wrong engines on TensorRT 8.6.0 unless the consumer is float too
-    ("10.3.0", "dw", []),      # not seen there
-    ("8.6.0", "pw", []),       # a plain conv left float was fine
-])
+@pytest.mark.parametrize(
+    "version,excluded,extra",
+    [
+        ("8.6.0", "dw", ["pw"]),  # measured: wrong engines on TensorRT 8.6.0 unless the consumer is float too
+        ("10.3.0", "dw", []),  # not seen there
+        ("8.6.0", "pw", []),  # a plain conv left float was fine
+    ],
+)
 def test_float_depthwise_conv_takes_its_consumer_float_on_tensorrt_8(version, excluded, extra):
     from tests.trt.fakes import fake_trt
     from trtq.config import QuantizeOptions
+    from trtq.pipeline.quantize import warn_float_grouped_convs
     from trtq.quantize import quantize_model
     from trtq.trt import compat
-    from trtq.pipeline.quantize import warn_float_grouped_convs
 
     trt = fake_trt(version)
-    result = quantize_model(_depthwise_pair_model(), {"x": 3.0, "r": 5.0},
-                            QuantizeOptions(exclude=(f"^{excluded}$",)),
-                            float_grouped_consumers=compat.float_grouped_conv_is_unsafe(trt))
+    result = quantize_model(
+        _depthwise_pair_model(),
+        {"x": 3.0, "r": 5.0},
+        QuantizeOptions(exclude=(f"^{excluded}$",)),
+        float_grouped_consumers=compat.float_grouped_conv_is_unsafe(trt),
+    )
     assert ("pw" in dict(result.left_float)) == (excluded == "pw" or bool(extra))
     with build_warnings("trtq.pipeline.quantize") as records:
         assert (warn_float_grouped_convs(version, result) if compat.float_grouped_conv_is_unsafe(trt) else []) == extra
@@ -259,11 +297,14 @@ def test_qdq_model_needs_no_cache(tmp_path, qat_model, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("options,cache,match", [
-    (BuildOptions(), True, "already has Q/DQ nodes: its scales come from the model"),
-    (BuildOptions(precision="fp16"), False, "builds as INT8 only"),
-    (BuildOptions(mode="implicit"), False, "nothing to calibrate"),
-])
+@pytest.mark.parametrize(
+    "options,cache,match",
+    [
+        (BuildOptions(), True, "already has Q/DQ nodes: its scales come from the model"),
+        (BuildOptions(precision="fp16"), False, "builds as INT8 only"),
+        (BuildOptions(mode="implicit"), False, "nothing to calibrate"),
+    ],
+)
 def test_qdq_model_refuses_what_cannot_apply(tmp_path, qat_model, options, cache, match):
     cache_path = tmp_path / "c.cache"
     cache_path.write_text("TRT-8600-EntropyCalibration2\nx: 3c010204\n")
@@ -274,15 +315,16 @@ def test_qdq_model_refuses_what_cannot_apply(tmp_path, qat_model, options, cache
 
 
 def test_asymmetric_qdq_model_is_invalid_input(tmp_path):
-    from trtq.errors import ModelError
-    from tests.trt.models import ort_quantize_static, residual_cnn
-
     import numpy as np
+
+    from tests.trt.models import ort_quantize_static, residual_cnn
+    from trtq.errors import ModelError
 
     fp32 = residual_cnn(tmp_path / "fp32.onnx")
     rng = np.random.default_rng(0)
-    model = ort_quantize_static(fp32, tmp_path / "asym.onnx",
-                                [{"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)}], symmetric=False)
+    model = ort_quantize_static(
+        fp32, tmp_path / "asym.onnx", [{"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)}], symmetric=False
+    )
     with pytest.raises(ModelError, match="zero point") as e:
         build_engine(model, tmp_path / "out" / "a.plan", BuildOptions())
     assert e.value.exit_code == 3 and not (tmp_path / "out").exists()
@@ -320,8 +362,9 @@ def test_explicit_build_reports_what_its_data_steps_did(tmp_path, sample_config,
     table, _ = _read_cache(cache, cfg.model, False)
 
     def summary(options):
-        return _quantized_network_model(trt, onnx.load(str(cfg.model)), table,
-                                        compat.plan_build(trt, "int8", "explicit"), options, data, cache)[1]
+        return _quantized_network_model(
+            trt, onnx.load(str(cfg.model)), table, compat.plan_build(trt, "int8", "explicit"), options, data, cache
+        )[1]
 
     steps = summary(QuantizeOptions(equalize=True, float_layers=2))["steps"]
     assert [s.split(":")[0].split(" ")[:2] for s in steps] == [["equalized", "channels"], ["float", "layers"]], steps

@@ -6,22 +6,23 @@ pybind11 printed its traceback ("At: ... build_plan ...") and TensorRT went on b
 signal watchdog stopped the process. ``interrupt.deferred`` records such a signal and raises it
 when the TensorRT calls return. These tests run the CLI's real handler on fake TensorRT modules.
 """
+
 import signal
 from pathlib import Path
 
 import pytest
 
 from tests.trt.fakes import fake_trt
-from trtq import cli, interrupt
+from trtq import interrupt
+from trtq.cli import process
 from trtq.config import BuildOptions
 from trtq.trt import compat
 from trtq.trt.build import build_plan
 
 
 @pytest.fixture(autouse=True)
-def clean_interrupt_state(monkeypatch):
-    for name in ("_finishing", "_stopping", "_redelivering"):  # left by earlier in-process CLI runs
-        monkeypatch.setattr(cli, name, False)
+def clean_interrupt_state():
+    process.reset()  # what earlier in-process CLI runs left
     interrupt.reset()
     yield
     interrupt.reset()
@@ -29,19 +30,19 @@ def clean_interrupt_state(monkeypatch):
 
 def test_a_signal_inside_a_deferred_block_is_raised_when_it_ends():
     with pytest.raises(KeyboardInterrupt), interrupt.deferred():
-        cli._on_signal(signal.SIGINT, None)  # Python runs the handler at a callback from C++
+        process.on_signal(signal.SIGINT, None)  # Python runs the handler at a callback from C++
         reached = True  # nothing raised inside the block
     assert reached and interrupt.requested() == signal.SIGINT
 
 
 def test_sigterm_inside_a_deferred_block_ends_as_terminated():
     with pytest.raises(interrupt.Terminated), interrupt.deferred():
-        cli._on_signal(signal.SIGTERM, None)
+        process.on_signal(signal.SIGTERM, None)
 
 
 def test_outside_a_deferred_block_the_handler_raises_at_once():
     with pytest.raises(KeyboardInterrupt):
-        cli._on_signal(signal.SIGINT, None)
+        process.on_signal(signal.SIGINT, None)
 
 
 def test_build_plan_defers_signals_while_tensorrt_runs(tmp_path: Path):
@@ -51,7 +52,7 @@ def test_build_plan_defers_signals_while_tensorrt_runs(tmp_path: Path):
     class Builder:  # TensorRT's Builder calls the logger from C++ while it starts: the handler runs there
         def __init__(self, logger):
             try:
-                cli._on_signal(signal.SIGINT, None)
+                process.on_signal(signal.SIGINT, None)
                 seen["raised_inside"] = False
             except KeyboardInterrupt:
                 seen["raised_inside"] = True

@@ -1,20 +1,26 @@
 """Calibrator classes against stand-in TensorRT modules, and the data feeder's error handling."""
+
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from tests.trt.fakes import fake_trt
 from trtq.errors import ConfigError, DataError, UsageError
 from trtq.trt.calibrator import BatchFeeder, calibrator_base, fill_padding, make_cache_calibrator, normalize_algorithm
-from tests.trt.fakes import fake_trt
 
 TRT86, TRT10, TRT11 = fake_trt("8.6.0"), fake_trt("10.3.0"), fake_trt("11.4.0")
 
 
-@pytest.mark.parametrize("name,expected", [
-    ("EntropyCalibration2", "EntropyCalibration2"), ("entropy", "EntropyCalibration2"),
-    ("max", "MinMaxCalibration"), ("minmaxcalibration", "MinMaxCalibration"),
-])
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("EntropyCalibration2", "EntropyCalibration2"),
+        ("entropy", "EntropyCalibration2"),
+        ("max", "MinMaxCalibration"),
+        ("minmaxcalibration", "MinMaxCalibration"),
+    ],
+)
 def test_normalize_algorithm(name, expected):
     assert normalize_algorithm(name) == expected
 
@@ -25,10 +31,14 @@ def test_unknown_algorithm():
 
 
 @pytest.mark.parametrize("trt", [TRT86, TRT10])
-@pytest.mark.parametrize("algorithm,cls", [
-    ("EntropyCalibration2", "IInt8EntropyCalibrator2"), ("MinMaxCalibration", "IInt8MinMaxCalibrator"),
-    ("EntropyCalibration", "IInt8EntropyCalibrator"),
-])
+@pytest.mark.parametrize(
+    "algorithm,cls",
+    [
+        ("EntropyCalibration2", "IInt8EntropyCalibrator2"),
+        ("MinMaxCalibration", "IInt8MinMaxCalibrator"),
+        ("EntropyCalibration", "IInt8EntropyCalibrator"),
+    ],
+)
 def test_cache_calibrator_subclasses_matching_class(trt, algorithm, cls):
     cal = make_cache_calibrator(trt, algorithm, b"TRT-8600-X\n", 4)
     assert isinstance(cal, getattr(trt, cls))
@@ -49,14 +59,22 @@ def _cache_module():
     return pytest.importorskip("trtq.calib.cache")
 
 
-@pytest.mark.parametrize("version,header", [
-    ("8.6.0", "TRT-8600-EntropyCalibration2"), ("10.3.0", "TRT-100300-EntropyCalibration2"),
-])
+@pytest.mark.parametrize(
+    "version,header",
+    [
+        ("8.6.0", "TRT-8600-EntropyCalibration2"),
+        ("10.3.0", "TRT-100300-EntropyCalibration2"),
+    ],
+)
 def test_implicit_cache_is_rerendered_for_installed_tensorrt(version, header):
     """A cache written for one TensorRT reaches the calibrator with the installed one's header."""
     cache = _cache_module()
-    table = cache.CalibrationTable(trt_version="10.16.0", algorithm="EntropyCalibration2",
-                                   amax={"x": 1.0, "conv_out": 2.54}, source_format="tensorrt")
+    table = cache.CalibrationTable(
+        trt_version="10.16.0",
+        algorithm="EntropyCalibration2",
+        amax={"x": 1.0, "conv_out": 2.54},
+        source_format="tensorrt",
+    )
     trt = fake_trt(version)
     cal = make_cache_calibrator(trt, table.algorithm, cache.render_cache(table, trt.__version__), 1)
     lines = cal.read_calibration_cache().decode().splitlines()

@@ -1,13 +1,14 @@
 """TensorRT 8.6 / 10 / 11 decisions of trtq.trt.compat, checked against per-version stand-ins."""
+
 import subprocess
 import sys
 import types
 
 import pytest
 
+from tests.trt.fakes import FakeILogger, Member, RecordingConfig, fake_trt
 from trtq.errors import ConfigError, EnvironmentMissing, UsageError
 from trtq.trt import compat
-from tests.trt.fakes import FakeILogger, Member, RecordingConfig, fake_trt
 
 TRT86, TRT10, TRT11 = fake_trt("8.6.0"), fake_trt("10.3.0.26"), fake_trt("11.4.0")
 
@@ -15,9 +16,15 @@ TRT86, TRT10, TRT11 = fake_trt("8.6.0"), fake_trt("10.3.0.26"), fake_trt("11.4.0
 # -- versions and imports ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("8.6.0", (8, 6, 0)), ("10.3.0.26", (10, 3, 0)), ("11.4", (11, 4, 0)), (" 8.6.1.6 ", (8, 6, 1)),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("8.6.0", (8, 6, 0)),
+        ("10.3.0.26", (10, 3, 0)),
+        ("11.4", (11, 4, 0)),
+        (" 8.6.1.6 ", (8, 6, 1)),
+    ],
+)
 def test_version_parse(text, expected):
     v = compat.TrtVersion.parse(text)
     assert (v.major, v.minor, v.patch) == expected
@@ -89,11 +96,14 @@ def test_trt_modules_import_without_tensorrt():
 # -- capabilities ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("trt,weak,implicit,strong_flag,explicit_batch", [
-    (TRT86, True, True, False, True),
-    (TRT10, True, True, True, False),
-    (TRT11, False, False, True, False),
-])
+@pytest.mark.parametrize(
+    "trt,weak,implicit,strong_flag,explicit_batch",
+    [
+        (TRT86, True, True, False, True),
+        (TRT10, True, True, True, False),
+        (TRT11, False, False, True, False),
+    ],
+)
 def test_capabilities(trt, weak, implicit, strong_flag, explicit_batch):
     assert compat.has_weak_typing(trt) is weak
     assert compat.has_implicit_int8(trt) is implicit
@@ -231,11 +241,14 @@ def test_timing_cache_good_data_is_used():
     assert usable and why == "" and cfg.timing_cache.data == b"TIMING"
 
 
-@pytest.mark.parametrize("cfg,why", [
-    (RecordingConfig(timing_raises=True), "cannot read it (corrupt timing cache)"),  # TensorRT raises
-    (RecordingConfig(timing_accepts=False), "another TensorRT version or GPU"),  # set_timing_cache refuses
-    (RecordingConfig(timing_ignores=True), "loaded nothing"),  # accepted, nothing loaded (8.6 + garbage)
-])
+@pytest.mark.parametrize(
+    "cfg,why",
+    [
+        (RecordingConfig(timing_raises=True), "cannot read it (corrupt timing cache)"),  # TensorRT raises
+        (RecordingConfig(timing_accepts=False), "another TensorRT version or GPU"),  # set_timing_cache refuses
+        (RecordingConfig(timing_ignores=True), "loaded nothing"),  # accepted, nothing loaded (8.6 + garbage)
+    ],
+)
 def test_timing_cache_corrupt_or_foreign_gives_fresh_cache(cfg, why):
     cache, usable, reason = compat.load_timing_cache(cfg, b"\x00garbage")
     assert not usable and why in reason
@@ -283,8 +296,10 @@ def test_io_tensors_from_name_api():
 
     class Engine:
         num_io_tensors = 2
-        _t = {"x": (trt.TensorIOMode.INPUT, (-1, 3, 8, 8), trt.DataType.FLOAT),
-              "y": (trt.TensorIOMode.OUTPUT, (-1, 4), trt.DataType.HALF)}
+        _t = {
+            "x": (trt.TensorIOMode.INPUT, (-1, 3, 8, 8), trt.DataType.FLOAT),
+            "y": (trt.TensorIOMode.OUTPUT, (-1, 4), trt.DataType.HALF),
+        }
 
         def get_tensor_name(self, i):
             return ["x", "y"][i]
@@ -300,7 +315,9 @@ def test_io_tensors_from_name_api():
 
     io = compat.io_tensors(trt, Engine())
     assert [(t.name, t.is_input, t.shape, t.dtype) for t in io] == [
-        ("x", True, (-1, 3, 8, 8), "float32"), ("y", False, (-1, 4), "float16")]
+        ("x", True, (-1, 3, 8, 8), "float32"),
+        ("y", False, (-1, 4), "float16"),
+    ]
 
 
 # -- logger ------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ The model (tests.quantize.test_equalize._model) has a Conv input whose channels 
 a learnable affine (Mul, Add), read by a depthwise Conv; equalized, the narrow channels get their
 own INT8 levels, so the engine must also be closer to FP32 than the plain INT8 engine.
 """
+
 import numpy as np
 import onnx
 import pytest
@@ -41,8 +42,14 @@ def test_equalized_engine_matches_its_qdq_model_and_beats_the_plain_one(tmp_path
     plain_plan = build_engine(path, tmp_path / "plain.plan", opts, cache_path=cache).plan_path
     np.save(tmp_path / "x.npy", np.concatenate([b.arrays["x"] for b in batches]))
     data = DataOptions(inputs={"x": InputSource(npy=(str(tmp_path / "x.npy"),))}, batch_size=4)
-    result = build_engine(path, tmp_path / "built.plan", opts, cache_path=cache,
-                          quantize_options=QuantizeOptions(equalize=True), data_options=data)
+    result = build_engine(
+        path,
+        tmp_path / "built.plan",
+        opts,
+        cache_path=cache,
+        quantize_options=QuantizeOptions(equalize=True),
+        data_options=data,
+    )
     built = result.plan_path
     assert [s for s in result.metadata["quantize"]["steps"] if s.startswith("equalized channels")], result.metadata
     x = _batches(1, seed=9)[0].arrays["x"]
@@ -59,9 +66,26 @@ def test_equalized_engine_matches_its_qdq_model_and_beats_the_plain_one(tmp_path
     assert rel_max_err(y_built, twin) <= 5e-2 and cosine(y_built, twin) >= 0.999
     # the CLI says what the data step did, from a config's quantize: section
     config = tmp_path / "eq.yaml"
-    config.write_text(f"model: {path}\ndata:\n  inputs:\n    x:\n      npy: [{tmp_path / 'x.npy'}]\n"
-                      "  batch_size: 4\nquantize:\n  equalize: true\n")
-    r = trtq(["build", "--config", config, "--cache", cache, "-o", tmp_path / "cli.plan", "--opt-level", "0",
-              "--workspace-mb", "512", "--tactic-sources", ",".join(TACTICS)])
+    config.write_text(
+        f"model: {path}\ndata:\n  inputs:\n    x:\n      npy: [{tmp_path / 'x.npy'}]\n"
+        "  batch_size: 4\nquantize:\n  equalize: true\n"
+    )
+    r = trtq(
+        [
+            "build",
+            "--config",
+            config,
+            "--cache",
+            cache,
+            "-o",
+            tmp_path / "cli.plan",
+            "--opt-level",
+            "0",
+            "--workspace-mb",
+            "512",
+            "--tactic-sources",
+            ",".join(TACTICS),
+        ]
+    )
     assert r.code == 0, r
     assert "steps      equalized channels" in r.out, r.out

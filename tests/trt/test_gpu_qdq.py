@@ -5,6 +5,7 @@ ONNX Runtime with Q/DQ semantics (basic graph optimizations), on the Python API 
 Tolerance as for the INT8 engines of test_gpu_tiny: <= 5e-2 of the output range, cosine >= 0.999
 (same Q/DQ model on both sides; TensorRT accumulates and rounds differently).
 """
+
 import json
 
 import numpy as np
@@ -13,8 +14,15 @@ import pytest
 from click.testing import CliRunner
 
 from tests.trt.models import (
+    TACTICS,
+    activation_amax,
+    cosine,
     gpu_build_options,
-    TACTICS, activation_amax, cosine, ort_quantize_static, ort_run, qat_style_cnn, rel_max_err, residual_cnn,
+    ort_quantize_static,
+    ort_run,
+    qat_style_cnn,
+    rel_max_err,
+    residual_cnn,
 )
 
 pytestmark = pytest.mark.gpu
@@ -84,12 +92,38 @@ def test_cli_build_and_compare_a_qdq_model(models, tmp_path):
 
     np.save(tmp_path / "x.npy", np.random.default_rng(9).standard_normal((8, 3, 16, 16)).astype(np.float32))
     plan = tmp_path / "trtq.plan"
-    r = CliRunner().invoke(cli, ["build", "--model", str(models["paths"]["trtq"]), "-o", str(plan),
-                                 "--opt-level", "0", "--tactic-sources", ",".join(TACTICS), "--json"])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "build",
+            "--model",
+            str(models["paths"]["trtq"]),
+            "-o",
+            str(plan),
+            "--opt-level",
+            "0",
+            "--tactic-sources",
+            ",".join(TACTICS),
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["metadata"]["quantize"]["source"] == "model"
-    r = CliRunner().invoke(cli, ["compare", "--reference", str(models["fp32"]), "--candidate", str(plan),
-                                 "--data", f"x={tmp_path / 'x.npy'}", "--batch-size", str(BATCH), "--json"])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "compare",
+            "--reference",
+            str(models["fp32"]),
+            "--candidate",
+            str(plan),
+            "--data",
+            f"x={tmp_path / 'x.npy'}",
+            "--batch-size",
+            str(BATCH),
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)["outputs"][0]
     assert out["samples"] == 8 and out["cosine_mean"] > 0.99

@@ -16,13 +16,14 @@ Tolerances, against ONNX Runtime FP32 on the same 16 inputs (|dp| = probability 
     Explicit mode runs the same Q/DQ graph as ONNX Runtime: mean |dp| between the two <= 0.05
     (measured 0.037) and the same top-1 wherever the FP32 winner leads by more than 0.2.
 """
+
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from trtq.config import BuildOptions, ProfileShapes
 from tests.trt.models import TACTICS, activation_amax, ort_run, write_trt_cache
+from trtq.config import BuildOptions, ProfileShapes
 
 pytestmark = pytest.mark.gpu
 
@@ -67,8 +68,7 @@ def _build_and_run(sample, name, **kw):
     from trtq.trt.runtime import TrtRunner
 
     prof = ProfileShapes((1, 3, 224, 224), (16, 3, 224, 224), (16, 3, 224, 224))
-    options = BuildOptions(optimization_level=0, tactic_sources=TACTICS, workspace_mb=1024,
-                           profiles={"x": prof}, **kw)
+    options = BuildOptions(optimization_level=0, tactic_sources=TACTICS, workspace_mb=1024, profiles={"x": prof}, **kw)
     cache = sample["cache"] if options.precision == "int8" else None
     res = build_engine(MODEL, sample["dir"] / f"{name}.plan", options, cache_path=cache)
     with TrtRunner(res.plan_path) as r:
@@ -77,9 +77,11 @@ def _build_and_run(sample, name, **kw):
     diff = np.abs(y - ref)
     srt = np.sort(ref, axis=1)
     confident = (srt[:, -1] - srt[:, -2]) > 0.2
-    agree = (y.argmax(1) == ref.argmax(1))
-    print(f"{name}: build {res.seconds:.1f} s, max|dp| {diff.max():.4f}, mean|dp| {diff.mean():.4f}, "
-          f"top-1 agreement {agree.mean():.3f} ({agree[confident].sum()}/{confident.sum()} confident)")
+    agree = y.argmax(1) == ref.argmax(1)
+    print(
+        f"{name}: build {res.seconds:.1f} s, max|dp| {diff.max():.4f}, mean|dp| {diff.mean():.4f}, "
+        f"top-1 agreement {agree.mean():.3f} ({agree[confident].sum()}/{confident.sum()} confident)"
+    )
     return y, diff, agree, confident
 
 
@@ -110,7 +112,9 @@ def test_sample_int8(sample, mode, tmp_path):
         onnx.save(qdq, str(tmp_path / "qdq.onnx"))
         sim = ort_run(tmp_path / "qdq.onnx", {"x": sample["x"]})["fetch_name_0"]
         gap = np.abs(y - sim)
-        print(f"explicit vs ONNX Runtime Q/DQ: max|dp| {gap.max():.4f}, mean|dp| {gap.mean():.4f}, "
-              f"top-1 agreement {(y.argmax(1) == sim.argmax(1)).mean():.3f}")
+        print(
+            f"explicit vs ONNX Runtime Q/DQ: max|dp| {gap.max():.4f}, mean|dp| {gap.mean():.4f}, "
+            f"top-1 agreement {(y.argmax(1) == sim.argmax(1)).mean():.3f}"
+        )
         assert gap.mean() <= 0.05
         assert agree[confident].all()

@@ -8,19 +8,28 @@ Tolerances (outputs compared with ONNX Runtime FP32 on the same inputs):
     data every activation step is amax/127 (<= 0.4% of its range); ONNX Runtime running the same
     Q/DQ model is off by ~1% of the range, and TensorRT adds different rounding/accumulation.
 """
+
 import json
 import shutil
 
 import numpy as np
 import pytest
 
+from tests.trt.models import (
+    TACTICS,
+    activation_amax,
+    cosine,
+    gpu_build_options,
+    ort_run,
+    read_trt_cache,
+    rel_max_err,
+    relu6_cnn,
+    residual_cnn,
+    unsupported_op_opset18,
+    write_trt_cache,
+)
 from trtq.config import BenchOptions, BuildOptions, DataOptions, InputSource, ProfileShapes
 from trtq.errors import DataError, ModelError
-from tests.trt.models import (
-    gpu_build_options,
-    TACTICS, activation_amax, cosine, ort_run, read_trt_cache, rel_max_err, relu6_cnn, unsupported_op_opset18,
-    residual_cnn, write_trt_cache,
-)
 
 pytestmark = pytest.mark.gpu
 
@@ -99,8 +108,7 @@ def test_dynamic_batch_profile(tmp_path):
     model = residual_cnn(tmp_path / "dyn.onnx", batch="N", opset=17)
     prof = ProfileShapes((1, 3, 16, 16), (4, 3, 16, 16), (8, 3, 16, 16))
     res = build_engine(model, tmp_path / "dyn.plan", opts(precision="fp32", profiles={"x": prof}))
-    assert res.metadata["inputs"][0]["profile"] == {
-        "min": [1, 3, 16, 16], "opt": [4, 3, 16, 16], "max": [8, 3, 16, 16]}
+    assert res.metadata["inputs"][0]["profile"] == {"min": [1, 3, 16, 16], "opt": [4, 3, 16, 16], "max": [8, 3, 16, 16]}
     rng = np.random.default_rng(2)
     with TrtRunner(res.plan_path) as r:
         assert r.inputs[0].shape == (None, 3, 16, 16)
@@ -128,11 +136,14 @@ def test_tensorrt_calibration_writes_a_cache_tensorrt_accepts(tmp_path):
     # sample i is scaled by (1 + i): the largest values sit in the padded last batch (10 = 4+4+2)
     data = np.stack([rng.standard_normal((3, 16, 16)) * (1 + i) for i in range(10)]).astype(np.float32)
     np.save(tmp_path / "x.npy", data)
-    batcher = Batcher(DataOptions(inputs={"x": InputSource(npy=(str(tmp_path / "x.npy"),))}, batch_size=4),
-                      input_specs(load_model(model)))
+    batcher = Batcher(
+        DataOptions(inputs={"x": InputSource(npy=(str(tmp_path / "x.npy"),))}, batch_size=4),
+        input_specs(load_model(model)),
+    )
     out = tmp_path / "trt.cache"
-    table = calibrate_with_tensorrt(model, batcher, "MinMaxCalibration", out,
-                                    BuildOptions(tactic_sources=TACTICS, workspace_mb=512))
+    table = calibrate_with_tensorrt(
+        model, batcher, "MinMaxCalibration", out, BuildOptions(tactic_sources=TACTICS, workspace_mb=512)
+    )
     header, scales = read_trt_cache(out)
     assert header == "TRT-8600-MinMaxCalibration"
     ref = activation_amax(model, [{"x": data}])
@@ -142,8 +153,9 @@ def test_tensorrt_calibration_writes_a_cache_tensorrt_accepts(tmp_path):
         assert scales[n] == pytest.approx(ref[n], rel=1e-4), n
         assert table.amax[n] == pytest.approx(ref[n], rel=1e-4), n
     assert json.loads((tmp_path / "trt.cache.json").read_text())["amax"] == pytest.approx(table.amax)
-    res = build_engine(model, tmp_path / "cal.plan", opts(mode="implicit"), cache_path=out,
-                       data_options=DataOptions(batch_size=4))
+    res = build_engine(
+        model, tmp_path / "cal.plan", opts(mode="implicit"), cache_path=out, data_options=DataOptions(batch_size=4)
+    )
     y = run_plan(res.plan_path, data[:4])
     assert rel_max_err(y, ort_run(model, {"x": data[:4]})["y"]) <= 5e-2
 
@@ -267,8 +279,8 @@ def test_centred_activations_engine_matches_its_qdq_model(tmp_path):
     import onnx
 
     from trtq.config import QuantizeOptions
-    from trtq.quantize import quantize_model
     from trtq.pipeline.build import build_engine
+    from trtq.quantize import quantize_model
 
     model = relu6_cnn(tmp_path / "r6.onnx", batch=BATCH)
     rng = np.random.default_rng(2)
@@ -313,10 +325,19 @@ def test_int8_quantizer_clamps_at_minus_128_inside_a_fused_conv(tmp_path):
     b1 = np.zeros(C, np.float32)
     b1[0::3], b1[1::3], b1[2::3] = -50 * s * 128 / 127 * 3, 50 * s * 3, 0.0  # below, above, inside
     w2 = w1.copy()
-    inits = [numpy_helper.from_array(a, n) for a, n in [
-        (np.float32(s_x), "sx"), (np.float32(s), "s"), (np.int8(0), "zp"),
-        (np.round(w1 * 127).astype(np.int8), "w1q"), (np.full(C, 1 / 127, np.float32), "sw"),
-        (np.zeros(C, np.int8), "zw"), (b1, "b1"), (np.round(w2 * 127).astype(np.int8), "w2q")]]
+    inits = [
+        numpy_helper.from_array(a, n)
+        for a, n in [
+            (np.float32(s_x), "sx"),
+            (np.float32(s), "s"),
+            (np.int8(0), "zp"),
+            (np.round(w1 * 127).astype(np.int8), "w1q"),
+            (np.full(C, 1 / 127, np.float32), "sw"),
+            (np.zeros(C, np.int8), "zw"),
+            (b1, "b1"),
+            (np.round(w2 * 127).astype(np.int8), "w2q"),
+        ]
+    ]
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "sx", "zp"], ["xq"]),
         helper.make_node("DequantizeLinear", ["xq", "sx", "zp"], ["xd"]),
@@ -327,8 +348,13 @@ def test_int8_quantizer_clamps_at_minus_128_inside_a_fused_conv(tmp_path):
         helper.make_node("DequantizeLinear", ["w2q", "sw", "zw"], ["w2d"], axis=0),
         helper.make_node("Conv", ["c1d", "w2d"], ["y"], name="conv2"),
     ]
-    graph = helper.make_graph(nodes, "clamp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, C, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, C, 8, 8])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "clamp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, C, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, C, 8, 8])],
+        inits,
+    )
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 8
     path = tmp_path / "clamp.onnx"

@@ -1,4 +1,5 @@
 """<plan>.json checks made before TensorRT loads a plan (no TensorRT needed)."""
+
 import json
 
 import pytest
@@ -7,8 +8,12 @@ from trtq.errors import ModelError
 from trtq.trt.metadata import FORMAT, check_metadata, metadata_path, read_metadata
 
 META = {
-    "format": FORMAT, "tensorrt_version": "8.6.0", "gpu_name": "NVIDIA H100 80GB HBM3",
-    "compute_capability": "9.0", "precision": "int8", "mode": "explicit",
+    "format": FORMAT,
+    "tensorrt_version": "8.6.0",
+    "gpu_name": "NVIDIA H100 80GB HBM3",
+    "compute_capability": "9.0",
+    "precision": "int8",
+    "mode": "explicit",
 }
 
 

@@ -1,6 +1,7 @@
 """The model zoo: the files scripts/export_zoo.py wrote into .zoo/ (or $TRTQ_ZOO), one test case
 per file of its manifest. Without a zoo every zoo test skips with one reason; files outside the
 manifest's fast subset are marked slow (``-m "not slow"`` leaves them out)."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,18 +10,23 @@ from tests.zoo import zoo_steps
 
 ZOO = zoo_steps.zoo_dir()  # read at import: tests/conftest.py hides TRTQ_* from the tests themselves
 MANIFEST = zoo_steps.load_manifest(ZOO)
-NO_ZOO = (f"no model zoo in {ZOO} (make one with scripts/zoo_env.sh, or scripts/export_zoo.py in a torch "
-          "environment; TRTQ_ZOO names another folder)")
+NO_ZOO = (
+    f"no model zoo in {ZOO} (make one with scripts/zoo_env.sh, or scripts/export_zoo.py in a torch "
+    "environment; TRTQ_ZOO names another folder)"
+)
 
 
 def _params(entries):
-    return [pytest.param(e, id=zoo_steps.case_id(e), marks=() if e.get("fast") else (pytest.mark.slow,))
-            for e in entries]
+    return [
+        pytest.param(e, id=zoo_steps.case_id(e), marks=() if e.get("fast") else (pytest.mark.slow,)) for e in entries
+    ]
 
 
 def pytest_generate_tests(metafunc):
-    for name, pick in (("zoo_entry", lambda e: True),
-                       ("zoo_flagged_entry", lambda e: zoo_steps.explicit_task_args(e) is not None)):
+    for name, pick in (
+        ("zoo_entry", lambda e: True),
+        ("zoo_flagged_entry", lambda e: zoo_steps.explicit_task_args(e) is not None),
+    ):
         if name not in metafunc.fixturenames:
             continue
         if MANIFEST is None:

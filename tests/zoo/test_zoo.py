@@ -3,6 +3,7 @@ write a Q/DQ model that loads and runs in ONNX Runtime, quantizes the model's Co
 nodes and stays within SQNR_MIN_DB of FP32; ``trtq compare --json`` infers each output's task as
 the manifest states it (and its metric matches plain scoring in the model's real layout within
 0.01), or says raw with a reason where nothing in the graph tells."""
+
 from __future__ import annotations
 
 import math
@@ -23,11 +24,14 @@ def _require(case, *steps):
 
 def test_qdq_model_loads_and_runs(zoo_case):
     _require(zoo_case, "calibrate", "quantize")
-    assert zoo_case.loads, f"{_where(zoo_case)}: quantize exited 0 but its model does not load and run in " \
-                           f"ONNX Runtime: {zoo_case.load_error or 'no file written'}"
+    assert zoo_case.loads, (
+        f"{_where(zoo_case)}: quantize exited 0 but its model does not load and run in "
+        f"ONNX Runtime: {zoo_case.load_error or 'no file written'}"
+    )
     if zoo_case.weighted:
-        assert zoo_case.quantized, f"{_where(zoo_case)}: none of its {zoo_case.weighted} Conv/Gemm/MatMul " \
-                                   f"nodes has Q/DQ on its inputs"
+        assert zoo_case.quantized, (
+            f"{_where(zoo_case)}: none of its {zoo_case.weighted} Conv/Gemm/MatMul nodes has Q/DQ on its inputs"
+        )
 
 
 def test_qdq_output_within_sqnr_bound(zoo_case):
@@ -37,7 +41,8 @@ def test_qdq_output_within_sqnr_bound(zoo_case):
     floor = {n: zoo_steps.output_floor(zoo_case.entry, n) for n in zoo_case.sqnr}
     low = {n: v for n, v in zoo_case.sqnr.items() if not (v >= floor[n] or (math.isinf(v) and v > 0))}
     assert not low, f"{_where(zoo_case)}: Q/DQ vs FP32 SQNR below its bound: " + ", ".join(
-        f"{n} {v:.1f} dB < {floor[n]:g} dB" for n, v in low.items())
+        f"{n} {v:.1f} dB < {floor[n]:g} dB" for n, v in low.items()
+    )
 
 
 def test_compare_infers_the_task(zoo_case):

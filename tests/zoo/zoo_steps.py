@@ -6,6 +6,7 @@ through a CLI runner the caller passes in, and check what came out with code wri
 trtq's: ONNX Runtime sessions of the FP32 and Q/DQ models, SQNR, a count of quantized nodes read
 from the Q/DQ graph, and plain scoring of each output's task in the layout the manifest states.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -127,8 +128,9 @@ def session(path: Path, optimized: bool):
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 2
     opts.log_severity_level = 3
-    opts.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimized
-                                     else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+    opts.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimized else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    )
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
@@ -140,7 +142,7 @@ def run_all(sess, entry: dict[str, Any], x: np.ndarray) -> dict[str, np.ndarray]
     step = int(entry["input"]["shape"][0]) if fixed else 8
     parts: dict[str, list] = {n: [] for n in names}
     for i in range(0, len(x), step):
-        got = sess.run(names, {entry["input"]["name"]: x[i:i + step]})
+        got = sess.run(names, {entry["input"]["name"]: x[i : i + step]})
         for n, g in zip(names, got):
             parts[n].append(g)
     axis = {o["name"]: 1 if o.get("layout") == "TNC" else 0 for o in entry["outputs"]}
@@ -150,7 +152,7 @@ def run_all(sess, entry: dict[str, Any], x: np.ndarray) -> dict[str, np.ndarray]
 def sqnr_db(ref: np.ndarray, cand: np.ndarray) -> float:
     ref = ref.astype(np.float64)
     noise = float(np.sum((ref - cand.astype(np.float64)) ** 2))
-    signal = float(np.sum(ref ** 2))
+    signal = float(np.sum(ref**2))
     if not np.all(np.isfinite(cand)):
         return -math.inf
     if noise == 0.0:
@@ -166,8 +168,10 @@ def count_quantized(model) -> int:
     """Weighted nodes whose first two inputs (data and weight, or both MatMul operands) each come
     out of a DequantizeLinear: read from the graph, not from quantize's report."""
     dq_out = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
-    return sum(n.op_type in WEIGHTED_OPS and len(n.input) >= 2 and n.input[0] in dq_out and n.input[1] in dq_out
-               for n in model.graph.node)
+    return sum(
+        n.op_type in WEIGHTED_OPS and len(n.input) >= 2 and n.input[0] in dq_out and n.input[1] in dq_out
+        for n in model.graph.node
+    )
 
 
 def weight_rounded_copy(src: Path, dst: Path) -> None:
@@ -245,8 +249,14 @@ def _iou(a: list, b: list) -> float:
     return w * h / union if union > 0 else 0.0
 
 
-def dfl_detections(pairs: list[tuple[np.ndarray, np.ndarray, int]], width: int, conf: float = 0.25,
-                   nms_iou: float = 0.45, keep: int = 300, candidates: int = 3000) -> list[tuple[int, float, list]]:
+def dfl_detections(
+    pairs: list[tuple[np.ndarray, np.ndarray, int]],
+    width: int,
+    conf: float = 0.25,
+    nms_iou: float = 0.45,
+    keep: int = 300,
+    candidates: int = 3000,
+) -> list[tuple[int, float, list]]:
     """One sample's (class, score, [x1, y1, x2, y2]) after per-class NMS, from per-stride
     (scores [HW, C], box distributions [HW, 4 (R+1)], stride): each side's distance is the
     expectation of its softmaxed bins, in strides, from the cell centre."""
@@ -305,8 +315,12 @@ def split_detect_f1(entry: dict[str, Any], ref: dict[str, np.ndarray], cand: dic
     n = len(ref[heads[0]["name"]])
     dets = []
     for outs in (ref, cand):
-        dets.append([dfl_detections([(outs[h["name"]][i], outs[h["pair"]][i], strides[h["pair"]]) for h in heads],
-                                    width) for i in range(n)])
+        dets.append(
+            [
+                dfl_detections([(outs[h["name"]][i], outs[h["pair"]][i], strides[h["pair"]]) for h in heads], width)
+                for i in range(n)
+            ]
+        )
     return detection_f1(dets[0], dets[1])
 
 
@@ -328,16 +342,23 @@ def _stated_layout(task: dict[str, Any]) -> str | None:
     return None
 
 
-def check_tasks(entry: dict[str, Any], report: dict[str, Any], ref: dict[str, np.ndarray],
-                cand: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+def check_tasks(
+    entry: dict[str, Any], report: dict[str, Any], ref: dict[str, np.ndarray], cand: dict[str, np.ndarray]
+) -> list[dict[str, Any]]:
     """Per output of the manifest: what compare said, what was expected, and the problems."""
     by_name = {o["name"]: o for o in report.get("outputs", [])}
     rows = []
     for expect in entry["outputs"]:
         name, want = expect["name"], expect["task"]
         rec = by_name.get(name)
-        row: dict[str, Any] = {"output": name, "expected": want, "expected_layout": expect.get("layout"),
-                               "got": None, "how": None, "problems": []}
+        row: dict[str, Any] = {
+            "output": name,
+            "expected": want,
+            "expected_layout": expect.get("layout"),
+            "got": None,
+            "how": None,
+            "problems": [],
+        }
         rows.append(row)
         if rec is None or not isinstance(rec.get("task"), dict):
             row["problems"].append(f"compare reports no task for output '{name}'")
@@ -347,16 +368,20 @@ def check_tasks(entry: dict[str, Any], report: dict[str, Any], ref: dict[str, np
         row.update(got=got, how=how, layout=_stated_layout(task))
         if want == "raw":
             if got != "raw":
-                row["problems"].append(f"'{name}': a confident '{got}' on an output nothing in the graph explains "
-                                       f"({how}); expected raw with a reason")
+                row["problems"].append(
+                    f"'{name}': a confident '{got}' on an output nothing in the graph explains "
+                    f"({how}); expected raw with a reason"
+                )
             elif not how:
                 row["problems"].append(f"'{name}': raw without a reason")
             continue
         allowed = expect.get("auto") or [want]
         if got not in allowed:
-            row["problems"].append(f"'{name}': expected {want}"
-                                   + (f" ({expect['layout']})" if expect.get("layout") else "")
-                                   + f", compare inferred {got}: {how}")
+            row["problems"].append(
+                f"'{name}': expected {want}"
+                + (f" ({expect['layout']})" if expect.get("layout") else "")
+                + f", compare inferred {got}: {how}"
+            )
             continue
         if got == "raw":  # allowed here: compare says it cannot tell, and must say what would fit
             if "--task" not in how:
@@ -379,8 +404,10 @@ def check_tasks(entry: dict[str, Any], report: dict[str, Any], ref: dict[str, np
         if not isinstance(value, (int, float)) or not math.isfinite(value):
             row["problems"].append(f"'{name}': no {GATE_KEYS[want]} in compare's {want} metrics")
         elif plain is not None and abs(value - plain) > METRIC_TOLERANCE:
-            row["problems"].append(f"'{name}': compare's {GATE_KEYS[want]} {value:.3f}, scored here in the "
-                                   f"model's layout {plain:.3f} ({how})")
+            row["problems"].append(
+                f"'{name}': compare's {GATE_KEYS[want]} {value:.3f}, scored here in the "
+                f"model's layout {plain:.3f} ({how})"
+            )
     return rows
 
 
@@ -401,13 +428,22 @@ def explicit_task_args(entry: dict[str, Any]) -> list[str] | None:
         formats = {o.get("box_format") for o in outs if o["role"] == "boxes"}
         if len(formats) != 1 or None in formats:
             return None
-        return ["--task", "detect", "--scores", ",".join(h["name"] for h in heads),
-                "--boxes", ",".join(h["pair"] for h in heads), "--box-format", formats.pop()]
+        return [
+            "--task",
+            "detect",
+            "--scores",
+            ",".join(h["name"] for h in heads),
+            "--boxes",
+            ",".join(h["pair"] for h in heads),
+            "--box-format",
+            formats.pop(),
+        ]
     return None
 
 
-def check_explicit(entry: dict[str, Any], report: dict[str, Any], ref: dict[str, np.ndarray],
-                   cand: dict[str, np.ndarray]) -> list[str]:
+def check_explicit(
+    entry: dict[str, Any], report: dict[str, Any], ref: dict[str, np.ndarray], cand: dict[str, np.ndarray]
+) -> list[str]:
     """Problems of compare given the explicit task flags: every output scored as that task, in
     the stated layout, with the metric plain scoring here computes (within METRIC_TOLERANCE)."""
     problems = []
@@ -420,9 +456,15 @@ def check_explicit(entry: dict[str, Any], report: dict[str, Any], ref: dict[str,
             problems.append(f"'{name}': no task in compare's report")
             continue
         if task.get("name") != want:
-            if want == "detect" and task.get("name") == "raw" and any(
+            if (
+                want == "detect"
+                and task.get("name") == "raw"
+                and any(
                     f"'{o}'" in str(task.get("how")) and ((by_name.get(o) or {}).get("task") or {}).get("name") == want
-                    for o in by_name if o != name):
+                    for o in by_name
+                    if o != name
+                )
+            ):
                 continue  # split heads are scored together, on the output whose report this one names
             problems.append(f"'{name}': given {want}, compare scored it {task.get('name')}: {task.get('how')}")
             continue
@@ -553,8 +595,9 @@ def run_case(entry: dict[str, Any], folder: Path, work: Path, run: Runner) -> Ca
         flags = explicit_task_args(entry)
         if flags:
             given = step("compare_given", base + flags)
-            res.explicit = [] if given.code == 0 and given.report else [
-                f"`{given.command()}` exited {given.code}: {given.line}"]
+            res.explicit = (
+                [] if given.code == 0 and given.report else [f"`{given.command()}` exited {given.code}: {given.line}"]
+            )
             if given.report:
                 res.explicit = check_explicit(entry, given.report, ref, cand)
     except Exception as e:  # reported with the case: a crash here is shown, not hidden

@@ -29,6 +29,7 @@ another format: no header, one ``<name> <decimal amax>`` per line, names sorted 
 ``calibration.json`` and ``calibration.flatbuffers`` beside it). :func:`read_cache` reads that text
 form too (``source_format="onnxruntime"``, no version, algorithm ``"unknown"``).
 """
+
 import json
 import math
 import re
@@ -50,23 +51,8 @@ _FLOAT32_TINY = 1.1754943508222875e-38  # smallest normal float32
 
 ALGORITHMS = ("EntropyCalibration2", "EntropyCalibration", "MinMaxCalibration", "LegacyCalibration")
 UNKNOWN_ALGORITHM = "unknown"  # tables read from ONNX Runtime's format record no algorithm
-
-# percentile and mse have no TensorRT calibrator: a cache with the EntropyCalibration2 header is
-# read by TensorRT's entropy calibrator (the values are used as given); the real method is kept in
-# the provenance JSON.
-ALGORITHM_FOR_METHOD = {
-    "max": "MinMaxCalibration",
-    "entropy": "EntropyCalibration2",
-    "percentile": "EntropyCalibration2",
-    "mse": "EntropyCalibration2",
-}
-# the methods TensorRT's own calibrators compute (trtq calibrate --backend tensorrt)
-TENSORRT_METHODS = ("max", "entropy")
-
-
-def method_for_algorithm(algorithm: str) -> str:
-    """The TensorRT-computed method an algorithm header stands for (``max`` or ``entropy``)."""
-    return next((m for m in TENSORRT_METHODS if ALGORITHM_FOR_METHOD[m] == algorithm), "entropy")
+# the algorithm each method's cache is written under: trtq.calib.methods (its registry's
+# ``algorithm``)
 
 # TensorRT 10.16 is the newest release with calibrators (TensorRT 11 removed implicit
 # quantization and IInt8Calibrator), so it is the newest that reads a calibration cache at all.
@@ -97,9 +83,7 @@ def parse_trt_version(text: str) -> tuple[int, int, int]:
     """
     m = _VERSION_RE.match(str(text)) if text is not None else None
     if not m:
-        raise ConfigError(
-            f"not a TensorRT version: {text!r}", "give major.minor[.patch], e.g. --trt-version 10.3.0"
-        )
+        raise ConfigError(f"not a TensorRT version: {text!r}", "give major.minor[.patch], e.g. --trt-version 10.3.0")
     major, minor, patch = (int(g) if g is not None else 0 for g in m.groups())
     if major < 1 or major > 99:
         raise ConfigError(f"not a TensorRT version: {text!r} (major {major})", "e.g. --trt-version 8.6.1")
@@ -142,6 +126,14 @@ def installed_trt_version() -> Optional[str]:
         return _installed_trt_version()
     except Exception:  # a broken install must not break calibrate or inspect-cache
         return None
+
+
+def resolve_trt_version(requested: Optional[str]) -> str:
+    """The TensorRT version a cache is written for: ``requested``, else the installed one, else
+    :data:`DEFAULT_TRT_VERSION` (ConfigError on garbage)."""
+    version = requested or installed_trt_version() or DEFAULT_TRT_VERSION
+    parse_trt_version(version)  # raises ConfigError on garbage
+    return version
 
 
 def _installed_trt_version() -> Optional[str]:
@@ -258,8 +250,9 @@ def render_cache(table: CalibrationTable, trt_version: Optional[str] = None) -> 
             )
         problem = scale_problem(scale_of(a))
         if problem:
-            raise CacheError(f"amax of tensor '{name}' is {a!r}: its scale would be {problem}",
-                             "check the statistics of that tensor")
+            raise CacheError(
+                f"amax of tensor '{name}' is {a!r}: its scale would be {problem}", "check the statistics of that tensor"
+            )
         lines.append(f"{name}: {scale_hex(a)}")
     return ("\n".join(lines) + "\n").encode("utf-8")
 
@@ -281,13 +274,19 @@ def read_cache(path: Union[str, Path], allow_nonfinite: bool = False) -> Calibra
     """Read a TensorRT cache, or ONNX Runtime's text calibration table. CacheError on any problem,
     naming the file and line. ``allow_nonfinite`` keeps Inf/NaN scales (for inspection only)."""
     path = Path(path)
-    require_input_file(path, CacheError, "calibration cache", "check the path, or create it with trtq calibrate",
-                       "pass the calibration.cache file")
+    require_input_file(
+        path,
+        CacheError,
+        "calibration cache",
+        "check the path, or create it with trtq calibrate",
+        "pass the calibration.cache file",
+    )
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise CacheError(f"cannot read calibration cache {path}: {e.strerror}",
-                         "check its permissions (trtq needs to read it)") from None
+        raise CacheError(
+            f"cannot read calibration cache {path}: {e.strerror}", "check its permissions (trtq needs to read it)"
+        ) from None
     if not data.strip():
         raise CacheError(f"calibration cache {path} is empty", "re-create it with trtq calibrate")
     binary_hint = (
@@ -295,13 +294,15 @@ def read_cache(path: Union[str, Path], allow_nonfinite: bool = False) -> Calibra
         "calibration.flatbuffers is not a cache"
     )
     if b"\x00" in data:
-        raise CacheError(f"{path} is binary data, not a calibration cache (NUL byte at offset {data.index(0)})",
-                         binary_hint)
+        raise CacheError(
+            f"{path} is binary data, not a calibration cache (NUL byte at offset {data.index(0)})", binary_hint
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise CacheError(f"{path} is binary data, not a calibration cache (not UTF-8 at offset {e.start})",
-                         binary_hint) from None
+        raise CacheError(
+            f"{path} is binary data, not a calibration cache (not UTF-8 at offset {e.start})", binary_hint
+        ) from None
     lines = text.split("\n")
     ends_with_newline = lines[-1] == ""
     if ends_with_newline:
@@ -314,41 +315,66 @@ def read_cache(path: Union[str, Path], allow_nonfinite: bool = False) -> Calibra
     if first.startswith("TRT-"):
         return _read_trt(path, first_no, first, numbered[1:], ends_with_newline, allow_nonfinite)
     if _TRT_ENTRY_RE.match(first):
-        raise _bad(path, first_no, "missing header line 'TRT-<version>-<Algorithm>'",
-                   "a TensorRT cache starts with a header such as TRT-8600-EntropyCalibration2; "
-                   "add it or re-create the cache with trtq calibrate")
+        raise _bad(
+            path,
+            first_no,
+            "missing header line 'TRT-<version>-<Algorithm>'",
+            "a TensorRT cache starts with a header such as TRT-8600-EntropyCalibration2; "
+            "add it or re-create the cache with trtq calibrate",
+        )
     return _read_ort(path, numbered, allow_nonfinite)
 
 
 def _check_value(path: Path, n: int, name: str, value: float, what: str, allow_nonfinite: bool, hint: str) -> None:
     if math.isnan(value) or math.isinf(value):
         if not allow_nonfinite:
-            raise _bad(path, n, f"{what} of tensor '{name}' is {value} (not finite)",
-                       "TensorRT writes this for tensors it could not range; remove that line or re-calibrate")
+            raise _bad(
+                path,
+                n,
+                f"{what} of tensor '{name}' is {value} (not finite)",
+                "TensorRT writes this for tensors it could not range; remove that line or re-calibrate",
+            )
     elif value < 0:
         raise _bad(path, n, f"{what} of tensor '{name}' is negative ({value!r})", hint)
     elif not allow_nonfinite:
         problem = scale_problem(value / INT8_MAX if what == "amax" else value)
         if problem:
-            raise _bad(path, n, f"scale of tensor '{name}' is {problem}",
-                       "re-calibrate, or remove that line (its consumers then stay float)")
+            raise _bad(
+                path,
+                n,
+                f"scale of tensor '{name}' is {problem}",
+                "re-calibrate, or remove that line (its consumers then stay float)",
+            )
 
 
-def _read_trt(path: Path, header_no: int, header: str, entries, ends_with_newline: bool,
-              allow_nonfinite: bool) -> CalibrationTable:
+def _read_trt(
+    path: Path, header_no: int, header: str, entries, ends_with_newline: bool, allow_nonfinite: bool
+) -> CalibrationTable:
     m = _HEADER_RE.match(header.strip())
     if not m:
-        raise _bad(path, header_no, f"malformed header {header[:60]!r}",
-                   "expected TRT-<version code>-<Algorithm>, e.g. TRT-8600-EntropyCalibration2")
+        raise _bad(
+            path,
+            header_no,
+            f"malformed header {header[:60]!r}",
+            "expected TRT-<version code>-<Algorithm>, e.g. TRT-8600-EntropyCalibration2",
+        )
     code, algorithm = m.groups()
     if algorithm not in ALGORITHMS:
-        raise _bad(path, header_no, f"unknown calibration algorithm '{algorithm}' in header",
-                   "known algorithms: " + ", ".join(ALGORITHMS))
+        raise _bad(
+            path,
+            header_no,
+            f"unknown calibration algorithm '{algorithm}' in header",
+            "known algorithms: " + ", ".join(ALGORITHMS),
+        )
     try:
         version: Optional[str] = decode_version_code(code)
     except ValueError:
-        raise _bad(path, header_no, f"unknown TensorRT version code '{code}' in header",
-                   "expected e.g. 8600 (TensorRT 8.6.0) or 100300 (TensorRT 10.3.0)") from None
+        raise _bad(
+            path,
+            header_no,
+            f"unknown TensorRT version code '{code}' in header",
+            "expected e.g. 8600 (TensorRT 8.6.0) or 100300 (TensorRT 10.3.0)",
+        ) from None
     amax: dict[str, float] = {}
     seen_at: dict[str, int] = {}
     for k, (n, line) in enumerate(entries):
@@ -365,8 +391,12 @@ def _read_trt(path: Path, header_no: int, header: str, entries, ends_with_newlin
         if is_last and not ends_with_newline and len(hx) < 8:
             raise _bad(path, n, f"truncated entry {line[:80]!r} (file ends mid-line)", "re-create the cache")
         if len(hx) != 8 and not allow_nonfinite:
-            raise _bad(path, n, f"scale {hx!r} of tensor '{name}' is not 8 hex digits (a usable scale always is)",
-                       "re-calibrate, or remove that line (its consumers then stay float)")
+            raise _bad(
+                path,
+                n,
+                f"scale {hx!r} of tensor '{name}' is not 8 hex digits (a usable scale always is)",
+                "re-calibrate, or remove that line (its consumers then stay float)",
+            )
         _note_entry(path, n, name, seen_at)
         scale = hex_to_scale(hx)
         _check_value(path, n, name, scale, "scale", allow_nonfinite, _TRT_HINT)
@@ -448,7 +478,7 @@ def read_provenance(cache_path: Union[str, Path]) -> Optional[dict]:
             "delete it and re-run trtq calibrate to re-create it",
         ) from None
     if not isinstance(data, dict):
-        raise CacheError(f"provenance file {p} does not hold a JSON object",
-                         "delete it and re-run trtq calibrate to re-create it")
+        raise CacheError(
+            f"provenance file {p} does not hold a JSON object", "delete it and re-run trtq calibrate to re-create it"
+        )
     return data
-

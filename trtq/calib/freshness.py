@@ -5,11 +5,12 @@ exact amax per tensor. A cache whose provenance names another model is refused u
 passes ``--allow-stale``. Caches from elsewhere (TensorRT, ONNX Runtime) have no provenance: they
 are accepted with a warning, and the quantizer still refuses one that shares no tensor with the model.
 """
+
 import logging
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional
-from collections.abc import Mapping
 
 from trtq.errors import CacheError
 from trtq.fileio import sha256_file
@@ -46,21 +47,27 @@ def check_cache_for_model(
     if prov is None:
         log.warning(
             "%s has no provenance file (%s.json): cannot check it was made for %s",
-            cache_path, Path(cache_path).name, model_path,
+            cache_path,
+            Path(cache_path).name,
+            model_path,
         )
         return None
     if amax is not None and not provenance_matches_cache(prov, amax):
         log.warning(
             "%s.json does not describe %s any more (the cache was rewritten); provenance ignored",
-            cache_path, cache_path,
+            cache_path,
+            cache_path,
         )
         return None
     model = prov.get("model") if isinstance(prov.get("model"), dict) else {}
     recorded = model.get("sha256")
     actual = model_sha256(model_path)  # its external-data files included
     if recorded and recorded != actual and "external_data" not in model and recorded == sha256_file(model_path):
-        log.warning("%s.json predates the hashing of external data: %s's weights files cannot be checked",
-                    cache_path, Path(model_path).name)
+        log.warning(
+            "%s.json predates the hashing of external data: %s's weights files cannot be checked",
+            cache_path,
+            Path(model_path).name,
+        )
         return prov
     if recorded and recorded != actual:
         if allow_stale:

@@ -3,11 +3,12 @@
 shapes), which method and TensorRT algorithm, and the amax table it produced. The ONNX Runtime
 passes, TensorRT's own calibrator and ``--from-stats`` all build it here; the freshness check
 (:mod:`trtq.calib.freshness`) and ``trtq report`` read it back."""
+
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from collections.abc import Mapping, Sequence
 
 from trtq import __version__
 
@@ -47,22 +48,50 @@ def data_entry(batcher: Any, samples: int, options: Mapping[str, Any] | None = N
     return entry
 
 
-def calibration_provenance(model: Mapping[str, Any], data: Mapping[str, Any], method: Mapping[str, Any],
-                           algorithm: str, trt_version: str, amax: Mapping[str, float],
-                           **extra: Any) -> dict[str, Any]:
+def calibration_provenance(
+    model: Mapping[str, Any],
+    data: Mapping[str, Any],
+    method: Mapping[str, Any],
+    algorithm: str,
+    trt_version: str,
+    amax: Mapping[str, float],
+    **extra: Any,
+) -> dict[str, Any]:
     """The provenance of a cache calibrated by running the model (``extra``: e.g. ``seconds``)."""
-    return {"format": FORMAT, "trtq_version": __version__, "model": dict(model), "data": dict(data),
-            "method": dict(method), "algorithm": algorithm, "trt_version": trt_version, **extra,
-            "amax": dict(amax)}
+    return {
+        "format": FORMAT,
+        "trtq_version": __version__,
+        "model": dict(model),
+        "data": dict(data),
+        "method": dict(method),
+        "algorithm": algorithm,
+        "trt_version": trt_version,
+        **extra,
+        "amax": dict(amax),
+    }
 
 
-def restamped_provenance(meta: Mapping[str, Any], method: Mapping[str, Any], algorithm: str, trt_version: str,
-                         amax: Mapping[str, float], from_stats: Path) -> dict[str, Any]:
+def restamped_provenance(
+    meta: Mapping[str, Any],
+    method: Mapping[str, Any],
+    algorithm: str,
+    trt_version: str,
+    amax: Mapping[str, float],
+    from_stats: Path,
+) -> dict[str, Any]:
     """The provenance of a cache computed from saved statistics: the statistics file's own
     metadata (model, data) with this run's method, algorithm, TensorRT version and amax."""
     provenance = dict(meta)
     provenance.pop("tensors", None)
-    provenance.update({"format": FORMAT, "trtq_version": __version__, "method": dict(method),
-                       "algorithm": algorithm, "trt_version": trt_version, "amax": dict(amax),
-                       "from_stats": str(from_stats)})
+    provenance.update(
+        {
+            "format": FORMAT,
+            "trtq_version": __version__,
+            "method": dict(method),
+            "algorithm": algorithm,
+            "trt_version": trt_version,
+            "amax": dict(amax),
+            "from_stats": str(from_stats),
+        }
+    )
     return provenance

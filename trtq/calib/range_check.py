@@ -7,10 +7,12 @@ Both show on the histogram the ranges came from: the expected squared INT8 error
 of mse's range, which minimises it. A tensor whose error is more than :data:`RATIO` times mse's is
 flagged; the caller decides which tensors matter (those the Q/DQ model quantizes) and warns.
 """
+
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -26,8 +28,10 @@ class RangeFlag:
     mse_clipped: float  # fraction above mse's range
 
     def describe(self) -> str:
-        return (f"{self.tensor} ({self.ratio:.0f}x mse's error, clips {100 * self.clipped:.3g}% "
-                f"vs {100 * self.mse_clipped:.3g}%)")
+        return (
+            f"{self.tensor} ({self.ratio:.0f}x mse's error, clips {100 * self.clipped:.3g}% "
+            f"vs {100 * self.mse_clipped:.3g}%)"
+        )
 
 
 def _centres(counts: np.ndarray, top: float) -> np.ndarray:
@@ -53,9 +57,14 @@ def clipped_fraction(counts: np.ndarray, top: float, amax: float) -> float:
     return float(c[_centres(c, top) > amax].sum() / total) if total else 0.0
 
 
-def range_flags(amax: Mapping[str, float], mse_amax: Mapping[str, float], maxima: Mapping[str, float],
-                counts: Mapping[str, np.ndarray], tops: Mapping[str, float] | None = None,
-                tensors: Sequence[str] | None = None) -> list[RangeFlag]:
+def range_flags(
+    amax: Mapping[str, float],
+    mse_amax: Mapping[str, float],
+    maxima: Mapping[str, float],
+    counts: Mapping[str, np.ndarray],
+    tops: Mapping[str, float] | None = None,
+    tensors: Sequence[str] | None = None,
+) -> list[RangeFlag]:
     """The tensors (of ``tensors``, default all) whose ``amax`` costs more than :data:`RATIO` times
     the expected error of ``mse_amax`` on the same histogram (over ``[0, tops[n]]``, else
     ``[0, maxima[n]]``), worst first."""
@@ -68,6 +77,23 @@ def range_flags(amax: Mapping[str, float], mse_amax: Mapping[str, float], maxima
         got = quantization_error(counts[name], top, float(amax[name]))
         if got > RATIO * best and got > 0:
             ratio = got / best if best > 0 else float("inf")
-            flags.append(RangeFlag(name, ratio, clipped_fraction(counts[name], top, float(amax[name])),
-                                   clipped_fraction(counts[name], top, float(mse_amax[name]))))
+            flags.append(
+                RangeFlag(
+                    name,
+                    ratio,
+                    clipped_fraction(counts[name], top, float(amax[name])),
+                    clipped_fraction(counts[name], top, float(mse_amax[name])),
+                )
+            )
     return sorted(flags, key=lambda f: -f.ratio)
+
+
+def check_ranges(method: str, amax: Mapping, maxima: Mapping, counts: Any, zeros: Any, tops: Any) -> list[RangeFlag]:
+    """:func:`range_flags` of ``method``'s ranges against mse's on the same histograms (none for mse
+    itself, or without histograms)."""
+    if method == "mse" or counts is None:
+        return []
+    from trtq.calib.methods import compute_all
+
+    mse = compute_all("mse", maxima, counts, 99.99, zeros, tops)
+    return range_flags(amax, mse, maxima, counts, tops)

@@ -16,7 +16,7 @@ levels, the in-range error of candidate ``j`` (in units of ``(w/254)^2``) is
     A_j = sum_k P1[S_k(j)],   B_j = sum_k (2k-1) P0[S_k(j)]            (k = 1 .. 127)
 
 ``S_k(j)`` depends on ``j`` only, so ``A`` and ``B`` are 127 gathers per candidate for all tensors
-together (:func:`trtq.calib.kernels.level_sums`, numba or numpy, both exact). The in-range and
+together (:func:`trtq.calib.collect.kernels.level_sums`, compiled or numpy, both exact). The in-range and
 clipped sums are exact integers (int64: wrap-around in the intermediate terms cancels, the result
 is below 2^63 where :func:`mse_fits` says so); the reference sums the same terms in float64, so the
 two differ by its rounding only and pick the same candidate (tie rule: relative 1e-12, first wins).
@@ -33,6 +33,7 @@ here, where the reference's float rounding may pick ``k``: the error is the same
 ``[g*m, (g+1)*m)``; only the last group ``[127*m, i)`` and the tail differ. So the cross term
 ``sum_g S_g log(G_g / k_g)`` is 16 sums of 127 groups plus one term per candidate.
 """
+
 import functools
 import math
 from collections.abc import Sequence
@@ -45,7 +46,7 @@ INT8_LEVELS = 127
 def mse_fits(total: int, num_bins: int) -> bool:
     """Whether the exact int64 sums hold: every candidate's error, ``<= total * (2*num_bins)^2``
     in its units, must stay below 2^62."""
-    return int(total) * (2 * int(num_bins)) ** 2 < 2 ** 62
+    return int(total) * (2 * int(num_bins)) ** 2 < 2**62
 
 
 @functools.lru_cache(maxsize=4)
@@ -61,7 +62,7 @@ def mse_errors_many(counts: np.ndarray, maxima: np.ndarray, start_bin: int = 128
     """Candidate indices ``j`` and the squared error [T, candidates] of every tensor (rows of
     ``counts`` [T, bins] int64, all with ``mse_fits``); the same quantity as the reference's
     ``mse_errors`` (float64, to rounding)."""
-    from trtq.calib.kernels import level_sums
+    from trtq.calib.collect.kernels import level_sums
 
     counts = np.asarray(counts, dtype=np.int64)
     t, nb = counts.shape
@@ -76,8 +77,7 @@ def mse_errors_many(counts: np.ndarray, maxima: np.ndarray, start_bin: int = 128
     a_sum, b_sum = a_sum.T, b_sum.T
     w = np.asarray(maxima, dtype=np.float64) / nb
     j = js[None, :]
-    inside = (16129 * p2[:, js] - 508 * j * (127 * p1[:, js] - a_sum)
-              + 4 * j * j * (16129 * p0[:, js] - b_sum))
+    inside = 16129 * p2[:, js] - 508 * j * (127 * p1[:, js] - a_sum) + 4 * j * j * (16129 * p0[:, js] - b_sum)
     u0, u1, u2 = p0[:, -1:] - p0[:, js], p1[:, -1:] - p1[:, js], p2[:, -1:] - p2[:, js]
     clipped = u2 - 4 * j * u1 + 4 * j * j * u0  # sum c (o - 2j)^2 over bins >= j
     err = inside.astype(np.float64) + 16129.0 * clipped.astype(np.float64)
@@ -99,7 +99,7 @@ def mse_amax_many(counts: Sequence[np.ndarray], maxima: Sequence[float], start_b
     m = np.asarray(maxima, dtype=np.float64)
     totals = c.sum(axis=1)
     ok = (m > 0) & (totals > 0) & np.array([mse_fits(int(n), c.shape[1]) for n in totals], dtype=bool)
-    from trtq.calib.kernels import parallel_map
+    from trtq.calib.collect.kernels import parallel_map
 
     def search(part: np.ndarray) -> list[float]:
         js, err = mse_errors_many(c[part], m[part], start_bin)
@@ -108,8 +108,8 @@ def mse_amax_many(counts: Sequence[np.ndarray], maxima: Sequence[float], start_b
     out: list = [None] * len(c)
     idx = np.flatnonzero(ok)
     # parts of at most 32 tensors side by side on the cores (the gathers run in C without the GIL,
-    # and so do numpy's larger operations), each with temporaries of [32, candidates]: PP-OCR cls's
-    # 235 tensors 55 -> 33 ms on 2 cores, in no more memory than one part of 64 at a time took
+    # and so do numpy's larger operations), each with temporaries of [32, candidates]: faster on
+    # two cores than parts of 64 one at a time, in no more memory (docs/decisions.md D22)
     parts = np.array_split(idx, -(-idx.size // 32)) if idx.size else []
     for part, found in zip(parts, parallel_map(search, parts)):
         for r, a in zip(part, found):
@@ -166,9 +166,10 @@ def entropy_choices(counts: Sequence[np.ndarray], num_quantized_bins: int = 128,
     None when no candidate is finite (an empty histogram)."""
     out: list = []
     for lo in range(0, len(counts), 64):  # bounded temporaries: [64, candidates]
-        kl = entropy_divergences_many(np.stack(counts[lo:lo + 64]), num_quantized_bins)
+        kl = entropy_divergences_many(np.stack(counts[lo : lo + 64]), num_quantized_bins)
         best = kl.min(axis=1, keepdims=True)
         first = np.argmax(kl <= best + tie_abs, axis=1)
-        out += [int(num_quantized_bins) + int(i) if math.isfinite(float(b)) else None
-                for i, b in zip(first, best[:, 0])]
+        out += [
+            int(num_quantized_bins) + int(i) if math.isfinite(float(b)) else None for i, b in zip(first, best[:, 0])
+        ]
     return out

@@ -19,18 +19,19 @@ preprocessing), the model's sha256, the trtq version and ``shard: {index, count,
 ranges_sha256}``; merging refuses files that disagree on any of them, duplicate or missing shards,
 and pass-2 shards that used other ranges.
 """
+
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
-from collections.abc import Sequence
 
 from trtq.errors import CacheError, UsageError
 
 PASS_RANGES = "ranges"
 PASS_HISTOGRAM = "histogram"
-PASS_ONE = "one-pass"  # mse / percentile: power-of-two histograms, complete in one pass (trtq.calib.pow2)
+PASS_ONE = "one-pass"  # mse / percentile: power-of-two histograms, complete in one pass (trtq.calib.collect.one_pass)
 
 # the digits 0-9 only (re.ASCII: \d would take other scripts' digits, which int() reads)
 _SHARD_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$", re.ASCII)
@@ -43,14 +44,18 @@ def parse_shard(text: str) -> tuple[int, int]:
     m = _SHARD_RE.match(str(text))
     shown = str(text) if len(str(text)) <= 40 else str(text)[:37] + "..."
     if not m:
-        raise UsageError(f"--shard {shown!r} is not I/N (two whole numbers, digits 0-9)",
-                         "pass the 0-based shard index and the shard count, e.g. --shard 0/4")
+        raise UsageError(
+            f"--shard {shown!r} is not I/N (two whole numbers, digits 0-9)",
+            "pass the 0-based shard index and the shard count, e.g. --shard 0/4",
+        )
     if len(m.group(2)) > 7 or int(m.group(2)) > MAX_SHARDS:
         raise UsageError(f"--shard {shown}: at most {MAX_SHARDS} shards", "split the data into fewer shards")
     index, count = int(m.group(1)) if len(m.group(1)) <= 7 else MAX_SHARDS, int(m.group(2))
     if count < 1 or not 0 <= index < count:
-        raise UsageError(f"--shard {shown}: the index must be in 0..N-1 and N at least 1",
-                         f"e.g. --shard 0/{max(count, 1)} ... --shard {max(count, 1) - 1}/{max(count, 1)}")
+        raise UsageError(
+            f"--shard {shown}: the index must be in 0..N-1 and N at least 1",
+            f"e.g. --shard 0/{max(count, 1)} ... --shard {max(count, 1) - 1}/{max(count, 1)}",
+        )
     return index, count
 
 
@@ -74,8 +79,10 @@ def shard_meta(meta: dict, path: Optional[Path] = None) -> Optional[dict]:
         return None
 
     def bad(what: str) -> CacheError:
-        return CacheError(f"{path or 'the statistics file'} is not a valid shard file ({what})",
-                          "re-run trtq calibrate --shard I/N --save-stats for it")
+        return CacheError(
+            f"{path or 'the statistics file'} is not a valid shard file ({what})",
+            "re-run trtq calibrate --shard I/N --save-stats for it",
+        )
 
     if not isinstance(s, dict):
         raise bad("its shard entry is not a mapping")
@@ -119,8 +126,11 @@ def statistics_key(num_bins: int, one_pass: bool, hist_elements: int) -> dict:
     histograms, the per-sample element cap (a stride past it). Shards merge only when it is equal;
     the method is not in it (mse / percentile shards hold the same histograms, entropy / max the same
     maxima and counts), nor the collector, --max-memory or the batch size (same integers)."""
-    return {"edges": "pow2" if one_pass else "linear", "num_bins": int(num_bins),
-            "hist_elements": int(hist_elements) if one_pass else None}
+    return {
+        "edges": "pow2" if one_pass else "linear",
+        "num_bins": int(num_bins),
+        "hist_elements": int(hist_elements) if one_pass else None,
+    }
 
 
 # ------------------------------------------------------------------------------------------------
@@ -142,8 +152,11 @@ def check_same_origin(path: Path, meta: dict, ref_path: Path, ref: dict) -> None
     a_model = _get(meta, "model", "sha256")
     b_model = _get(ref, "model", "sha256")
     if a_model != b_model:
-        raise CacheError(f"{path} holds statistics of another model than {ref_path} (sha256 {str(a_model)[:12]} vs "
-                         f"{str(b_model)[:12]})", fix)
+        raise CacheError(
+            f"{path} holds statistics of another model than {ref_path} (sha256 {str(a_model)[:12]} vs "
+            f"{str(b_model)[:12]})",
+            fix,
+        )
     a_data = _get(meta, "data", "fingerprint")
     b_data = _get(ref, "data", "fingerprint")
     if a_data != b_data:
@@ -151,8 +164,9 @@ def check_same_origin(path: Path, meta: dict, ref_path: Path, ref: dict) -> None
             raise CacheError(f"{path} was calibrated with other preprocessing than {ref_path}", fix)
         raise CacheError(f"{path} was calibrated on another data set (sample list or order) than {ref_path}", fix)
     if meta.get("trtq_version") != ref.get("trtq_version"):
-        raise CacheError(f"{path} was written by trtq {meta.get('trtq_version')}, {ref_path} by trtq "
-                         f"{ref.get('trtq_version')}", fix)
+        raise CacheError(
+            f"{path} was written by trtq {meta.get('trtq_version')}, {ref_path} by trtq {ref.get('trtq_version')}", fix
+        )
     if list(meta.get("tensors") or []) != list(ref.get("tensors") or []):
         raise CacheError(f"{path} covers other tensors than {ref_path}", "pass the same --tensors to every shard")
 
@@ -164,9 +178,11 @@ def check_same_statistics(path: Path, meta: dict, ref_path: Path, ref: dict) -> 
         a_key, b_key = (k if isinstance(k, dict) else {} for k in (a_key, b_key))
         keys = sorted(set(a_key) | set(b_key))
         diff = next((k for k in keys if a_key.get(k) != b_key.get(k)), "settings")
-        raise CacheError(f"{path} was calibrated with other statistics settings than {ref_path} ({diff}: "
-                         f"{_shown(a_key.get(diff))} vs {_shown(b_key.get(diff))})",
-                         "calibrate every shard with the same --num-bins and --hist-elements")
+        raise CacheError(
+            f"{path} was calibrated with other statistics settings than {ref_path} ({diff}: "
+            f"{_shown(a_key.get(diff))} vs {_shown(b_key.get(diff))})",
+            "calibrate every shard with the same --num-bins and --hist-elements",
+        )
 
 
 def check_ranges_fit(ranges_path: Path, meta: dict, model_sha: str, fingerprint: str, tensors: Sequence[str]) -> None:
@@ -179,14 +195,16 @@ def check_ranges_fit(ranges_path: Path, meta: dict, model_sha: str, fingerprint:
     if _get(meta, "data", "fingerprint") != fingerprint:
         raise CacheError(f"--ranges {ranges_path} was measured on another data set or preprocessing", fix)
     if meta.get("trtq_version") != __version__:
-        raise CacheError(f"--ranges {ranges_path} was written by trtq {meta.get('trtq_version')}, this is "
-                         f"{__version__}", fix)
+        raise CacheError(
+            f"--ranges {ranges_path} was written by trtq {meta.get('trtq_version')}, this is {__version__}", fix
+        )
     if list(meta.get("tensors") or []) != list(tensors):
         raise CacheError(f"--ranges {ranges_path} covers other tensors than this run", "pass the same --tensors")
     s = shard_meta(meta, ranges_path)
     if s is not None and s.get("index") is not None and s["count"] > 1:
-        raise CacheError(f"--ranges {ranges_path} is shard {s.get('index')}/{s.get('count')} of pass 1, not the merge",
-                         fix)
+        raise CacheError(
+            f"--ranges {ranges_path} is shard {s.get('index')}/{s.get('count')} of pass 1, not the merge", fix
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -200,69 +218,42 @@ class MergeResult:
         self.samples, self.tensors = samples, tensors
 
     def to_dict(self) -> dict:
-        return {"output": str(self.output), "shards": self.shards, "pass": self.pass_name,
-                "samples": self.samples, "tensors": self.tensors}
+        return {
+            "output": str(self.output),
+            "shards": self.shards,
+            "pass": self.pass_name,
+            "samples": self.samples,
+            "tensors": self.tensors,
+        }
 
 
-def merge_stats_files(paths: Sequence[Path], output: Path) -> MergeResult:
-    """Merge the N shard files of one pass into one statistics file (written atomically).
+class Merged:
+    """The N shards of one pass merged: what a statistics file holds (``tops`` for one-pass
+    histograms), the shard count and the pass."""
+
+    def __init__(
+        self, maxima: dict, counts: dict, zeros: dict, tops: Optional[dict], meta: dict, shards: int, pass_name: str
+    ):
+        self.maxima, self.counts, self.zeros, self.tops, self.meta = maxima, counts, zeros, tops, meta
+        self.shards, self.pass_name = shards, pass_name
+
+
+def merge_shards(paths: Sequence[Path]) -> Merged:
+    """Merge the N shard files of one pass (trtq.pipeline.calibrate.merge_stats writes the result).
 
     Pass ``ranges``: maxima by max (counts stay empty); pass ``histogram``: maxima must be the same
-    edges in every shard, counts and exact-zero counts add up. The output's meta is the shards'
-    with ``data.samples`` / ``data.skipped`` summed and ``shard.index`` null (merged).
+    edges in every shard, counts and exact-zero counts add up; one pass: each tensor's histograms
+    raised to the widest range, then added. The meta is the shards' with ``data.samples`` /
+    ``data.skipped`` summed and ``shard.index`` null (merged).
     """
     import numpy as np
 
-    from trtq.calib.stats import load_stats, save_stats
-
-    paths = [Path(p) for p in paths]
-    if not paths:
-        raise UsageError("no statistics files to merge",
-                         "pass the shard files, e.g. trtq merge-stats part-*.npz -o merged.npz")
-    loaded = []
-    for p in paths:
-        st = load_stats(p)
-        s = shard_meta(st.meta, p)
-        if s is None or s.get("index") is None:
-            what = "a merged file" if s is not None else "not a shard (no --shard)"
-            raise CacheError(f"{p} is {what}", "merge the files written by trtq calibrate --shard I/N --save-stats")
-        loaded.append((p, st, s))
-    p0, st0, s0 = loaded[0]
-    count, pass_name = s0["count"], s0.get("pass")
-    seen: dict[int, Path] = {}
-    for p, st, s in loaded:
-        check_same_origin(p, st.meta, p0, st0.meta)
-        if s["count"] != count:
-            raise CacheError(f"{p} is shard {s.get('index')}/{s.get('count')} but {p0} is of {count} shards",
-                             "merge the shards of one split")
-        if s.get("pass") != pass_name:
-            raise CacheError(f"{p} is from pass {s.get('pass')}, {p0} from pass {pass_name}",
-                             "merge the shards of one pass at a time")
-        if st.num_bins != st0.num_bins:
-            raise CacheError(f"{p} has {st.num_bins} histogram bins, {p0} has {st0.num_bins}",
-                             "use the same --num-bins")
-        check_same_statistics(p, st.meta, p0, st0.meta)
-        index = s["index"]
-        if index in seen:
-            raise CacheError(f"shard {index}/{count} given twice: {seen[index]} and {p}", "pass each shard once")
-        seen[index] = p
-        if pass_name == PASS_HISTOGRAM and s.get("ranges_sha256") != s0.get("ranges_sha256"):
-            raise CacheError(f"{p} was histogrammed over other ranges than {p0}",
-                             "run pass 2 of every shard with the same --ranges file")
-    if len(seen) < count:  # the first few missing: at most len(seen) + 5 steps, whatever the count
-        missing: list[int] = []
-        for i in range(count):
-            if i not in seen:
-                missing.append(i)
-                if len(missing) == 5:
-                    break
-        raise CacheError(f"missing shard(s) {', '.join(f'{i}/{count}' for i in missing)}"
-                         + (" ..." if count - len(seen) > 5 else ""),
-                         "pass all N shard files: the merged statistics must cover every sample")
-
+    loaded = _load_shards([Path(p) for p in paths])
+    count, pass_name = _check_shards(loaded)
+    st0 = loaded[0][1]
     names = list(st0.maxima)
     if pass_name == PASS_ONE:
-        return _merge_one_pass(loaded, names, output, count)
+        return _merge_one_pass(loaded, names, count)
     if pass_name == PASS_RANGES:
         maxima = {n: max(st.maxima[n] for _, st, _ in loaded) for n in names}
     else:
@@ -274,9 +265,73 @@ def merge_stats_files(paths: Sequence[Path], output: Path) -> MergeResult:
             for n in names:
                 counts[n] += st.counts[n]
                 zeros[n] += st.zeros.get(n, 0)
-    meta = _merged_meta(loaded, count)
-    save_stats(output, maxima, counts, meta, zeros)
-    return MergeResult(Path(output), count, pass_name, meta["data"]["samples"], len(names))
+    return Merged(maxima, counts, zeros, None, _merged_meta(loaded, count), count, pass_name)
+
+
+def _load_shards(paths: list[Path]) -> list:
+    """(path, StatsFile, shard meta) of each file; CacheError for one that is no unmerged shard."""
+    from trtq.calib.stats import load_stats
+
+    if not paths:
+        raise UsageError(
+            "no statistics files to merge", "pass the shard files, e.g. trtq merge-stats part-*.npz -o merged.npz"
+        )
+    loaded = []
+    for p in paths:
+        st = load_stats(p)
+        s = shard_meta(st.meta, p)
+        if s is None or s.get("index") is None:
+            what = "a merged file" if s is not None else "not a shard (no --shard)"
+            raise CacheError(f"{p} is {what}", "merge the files written by trtq calibrate --shard I/N --save-stats")
+        loaded.append((p, st, s))
+    return loaded
+
+
+def _check_shards(loaded: list) -> tuple[int, Optional[str]]:
+    """(shard count, pass) of shards of one origin, split, pass, bin count and statistics, each
+    once and none missing; CacheError naming the first difference otherwise."""
+    p0, st0, s0 = loaded[0]
+    count, pass_name = s0["count"], s0.get("pass")
+    seen: dict[int, Path] = {}
+    for p, st, s in loaded:
+        check_same_origin(p, st.meta, p0, st0.meta)
+        if s["count"] != count:
+            raise CacheError(
+                f"{p} is shard {s.get('index')}/{s.get('count')} but {p0} is of {count} shards",
+                "merge the shards of one split",
+            )
+        if s.get("pass") != pass_name:
+            raise CacheError(
+                f"{p} is from pass {s.get('pass')}, {p0} from pass {pass_name}",
+                "merge the shards of one pass at a time",
+            )
+        if st.num_bins != st0.num_bins:
+            raise CacheError(
+                f"{p} has {st.num_bins} histogram bins, {p0} has {st0.num_bins}", "use the same --num-bins"
+            )
+        check_same_statistics(p, st.meta, p0, st0.meta)
+        index = s["index"]
+        if index in seen:
+            raise CacheError(f"shard {index}/{count} given twice: {seen[index]} and {p}", "pass each shard once")
+        seen[index] = p
+        if pass_name == PASS_HISTOGRAM and s.get("ranges_sha256") != s0.get("ranges_sha256"):
+            raise CacheError(
+                f"{p} was histogrammed over other ranges than {p0}",
+                "run pass 2 of every shard with the same --ranges file",
+            )
+    if len(seen) < count:  # the first few missing: at most len(seen) + 5 steps, whatever the count
+        missing: list[int] = []
+        for i in range(count):
+            if i not in seen:
+                missing.append(i)
+                if len(missing) == 5:
+                    break
+        raise CacheError(
+            f"missing shard(s) {', '.join(f'{i}/{count}' for i in missing)}"
+            + (" ..." if count - len(seen) > 5 else ""),
+            "pass all N shard files: the merged statistics must cover every sample",
+        )
+    return count, pass_name
 
 
 def _merged_meta(loaded: list, count: int) -> dict:
@@ -290,10 +345,9 @@ def _merged_meta(loaded: list, count: int) -> dict:
     return meta
 
 
-def _merge_one_pass(loaded: list, names: list, output: Path, count: int) -> MergeResult:
+def _merge_one_pass(loaded: list, names: list, count: int) -> Merged:
     """One-pass shards: each tensor's histograms raised to the widest range, then added."""
-    from trtq.calib.pow2 import Pow2Histograms, merge_into
-    from trtq.calib.stats import save_stats
+    from trtq.calib.collect.one_pass import Pow2Histograms, merge_into
 
     p0, st0, _ = loaded[0]
     total = Pow2Histograms(names, st0.num_bins)
@@ -301,18 +355,23 @@ def _merge_one_pass(loaded: list, names: list, output: Path, count: int) -> Merg
         if st.tops is None:
             raise CacheError(f"{p} holds histograms over [0, max], not one-pass ones", "merge the shards of one run")
         merge_into(total, st.maxima, st.tops, st.counts, st.zeros)
-    meta = _merged_meta(loaded, count)
-    save_stats(output, total.maxima, total.counts, meta, total.zeros, total.tops)
-    return MergeResult(Path(output), count, PASS_ONE, meta["data"]["samples"], len(names))
+    return Merged(total.maxima, total.counts, total.zeros, total.tops, _merged_meta(loaded, count), count, PASS_ONE)
 
 
 # ------------------------------------------------------------------------------------------------
-# one shard's run (called by trtq.calib.calibrate.run_calibration)
+# one shard's run (called by trtq.pipeline.calibrate)
 # ------------------------------------------------------------------------------------------------
 
 
-def prepare_shard(batcher, shard: Optional[tuple[int, int]], ranges: Optional[Path], opts, model_path: Path,
-                  tensors: Sequence[str], one_pass: bool = False) -> tuple[str, Optional[dict[str, float]]]:
+def prepare_shard(
+    batcher,
+    shard: Optional[tuple[int, int]],
+    ranges: Optional[Path],
+    opts,
+    model_path: Path,
+    tensors: Sequence[str],
+    one_pass: bool = False,
+) -> tuple[str, Optional[dict[str, float]]]:
     """Restrict ``batcher`` to the shard; returns (pass name, the merged maxima for pass 2 or None).
     ``one_pass``: the method histograms in one pass (mse / percentile), so there is no pass 2."""
     from trtq.calib.stats import load_stats
@@ -324,16 +383,23 @@ def prepare_shard(batcher, shard: Optional[tuple[int, int]], ranges: Optional[Pa
     if not opts.save_stats:
         raise UsageError("--shard writes statistics, not a cache", f"pass --save-stats part-{shard[0]}.npz")
     if shard[1] > batcher.num_samples:  # some shards would have no samples
-        raise DataError(f"--shard {shard[0]}/{shard[1]}: {shard[1]} shards but the data set has {batcher.num_samples} "
-                        "samples, so some shards have no samples", f"use at most {batcher.num_samples} shards")
+        raise DataError(
+            f"--shard {shard[0]}/{shard[1]}: {shard[1]} shards but the data set has {batcher.num_samples} "
+            "samples, so some shards have no samples",
+            f"use at most {batcher.num_samples} shards",
+        )
     batcher.take_shard(*shard)
     if batcher.num_samples == 0:
-        raise DataError(f"shard {shard[0]}/{shard[1]} has no samples (the data set has {batcher.total_samples})",
-                        f"use at most {batcher.total_samples} shards")
+        raise DataError(
+            f"shard {shard[0]}/{shard[1]} has no samples (the data set has {batcher.total_samples})",
+            f"use at most {batcher.total_samples} shards",
+        )
     if one_pass:
         if ranges is not None:
-            raise UsageError(f"--method {opts.method} histograms in one pass: a shard has no pass 2 (--ranges)",
-                             "merge the shards' files (trtq merge-stats) and run trtq calibrate --from-stats")
+            raise UsageError(
+                f"--method {opts.method} histograms in one pass: a shard has no pass 2 (--ranges)",
+                "merge the shards' files (trtq merge-stats) and run trtq calibrate --from-stats",
+            )
         return PASS_ONE, None
     if ranges is None:
         return PASS_RANGES, None
@@ -341,6 +407,8 @@ def prepare_shard(batcher, shard: Optional[tuple[int, int]], ranges: Optional[Pa
     check_ranges_fit(Path(ranges), st.meta, model_sha256(model_path), batcher.fingerprint(), tensors)
     lacking = [n for n in tensors if n not in st.maxima]
     if lacking:
-        raise CacheError(f"--ranges {ranges} has no range for tensor '{lacking[0]}'",
-                         "merge the pass-1 shards of this run (trtq merge-stats) and pass that file as --ranges")
+        raise CacheError(
+            f"--ranges {ranges} has no range for tensor '{lacking[0]}'",
+            "merge the pass-1 shards of this run (trtq merge-stats) and pass that file as --ranges",
+        )
     return PASS_HISTOGRAM, {n: st.maxima[n] for n in tensors}

@@ -1,286 +1,65 @@
-"""Streaming, bounded-memory, exactly mergeable activation statistics, and the range methods.
+"""The range rules of the histogram methods, and the statistics file that keeps histograms.
 
-Two accumulators, one per calibration pass:
-
-* :class:`AbsMaxAccumulator` keeps the running ``max|x|`` of every tensor.
-* :class:`HistogramAccumulator` histograms ``|x|`` over *fixed* edges
-  ``linspace(0, max|x|, num_bins + 1)`` taken from the first pass. Because the edges never move,
-  histograms of any split of the data (batches, shards, orders) add up to exactly the same counts.
-
-Only the arrays handed to ``update`` are touched; nothing of a batch is kept. Memory is
-``tensors x num_bins x 8`` bytes.
-
-Range methods turn ``(counts, max_value)`` into one ``amax`` (symmetric int8, ``scale = amax/127``):
-``entropy`` (TensorRT EntropyCalibration2 search), ``percentile`` and ``mse``; ``max`` needs no
-histogram. See :func:`entropy_amax`, :func:`percentile_amax` and :func:`mse_amax` for the exact rules.
+The rules turn one tensor's ``(counts, max_value)`` into its ``amax`` (symmetric int8,
+``scale = amax/127``): :func:`entropy_amax` (TensorRT's EntropyCalibration2 search),
+:func:`percentile_amax` and :func:`mse_amax` (with :func:`entropy_divergences` and :func:`mse_errors`,
+the per-tensor references of trtq.calib.search). Which method runs which rule, and what each needs,
+is the registry of trtq.calib.methods. The histograms come from trtq.calib.collect.
 
 A tensor whose ``max|x|`` is 0 (always exactly zero) has no usable edges: its histogram puts every
 value in bin 0 and every method returns ``amax = 0.0``. Callers decide what to write for it (a
-TensorRT scale must be > 0; ``trtq calibrate`` floors it).
+TensorRT scale must be > 0; ``trtq calibrate`` floors it: trtq.calib.methods.finalize_amax).
 """
+
 import io
 import itertools
 import json
 import math
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Union
-from collections.abc import Mapping
 
 import numpy as np
 
 from trtq import interrupt
-from trtq.calib import kernels
-from trtq.errors import CacheError, ConfigError, DataError
+from trtq.calib.collect.accumulators import DEFAULT_NUM_BINS
+from trtq.errors import CacheError, ConfigError
 from trtq.fileio import atomic_write_bytes, require_input_file
 
-METHODS = ("max", "entropy", "percentile", "mse")
-DEFAULT_NUM_BINS = 2048
-MAX_NUM_BINS = 1 << 20  # TensorRT's calibrators use 2048; a million bins is already 8 MB per tensor
+MAX_NUM_BINS = 1 << 20  # TensorRT's calibrators use 2048; a million int64 bins is 8 MiB a tensor
 
 
 def check_num_bins(num_bins: int, tensors: int) -> None:
     """ConfigError, before any work, for a bin count below 1 or above MAX_NUM_BINS, or whose int64
     histograms for ``tensors`` tensors would take more than half the available memory."""
-    from trtq.calib.budget import available_memory
+    from trtq.memory import available_memory
 
     if not 1 <= int(num_bins) <= MAX_NUM_BINS:
-        raise ConfigError(f"num_bins must be a positive integer up to {MAX_NUM_BINS}, got {num_bins}",
-                          f"e.g. --num-bins {DEFAULT_NUM_BINS} (TensorRT's)")
+        raise ConfigError(
+            f"num_bins must be a positive integer up to {MAX_NUM_BINS}, got {num_bins}",
+            f"e.g. --num-bins {DEFAULT_NUM_BINS} (TensorRT's)",
+        )
     need = int(num_bins) * 8 * max(int(tensors), 1)
     avail = available_memory()
     if avail and need > avail // 2:
-        raise ConfigError(f"--num-bins {num_bins} needs {need / 2**30:.1f} GiB of histograms for {tensors} tensors, "
-                          f"more than half of the {avail / 2**30:.1f} GiB available",
-                          f"use fewer bins, e.g. --num-bins {DEFAULT_NUM_BINS}")
+        raise ConfigError(
+            f"--num-bins {num_bins} needs {need / 2**30:.1f} GiB of histograms for {tensors} tensors, "
+            f"more than half of the {avail / 2**30:.1f} GiB available",
+            f"use fewer bins, e.g. --num-bins {DEFAULT_NUM_BINS}",
+        )
+
+
 NUM_QUANTIZED_BINS = 128  # int8 magnitude levels the entropy search merges into
 INT8_LEVELS = 127  # symmetric int8: q in [-127, 127]
 EMPTY_Q_COUNT = 1e-4  # entropy: floor of an empty Q bin facing a non-empty P bin, in counts
 STATS_FORMAT = "trtq-stats/1"  # histograms over [0, max] (two passes)
-STATS_FORMAT_POW2 = "trtq-stats/2"  # histograms over [0, top], top a power of two (trtq.calib.pow2)
+STATS_FORMAT_POW2 = "trtq-stats/2"  # histograms over [0, top], top a power of two (trtq.calib.collect.one_pass)
 
 # Two candidates whose criterion differs by less than this count as tied (the first one wins).
 # The criteria are sums of thousands of float64 terms; summation order alone moves them by ~1e-15.
-_TIE_ABS = 1e-12
-
-
-def nonfinite_error(name: str) -> DataError:
-    return DataError(
-        f"non-finite values (NaN/Inf) in activation '{name}'",
-        "check the inputs and that the model runs correctly in FP32 (e.g. run trtq compare on a few samples)",
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# pass 1: max |x|
-# --------------------------------------------------------------------------------------------
-
-
-def batch_extremes(arrays: Mapping[str, np.ndarray]) -> dict[str, tuple[float, float]]:
-    """Signed ``(min, max)`` of every non-empty array, reduced in parallel (large arrays split,
-    small ones bundled into shared tasks). DataError for a non-numeric dtype or a NaN / Inf."""
-    tasks = []
-    for name, array in arrays.items():
-        a = np.asarray(array)
-        if a.size == 0:
-            continue
-        if a.dtype.kind not in "fiub":
-            raise DataError(f"activation '{name}' has non-numeric dtype {a.dtype}", "calibrate float tensors only")
-        tasks += [(name, p) for p in kernels.parts(a.reshape(-1))]
-    results = kernels.map_bundled(lambda t: kernels.abs_max_min(t[1]), tasks, [p.size for _, p in tasks])
-    out: dict[str, tuple[float, float]] = {}
-    for (name, _), (hi, lo) in zip(tasks, results):
-        if not (math.isfinite(hi) and math.isfinite(lo)):  # NaN propagates through max and min
-            raise nonfinite_error(name)
-        old = out.get(name)
-        out[name] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
-    return out
-
-
-class AbsMaxAccumulator:
-    """Running ``max|x|`` per tensor (float64). Tensors keep the order in which they were first seen."""
-
-    def __init__(self) -> None:
-        self._max: dict[str, float] = {}
-        self._ext: dict[str, tuple[float, float]] = {}  # signed (min, max), for trtq.calib.derive
-
-    def update(self, name: str, array) -> None:
-        self.update_batch({name: array})
-
-    def update_batch(self, arrays: Mapping[str, np.ndarray]) -> None:
-        """Fold one batch of activations in; the tensors are reduced in parallel."""
-        for name, array in arrays.items():
-            if np.asarray(array).size == 0:
-                self.add_extremes(name, None)
-        for name, extremes in batch_extremes(arrays).items():
-            self.add_extremes(name, extremes)
-
-    def _fold(self, name: str, m: float, ext: Optional[tuple[float, float]]) -> None:
-        prev = self._max.get(name)
-        if prev is None or m > prev:
-            self._max[name] = m
-        if ext is not None:
-            old = self._ext.get(name)
-            self._ext[name] = ext if old is None else (min(old[0], ext[0]), max(old[1], ext[1]))
-
-    @property
-    def maxima(self) -> dict[str, float]:
-        return dict(self._max)
-
-    @property
-    def extremes(self) -> dict[str, tuple[float, float]]:
-        """Signed ``(min, max)`` per tensor that had any element."""
-        return dict(self._ext)
-
-    def add_extremes(self, name: str, extremes: Optional[tuple[float, float]]) -> None:
-        """Fold one tensor's signed ``(min, max)`` in (from :meth:`update_batch`, or trtq.calib.ingraph's
-        operator); None: the tensor had no element."""
-        if extremes is None:
-            self._max.setdefault(name, 0.0)
-        else:
-            self._fold(name, max(extremes[1], -extremes[0]), extremes)
-
-    def add_derived(self, amax: Mapping[str, float]) -> None:
-        """Maxima known without measuring (see trtq.calib.derive); kept in the given order."""
-        for name, m in amax.items():
-            self._max[name] = float(m)
-
-    def merge(self, other: "AbsMaxAccumulator") -> None:
-        for name, m in other._max.items():
-            self._fold(name, m, other._ext.get(name))
-
-
-# --------------------------------------------------------------------------------------------
-# pass 2: histogram of |x| over fixed edges
-# --------------------------------------------------------------------------------------------
-
-
-class HistogramAccumulator:
-    """Histogram of ``|x|`` per tensor over ``linspace(0, maxima[name], num_bins + 1)`` (int64 counts).
-
-    Bin of a value: ``floor(|x| * (num_bins / max))`` computed in float32, clipped to
-    ``num_bins - 1``; so a value equal to the max lands in the last bin, and a value above the
-    first-pass max (the data changed between passes) is counted in the last bin and the tensor is
-    listed in :attr:`exceeded`. A tensor with max 0 counts everything in bin 0.
-
-    Exact zeros are also counted on their own (:attr:`zeros`; they are in bin 0 too): the
-    entropy method leaves them out, as TensorRT's EntropyCalibration2 does (measured: with them,
-    the ~30-90% zeros of a ReLU6 output pin its range to 0.75 instead of TensorRT's 6.0).
-    """
-
-    def __init__(self, maxima: Mapping[str, float], num_bins: int = DEFAULT_NUM_BINS):
-        if int(num_bins) < 1:
-            raise ConfigError(f"num_bins must be a positive integer, got {num_bins}",
-                              f"e.g. --num-bins {DEFAULT_NUM_BINS} (TensorRT's)")
-        self.num_bins = int(num_bins)
-        self.maxima: dict[str, float] = {}
-        self._counts: dict[str, np.ndarray] = {}
-        self._scale: dict[str, Optional[np.float32]] = {}
-        self._zeros: dict[str, int] = {}
-        self.exceeded = set()
-        for name, m in maxima.items():
-            m = float(m)
-            if not math.isfinite(m) or m < 0:
-                raise DataError(f"max of activation '{name}' is {m}", "re-run the max pass on finite data")
-            self.maxima[name] = m
-            self._counts[name] = np.zeros(self.num_bins, dtype=np.int64)
-            self._zeros[name] = 0
-            # bins per unit; None when num_bins / m overflows float32 (m < ~6e-36): float64 path
-            scale = self.num_bins / m if m > 0 else 0.0
-            self._scale[name] = np.float32(scale) if scale < 1e38 else None
-
-    def update(self, name: str, array) -> None:
-        self.update_batch({name: array})
-
-    def update_batch(self, arrays: Mapping[str, np.ndarray]) -> None:
-        """Fold one batch of activations in; large tensors are split and counted in parallel."""
-        tasks = []
-        for name, array in arrays.items():
-            if name not in self._counts:
-                raise ValueError(f"tensor '{name}' has no max from the first pass")
-            a = np.asarray(array)
-            if a.size == 0:
-                continue
-            if self.maxima[name] == 0.0 or self._scale[name] is None:
-                self._update_special(name, a)
-                continue
-            tasks += [(name, p) for p in kernels.parts(a.reshape(-1))]
-        nb = self.num_bins
-
-        def count(task):
-            name, part = task
-            c = np.zeros(nb, dtype=np.int64)
-            zeros, flags = kernels.histogram_into(part, self._scale[name], c)
-            return c, zeros, flags
-
-        results = kernels.map_bundled(count, tasks, [p.size for _, p in tasks])
-        for (name, _), (_, _, flags) in zip(tasks, results):
-            if flags & kernels.NONFINITE:
-                raise nonfinite_error(name)
-        for (name, _), (c, zeros, flags) in zip(tasks, results):
-            self.add_counts(name, c, zeros, bool(flags & kernels.EXCEEDED))
-
-    def add_counts(self, name: str, counts: np.ndarray, zeros: int, exceeded: bool) -> None:
-        """Add counts over this tensor's edges (from :meth:`update_batch`, or trtq.calib.ingraph's operator)."""
-        self._counts[name] += counts
-        self._zeros[name] += int(zeros)
-        if exceeded:
-            self.exceeded.add(name)
-
-    def _update_special(self, name: str, a: np.ndarray) -> None:
-        """Max 0 (everything in bin 0), or a max so small that num_bins / max overflows float32."""
-        counts = self._counts[name]
-        if self.maxima[name] == 0.0:
-            if not np.isfinite(a).all():
-                raise nonfinite_error(name)
-            nonzero = int(np.count_nonzero(a))
-            if nonzero:
-                self.exceeded.add(name)
-            counts[0] += a.size
-            self._zeros[name] += a.size - nonzero
-            return
-        x = np.abs(a.reshape(-1), dtype=np.float64)  # divide first so nothing overflows
-        np.divide(x, self.maxima[name], out=x)
-        np.multiply(x, float(self.num_bins), out=x)
-        top = float(x.max())  # NaN propagates; Inf stays Inf
-        if not math.isfinite(top):
-            raise nonfinite_error(name)
-        if top >= self.num_bins:
-            if top >= self.num_bins * (1.0 + 1e-6):
-                self.exceeded.add(name)
-            np.minimum(x, self.num_bins - 1, out=x)
-        counts += np.bincount(x.astype(np.intp), minlength=self.num_bins)
-        self._zeros[name] += x.size - int(np.count_nonzero(x))
-
-    @property
-    def counts(self) -> dict[str, np.ndarray]:
-        return {name: c.copy() for name, c in self._counts.items()}
-
-    @property
-    def zeros(self) -> dict[str, int]:
-        """Exact zeros seen per tensor (a subset of bin 0)."""
-        return dict(self._zeros)
-
-    def merge(self, other: "HistogramAccumulator") -> None:
-        """Add ``other``'s counts; both must use the same edges for every shared tensor."""
-        if other.num_bins != self.num_bins:
-            raise ValueError(f"cannot merge histograms with {other.num_bins} and {self.num_bins} bins")
-        for name, m in other.maxima.items():
-            if name in self.maxima and self.maxima[name] != m:
-                raise ValueError(
-                    f"cannot merge histograms of '{name}': different edges (max {m!r} vs {self.maxima[name]!r})"
-                )
-        for name, m in other.maxima.items():
-            if name in self._counts:
-                self._counts[name] += other._counts[name]
-                self._zeros[name] += other._zeros[name]
-            else:
-                self.maxima[name] = m
-                self._counts[name] = other._counts[name].copy()
-                self._zeros[name] = other._zeros[name]
-                self._scale[name] = other._scale[name]
-        self.exceeded |= other.exceeded
+TIE_ABS = 1e-12
 
 
 # --------------------------------------------------------------------------------------------
@@ -288,7 +67,7 @@ class HistogramAccumulator:
 # --------------------------------------------------------------------------------------------
 
 
-def _check_hist(counts, max_value: float) -> tuple[np.ndarray, float]:
+def check_hist(counts, max_value: float) -> tuple[np.ndarray, float]:
     c = np.asarray(counts)
     if c.ndim != 1 or c.size == 0:
         raise ValueError("counts must be a non-empty 1-D histogram")
@@ -303,11 +82,11 @@ def _check_hist(counts, max_value: float) -> tuple[np.ndarray, float]:
 
 
 def _first_min(values: np.ndarray) -> int:
-    """Index of the first value within _TIE_ABS of the minimum (inf values never win unless all are inf)."""
+    """Index of the first value within TIE_ABS of the minimum (inf values never win unless all are inf)."""
     best = float(np.min(values))
     if not math.isfinite(best):
         return int(np.argmin(values))
-    return int(np.flatnonzero(values <= best + _TIE_ABS)[0])
+    return int(np.flatnonzero(values <= best + TIE_ABS)[0])
 
 
 def entropy_divergences(counts, num_quantized_bins: int = NUM_QUANTIZED_BINS) -> np.ndarray:
@@ -391,7 +170,7 @@ def entropy_amax(counts, max_value: float, num_quantized_bins: int = NUM_QUANTIZ
     """TensorRT EntropyCalibration2: ``amax = (i + 0.5) * bin_width`` for the candidate ``i``
     (``num_quantized_bins .. num_bins``, step 1) with the smallest KL divergence (the first one
     on ties, see :func:`entropy_divergences`). ``bin_width = max_value / num_bins``."""
-    c, m = _check_hist(counts, max_value)
+    c, m = check_hist(counts, max_value)
     if m == 0.0:
         return 0.0
     kl = entropy_divergences(c, num_quantized_bins)
@@ -409,7 +188,7 @@ def percentile_amax(counts, max_value: float, percentile: float = 99.99) -> floa
     p = float(percentile)
     if not (0.0 < p <= 100.0):
         raise ConfigError(f"percentile must be in (0, 100], got {percentile}", "e.g. --percentile 99.99")
-    c, m = _check_hist(counts, max_value)
+    c, m = check_hist(counts, max_value)
     total = int(c.sum())
     if m == 0.0 or total == 0:
         return 0.0 if m == 0.0 else m
@@ -434,7 +213,7 @@ def mse_errors(counts, max_value: float, start_bin: int = NUM_QUANTIZED_BINS) ->
     it are all clipped, and ``sum c_b (x_b - a)^2`` over them is evaluated exactly in integers from
     ``sum c``, ``sum c (2b+1)``, ``sum c (2b+1)^2``.
     """
-    c, m = _check_hist(counts, max_value)
+    c, m = check_hist(counts, max_value)
     nb = c.size
     j0 = min(max(int(start_bin), 1), nb)
     w = m / nb
@@ -454,7 +233,7 @@ def mse_errors(counts, max_value: float, start_bin: int = NUM_QUANTIZED_BINS) ->
     p2 = [0] + list(itertools.accumulate(cc * o * o for cc, o in zip(ci, odd)))
     block = 64
     for lo in range(0, js.size, block):
-        jb = js[lo:lo + block]
+        jb = js[lo : lo + block]
         j_hi = int(jb[-1])
         n_band = int(np.searchsorted(nz, j_hi))  # bins b < j_hi
         if n_band:
@@ -462,7 +241,7 @@ def mse_errors(counts, max_value: float, start_bin: int = NUM_QUANTIZED_BINS) ->
             t = x[None, :n_band] * (INT8_LEVELS / a)
             q = np.minimum(np.round(t), INT8_LEVELS) * (a / INT8_LEVELS)
             d = x[None, :n_band] - q
-            err[lo:lo + jb.size] = (d * d) @ cnt[:n_band]
+            err[lo : lo + jb.size] = (d * d) @ cnt[:n_band]
         if n_band < nz.size:  # bins >= j_hi: clipped to a for every candidate of the block
             u0, u1, u2 = p0[-1] - p0[n_band], p1[-1] - p1[n_band], p2[-1] - p2[n_band]
             for k, j in enumerate(jb):
@@ -475,7 +254,7 @@ def mse_errors(counts, max_value: float, start_bin: int = NUM_QUANTIZED_BINS) ->
 def mse_amax(counts, max_value: float, start_bin: int = NUM_QUANTIZED_BINS) -> float:
     """Candidate amax (a bin edge) with the least squared error (see :func:`mse_errors`); the
     smallest one on ties (relative 1e-12)."""
-    c, m = _check_hist(counts, max_value)
+    c, m = check_hist(counts, max_value)
     if m == 0.0 or int(c.sum()) == 0:
         return 0.0 if m == 0.0 else m
     cand, err = mse_errors(c, m, start_bin)
@@ -484,105 +263,13 @@ def mse_amax(counts, max_value: float, start_bin: int = NUM_QUANTIZED_BINS) -> f
     return float(cand[i])
 
 
-def compute_amax(method: str, counts, max_value: float, percentile: float = 99.99, zeros: int = 0,
-                 top: Optional[float] = None) -> float:
-    """amax of one tensor by ``method`` (``max`` ignores ``counts``, which may be None).
-
-    ``zeros``: how many of bin 0's values were exactly zero; ``entropy`` leaves them out of the
-    distribution (TensorRT's EntropyCalibration2 behaviour), the other methods count them.
-    ``top``: the histogram's upper edge when it is not ``max_value`` (see :func:`compute_all`)."""
-    if method == "max":
-        return float(max_value)
-    if top is not None:
-        if method == "entropy":
-            raise ValueError("entropy needs histograms over [0, max], not power-of-two ranges")
-        return min(compute_amax(method, counts, top, percentile, zeros), float(max_value))
-    if method not in METHODS:
-        raise ConfigError(f"unknown calibration method '{method}'", "use one of: " + ", ".join(METHODS))
-    if counts is None:
-        raise ValueError(f"method '{method}' needs a histogram")
-    if method == "entropy":
-        return entropy_amax(_without_zeros(counts, zeros) if zeros else counts, max_value)
-    if method == "percentile":
-        return percentile_amax(counts, max_value, percentile)
-    return mse_amax(counts, max_value)
-
-
-def _without_zeros(counts, zeros: int) -> np.ndarray:
+def without_zeros(counts, zeros: int) -> np.ndarray:
     """A copy of ``counts`` with the ``zeros`` exact zeros taken out of bin 0 (what entropy sees)."""
     c = np.array(counts, dtype=np.int64)
     if not 0 <= int(zeros) <= c[0]:
         raise ValueError(f"zeros ({zeros}) must be between 0 and the count of bin 0 ({c[0]})")
     c[0] -= int(zeros)
     return c
-
-
-def compute_all(
-    method: str,
-    maxima: Mapping[str, float],
-    counts: Optional[Mapping[str, np.ndarray]],
-    percentile: float = 99.99,
-    zeros: Optional[Mapping[str, int]] = None,
-    tops: Optional[Mapping[str, float]] = None,
-) -> dict[str, float]:
-    """amax for every tensor of ``maxima`` (same order). ``counts`` may be None for ``max``;
-    ``zeros``: exact zeros per tensor (see :func:`compute_amax`), none when omitted.
-
-    ``tops``: the histograms' upper edges when they are not the maxima (one-pass histograms over
-    power-of-two ranges, trtq.calib.pow2): the search runs over ``[0, top]`` and its result is
-    capped at the max (a range past the max clips nothing and only coarsens the step). entropy
-    is TensorRT's search over ``[0, max]`` and refuses them."""
-    if method not in METHODS:
-        raise ConfigError(f"unknown calibration method '{method}'", "use one of: " + ", ".join(METHODS))
-    if tops is not None and method != "max":
-        if method == "entropy":
-            raise ValueError("entropy needs histograms over [0, max], not power-of-two ranges")
-        raw = compute_all(method, {n: float(tops[n]) for n in maxima}, counts, percentile, zeros)
-        return {n: min(float(raw[n]), float(m)) for n, m in maxima.items()}
-    if method != "max":
-        if counts is None:
-            raise ValueError(f"method '{method}' needs histograms")
-        missing = [n for n in maxima if n not in counts]
-        if missing:
-            raise ValueError(f"no histogram for {len(missing)} tensor(s), e.g. '{missing[0]}'")
-    if method in ("mse", "entropy"):
-        return _search_all(method, maxima, counts, zeros or {})
-    return {
-        name: compute_amax(method, None if counts is None else counts.get(name), m, percentile,
-                           int((zeros or {}).get(name, 0)))
-        for name, m in maxima.items()
-    }
-
-
-def _search_all(method: str, maxima: Mapping[str, float], counts: Mapping[str, np.ndarray],
-                zeros: Mapping[str, int]) -> dict[str, float]:
-    """mse / entropy for all tensors at once (trtq.calib.search): the same amax as
-    :func:`compute_amax` tensor by tensor. Tensors with max 0, an empty histogram, a bin count
-    other than the first's or counts too large for the exact sums take the per-tensor path."""
-    from trtq.calib import search
-
-    batch: dict[str, tuple[np.ndarray, float]] = {}
-    for name, mx in maxima.items():
-        c, m = _check_hist(counts[name], mx)
-        if method == "entropy" and zeros.get(name):
-            c = _without_zeros(c, zeros[name])
-        first = next(iter(batch.values()), (c, m))[0]
-        if m > 0 and c.size == first.size and c.size >= NUM_QUANTIZED_BINS and int(c.sum()) > 0:
-            batch[name] = (c, m)
-    names = list(batch)
-    arrays = [batch[n][0] for n in names]
-    if method == "mse":
-        found = search.mse_amax_many(arrays, [batch[n][1] for n in names])
-    else:
-        found = [None if i is None else (i + 0.5) * (batch[n][1] / batch[n][0].size)
-                 for n, i in zip(names, search.entropy_choices(arrays, NUM_QUANTIZED_BINS, _TIE_ABS))]
-    solved = dict(zip(names, found))
-    out: dict[str, float] = {}
-    for name, mx in maxima.items():  # the order of maxima
-        a = solved.get(name)
-        out[name] = a if a is not None else compute_amax(method, counts[name], mx, 99.99,
-                                                         int(zeros.get(name, 0)))
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -601,7 +288,7 @@ class StatsFile:
 
     @property
     def edges(self) -> str:
-        """``"max"`` (histograms over [0, max]) or ``"pow2"`` (over [0, top], trtq.calib.pow2)."""
+        """``"max"`` (histograms over [0, max]) or ``"pow2"`` (over [0, top], trtq.calib.collect.one_pass)."""
         return "max" if self.tops is None else "pow2"
 
     def top(self, name: str) -> float:
@@ -682,8 +369,13 @@ def _stats_error(path: Path, what: str) -> CacheError:
 def load_stats(path: Union[str, Path]) -> StatsFile:
     """Read a file written by :func:`save_stats`; CacheError (with the fix) on anything wrong."""
     path = Path(path)
-    require_input_file(path, CacheError, "statistics file", "check the path, or run trtq calibrate --save-stats",
-                       "pass a .npz file written by trtq calibrate --save-stats")
+    require_input_file(
+        path,
+        CacheError,
+        "statistics file",
+        "check the path, or run trtq calibrate --save-stats",
+        "pass a .npz file written by trtq calibrate --save-stats",
+    )
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -735,13 +427,13 @@ def load_stats(path: Union[str, Path]) -> StatsFile:
         raise _stats_error(path, f"counts has shape {ct.shape} {ct.dtype}, expected ({t}, {num_bins}) int64")
     if not np.all(np.isfinite(mx)) or np.any(mx < 0) or np.any(ct < 0):
         raise _stats_error(path, "negative or non-finite values")
-    if zr is not None and (zr.dtype != np.int64 or zr.shape != (t,) or np.any(zr < 0)
-                           or (t and np.any(zr > ct[:, 0]))):
+    if zr is not None and (zr.dtype != np.int64 or zr.shape != (t,) or np.any(zr < 0) or (t and np.any(zr > ct[:, 0]))):
         raise _stats_error(path, "bad zeros array")
     if pow2 != (tp is not None):
         raise _stats_error(path, "tops array and format disagree")
-    if tp is not None and (tp.dtype != np.float64 or tp.shape != (t,) or not np.all(np.isfinite(tp))
-                           or np.any(tp < mx)):
+    if tp is not None and (
+        tp.dtype != np.float64 or tp.shape != (t,) or not np.all(np.isfinite(tp)) or np.any(tp < mx)
+    ):
         raise _stats_error(path, "bad tops array")
     return StatsFile(
         maxima={n: float(v) for n, v in zip(names, mx)},

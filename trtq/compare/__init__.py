@@ -4,17 +4,24 @@
   (:class:`CompareReport`: ``to_dict()``, ``render_text()``, ``gate(options)``).
 * :func:`per_layer_sensitivity` - which quantized layers cost the most accuracy.
 
-Module map: ``metrics`` (streaming per-output sums), ``report`` (report, table, gates, task
+Module map: ``metrics`` (streaming per-output sums), ``accuracy`` (the report, table, gates, task
 metric lines), ``evaluate`` (running the pair of models), ``sensitivity`` (per-layer analysis),
 ``tasks`` (which task an output serves, its metric) with ``classify``, ``detect``, ``segment``,
-``ctc`` (one task each).
+``ctc`` (one task each), ``onnx_runner`` (the ONNX Runtime runner).
 """
+
+from trtq.compare.accuracy import CompareReport
 from trtq.compare.evaluate import check_compatible, compare_models
 from trtq.compare.metrics import OutputAccumulator, OutputMetrics
-from trtq.compare.report import CompareReport
 from trtq.compare.sensitivity import LayerRow, per_layer_sensitivity, render_layer_table
 
 __all__ = [
-    "CompareReport", "LayerRow", "OutputAccumulator", "OutputMetrics", "check_compatible",
-    "compare_models", "per_layer_sensitivity", "render_layer_table",
+    "CompareReport",
+    "LayerRow",
+    "OutputAccumulator",
+    "OutputMetrics",
+    "check_compatible",
+    "compare_models",
+    "per_layer_sensitivity",
+    "render_layer_table",
 ]

@@ -4,6 +4,7 @@
 * top-5 agreement - fraction of samples whose reference arg-max class is among the candidate's 5
   highest scores (left out when C < 5).
 """
+
 from __future__ import annotations
 
 import math

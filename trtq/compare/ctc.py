@@ -8,11 +8,12 @@ Each sample is decoded greedily: the arg-max class at every time step, repeats m
   reference lines to the candidate lines, divided by the reference lines' total length. When the
   reference decodes to no characters at all it is 0.0 if the candidate does too, else inf.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -39,9 +40,13 @@ def edit_distance(a: Sequence[Any], b: Sequence[Any]) -> int:
     for i, x in enumerate(a, 1):
         current = [i]
         for j, y in enumerate(b, 1):
-            current.append(min(previous[j] + 1,  # delete x
-                               current[j - 1] + 1,  # insert y
-                               previous[j - 1] + (x != y)))  # substitute
+            current.append(
+                min(
+                    previous[j] + 1,  # delete x
+                    current[j - 1] + 1,  # insert y
+                    previous[j - 1] + (x != y),
+                )
+            )  # substitute
         previous = current
     return previous[-1]
 

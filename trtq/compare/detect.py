@@ -18,6 +18,7 @@ harmonic mean. With no reference detection at all there is nothing to agree with
 and recall are None and ``undefined`` says why (never 1.0 for an output on which nothing was
 detected, which is what a score map misread as a YOLO head looks like).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -72,8 +73,9 @@ def box_iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
         return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
 
 
-def nms(boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray, iou: float,
-        max_keep: int = MAX_DETECTIONS) -> np.ndarray:
+def nms(
+    boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray, iou: float, max_keep: int = MAX_DETECTIONS
+) -> np.ndarray:
     """Indices kept by greedy per-class NMS, best score first: a box is dropped when it overlaps
     a kept box of its class by IoU > ``iou``."""
     order = np.argsort(-scores, kind="stable")
@@ -89,8 +91,7 @@ def nms(boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray, iou: float,
     return np.asarray(keep, dtype=np.int64)
 
 
-def detections(sample_rows: np.ndarray, layout: Layout, score_threshold: float,
-               nms_iou: float) -> Detections:
+def detections(sample_rows: np.ndarray, layout: Layout, score_threshold: float, nms_iou: float) -> Detections:
     """The detections of one sample's ``[A, K]`` rows."""
     classes = sample_rows[:, 5:] if layout.objectness else sample_rows[:, 4:]
     labels = np.argmax(classes, axis=1)
@@ -147,7 +148,7 @@ class DetectAccumulator:
         for part, cols in (("box", slice(0, 4)), ("score", slice(4, None))):
             diff = r[..., cols] - c[..., cols]
             self.energy[part][0] += float(np.sum(r[..., cols] ** 2))
-            self.energy[part][1] += float(np.sum(diff ** 2))
+            self.energy[part][1] += float(np.sum(diff**2))
         for ref_rows, cand_rows in zip(r, c):
             ref_det = detections(ref_rows, self.layout, self.score_threshold, self.nms_iou)
             cand_det = detections(cand_rows, self.layout, self.score_threshold, self.nms_iou)
@@ -159,8 +160,10 @@ class DetectAccumulator:
         precision, recall, f1 = prf(self.matched, self.ref_count, self.cand_count)
         out: dict[str, Any] = {}
         if f1 is None:
-            out["undefined"] = (f"the reference made no detection above score {self.score_threshold:g} "
-                                "(lower --score-threshold, or check --task)")
+            out["undefined"] = (
+                f"the reference made no detection above score {self.score_threshold:g} "
+                "(lower --score-threshold, or check --task)"
+            )
         return {
             **out,
             "f1": f1,
@@ -175,4 +178,3 @@ class DetectAccumulator:
             "nms_iou": self.nms_iou,
             "layout": self.layout.name,
         }
-

@@ -10,16 +10,17 @@ batch dim, else the only axis as long as the batch, else axis 0 when it is as lo
 no such axis is compared whole, as one sample per batch. A ``[T, N, C]`` output reaches the metrics
 as ``[N, T, C]``.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
+from trtq.compare.accuracy import CompareReport
 from trtq.compare.metrics import OutputAccumulator
-from trtq.compare.report import CompareReport
 from trtq.compare.tasks import TaskAccumulator, TaskSettings, require_fit
 from trtq.errors import DataError, ModelError
 
@@ -30,8 +31,7 @@ def _names(specs: Sequence[Any]) -> list[str]:
     return [s.name for s in specs]
 
 
-def _mismatch(kind: str, reference: Any, candidate: Any, ref_names: list[str],
-              cand_names: list[str]) -> ModelError:
+def _mismatch(kind: str, reference: Any, candidate: Any, ref_names: list[str], cand_names: list[str]) -> ModelError:
     return ModelError(
         f"the models' {kind} differ: reference {_label(reference)} has "
         f"{', '.join(ref_names) or 'none'}; candidate {_label(candidate)} has "
@@ -71,8 +71,7 @@ def check_compatible(reference: Any, candidate: Any) -> list[str]:
         )
         if len(r.shape) != len(c.shape) or dims_differ:
             raise ModelError(
-                f"output '{r.name}' has shape {_dims(r.shape)} in the reference but "
-                f"{_dims(c.shape)} in the candidate",
+                f"output '{r.name}' has shape {_dims(r.shape)} in the reference but {_dims(c.shape)} in the candidate",
                 "compare models built for the same output shapes",
             )
     return ref_out
@@ -94,9 +93,7 @@ def batch_rows(batch: Any) -> tuple[int, int]:
     valid = getattr(batch, "valid", None)
     valid = rows if valid is None else int(valid)
     if not 0 <= valid <= rows:
-        raise DataError(
-            f"batch {getattr(batch, 'index', '?')} says {valid} valid rows but has {rows}"
-        )
+        raise DataError(f"batch {getattr(batch, 'index', '?')} says {valid} valid rows but has {rows}")
     return rows, valid
 
 
@@ -107,16 +104,23 @@ def feeds_for(runner: Any, arrays: Mapping[str, np.ndarray]) -> dict[str, np.nda
         if spec.name not in arrays:
             raise DataError(
                 f"the data has no array for model input '{spec.name}'",
-                "data inputs: " + (", ".join(sorted(arrays)) or "none")
+                "data inputs: "
+                + (", ".join(sorted(arrays)) or "none")
                 + "; set data.inputs to the model's input names",
             )
         feeds[spec.name] = arrays[spec.name]
     return feeds
 
 
-def valid_outputs(outputs: Mapping[str, np.ndarray], names: Sequence[str], rows: int,
-                  valid: int, side: str, runner: Any, axes: Mapping[str, int | None] | None = None
-                  ) -> dict[str, np.ndarray]:
+def valid_outputs(
+    outputs: Mapping[str, np.ndarray],
+    names: Sequence[str],
+    rows: int,
+    valid: int,
+    side: str,
+    runner: Any,
+    axes: Mapping[str, int | None] | None = None,
+) -> dict[str, np.ndarray]:
     """Rows ``[:valid]`` of each named output along its batch axis (``axes``; default axis 0 where
     it is as long as the batch), moved to the front; the whole output as one sample when it has no
     batch axis."""
@@ -144,8 +148,9 @@ class OutputPlan:
     axes: dict[str, int | None]
     siblings: dict[str, list[str]]
 
-    def valid(self, outputs: Mapping[str, np.ndarray], rows: int, valid: int, side: str,
-              runner: Any) -> dict[str, np.ndarray]:
+    def valid(
+        self, outputs: Mapping[str, np.ndarray], rows: int, valid: int, side: str, runner: Any
+    ) -> dict[str, np.ndarray]:
         return valid_outputs(outputs, self.names, rows, valid, side, runner, self.axes)
 
 
@@ -159,8 +164,13 @@ def _batch_axis(shape: Sequence[int], rows: int, stated: int | None, inferred: i
     return None
 
 
-def plan_outputs(outputs: Mapping[str, np.ndarray], names: Sequence[str], rows: int,
-                 origins: Mapping[str, Any], settings: TaskSettings) -> OutputPlan:
+def plan_outputs(
+    outputs: Mapping[str, np.ndarray],
+    names: Sequence[str],
+    rows: int,
+    origins: Mapping[str, Any],
+    settings: TaskSettings,
+) -> OutputPlan:
     """The :class:`OutputPlan` for these outputs of a batch of ``rows`` rows (the first batch)."""
     from trtq.compare.tasks import sibling_heads
 
@@ -169,8 +179,7 @@ def plan_outputs(outputs: Mapping[str, np.ndarray], names: Sequence[str], rows: 
     for name in names:
         shape = np.shape(outputs[name]) if name in outputs else ()
         origin = origins.get(name)
-        axes[name] = _batch_axis(shape, rows, settings.batch_axis_of(len(shape)),
-                                 getattr(origin, "batch_axis", None))
+        axes[name] = _batch_axis(shape, rows, settings.batch_axis_of(len(shape)), getattr(origin, "batch_axis", None))
         if axes[name] is not None:
             shapes[name] = (rows,) + tuple(d for i, d in enumerate(shape) if i != axes[name])
     return OutputPlan(list(names), axes, sibling_heads(shapes))
@@ -263,27 +272,34 @@ def compare_many(
             candidate=_label(candidate),
             samples=samples,
             batches=done,
-            outputs=tuple(with_task(acc[n].result(), task_acc[n], split_accs[i] if split_accs else None)
-                          for n in names),
+            outputs=tuple(
+                with_task(acc[n].result(), task_acc[n], split_accs[i] if split_accs else None) for n in names
+            ),
             runtime=describe_runtime(candidate),
         )
         for i, (candidate, acc, task_acc) in enumerate(zip(candidates, accumulators, task_accs))
     ]
 
 
-def task_accumulators(plan: OutputPlan, origins: Mapping[str, Any],
-                      settings: TaskSettings) -> dict[str, TaskAccumulator]:
+def task_accumulators(
+    plan: OutputPlan, origins: Mapping[str, Any], settings: TaskSettings
+) -> dict[str, TaskAccumulator]:
     """One :class:`TaskAccumulator` per output of ``plan``, each told its batch axis and siblings."""
-    return {n: TaskAccumulator(n, settings, _batch_first(origins.get(n), plan.axes[n]), plan.siblings.get(n, ()),
-                               plan.axes[n] or 0) for n in plan.names}
+    return {
+        n: TaskAccumulator(
+            n, settings, _batch_first(origins.get(n), plan.axes[n]), plan.siblings.get(n, ()), plan.axes[n] or 0
+        )
+        for n in plan.names
+    }
 
 
 def split_accumulator(settings: TaskSettings, ref: Mapping[str, np.ndarray], arrays: Mapping[str, Any]) -> Any:
     """The accumulator of ``--scores`` / ``--boxes`` split heads, checked on the first batch."""
     from trtq.compare.split_detect import SplitDetectAccumulator, SplitHeads
 
-    acc = SplitDetectAccumulator(SplitHeads(settings.scores, settings.boxes, settings.box_format),
-                                 settings.score_threshold, settings.nms_iou)
+    acc = SplitDetectAccumulator(
+        SplitHeads(settings.scores, settings.boxes, settings.box_format), settings.score_threshold, settings.nms_iou
+    )
     acc.start(ref, arrays)
     return acc
 
@@ -292,12 +308,12 @@ def with_task(metrics: Any, task: TaskAccumulator, split: Any = None) -> Any:
     """``metrics`` (an OutputMetrics) carrying the task result of the same output: the split heads'
     detection result on the first ``--scores`` output. Top-1 agreement is kept for classify
     outputs only: on any other it would be a number with no meaning."""
-    from trtq.compare.tasks import TaskResult
+    from trtq.compare.tasks import TASKS, TaskResult
 
     result = task.result()
     if split is not None and task.name == split.heads.scores[0]:
         result = TaskResult("detect", split.how, split.metrics())
-    if result is not None and result.task != "classify":
+    if result is not None and not TASKS.get(result.task).keeps_top1:
         metrics = dataclasses.replace(metrics, top1_agreement=None, top1_matches=None)
     return dataclasses.replace(metrics, task=result)
 

@@ -15,6 +15,7 @@ Metrics (per output; a "sample" is one row along axis 0):
   identical, -inf when the reference is all zeros and the candidate is not.
 * non-finite - count of NaN / Inf elements in either output (metrics then read nan or inf).
 """
+
 from __future__ import annotations
 
 import math

@@ -14,6 +14,7 @@ in NHWC or 64 maps of 64 x 3 pixels. :func:`output_origins` reads the graph for 
 * ``source``: the first op behind the output that is not a reshape, cast or selection (through
   bias Adds): what computed the values (a Gemm's class scores, a LayerNormalization's features).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,26 +22,99 @@ from typing import Any
 
 # ops that keep the channel / class axis where it is
 _SAME_AXIS = {
-    "Relu", "Sigmoid", "Tanh", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Identity", "Cast", "Exp", "Log",
-    "Neg", "Abs", "Sqrt", "Erf", "Dropout", "Elu", "Selu", "Celu", "Softplus", "Softsign", "Mish", "Gelu", "Round",
-    "Floor", "Ceil", "Reciprocal", "Sign", "ThresholdedRelu", "Resize", "Upsample", "Pad", "Slice", "PRelu",
-    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Concat",
+    "Relu",
+    "Sigmoid",
+    "Tanh",
+    "Clip",
+    "LeakyRelu",
+    "HardSigmoid",
+    "HardSwish",
+    "Identity",
+    "Cast",
+    "Exp",
+    "Log",
+    "Neg",
+    "Abs",
+    "Sqrt",
+    "Erf",
+    "Dropout",
+    "Elu",
+    "Selu",
+    "Celu",
+    "Softplus",
+    "Softsign",
+    "Mish",
+    "Gelu",
+    "Round",
+    "Floor",
+    "Ceil",
+    "Reciprocal",
+    "Sign",
+    "ThresholdedRelu",
+    "Resize",
+    "Upsample",
+    "Pad",
+    "Slice",
+    "PRelu",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "Max",
+    "Min",
+    "Sum",
+    "Mean",
+    "Concat",
 }
 # ops ONNX defines on [N, C, ...] data: the channel axis is 1
 _NCHW = {
-    "Conv", "ConvTranspose", "BatchNormalization", "InstanceNormalization", "MaxPool", "AveragePool", "LpPool",
-    "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool", "LRN", "DepthToSpace", "SpaceToDepth", "MaxUnpool",
-    "MaxRoiPool", "RoiAlign", "GroupNormalization", "DeformConv",
+    "Conv",
+    "ConvTranspose",
+    "BatchNormalization",
+    "InstanceNormalization",
+    "MaxPool",
+    "AveragePool",
+    "LpPool",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "GlobalLpPool",
+    "LRN",
+    "DepthToSpace",
+    "SpaceToDepth",
+    "MaxUnpool",
+    "MaxRoiPool",
+    "RoiAlign",
+    "GroupNormalization",
+    "DeformConv",
 }
 _CLASS_OPS = ("Softmax", "LogSoftmax", "Hardmax")
 # passed over when looking for what computed an output's values
-_PLUMBING = {"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast", "Dropout", "Gather", "Slice",
-             "Transpose", "Expand"}
+_PLUMBING = {
+    "Identity",
+    "Reshape",
+    "Flatten",
+    "Squeeze",
+    "Unsqueeze",
+    "Cast",
+    "Dropout",
+    "Gather",
+    "Slice",
+    "Transpose",
+    "Expand",
+}
 # what makes feature vectors (embeddings), not class scores: normalisations (Div: x / norm, or a
 # LayerNormalization exported as arithmetic). Pooling is not here: SqueezeNet's class scores are a
 # GlobalAveragePool of its last conv.
-FEATURE_OPS = {"LayerNormalization", "LpNormalization", "ReduceL2", "BatchNormalization", "GroupNormalization",
-               "InstanceNormalization", "Div"}
+FEATURE_OPS = {
+    "LayerNormalization",
+    "LpNormalization",
+    "ReduceL2",
+    "BatchNormalization",
+    "GroupNormalization",
+    "InstanceNormalization",
+    "Div",
+}
 _BY_CONSTANT = ("Add", "Sub", "Mul", "Div")
 _MAX_STEPS = 64
 
@@ -91,8 +165,9 @@ class _Graph:
             tt = vi.type.tensor_type
             if tt.HasField("shape"):
                 self.ranks[vi.name] = len(tt.shape.dim)
-                self.symbols[vi.name] = [d.dim_param if d.HasField("dim_param") and d.dim_param else None
-                                         for d in tt.shape.dim]
+                self.symbols[vi.name] = [
+                    d.dim_param if d.HasField("dim_param") and d.dim_param else None for d in tt.shape.dim
+                ]
         inits = self.constants
         firsts = {(self.symbols.get(vi.name) or [None])[0] for vi in model.graph.input if vi.name not in inits}
         if len(firsts) == 1:
@@ -163,7 +238,13 @@ def output_origins(model: Any) -> dict[str, OutputOrigin]:
             continue
         axis = _attr(node, "axis")
         class_axis, how = graph.class_axis(o.name)
-        found[o.name] = OutputOrigin(op=node.op_type, axis=None if axis is None else int(axis),
-                                     batch_axis=graph.batch_axis(o.name), class_axis=class_axis,
-                                     class_evidence=how, source=graph.source(o.name), rank=graph.rank(o.name))
+        found[o.name] = OutputOrigin(
+            op=node.op_type,
+            axis=None if axis is None else int(axis),
+            batch_axis=graph.batch_axis(o.name),
+            class_axis=class_axis,
+            class_evidence=how,
+            source=graph.source(o.name),
+            rank=graph.rank(o.name),
+        )
     return found

@@ -10,6 +10,7 @@ vs the reference's.
 
 ``pixel_agreement`` is the fraction of pixels with the same mask value (C == 1) or class (C > 1).
 """
+
 from __future__ import annotations
 
 import math

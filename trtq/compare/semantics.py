@@ -7,6 +7,8 @@ is the runtimes' doing; :data:`AGREEMENT_GAP` and :data:`SQNR_GAP_DB` only leave
 small rounding differences two correct implementations have.
 """
 
+from trtq.compare.tasks import reported_apart
+
 AGREEMENT_GAP = 0.01  # top-1 agreement, and any task metric (detection F1, mask IoU, ...)
 SQNR_GAP_DB = 1.0
 SHORT = {"qdq": "the Q/DQ semantics (what TensorRT computes)", "onnxruntime": "ONNX Runtime's int8 kernels"}
@@ -26,17 +28,30 @@ def semantics_gaps(main, other, semantics: str, other_semantics: str) -> list[st
         if p is None:
             continue
         parts = []
-        if o.top1_agreement is not None and p.top1_agreement is not None and \
-                abs(o.top1_agreement - p.top1_agreement) > AGREEMENT_GAP:
+        if (
+            o.top1_agreement is not None
+            and p.top1_agreement is not None
+            and abs(o.top1_agreement - p.top1_agreement) > AGREEMENT_GAP
+        ):
             parts.append(f"top-1 agreement {o.top1_agreement:.4f} vs {p.top1_agreement:.4f}")
         task, other_task = o.task, p.task
-        if task is not None and other_task is not None and task.gate_metric is not None \
-                and task.task != "classify" and _gap(task.value, other_task.value):
+        if (
+            task is not None
+            and other_task is not None
+            and reported_apart(task.task)
+            and _gap(task.value, other_task.value)
+        ):
             parts.append(f"{task.gate_label} {task.value:.4f} vs {other_task.value:.4f}")
-        if o.sqnr_db is not None and p.sqnr_db is not None and abs(o.sqnr_db - p.sqnr_db) > SQNR_GAP_DB \
-                and o.sqnr_db != p.sqnr_db:  # inf == inf: no gap
+        if (
+            o.sqnr_db is not None
+            and p.sqnr_db is not None
+            and abs(o.sqnr_db - p.sqnr_db) > SQNR_GAP_DB
+            and o.sqnr_db != p.sqnr_db
+        ):  # inf == inf: no gap
             parts.append(f"SQNR {o.sqnr_db:.2f} vs {p.sqnr_db:.2f} dB")
         if parts:
-            lines.append(f"{o.name}: {' and '.join(parts)} under {SHORT[semantics]} vs {SHORT[other_semantics]}: "
-                         "the two compute this Q/DQ model differently (compare --semantics picks the one reported)")
+            lines.append(
+                f"{o.name}: {' and '.join(parts)} under {SHORT[semantics]} vs {SHORT[other_semantics]}: "
+                "the two compute this Q/DQ model differently (compare --semantics picks the one reported)"
+            )
     return lines

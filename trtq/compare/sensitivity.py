@@ -20,24 +20,31 @@ kept in memory for the per-layer loop, at most ``limit`` samples (default
 Then each layer costs one quantize pass, one session built from the serialized model, and one
 run over the cached batches.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import logging
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
-from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from trtq.compare.evaluate import (feeds_for, limited_batches, plan_outputs, split_accumulator, task_accumulators,
-                                   with_task)
+from trtq.compare.accuracy import fmt, gated_values, json_float, table
+from trtq.compare.evaluate import (
+    feeds_for,
+    limited_batches,
+    plan_outputs,
+    split_accumulator,
+    task_accumulators,
+    with_task,
+)
 from trtq.compare.metrics import OutputAccumulator, OutputMetrics, Reference
-from trtq.compare.report import fmt, gated_values, json_float, table
+from trtq.compare.onnx_runner import OnnxRunner
 from trtq.compare.tasks import TaskSettings, output_producers
 from trtq.errors import ConfigError, DataError, ModelError
-from trtq.compare.runners import OnnxRunner
 
 log = logging.getLogger(__name__)
 
@@ -83,24 +90,32 @@ def render_layer_table(rows: Sequence[LayerRow], mode: str = "only") -> str:
     if mode == "only":
         title = "per-layer sensitivity: each layer quantized alone vs FP32, worst first"
     else:
-        title = ("per-layer sensitivity: all layers quantized but one; gain from keeping it "
-                 "in float, largest first")
+        title = "per-layer sensitivity: all layers quantized but one; gain from keeping it in float, largest first"
     if not rows:
         return title + "\n(no layers)"
     metric = next((r.task_metric_name for r in rows if r.task_metric_name), None)
     if metric:
-        title += f"; ranked by {metric}, then SQNR" if mode == "only" else \
-            f"; ranked by {metric} with the layer float, then gain"
-    header = ["node", "op"] + ([metric] if metric else []) + ["SQNR dB", "cos mean", "cos min", "top-1",
-                                                              "max abs err"]
+        title += (
+            f"; ranked by {metric}, then SQNR"
+            if mode == "only"
+            else f"; ranked by {metric} with the layer float, then gain"
+        )
+    header = ["node", "op"] + ([metric] if metric else []) + ["SQNR dB", "cos mean", "cos min", "top-1", "max abs err"]
     if mode != "only":
         header.append("gain dB")
     body = []
     for r in rows:
-        cells = [r.node, r.op_type] + ([fmt(r.task_metric, ".4f")] if metric else []) + [
-                 fmt(r.sqnr_db, ".2f"), fmt(r.cosine_mean, ".6f"),
-                 fmt(r.cosine_min, ".6f"), fmt(r.top1_agreement, ".4f"),
-                 fmt(r.max_abs_error, ".4g")]
+        cells = (
+            [r.node, r.op_type]
+            + ([fmt(r.task_metric, ".4f")] if metric else [])
+            + [
+                fmt(r.sqnr_db, ".2f"),
+                fmt(r.cosine_mean, ".6f"),
+                fmt(r.cosine_min, ".6f"),
+                fmt(r.top1_agreement, ".4f"),
+                fmt(r.max_abs_error, ".4g"),
+            ]
+        )
         if mode != "only":
             cells.append(fmt(r.gain_db, "+.2f"))
         body.append(cells)
@@ -110,8 +125,7 @@ def render_layer_table(rows: Sequence[LayerRow], mode: str = "only") -> str:
 class _CachedBatch:
     __slots__ = ("feeds", "prepared", "reference", "rows", "valid")
 
-    def __init__(self, feeds: dict[str, np.ndarray], rows: int, valid: int,
-                 reference: dict[str, np.ndarray]):
+    def __init__(self, feeds: dict[str, np.ndarray], rows: int, valid: int, reference: dict[str, np.ndarray]):
         self.feeds = feeds
         self.rows = rows
         self.valid = valid
@@ -120,11 +134,9 @@ class _CachedBatch:
         self.prepared = {name: Reference(value) for name, value in reference.items()}
 
 
-def _worst(node: str, op_type: str, metrics: Sequence[OutputMetrics],
-           gain_db: float | None = None) -> LayerRow:
+def _worst(node: str, op_type: str, metrics: Sequence[OutputMetrics], gain_db: float | None = None) -> LayerRow:
     top1 = [m.top1_agreement for m in metrics if m.top1_agreement is not None]
-    gated = [(label, value) for m, label, value in gated_values(metrics) if m.task is not None
-             and m.task.task != "raw"]
+    gated = [(label, value) for m, label, value in gated_values(metrics) if m.task is not None and m.task.task != "raw"]
     return LayerRow(
         node=node,
         op_type=op_type,
@@ -163,8 +175,11 @@ def _sort_key_only(row: LayerRow) -> tuple[float, float, float]:
 def _sort_key_gain(row: LayerRow) -> tuple[float, float, float]:
     gain = row.gain_db if row.gain_db is not None else 0.0
     task = row.task_metric if row.task_metric is not None else 0.0
-    return (-(math.inf if math.isnan(task) else task), -(math.inf if math.isnan(gain) else gain),
-            _low_first(row.sqnr_db))
+    return (
+        -(math.inf if math.isnan(task) else task),
+        -(math.inf if math.isnan(gain) else gain),
+        _low_first(row.sqnr_db),
+    )
 
 
 def per_layer_sensitivity(
@@ -207,18 +222,19 @@ def per_layer_sensitivity(
     producers = output_producers(model) if producers is None else producers
     with OnnxRunner.from_model(model, providers, name="FP32 model") as fp32:
         names = [s.name for s in fp32.outputs]
-        cached, plan = _cache_reference(fp32, names, batches, limit or DEFAULT_SAMPLES, producers,
-                                        settings or TaskSettings())
+        cached, plan = _cache_reference(
+            fp32, names, batches, limit or DEFAULT_SAMPLES, producers, settings or TaskSettings()
+        )
         if limit is None and len(cached) and sum(c.valid for c in cached) >= DEFAULT_SAMPLES:
-            log.info("per-layer analysis uses the first %d samples (set a limit to change)",
-                     DEFAULT_SAMPLES)
+            log.info("per-layer analysis uses the first %d samples (set a limit to change)", DEFAULT_SAMPLES)
     reported: list[bool] = []
 
     def measure(candidate_model: Any, label: str) -> list[OutputMetrics]:
         accs = {n: OutputAccumulator(n) for n in names}
         tasks = task_accumulators(plan, producers, settings) if settings else {}
-        split = split_accumulator(settings, cached[0].reference, cached[0].feeds) if settings and settings.split \
-            else None
+        split = (
+            split_accumulator(settings, cached[0].reference, cached[0].feeds) if settings and settings.split else None
+        )
         with OnnxRunner.from_model(candidate_model, providers, name=label) as runner:
             for c in cached:
                 out = plan.valid(runner.run(c.feeds), c.rows, c.valid, "candidate", runner)
@@ -228,8 +244,7 @@ def per_layer_sensitivity(
                         tasks[n].update(c.reference[n], out[n])
                 if split is not None:
                     split.update(c.reference, out)
-        metrics = [with_task(accs[n].result(), tasks[n], split) if n in tasks else accs[n].result()
-                   for n in names]
+        metrics = [with_task(accs[n].result(), tasks[n], split) if n in tasks else accs[n].result() for n in names]
         if settings is not None and not reported:
             reported.append(_say_how_ranked(metrics))
         return metrics
@@ -241,8 +256,9 @@ def per_layer_sensitivity(
     return rows[: int(top)] if top is not None else rows
 
 
-def _layers_to_rank(model: Any, amax: Mapping[str, float], options: Any,
-                    layers: Sequence[str] | None) -> tuple[Any, Any, list[str]]:
+def _layers_to_rank(
+    model: Any, amax: Mapping[str, float], options: Any, layers: Sequence[str] | None
+) -> tuple[Any, Any, list[str]]:
     """(the prepared model, its full QuantizeResult, the quantized layers to rank: ``layers`` or all);
     ModelError (exit 3) when nothing is quantized."""
     from trtq.quantize import quantize_model
@@ -270,9 +286,15 @@ def _check_arguments(mode: str, top: int | None, limit: int | None) -> None:
         raise DataError(f"per-layer limit must be a positive number of samples, got {limit}")
 
 
-def _rank(mode: str, layers: list[str], op_types: Mapping[str, str], variant: Callable[[set[str]], Any],
-          measure: Callable[[Any, str], list[OutputMetrics]], full_model: Any,
-          progress: LayerProgress | None) -> list[LayerRow]:
+def _rank(
+    mode: str,
+    layers: list[str],
+    op_types: Mapping[str, str],
+    variant: Callable[[set[str]], Any],
+    measure: Callable[[Any, str], list[OutputMetrics]],
+    full_model: Any,
+    progress: LayerProgress | None,
+) -> list[LayerRow]:
     """One row per layer: each quantized alone (``only``) or each left float (``all-but``), sorted."""
     rows: list[LayerRow] = []
     if mode == "only":
@@ -299,8 +321,14 @@ def _gain(sqnr: float, baseline: float) -> float:
     return sqnr - baseline
 
 
-def _cache_reference(fp32: OnnxRunner, names: list[str], batches: Iterable[Any], limit: int,
-                     origins: Mapping[str, Any], settings: TaskSettings) -> tuple[list[_CachedBatch], Any]:
+def _cache_reference(
+    fp32: OnnxRunner,
+    names: list[str],
+    batches: Iterable[Any],
+    limit: int,
+    origins: Mapping[str, Any],
+    settings: TaskSettings,
+) -> tuple[list[_CachedBatch], Any]:
     cached: list[_CachedBatch] = []
     plan = None
     for batch, rows, valid in limited_batches(batches, limit):
@@ -311,8 +339,9 @@ def _cache_reference(fp32: OnnxRunner, names: list[str], batches: Iterable[Any],
             plan = plan_outputs(outputs, names, rows, origins, settings)
         reference = plan.valid(outputs, rows, valid, "reference", fp32)
         # float64 once: every layer's metrics read the reference in float64
-        cached.append(_CachedBatch(feeds, rows, valid,
-                                   {k: np.array(v, dtype=np.float64) for k, v in reference.items()}))
+        cached.append(
+            _CachedBatch(feeds, rows, valid, {k: np.array(v, dtype=np.float64) for k, v in reference.items()})
+        )
     if not cached:
         raise DataError("no samples for the per-layer analysis", "check data.inputs and data.limit")
     return cached, plan
@@ -323,6 +352,9 @@ def _say_how_ranked(metrics: Sequence[OutputMetrics]) -> bool:
     if any(m.task is not None and m.task.gate_metric is not None for m in metrics):
         return True
     why = "; ".join(f"{m.name}: {m.task.how}" for m in metrics if m.task is not None)[:300]
-    log.warning("layers ranked by SQNR: compare could not tell what the outputs are for (%s); pass --task "
-                "(and --layout, --scores/--boxes) to rank by the task metric", why or "no output")
+    log.warning(
+        "layers ranked by SQNR: compare could not tell what the outputs are for (%s); pass --task "
+        "(and --layout, --scores/--boxes) to rank by the task metric",
+        why or "no output",
+    )
     return True

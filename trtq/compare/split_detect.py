@@ -16,12 +16,13 @@ the stride is the one whose ``ceil(H / s) x ceil(W / s)`` grid has exactly HW ce
 [0, 1] are logits and go through a sigmoid. The decoded boxes and scores of all pairs are then
 scored as one YOLOv8-style output (:class:`~trtq.compare.detect.DetectAccumulator`).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -94,8 +95,10 @@ class SplitDetectAccumulator:
 
     def __init__(self, heads: SplitHeads, score_threshold: float, nms_iou: float) -> None:
         if len(heads.scores) != len(heads.boxes) or not heads.scores:
-            raise UsageError(f"--scores names {len(heads.scores)} output(s) and --boxes {len(heads.boxes)}",
-                             "name one box output for each score output, in the same order")
+            raise UsageError(
+                f"--scores names {len(heads.scores)} output(s) and --boxes {len(heads.boxes)}",
+                "name one box output for each score output, in the same order",
+            )
         self.heads = heads
         self.detect = DetectAccumulator(Layout(channels_first=False, objectness=False), score_threshold, nms_iou)
         self.pairs: list[_Pair] = []
@@ -108,43 +111,58 @@ class SplitDetectAccumulator:
         for s_name, b_name in zip(self.heads.scores, self.heads.boxes):
             for name in (s_name, b_name):
                 if name not in ref:
-                    raise UsageError(f"--scores / --boxes name '{name}', which is not a model output",
-                                     "outputs: " + ", ".join(sorted(ref)))
+                    raise UsageError(
+                        f"--scores / --boxes name '{name}', which is not a model output",
+                        "outputs: " + ", ".join(sorted(ref)),
+                    )
             s, b = np.asarray(ref[s_name]), np.asarray(ref[b_name])
             if s.ndim != 3 or b.ndim != 3 or s.shape[1] != b.shape[1]:
-                raise UsageError(f"scores '{s_name}' {list(s.shape)} and boxes '{b_name}' {list(b.shape)} are not "
-                                 "[N, A, C] and [N, A, K] with the same A", _hint())
+                raise UsageError(
+                    f"scores '{s_name}' {list(s.shape)} and boxes '{b_name}' {list(b.shape)} are not "
+                    "[N, A, C] and [N, A, K] with the same A",
+                    _hint(),
+                )
             fmt = self._format(b.shape[2], b_name)
             stride = None
             if fmt in ("dfl", "ltrb"):
                 stride = _stride(b.shape[1], hw)
                 if stride is None:
-                    raise UsageError(f"cannot place the {b.shape[1]} anchors of '{b_name}' on a grid over the "
-                                     f"model input ({'unknown size' if hw is None else f'{hw[0]}x{hw[1]}'})",
-                                     "--box-format dfl / ltrb need one stride grid per output pair")
+                    raise UsageError(
+                        f"cannot place the {b.shape[1]} anchors of '{b_name}' on a grid over the "
+                        f"model input ({'unknown size' if hw is None else f'{hw[0]}x{hw[1]}'})",
+                        "--box-format dfl / ltrb need one stride grid per output pair",
+                    )
             finite = s[np.isfinite(s)]
             logits = bool(finite.size and (finite.min() < -_PROBABILITY_SLACK or finite.max() > 1 + _PROBABILITY_SLACK))
             pairs.append(_Pair(s_name, b_name, fmt, stride, None if hw is None else hw[1], logits))
             formats.add(fmt)
         self.pairs = pairs
         strides = [p.stride for p in pairs if p.stride]
-        self.how = (f"given (--scores/--boxes): {len(pairs)} pair(s), boxes {'/'.join(sorted(formats))}"
-                    + (f", strides {', '.join(map(str, strides))}" if strides else "")
-                    + (", scores are logits (sigmoid applied)" if any(p.logits for p in pairs) else ""))
+        self.how = (
+            f"given (--scores/--boxes): {len(pairs)} pair(s), boxes {'/'.join(sorted(formats))}"
+            + (f", strides {', '.join(map(str, strides))}" if strides else "")
+            + (", scores are logits (sigmoid applied)" if any(p.logits for p in pairs) else "")
+        )
 
     def _format(self, k: int, name: str) -> str:
         fmt = self.heads.box_format
         if fmt == "auto":
             if k > 4 and k % 4 == 0:
                 return "dfl"
-            raise UsageError(f"boxes '{name}' have {k} values per anchor: say how they are written",
-                             "pass --box-format ltrb, xyxy or cxcywh (dfl needs 4 x (reg_max + 1) values)")
+            raise UsageError(
+                f"boxes '{name}' have {k} values per anchor: say how they are written",
+                "pass --box-format ltrb, xyxy or cxcywh (dfl needs 4 x (reg_max + 1) values)",
+            )
         if fmt == "dfl" and (k % 4 or k <= 4):
-            raise UsageError(f"--box-format dfl needs 4 x (reg_max + 1) values per anchor; '{name}' has {k}",
-                             "pass --box-format ltrb, xyxy or cxcywh")
+            raise UsageError(
+                f"--box-format dfl needs 4 x (reg_max + 1) values per anchor; '{name}' has {k}",
+                "pass --box-format ltrb, xyxy or cxcywh",
+            )
         if fmt != "dfl" and k != 4:
-            raise UsageError(f"--box-format {fmt} needs 4 values per anchor; '{name}' has {k}",
-                             "pass --box-format dfl for distributions")
+            raise UsageError(
+                f"--box-format {fmt} needs 4 values per anchor; '{name}' has {k}",
+                "pass --box-format dfl for distributions",
+            )
         return fmt
 
     def _rows(self, outputs: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -167,13 +185,21 @@ class SplitDetectAccumulator:
                 x2, y2 = c[..., 0] + dist[..., 2], c[..., 1] + dist[..., 3]
                 boxes = np.stack([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], axis=-1)
             elif p.fmt == "xyxy":
-                boxes = np.stack([(boxes[..., 0] + boxes[..., 2]) / 2, (boxes[..., 1] + boxes[..., 3]) / 2,
-                                  boxes[..., 2] - boxes[..., 0], boxes[..., 3] - boxes[..., 1]], axis=-1)
+                boxes = np.stack(
+                    [
+                        (boxes[..., 0] + boxes[..., 2]) / 2,
+                        (boxes[..., 1] + boxes[..., 3]) / 2,
+                        boxes[..., 2] - boxes[..., 0],
+                        boxes[..., 3] - boxes[..., 1],
+                    ],
+                    axis=-1,
+                )
             parts.append(np.concatenate([boxes, scores], axis=-1))
         widths = {part.shape[-1] for part in parts}
         if len(widths) != 1:
-            raise UsageError("the score outputs name different numbers of classes",
-                             "pair score maps of one detector head")
+            raise UsageError(
+                "the score outputs name different numbers of classes", "pair score maps of one detector head"
+            )
         return np.concatenate(parts, axis=1)
 
     def update(self, ref: Mapping[str, np.ndarray], cand: Mapping[str, np.ndarray]) -> None:

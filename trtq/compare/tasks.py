@@ -28,13 +28,14 @@ An explicit task applies to every output it fits; the others are scored raw (the
 so), and a task that fits no output is a UsageError (exit 2). ``layout`` states what inference
 would read from the graph: ``NTC`` / ``TNC`` for ctc, ``NCHW`` / ``NHWC`` for segment.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
-from typing import Any
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 
@@ -45,17 +46,9 @@ from trtq.compare.origin import FEATURE_OPS, OutputOrigin, output_origins
 from trtq.compare.segment import SegmentAccumulator
 from trtq.compare.split_detect import BOX_FORMATS
 from trtq.errors import ConfigError, UsageError
+from trtq.registry import Registry
 
-TASKS = ("classify", "detect", "segment", "ctc", "raw")
 DETECT_FORMATS = ("auto", "v8", "v5")
-LAYOUTS = {"ctc": ("NTC", "TNC"), "segment": ("NCHW", "NHWC")}
-# the metric each task gates (--min-agreement) and ranks layers by, with its printed name
-GATE_METRIC = {
-    "classify": ("top1_agreement", "top-1 agreement"),
-    "detect": ("f1", "detection F1"),
-    "segment": ("iou", "mask IoU"),
-    "ctc": ("sequence_agreement", "sequence agreement"),
-}
 SOFTMAX_OPS = ("Softmax", "LogSoftmax")
 DETECT_MIN_ROW = 5  # 4 box values and at least one score
 DETECT_MIN_RATIO = 4  # anchors >= 4x the row length
@@ -108,34 +101,47 @@ class TaskSettings:
         return settings
 
     def check(self) -> None:
-        if self.task not in ("auto",) + TASKS:
-            raise ConfigError(f"unknown compare task '{self.task}'", "use one of: auto, " + ", ".join(TASKS))
+        if self.task != "auto" and self.task not in TASKS:
+            raise ConfigError(f"unknown compare task '{self.task}'", "use one of: auto, " + ", ".join(TASKS.names()))
         if self.detect_format not in DETECT_FORMATS:
-            raise ConfigError(f"unknown detect format '{self.detect_format}'",
-                              "use one of: " + ", ".join(DETECT_FORMATS))
+            raise ConfigError(
+                f"unknown detect format '{self.detect_format}'", "use one of: " + ", ".join(DETECT_FORMATS)
+            )
         for flag, value in (("--score-threshold", self.score_threshold), ("--nms-iou", self.nms_iou)):
             if not 0.0 <= float(value) <= 1.0:
                 raise ConfigError(f"{flag} must be between 0 and 1, got {value}", "give a fraction, e.g. 0.25")
         if not math.isfinite(float(self.mask_threshold)):
-            raise ConfigError(f"--mask-threshold must be a finite number, got {self.mask_threshold}",
-                              "give the value that separates mask from background, e.g. 0.5")
+            raise ConfigError(
+                f"--mask-threshold must be a finite number, got {self.mask_threshold}",
+                "give the value that separates mask from background, e.g. 0.5",
+            )
         if self.layout != "auto":
-            allowed = LAYOUTS.get(self.task)
+            row = TASKS.find(self.task)
+            allowed = row.layouts if row is not None and row.layouts else None
             if allowed is None:
-                raise ConfigError(f"--layout is for --task ctc (NTC, TNC) or segment (NCHW, NHWC), not "
-                                  f"--task {self.task}", "drop --layout, or pass --task ctc / segment")
+                laid = sorted((t for t in TASKS.rows() if t.layouts), key=lambda t: t.name)
+                raise ConfigError(
+                    "--layout is for --task "
+                    + " or ".join(f"{t.name} ({', '.join(t.layouts)})" for t in laid)
+                    + f", not --task {self.task}",
+                    "drop --layout, or pass --task " + " / ".join(t.name for t in laid),
+                )
             if self.layout not in allowed:
-                raise ConfigError(f"--layout {self.layout} is not a {self.task} layout",
-                                  "use one of: " + ", ".join(allowed))
+                raise ConfigError(
+                    f"--layout {self.layout} is not a {self.task} layout", "use one of: " + ", ".join(allowed)
+                )
         if self.box_format not in BOX_FORMATS:
             raise ConfigError(f"unknown --box-format '{self.box_format}'", "use one of: " + ", ".join(BOX_FORMATS))
         if self.scores or self.boxes:
             if self.task != "detect":
-                raise ConfigError("--scores / --boxes name split detector heads: they go with --task detect",
-                                  "add --task detect")
+                raise ConfigError(
+                    "--scores / --boxes name split detector heads: they go with --task detect", "add --task detect"
+                )
             if len(self.scores) != len(self.boxes):
-                raise ConfigError(f"--scores names {len(self.scores)} output(s) and --boxes {len(self.boxes)}",
-                                  "name one box output for each score output, in the same order")
+                raise ConfigError(
+                    f"--scores names {len(self.scores)} output(s) and --boxes {len(self.boxes)}",
+                    "name one box output for each score output, in the same order",
+                )
 
     @property
     def split(self) -> bool:
@@ -143,7 +149,7 @@ class TaskSettings:
 
     def batch_axis_of(self, rank: int) -> int | None:
         """The batch axis ``layout`` states for an output of this rank (None: not stated)."""
-        if self.task == "ctc" and rank == 3 and self.layout in LAYOUTS["ctc"]:
+        if self.task == "ctc" and rank == 3 and self.layout in TASKS.get("ctc").layouts:
             return self.layout.index("N")
         return None
 
@@ -156,11 +162,13 @@ class TaskResult:
 
     @property
     def gate_metric(self) -> str | None:
-        return GATE_METRIC[self.task][0] if self.task in GATE_METRIC else None
+        row = TASKS.find(self.task)
+        return row.gate[0] if row is not None and row.gate else None
 
     @property
     def gate_label(self) -> str | None:
-        return GATE_METRIC[self.task][1] if self.task in GATE_METRIC else None
+        row = TASKS.find(self.task)
+        return row.gate[1] if row is not None and row.gate else None
 
     @property
     def value(self) -> float | None:
@@ -175,6 +183,48 @@ class TaskResult:
         return str(reason) if reason else None
 
 
+# --------------------------------------------------------------------------------------------
+# the tasks: one registry, one row a task
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task an output can serve: whether it fits an output, what scores it, what it gates.
+
+    Everything that names tasks reads this table: ``--task``'s choices, the check of
+    ``compare.task`` (``TASKS.get``), :class:`TaskSettings`, :func:`fits`,
+    :class:`TaskAccumulator` and the gate. A new task is one accumulator (``update(ref, cand)``,
+    ``metrics()``), its fit test and one ``TASKS.register`` call (:data:`TASKS`, a
+    trtq.registry.Registry)."""
+
+    name: str
+    # None when the task can score an output of this batch-first shape, else why not:
+    # (shape, settings, origin) -> str | None
+    fits: Callable[[Sequence[int], Any, Any], str | None]
+    # the accumulator of one output, chosen on its first batch: (TaskAccumulator, shape) -> it
+    # (None: the tensor metrics only); it may add to the accumulator's ``how``
+    accumulator: Callable[[Any, tuple], Any] | None = None
+    gate: tuple[str, str] | None = None  # the metric it gates (--min-agreement) and ranks by, its printed name
+    layouts: tuple[str, ...] = ()  # the --layout values it takes
+    keeps_top1: bool = False  # its metric is top-1 agreement, which the tensor metrics keep for it
+
+
+TASKS: Registry[Task] = Registry("compare.task", also=("auto",))
+
+
+def gated_task_names() -> tuple[str, ...]:
+    """The tasks that have a task metric."""
+    return tuple(t.name for t in TASKS.rows() if t.gate is not None)
+
+
+def reported_apart(task: str) -> bool:
+    """Its task metric is printed beside the tensor metrics (every gated task but those whose metric
+    is top-1 agreement, which the tensor metrics keep)."""
+    row = TASKS.find(task)
+    return row is not None and row.gate is not None and not row.keeps_top1
+
+
 def _dims(shape: Sequence[int]) -> str:
     return "[N, " + ", ".join(str(d) for d in shape[1:]) + "]"
 
@@ -187,7 +237,7 @@ def _layout(shape: Sequence[int], detect_format: str) -> Layout:
 
 def _segment_axis(origin: OutputOrigin | None, layout: str) -> tuple[int | None, str]:
     """The class axis of a 4-D output (1 or 3) and the words for it; None when unknown."""
-    if layout in LAYOUTS["segment"]:
+    if layout in ("NCHW", "NHWC"):
         return layout.index("C"), f"--layout {layout}"
     if origin is not None and origin.class_axis is not None and origin.class_axis % 4 in (1, 3):
         return origin.class_axis % 4, origin.class_evidence
@@ -196,37 +246,87 @@ def _segment_axis(origin: OutputOrigin | None, layout: str) -> tuple[int | None,
 
 def fits(task: str, shape: Sequence[int], settings: TaskSettings, origin: Any = None) -> str | None:
     """None when ``task`` can score an output of this (batch-first) shape, else why not."""
-    if task == "raw":
-        return None
-    if task == "classify":
-        ok = len(shape) >= 2 and shape[1] > 1 and all(d == 1 for d in shape[2:])
-        return None if ok else "classify needs [N, C] scores (C > 1, trailing dims 1)"
-    if task == "segment":
-        if len(shape) != 4:
-            return "segment needs [N, C, H, W] or [N, H, W, C] maps"
-        axis, _ = _segment_axis(as_origin(origin), settings.layout)
-        spatial = [shape[i] for i in (1, 2, 3) if i != (axis or 1)]
-        return None if spatial[0] * spatial[1] > 1 else "segment needs maps of more than one pixel"
-    if task == "ctc":
-        ok = len(shape) == 3 and shape[2] > 1
-        return None if ok else "ctc needs [N, T, C] or [T, N, C] scores (C > 1, class 0 the blank)"
-    if task == "detect":
-        if len(shape) != 3:
-            return "detect needs [N, 4+C, A], [N, A, 4+C] or [N, A, 5+C]"
-        layout = _layout(shape, settings.detect_format)
-        row = min(shape[1], shape[2]) if settings.detect_format == "auto" else (
-            shape[1] if layout.channels_first else shape[2])
-        need = DETECT_MIN_ROW + int(layout.objectness)
-        return None if row >= need else f"detect ({layout.name}) needs rows of at least {need} values"
-    raise ConfigError(f"unknown compare task '{task}'", "use one of: " + ", ".join(TASKS))
+    if task not in TASKS:
+        raise ConfigError(f"unknown compare task '{task}'", "use one of: " + ", ".join(TASKS.names()))
+    return TASKS.get(task).fits(shape, settings, origin)
+
+
+def _fits_raw(shape: Sequence[int], settings: TaskSettings, origin: Any) -> str | None:
+    return None
+
+
+def _fits_classify(shape: Sequence[int], settings: TaskSettings, origin: Any) -> str | None:
+    ok = len(shape) >= 2 and shape[1] > 1 and all(d == 1 for d in shape[2:])
+    return None if ok else "classify needs [N, C] scores (C > 1, trailing dims 1)"
+
+
+def _fits_segment(shape: Sequence[int], settings: TaskSettings, origin: Any) -> str | None:
+    if len(shape) != 4:
+        return "segment needs [N, C, H, W] or [N, H, W, C] maps"
+    axis, _ = _segment_axis(as_origin(origin), settings.layout)
+    spatial = [shape[i] for i in (1, 2, 3) if i != (axis or 1)]
+    return None if spatial[0] * spatial[1] > 1 else "segment needs maps of more than one pixel"
+
+
+def _fits_ctc(shape: Sequence[int], settings: TaskSettings, origin: Any) -> str | None:
+    ok = len(shape) == 3 and shape[2] > 1
+    return None if ok else "ctc needs [N, T, C] or [T, N, C] scores (C > 1, class 0 the blank)"
+
+
+def _fits_detect(shape: Sequence[int], settings: TaskSettings, origin: Any) -> str | None:
+    if len(shape) != 3:
+        return "detect needs [N, 4+C, A], [N, A, 4+C] or [N, A, 5+C]"
+    layout = _layout(shape, settings.detect_format)
+    row = (
+        min(shape[1], shape[2])
+        if settings.detect_format == "auto"
+        else (shape[1] if layout.channels_first else shape[2])
+    )
+    need = DETECT_MIN_ROW + int(layout.objectness)
+    return None if row >= need else f"detect ({layout.name}) needs rows of at least {need} values"
+
+
+def _classify_accumulator(acc: Any, shape: tuple) -> Any:
+    return ClassifyAccumulator(int(np.prod(shape[1:])))
+
+
+def _detect_accumulator(acc: Any, shape: tuple) -> Any:
+    s = acc.settings
+    return DetectAccumulator(_layout(shape, s.detect_format), s.score_threshold, s.nms_iou)
+
+
+def _segment_accumulator(acc: Any, shape: tuple) -> Any:
+    axis, how = _segment_axis(acc.origin, acc.settings.layout)
+    if axis is None:  # an explicit --task segment on a graph that does not say: the NCHW convention
+        axis, how = 1, "NCHW assumed: pass --layout NHWC if the classes are the last axis"
+    if acc.settings.task != "auto":
+        acc.how += f", {'NCHW' if axis == 1 else 'NHWC'} ({how})"
+    return SegmentAccumulator(shape[axis], acc.settings.mask_threshold, axis)
+
+
+def _ctc_accumulator(acc: Any, shape: tuple) -> Any:
+    return CtcAccumulator("TNC" if acc.batch_axis == 1 else "NTC")
+
+
+TASKS.register(
+    Task("classify", _fits_classify, _classify_accumulator, ("top1_agreement", "top-1 agreement"), keeps_top1=True)
+)
+TASKS.register(Task("detect", _fits_detect, _detect_accumulator, ("f1", "detection F1")))
+TASKS.register(Task("segment", _fits_segment, _segment_accumulator, ("iou", "mask IoU"), layouts=("NCHW", "NHWC")))
+TASKS.register(
+    Task("ctc", _fits_ctc, _ctc_accumulator, ("sequence_agreement", "sequence agreement"), layouts=("NTC", "TNC"))
+)
+TASKS.register(Task("raw", _fits_raw))
 
 
 def _classify_or_features(shape: Sequence[int], origin: OutputOrigin | None) -> tuple[str, str]:
     dims = _dims(shape)
     source = origin.source if origin is not None else None
     if source in FEATURE_OPS and not (origin is not None and origin.op in SOFTMAX_OPS + ("Sigmoid",)):
-        return "raw", (f"{dims} is made by {source}: features rather than class scores, so top-1 would mean "
-                       "nothing; pass --task classify if they are class scores")
+        return "raw", (
+            f"{dims} is made by {source}: features rather than class scores, so top-1 would mean "
+            "nothing; pass --task classify if they are class scores"
+        )
     return "classify", f"inferred: {dims} class scores, argmax over axis 1"
 
 
@@ -237,8 +337,10 @@ def _sequence(shape: Sequence[int], origin: OutputOrigin | None, batch_axis: int
     if origin.class_axis % len(shape) != 2:
         return None
     layout = "TNC" if batch_axis == 1 else "NTC"
-    return "ctc", (f"inferred: {layout} {_dims(shape)} with classes on the last axis by "
-                   f"{origin.class_evidence} (CTC time steps x classes)")
+    return "ctc", (
+        f"inferred: {layout} {_dims(shape)} with classes on the last axis by "
+        f"{origin.class_evidence} (CTC time steps x classes)"
+    )
 
 
 def _yolo_values_problem(values: np.ndarray | None, layout: Layout) -> str | None:
@@ -260,8 +362,13 @@ def _yolo_values_problem(values: np.ndarray | None, layout: Layout) -> str | Non
     return None
 
 
-def infer(shape: Sequence[int], producer: Any = None, values: np.ndarray | None = None,
-          siblings: Sequence[str] = (), batch_axis: int = 0) -> tuple[str, str]:
+def infer(
+    shape: Sequence[int],
+    producer: Any = None,
+    values: np.ndarray | None = None,
+    siblings: Sequence[str] = (),
+    batch_axis: int = 0,
+) -> tuple[str, str]:
     """(task, how it was inferred) for an output of this batch-first shape.
 
     ``producer``: its :class:`OutputOrigin` (or an ``(op, axis)`` pair); ``values``: the first batch
@@ -274,8 +381,10 @@ def infer(shape: Sequence[int], producer: Any = None, values: np.ndarray | None 
     if len(shape) == 4:
         axis, how = _segment_axis(origin, "auto")
         if axis is None:
-            return "raw", (f"{dims} could be NCHW or NHWC maps and the graph does not say which axis holds the "
-                           "classes: pass --task segment --layout NCHW or --layout NHWC")
+            return "raw", (
+                f"{dims} could be NCHW or NHWC maps and the graph does not say which axis holds the "
+                "classes: pass --task segment --layout NCHW or --layout NHWC"
+            )
         h, w = [shape[i] for i in (1, 2, 3) if i != axis]
         if h <= 1 or w <= 1:
             return "raw", f"no task inferred for {dims}"
@@ -288,16 +397,20 @@ def infer(shape: Sequence[int], producer: Any = None, values: np.ndarray | None 
         if found is not None:
             return found
         if siblings:
-            return "raw", (f"{dims} shares its {shape[1]} anchors with {', '.join(siblings)}: split detector "
-                           "heads (scores and boxes apart); pass --task detect --scores NAME[,...] --boxes "
-                           "NAME[,...] --box-format dfl|ltrb|xyxy|cxcywh to score them")
+            return "raw", (
+                f"{dims} shares its {shape[1]} anchors with {', '.join(siblings)}: split detector "
+                "heads (scores and boxes apart); pass --task detect --scores NAME[,...] --boxes "
+                "NAME[,...] --box-format dfl|ltrb|xyxy|cxcywh to score them"
+            )
         small, large = sorted(shape[1:])
         if small >= DETECT_MIN_ROW and large >= DETECT_MIN_RATIO * small:
             layout = _layout(shape, "auto")
             problem = _yolo_values_problem(values, layout)
             if problem is not None:
-                return "raw", (f"{dims} is shaped like a YOLO head but {problem}: pass --task detect "
-                               "(--detect-format v8|v5) if it is one")
+                return "raw", (
+                    f"{dims} is shaped like a YOLO head but {problem}: pass --task detect "
+                    "(--detect-format v8|v5) if it is one"
+                )
             if shape[1] < shape[2]:
                 how = f"YOLOv8 head: {shape[1]} rows (4 box + {shape[1] - 4} class) x {shape[2]} anchors"
             else:
@@ -310,8 +423,9 @@ def infer(shape: Sequence[int], producer: Any = None, values: np.ndarray | None 
 class TaskAccumulator:
     """The task metric of one output, chosen on the first batch (see the module doc)."""
 
-    def __init__(self, name: str, settings: TaskSettings, producer: Any = None,
-                 siblings: Sequence[str] = (), batch_axis: int = 0) -> None:
+    def __init__(
+        self, name: str, settings: TaskSettings, producer: Any = None, siblings: Sequence[str] = (), batch_axis: int = 0
+    ) -> None:
         self.name = name
         self.settings = settings
         self.origin = as_origin(producer)
@@ -329,8 +443,11 @@ class TaskAccumulator:
         if self.settings.split:  # compare scores the named heads together (split_detect); the rest is raw
             named = self.name in self.settings.scores + self.settings.boxes
             self.task = "raw"
-            self.how = (f"one of the split detector heads scored with '{self.settings.scores[0]}'" if named
-                        else "not named by --scores / --boxes")
+            self.how = (
+                f"one of the split detector heads scored with '{self.settings.scores[0]}'"
+                if named
+                else "not named by --scores / --boxes"
+            )
             return
         if requested == "auto":
             self.task, self.how = infer(shape, self.origin, values, self.siblings, self.batch_axis)
@@ -342,21 +459,8 @@ class TaskAccumulator:
                     self.how += ", TNC"
             else:
                 self.task, self.how = "raw", f"--task {requested} does not fit {_dims(shape)}"
-        s = self.settings
-        if self.task == "classify":
-            self._impl = ClassifyAccumulator(int(np.prod(shape[1:])))
-        elif self.task == "detect":
-            layout = _layout(shape, s.detect_format)
-            self._impl = DetectAccumulator(layout, s.score_threshold, s.nms_iou)
-        elif self.task == "segment":
-            axis, how = _segment_axis(self.origin, s.layout)
-            if axis is None:  # an explicit --task segment on a graph that does not say: the NCHW convention
-                axis, how = 1, "NCHW assumed: pass --layout NHWC if the classes are the last axis"
-            if requested != "auto":
-                self.how += f", {'NCHW' if axis == 1 else 'NHWC'} ({how})"
-            self._impl = SegmentAccumulator(shape[axis], s.mask_threshold, axis)
-        elif self.task == "ctc":
-            self._impl = CtcAccumulator("TNC" if self.batch_axis == 1 else "NTC")
+        make = TASKS.get(self.task).accumulator
+        self._impl = make(self, shape) if make is not None else None
 
     def update(self, ref: np.ndarray, cand: np.ndarray) -> None:
         if self.task is None:
@@ -377,8 +481,7 @@ def sibling_heads(shapes: Mapping[str, Sequence[int]]) -> dict[str, list[str]]:
     for name, shape in shapes.items():
         if len(shape) == 3 and shape[1] > 1:
             by_anchors.setdefault(int(shape[1]), []).append(name)
-    return {name: [o for o in group if o != name] for group in by_anchors.values() if len(group) > 1
-            for name in group}
+    return {name: [o for o in group if o != name] for group in by_anchors.values() if len(group) > 1 for name in group}
 
 
 def require_fit(accumulators: Mapping[str, TaskAccumulator], settings: TaskSettings) -> None:
@@ -391,13 +494,16 @@ def require_fit(accumulators: Mapping[str, TaskAccumulator], settings: TaskSetti
         split = [a for a in seen if a.siblings and a.misfit is None]
         if split:
             names = [split[0].name, *split[0].siblings]
-            raise UsageError(f"outputs {', '.join(names)} share their anchors: split detector heads, not one "
-                             "YOLO head each", "name them: --task detect --scores NAME[,...] --boxes NAME[,...]")
+            raise UsageError(
+                f"outputs {', '.join(names)} share their anchors: split detector heads, not one YOLO head each",
+                "name them: --task detect --scores NAME[,...] --boxes NAME[,...]",
+            )
     if settings.split:
         return
     if seen and all(a.misfit is not None for a in seen):
         raise UsageError(
             f"--task {settings.task} does not fit the model's outputs ("
-            + ", ".join(f"'{a.name}' is {_dims(a.shape)}" for a in seen) + f"): {seen[0].misfit}",
+            + ", ".join(f"'{a.name}' is {_dims(a.shape)}" for a in seen)
+            + f"): {seen[0].misfit}",
             "pass the --task the outputs are for, or --task raw (leave it out to infer it)",
         )

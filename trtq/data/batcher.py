@@ -4,21 +4,22 @@ Contract (docs/internals.md, section Data): ``iter(batcher)`` yields :class:`Bat
 same bytes in the same order on every pass and every run, whatever the number of workers. Memory
 is bounded by ``prefetch`` batches, not by the size of the data set.
 """
+
 import hashlib
 import json
 import logging
 import os
 from collections import deque
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
-from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from trtq import interrupt
 from trtq.config import DataOptions
 from trtq.data.sources import SampleError, make_source
-from trtq import interrupt
 from trtq.errors import ConfigError, DataError
 from trtq.memory import physical_memory
 from trtq.model import TensorSpec, resolve_shapes
@@ -148,18 +149,23 @@ class Batcher:
     def _check_options(self) -> None:
         o = self.options
         if o.batch_size is not None and o.batch_size < 1:
-            raise ConfigError(f"data.batch_size must be at least 1, got {o.batch_size}",
-                              "e.g. --batch-size 8, or leave it unset for the model's batch dim")
+            raise ConfigError(
+                f"data.batch_size must be at least 1, got {o.batch_size}",
+                "e.g. --batch-size 8, or leave it unset for the model's batch dim",
+            )
         if o.limit is not None and o.limit < 1:
             raise ConfigError(f"data.limit must be at least 1, got {o.limit}", "leave it unset to use all samples")
         if o.workers is not None and o.workers < 0:
-            raise ConfigError(f"data.workers must be 0 (decode in the caller's thread) or more, got {o.workers}",
-                              "e.g. --workers 4, or leave it unset")
+            raise ConfigError(
+                f"data.workers must be 0 (decode in the caller's thread) or more, got {o.workers}",
+                "e.g. --workers 4, or leave it unset",
+            )
         if o.prefetch < 1:
             raise ConfigError(f"data.prefetch must be at least 1, got {o.prefetch}", "e.g. data.prefetch: 2")
         if o.last_batch not in ("pad", "drop", "keep"):
-            raise ConfigError(f"data.last_batch must be pad, drop or keep, got {o.last_batch!r}",
-                              "e.g. data.last_batch: pad")
+            raise ConfigError(
+                f"data.last_batch must be pad, drop or keep, got {o.last_batch!r}", "e.g. data.last_batch: pad"
+            )
 
     def _check_batch_memory(self) -> None:
         """ConfigError when one batch of inputs alone would take more than half the memory."""
@@ -182,8 +188,9 @@ class Batcher:
         model = [s.name for s in self.specs]
         config = list(self.options.inputs)
         if not config:
-            raise DataError("no data configured",
-                            "set data.inputs.<input>: {images: DIR} in the config, or pass --data")
+            raise DataError(
+                "no data configured", "set data.inputs.<input>: {images: DIR} in the config, or pass --data"
+            )
         unknown = [n for n in config if n not in model]
         missing = [n for n in model if n not in config]
         if unknown or missing:
@@ -294,7 +301,7 @@ class Batcher:
             for r, row in enumerate(rows):
                 out[r] = row[name]
             if len(rows) < size:
-                out[len(rows):] = rows[-1][name]
+                out[len(rows) :] = rows[-1][name]
             arrays[name] = out
         return Batch(index, arrays, len(rows))
 

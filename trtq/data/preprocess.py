@@ -30,10 +30,11 @@ Rules that are easy to get subtly wrong, written down once:
   antialiasing when shrinking), for models whose deployment resizes with OpenCV (PaddleOCR,
   Ultralytics); the others are PIL's filters.
 """
+
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
-from collections.abc import Sequence
 
 import numpy as np
 from PIL import Image
@@ -187,9 +188,12 @@ class Preprocessor:
             raise ConfigError(f"{key}.resize.mode must be one of {', '.join(sizes)}, got {r.mode!r}")
         if len(r.size) not in sizes[r.mode]:
             want = {
-                "none": "no size", "exact": "[height, width]", "letterbox": "[height, width]",
+                "none": "no size",
+                "exact": "[height, width]",
+                "letterbox": "[height, width]",
                 "height": "[height, width]",
-                "shorter": "one size", "longer": "one size",
+                "shorter": "one size",
+                "longer": "one size",
             }[r.mode]
             raise ConfigError(
                 f"{key}.resize.size is {list(r.size)} but mode '{r.mode}' takes {want}",
@@ -235,8 +239,7 @@ class Preprocessor:
             kh, kw = _pair(self.options.center_crop)
             if kh > ch or kw > cw:
                 raise DataError(
-                    f"{where} is {cw}x{ch} (w x h) after resize, smaller than "
-                    f"{self.key}.center_crop {kh}x{kw} (h x w)",
+                    f"{where} is {cw}x{ch} (w x h) after resize, smaller than {self.key}.center_crop {kh}x{kw} (h x w)",
                     f"set {self.key}.resize so the image is at least the crop size, or lower center_crop",
                 )
             top, left = crop_offsets(ch, cw, (kh, kw))
@@ -315,6 +318,7 @@ class Preprocessor:
                 "fix or remove it, check the preprocess scale/mean/std, or pass --skip-bad",
             )
         return out
+
 
 def build_preprocess(options: PreprocessOptions, key: str = "preprocess") -> Callable[..., np.ndarray]:
     """Validate ``options`` (ConfigError naming ``key``) and return the per-image function.

@@ -3,8 +3,9 @@
 A preset is only a starting point written out in full: ``trtq calibrate --dry-run --json`` shows the
 options it expands to, which can be pasted into a YAML config and edited.
 """
-from dataclasses import replace
+
 from collections.abc import Sequence
+from dataclasses import replace
 
 from trtq.config import PreprocessOptions, ResizeOptions
 from trtq.errors import ConfigError, DataError
@@ -18,7 +19,7 @@ PRESETS: dict[str, str] = {
     "inception": "resize shorter side to size/0.875, center crop, scale to [-1, 1] (TF / EfficientNet-Lite)",
     "yolo": "Ultralytics LetterBox: OpenCV bilinear to fit the input size, centred, pad 114, RGB, [0, 1]",
     "paddle": "PaddleOCR/RapidOCR cls/rec: OpenCV bilinear to the input height, wide lines squashed to "
-              "the input width, pad right, BGR, [-1, 1]",
+    "the input width, pad right, BGR, [-1, 1]",
     "unit": "resize to the input size (ignoring aspect ratio), scale to [0, 1]",
     "raw": "resize to the input size, pixel values 0..255 as float",
 }
@@ -61,15 +62,18 @@ def preset(name: str, shape: Sequence) -> PreprocessOptions:
     if name == "inception":
         return replace(base, resize=crop_resize, center_crop=(h, w), mean=(0.5,), std=(0.5,))
     if name == "yolo":
-        return replace(base, resize=ResizeOptions(mode="letterbox", size=(h, w), pad_value=114.0,
-                                                  interpolation="opencv_linear"))
+        return replace(
+            base, resize=ResizeOptions(mode="letterbox", size=(h, w), pad_value=114.0, interpolation="opencv_linear")
+        )
     if name == "paddle":  # RapidOCR reads images with OpenCV (BGR) and feeds them as they are
         return replace(
             base,
             color="gray" if ch == 1 else "bgr",
-            resize=ResizeOptions(mode="height", size=(h, w), pad_value=127.5, anchor="top_left",
-                                 interpolation="opencv_linear"),
-            mean=(0.5,), std=(0.5,),
+            resize=ResizeOptions(
+                mode="height", size=(h, w), pad_value=127.5, anchor="top_left", interpolation="opencv_linear"
+            ),
+            mean=(0.5,),
+            std=(0.5,),
         )
     if name == "unit":
         return replace(base, resize=ResizeOptions(mode="exact", size=(h, w)))

@@ -4,6 +4,7 @@ A source knows how many samples it has and produces sample ``i`` (already prepro
 like the model input without the batch dim, in the model input's dtype) on demand, from any
 thread. Nothing is decoded when a source is built: folders are listed and ``.npy`` headers read.
 """
+
 import bisect
 import glob
 import logging
@@ -11,12 +12,13 @@ import mmap
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
-from collections.abc import Sequence
 
 import numpy as np
+
 from trtq.config import InputSource, PreprocessOptions
 from trtq.errors import ConfigError, DataError
 
@@ -51,8 +53,9 @@ def _is_hidden(name: str) -> bool:
     return name.startswith(".")
 
 
-def list_image_folder(folder: Path, skip_bad: bool = False,
-                      unreadable: Optional[list[tuple[str, str]]] = None) -> list[str]:
+def list_image_folder(
+    folder: Path, skip_bad: bool = False, unreadable: Optional[list[tuple[str, str]]] = None
+) -> list[str]:
     """Image files under ``folder`` (recursive), as POSIX paths relative to it, sorted.
 
     Extensions are matched case-insensitively; hidden files and hidden folders are ignored. A
@@ -61,8 +64,9 @@ def list_image_folder(folder: Path, skip_bad: bool = False,
     """
     folder = Path(folder)
     if not folder.exists():
-        raise DataError(f"image folder not found: {folder}",
-                        "check the data path (data.inputs.<input>.images or --data)")
+        raise DataError(
+            f"image folder not found: {folder}", "check the data path (data.inputs.<input>.images or --data)"
+        )
     if not folder.is_dir():
         raise DataError(
             f"image folder is a file, not a folder: {folder}",
@@ -79,8 +83,10 @@ def list_image_folder(folder: Path, skip_bad: bool = False,
     for e in errors:
         where = e.filename or str(folder)
         if not skip_bad:
-            raise DataError(f"cannot read folder {where} (under the image folder {folder}): {e.strerror}",
-                            "fix its permissions, remove it, or pass --skip-bad to skip it")
+            raise DataError(
+                f"cannot read folder {where} (under the image folder {folder}): {e.strerror}",
+                "fix its permissions, remove it, or pass --skip-bad to skip it",
+            )
         log.warning("skipping folder %s: %s", where, e.strerror)
         if unreadable is not None:
             unreadable.append((f"{where}{os.sep}", f"folder not readable: {e.strerror}"))
@@ -115,8 +121,9 @@ def read_file_list(entries: Sequence[str], key: str) -> tuple[Path, list[str]]:
         except FileNotFoundError:
             raise DataError(f"file list not found: {list_path}", f"check {key}") from None
         except (OSError, UnicodeDecodeError) as e:
-            raise DataError(f"cannot read file list {list_path}: {e}",
-                            "save it as UTF-8 text, one path per line") from None
+            raise DataError(
+                f"cannot read file list {list_path}: {e}", "save it as UTF-8 text, one path per line"
+            ) from None
         root = list_path.parent
         paths: list[Path] = []
         for lineno, line in enumerate(lines, 1):
@@ -204,8 +211,9 @@ def decode_image(path: str) -> "Image.Image":
                 img = ImageOps.exif_transpose(img)
             return img
     except FileNotFoundError:
-        raise SampleError(f"image not found: {path}", "it was removed while reading; " + _SKIP_HINT, path,
-                          "not found") from None
+        raise SampleError(
+            f"image not found: {path}", "it was removed while reading; " + _SKIP_HINT, path, "not found"
+        ) from None
     except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, struct.error, ... for bad files
         reason = _reason(e)
         raise SampleError(f"cannot decode image {path}: {reason}", _SKIP_HINT, path, reason) from None
@@ -220,8 +228,9 @@ def _target_dtype(name: str, dtype: str) -> np.dtype:
     try:
         return np.dtype(dtype)
     except TypeError:
-        raise DataError(f"model input {name} has dtype {dtype}, which trtq cannot feed",
-                        "export the model with a float32 input") from None
+        raise DataError(
+            f"model input {name} has dtype {dtype}, which trtq cannot feed", "export the model with a float32 input"
+        ) from None
 
 
 class ImageSource:
@@ -357,26 +366,23 @@ class NpySource:
             if magic.startswith(b"PK"):
                 raise DataError(f"{path} is an .npz archive, not an .npy file", "save each array with np.save")
             if magic[:1] == b"\x80":
-                raise DataError(
-                    f"{path} is a pickle file", _NO_PICKLE_HINT
-                )
+                raise DataError(f"{path} is a pickle file", _NO_PICKLE_HINT)
             raise DataError(f"{path} is not an .npy file", "save arrays with np.save")
         try:
             return np.load(path, mmap_mode="r", allow_pickle=False)
         except ValueError as e:
             text = str(e).lower()
             if "object" in text or "pickle" in text:
-                raise DataError(
-                    f"{path} holds Python objects", _NO_PICKLE_HINT
-                ) from None
+                raise DataError(f"{path} holds Python objects", _NO_PICKLE_HINT) from None
             raise DataError(f"corrupt or truncated .npy file {path}: {_reason(e)}", "re-save it with np.save") from None
         except (OSError, EOFError, SyntaxError, TypeError) as e:
             raise DataError(f"corrupt or truncated .npy file {path}: {_reason(e)}", "re-save it with np.save") from None
         except (MemoryError, KeyboardInterrupt):
             raise
         except Exception as e:  # numpy parses the header with Python's tokenizer: TokenError, RecursionError, ...
-            raise DataError(f"corrupt .npy header in {path}: {type(e).__name__}: {_reason(e)}",
-                            "re-save it with np.save") from None
+            raise DataError(
+                f"corrupt .npy header in {path}: {type(e).__name__}: {_reason(e)}", "re-save it with np.save"
+            ) from None
 
     def _check(self, path: Path) -> tuple[tuple[int, ...], np.dtype]:
         arr = self._open(path)
@@ -384,8 +390,9 @@ class NpySource:
         if dt.kind == "O" or dt.hasobject:
             raise DataError(f"{path} holds Python objects", _NO_PICKLE_HINT)
         if dt.kind not in "biufc" or dt.names is not None:
-            raise DataError(f"{path} has dtype {dt}, which is not numeric",
-                            f"save a numeric array castable to {self.dtype}")
+            raise DataError(
+                f"{path} has dtype {dt}, which is not numeric", f"save a numeric array castable to {self.dtype}"
+            )
         if not np.can_cast(dt, self.dtype, "same_kind"):
             raise DataError(
                 f"{path} has dtype {dt}, which cannot be cast to {self.dtype} (the dtype of input {self.input_name})",
@@ -404,8 +411,14 @@ class NpySource:
             )
         del arr
         if dt.kind in "biu" and self.dtype.kind == "f":
-            log.warning("%s holds %s data: cast to %s for input %s as they are (no scaling; divide by 255 "
-                        "first if the model expects 0..1)", path, dt, self.dtype, self.input_name)
+            log.warning(
+                "%s holds %s data: cast to %s for input %s as they are (no scaling; divide by 255 "
+                "first if the model expects 0..1)",
+                path,
+                dt,
+                self.dtype,
+                self.input_name,
+            )
         return shape, dt
 
     def __len__(self) -> int:
@@ -450,8 +463,9 @@ class NpySource:
             arr = self._map(f)
             x = np.array(arr[row], dtype=self.dtype)
         except (OSError, ValueError) as e:  # the file changed or became unreadable while reading
-            raise SampleError(f"cannot read sample {row} of {path}: {_reason(e)}", "re-save it with np.save",
-                              str(path), _reason(e)) from None
+            raise SampleError(
+                f"cannot read sample {row} of {path}: {_reason(e)}", "re-save it with np.save", str(path), _reason(e)
+            ) from None
         _release_row(arr, row)
         if x.dtype.kind in "fc" and not np.isfinite(x).all():
             raise SampleError(
@@ -508,16 +522,16 @@ def _release_row(arr: np.ndarray, row: int) -> None:
             mm.madvise(mmap.MADV_DONTNEED, begin, end - begin)
 
 
-def make_source(input_name: str, src: InputSource, sample_shape: tuple[int, ...], dtype: str,
-                skip_bad: bool = False):
+def make_source(input_name: str, src: InputSource, sample_shape: tuple[int, ...], dtype: str, skip_bad: bool = False):
     """Build the source for one model input from its config. ``skip_bad``: unreadable sub-folders
     of an image folder are skipped (listed in the source's ``unreadable``) instead of refused."""
     key = f"data.inputs.{input_name}"
     given = [k for k, v in (("images", src.images), ("files", src.files), ("npy", src.npy)) if v]
     if len(given) != 1:
         what = "none" if not given else " and ".join(given)
-        raise ConfigError(f"{key} must set exactly one of images, files, npy (it sets {what})",
-                          "keep one data source per input")
+        raise ConfigError(
+            f"{key} must set exactly one of images, files, npy (it sets {what})", "keep one data source per input"
+        )
     if src.npy:
         if src.preprocess != PreprocessOptions():
             log.warning("%s.preprocess is ignored for .npy data (arrays are fed as they are)", key)
@@ -525,8 +539,16 @@ def make_source(input_name: str, src: InputSource, sample_shape: tuple[int, ...]
     if src.images:
         folder = Path(src.images)
         unreadable: list[tuple[str, str]] = []
-        source = ImageSource(input_name, "images", folder, list_image_folder(folder, skip_bad, unreadable),
-                             src.preprocess, sample_shape, dtype, str(folder))
+        source = ImageSource(
+            input_name,
+            "images",
+            folder,
+            list_image_folder(folder, skip_bad, unreadable),
+            src.preprocess,
+            sample_shape,
+            dtype,
+            str(folder),
+        )
         source.unreadable = unreadable
         return source
     root, rel = read_file_list(src.files, f"{key}.files")

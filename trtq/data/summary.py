@@ -1,4 +1,5 @@
 """One full pass over a Batcher, reduced to the numbers ``trtq calibrate --dry-run`` shows."""
+
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional

@@ -13,6 +13,7 @@ Modes (``BuildOptions.precision`` / ``mode``):
   * fp16 / fp32: the plain model, no cache, for comparison.
 How each mode maps onto the installed TensorRT is decided in :func:`trtq.trt.compat.plan_build`.
 """
+
 import dataclasses
 import logging
 import re
@@ -28,6 +29,20 @@ from trtq.trt.build import BuildResult, build_plan, resolve_profiles
 log = logging.getLogger(__name__)
 
 
+def build(cfg, model_path: Path, cache_path: Optional[Path], output: Path) -> BuildResult:
+    """``trtq build``'s step: the engine ``output`` (and ``output.json``) of ``model_path`` with the
+    ranges of ``cache_path`` (None: a Q/DQ model or a float engine), as ``cfg.build`` says;
+    ``cfg.quantize`` and ``cfg.data`` for an explicit INT8 build that quantizes."""
+    return build_engine(
+        Path(model_path),
+        Path(output),
+        cfg.build,
+        cache_path=Path(cache_path) if cache_path else None,
+        quantize_options=cfg.quantize,
+        data_options=cfg.data,
+    )
+
+
 def build_engine(
     model_path: Path,
     output: Path,
@@ -38,7 +53,6 @@ def build_engine(
     data_options: Optional[DataOptions] = None,
 ) -> BuildResult:
     """Build ``output`` (a plan) and ``output.json``; nothing is written when the build fails."""
-    from trtq.model import input_specs, load_model
     from trtq.trt import cuda
 
     model_path, output = Path(model_path), Path(output)
@@ -46,51 +60,120 @@ def build_engine(
     data_options = data_options or DataOptions()
     if output.suffix == ".onnx" or output.resolve() == model_path.resolve():
         raise UsageError(f"refusing to write the engine over {output}", "choose an output path ending in .plan")
-
     # everything that can be checked without TensorRT first: model, cache, shapes
-    model = load_model(model_path)
-    prequantized = prequantized_model(model, model_path, options, cache_path, quantize_options)
-    if options.precision == "int8" and cache_path is None and prequantized is None:
-        raise UsageError("an INT8 build needs a calibration cache, or a model with Q/DQ nodes",
-                         "pass --cache calibration.cache (from trtq calibrate), or a Q/DQ model (trtq quantize)")
-    if options.precision != "int8" and cache_path is not None:
-        log.info("precision %s: the calibration cache is not used", options.precision)
-        cache_path = None
-    table, fallback = _read_cache(cache_path, model_path, options.allow_stale or quantize_options.allow_stale)
-    profiles = resolve_profiles(input_specs(model), options.profiles, data_options.shapes, data_options.batch_size,
-                                fallback)
-    if options.precision == "int8" and options.mode == "implicit":
-        _refuse_qdq_only_cache(cache_path)
-        unused = explicit_only_settings(quantize_options)
-        if unused:
-            log.warning("build.mode implicit builds the FP32 model with TensorRT's calibrator: %s apply only to "
-                        "explicit (Q/DQ) builds and are ignored", ", ".join(unused))
+    model, prequantized, cache_path, table, fallback, profiles = _checked_inputs(
+        model_path, options, cache_path, quantize_options, data_options
+    )
     trt = compat.import_tensorrt()
     if prequantized is not None:
         refuse_float_grouped_convs_feeding_int8(trt, model, model_path)
     cuda.require_gpu()
     recipe = compat.plan_build(trt, options.precision, options.mode, options.fp16)
     t0 = time.perf_counter()
+    network_model, quant_info = _network_model(
+        trt,
+        model,
+        model_path,
+        prequantized,
+        recipe,
+        table,
+        quantize_options,
+        data_options,
+        cache_path,
+        profiles,
+        fallback,
+    )
+    del model
+    return build_plan(
+        trt,
+        recipe,
+        network_model,
+        model_path,
+        output,
+        options,
+        profiles,
+        table=table,
+        cache_path=cache_path,
+        quant_info=quant_info,
+        started=t0,
+    )
+
+
+def _checked_inputs(
+    model_path: Path,
+    options: BuildOptions,
+    cache_path: Optional[Path],
+    quantize_options: QuantizeOptions,
+    data_options: DataOptions,
+) -> tuple:
+    """(model, its Q/DQ form or None, the cache path used, its table, its calibrated shapes, the
+    optimization profiles): the model, the cache and the shapes checked before TensorRT loads."""
+    from trtq.model import input_specs, load_model
+
+    model = load_model(model_path)
+    prequantized = prequantized_model(model, model_path, options, cache_path, quantize_options)
+    if options.precision == "int8" and cache_path is None and prequantized is None:
+        raise UsageError(
+            "an INT8 build needs a calibration cache, or a model with Q/DQ nodes",
+            "pass --cache calibration.cache (from trtq calibrate), or a Q/DQ model (trtq quantize)",
+        )
+    if options.precision != "int8" and cache_path is not None:
+        log.info("precision %s: the calibration cache is not used", options.precision)
+        cache_path = None
+    table, fallback = _read_cache(cache_path, model_path, options.allow_stale or quantize_options.allow_stale)
+    profiles = resolve_profiles(
+        input_specs(model), options.profiles, data_options.shapes, data_options.batch_size, fallback
+    )
+    if options.precision == "int8" and options.mode == "implicit":
+        _refuse_qdq_only_cache(cache_path)
+        unused = explicit_only_settings(quantize_options)
+        if unused:
+            log.warning(
+                "build.mode implicit builds the FP32 model with TensorRT's calibrator: %s apply only to "
+                "explicit (Q/DQ) builds and are ignored",
+                ", ".join(unused),
+            )
+    return model, prequantized, cache_path, table, fallback, profiles
+
+
+def _network_model(
+    trt: Any,
+    model: Any,
+    model_path: Path,
+    prequantized: Any,
+    recipe: Any,
+    table: Any,
+    quantize_options: QuantizeOptions,
+    data_options: DataOptions,
+    cache_path: Optional[Path],
+    profiles: dict,
+    fallback: dict,
+) -> tuple[Any, dict[str, Any]]:
+    """(the model TensorRT parses, None for the file as it is; what quantizing it did), checked
+    where trtq made or changed it."""
     if prequantized is not None:
         network_model, quant_info = _prequantized_network_model(model, prequantized, recipe)
     elif recipe.quantize:
-        network_model, quant_info = _quantized_network_model(trt, model, table, recipe, quantize_options,
-                                                             data_options, cache_path)
+        network_model, quant_info = _quantized_network_model(
+            trt, model, table, recipe, quantize_options, data_options, cache_path
+        )
     else:
         network_model, quant_info = None, {}
     rewritten = (recipe.quantize and prequantized is None) or bool(
-        quant_info.get("folded_int32_biases") or quant_info.get("fp16_rest"))
+        quant_info.get("folded_int32_biases") or quant_info.get("fp16_rest")
+    )
     if network_model is not None and rewritten:  # trtq made or changed it: TensorRT gets it checked
         from trtq.model_check import check_produced_model
         from trtq.pipeline.quantize import check_batch
 
         min_shapes = {name: shapes[0] for name, shapes in profiles.items()}
-        check_produced_model(network_model, f"the Q/DQ model built from {model_path.name}",
-                             check_batch(network_model, data_options, min_shapes or fallback),
-                             model if network_model is not model else None)
-    del model
-    return build_plan(trt, recipe, network_model, model_path, output, options, profiles, table=table,
-                      cache_path=cache_path, quant_info=quant_info, started=t0)
+        check_produced_model(
+            network_model,
+            f"the Q/DQ model built from {model_path.name}",
+            check_batch(network_model, data_options, min_shapes or fallback),
+            model if network_model is not model else None,
+        )
+    return network_model, quant_info
 
 
 def _refuse_qdq_only_cache(cache_path: Optional[Path]) -> None:
@@ -102,9 +185,11 @@ def _refuse_qdq_only_cache(cache_path: Optional[Path]) -> None:
 
     prov = read_provenance(Path(cache_path)) or {}
     if ((prov.get("collection") or {}).get("tensors")) == "qdq":
-        raise UsageError(f"{Path(cache_path).name} was calibrated with --tensors qdq: it has ranges only for the "
-                         "activations Q/DQ placement reads, and an implicit build needs every tensor's",
-                         "build explicitly (drop --mode implicit), or calibrate without --tensors qdq")
+        raise UsageError(
+            f"{Path(cache_path).name} was calibrated with --tensors qdq: it has ranges only for the "
+            "activations Q/DQ placement reads, and an implicit build needs every tensor's",
+            "build explicitly (drop --mode implicit), or calibrate without --tensors qdq",
+        )
 
 
 def _read_cache(cache_path: Optional[Path], model_path: Path, allow_stale: bool) -> tuple[Any, dict[str, Any]]:
@@ -138,16 +223,26 @@ def _prequantized_network_model(model: Any, prequantized: Any, recipe: Any) -> t
     return model, quant_info
 
 
-def _quantized_network_model(trt: Any, model: Any, table: Any, recipe: Any, qopts: QuantizeOptions,
-                             data_options: DataOptions, cache_path: Optional[Path]) -> tuple[Any, dict[str, Any]]:
+def _quantized_network_model(
+    trt: Any,
+    model: Any,
+    table: Any,
+    recipe: Any,
+    qopts: QuantizeOptions,
+    data_options: DataOptions,
+    cache_path: Optional[Path],
+) -> tuple[Any, dict[str, Any]]:
     """The FP32 model quantized with the cache's amax for the installed TensorRT."""
     from trtq.calib.cache import read_provenance
     from trtq.pipeline.quantize import DATA_STEP_NOTES, quantize_for, remeasure_from, warn_float_grouped_convs
 
     centring_off = compat.centring_in_engines(trt) if qopts.center_activations else None
     if centring_off:
-        log.warning("quantize.center_activations is not used in TensorRT builds: %s; build the Q/DQ model "
-                    "of trtq quantize --center-activations yourself to try it", centring_off)
+        log.warning(
+            "quantize.center_activations is not used in TensorRT builds: %s; build the Q/DQ model "
+            "of trtq quantize --center-activations yourself to try it",
+            centring_off,
+        )
         qopts = dataclasses.replace(qopts, center_activations=False)
     if recipe.quantizer_fp16 != qopts.fp16 and recipe.quantizer_fp16:
         qopts = dataclasses.replace(qopts, fp16=True)
@@ -182,7 +277,8 @@ def _quantize_summary(result: Any) -> dict[str, Any]:
     if missing:
         log.warning(
             "the cache has no amax for %d tensor(s) the Q/DQ rules wanted (e.g. %s): those stay float",
-            len(missing), ", ".join(list(missing)[:3]),
+            len(missing),
+            ", ".join(list(missing)[:3]),
         )
     return out
 
@@ -206,8 +302,9 @@ def refuse_float_grouped_convs_feeding_int8(trt: Any, model: Any, model_path: Pa
         )
 
 
-def prequantized_model(model: Any, model_path: Path, options: BuildOptions, cache_path: Optional[Path],
-                       quantize_options: QuantizeOptions) -> Any:
+def prequantized_model(
+    model: Any, model_path: Path, options: BuildOptions, cache_path: Optional[Path], quantize_options: QuantizeOptions
+) -> Any:
     """The model's :class:`~trtq.qdq_info.QdqInfo` when it already has Q/DQ nodes (then it
     is built as it is: INT8, explicit, no cache), else None. Refuses what cannot go with it."""
     from trtq.qdq_info import check_for_tensorrt, read_qdq
@@ -233,10 +330,18 @@ def prequantized_model(model: Any, model_path: Path, options: BuildOptions, cach
         )
     ignored = explicit_only_settings(quantize_options)
     if ignored:
-        log.warning("%s is already quantized: %s apply when trtq quantizes an FP32 model and are ignored",
-                    model_path.name, ", ".join(ignored))
-    log.info("%s has Q/DQ nodes (%d activations, %d weights): building it as it is (INT8 explicit%s)",
-             model_path.name, len(info.activations), info.weights, ", FP16 rest" if options.fp16 else "")
+        log.warning(
+            "%s is already quantized: %s apply when trtq quantizes an FP32 model and are ignored",
+            model_path.name,
+            ", ".join(ignored),
+        )
+    log.info(
+        "%s has Q/DQ nodes (%d activations, %d weights): building it as it is (INT8 explicit%s)",
+        model_path.name,
+        len(info.activations),
+        info.weights,
+        ", FP16 rest" if options.fp16 else "",
+    )
     return info
 
 
@@ -244,6 +349,13 @@ def explicit_only_settings(q: QuantizeOptions) -> list[str]:
     """The quantize.* settings a build of the Q/DQ model would use that differ from their defaults
     (an implicit build has no Q/DQ model, so it cannot honour them)."""
     default = QuantizeOptions()
-    keys = ("exclude", "per_channel", "bias_correction", "weight_rounding", "float_layers", "center_activations",
-            "equalize")
+    keys = (
+        "exclude",
+        "per_channel",
+        "bias_correction",
+        "weight_rounding",
+        "float_layers",
+        "center_activations",
+        "equalize",
+    )
     return [f"quantize.{k}" for k in keys if getattr(q, k) != getattr(default, k)]

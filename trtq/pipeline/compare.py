@@ -1,23 +1,34 @@
-"""The ``compare`` command's orchestration: batches from the config, the runners, the report."""
+"""``trtq compare``'s step: batches from the config, the runners, the accuracy report."""
+
 import dataclasses
 from pathlib import Path
 from typing import Optional
 
 
-def run_compare(cfg, candidate: Path, cache: Optional[Path], per_layer_mode: Optional[str], top: Optional[int]):
-    """Return (CompareReport, per-layer rows or None).
+def compare(
+    cfg,
+    reference: Path,
+    candidate: Path,
+    cache: Optional[Path] = None,
+    *,
+    per_layer_mode: Optional[str] = None,
+    top: Optional[int] = None,
+):
+    """(CompareReport, per-layer rows or None) of ``candidate`` against ``reference`` on ``cfg.data``;
+    ``per_layer_mode`` (with the calibration ``cache``) ranks the quantized layers too.
 
     A Q/DQ ONNX candidate is run with ``cfg.compare.semantics`` and, in the same pass, with the
     other semantics; the report carries both and a warning where they differ by more than noise."""
+    cfg = dataclasses.replace(cfg, model=str(reference))
     from trtq.compare import per_layer_sensitivity
     from trtq.compare.evaluate import compare_many
+    from trtq.compare.onnx_runner import SEMANTICS
     from trtq.compare.semantics import semantics_gaps
     from trtq.compare.tasks import output_producers
     from trtq.data.batcher import Batcher
     from trtq.errors import UsageError
     from trtq.model import input_specs, load_model
-    from trtq.compare.runners import SEMANTICS
-    from trtq.pipeline.runners import open_runner
+    from trtq.pipeline.open_runner import open_runner
 
     semantics = cfg.compare.semantics
     reference_model = load_model(cfg.model)
@@ -28,8 +39,7 @@ def run_compare(cfg, candidate: Path, cache: Optional[Path], per_layer_mode: Opt
             other = next(s for s in SEMANTICS if s != semantics)
             runners.append(open_runner(candidate, semantics=other))
         try:
-            reports = compare_many(ref, runners, batcher, cfg.compare,
-                                   producers=output_producers(reference_model))
+            reports = compare_many(ref, runners, batcher, cfg.compare, producers=output_producers(reference_model))
         finally:
             for r in runners[1:]:
                 r.close()
@@ -46,7 +56,14 @@ def run_compare(cfg, candidate: Path, cache: Optional[Path], per_layer_mode: Opt
 
         table = read_cache(cache)
         check_cache_for_model(cache, Path(cfg.model), cfg.quantize.allow_stale, table.amax)
-        layers = per_layer_sensitivity(reference_model, table.amax, cfg.quantize, batcher,
-                                       mode=per_layer_mode, top=top, limit=cfg.compare.limit,
-                                       task_options=cfg.compare)
+        layers = per_layer_sensitivity(
+            reference_model,
+            table.amax,
+            cfg.quantize,
+            batcher,
+            mode=per_layer_mode,
+            top=top,
+            limit=cfg.compare.limit,
+            task_options=cfg.compare,
+        )
     return report, layers

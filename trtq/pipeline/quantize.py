@@ -1,19 +1,27 @@
 """File-level quantize step: model file + cache file -> Q/DQ model file (used by quantize and build)."""
+
 import logging
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Optional
-from collections.abc import Mapping
 
 from trtq.config import QuantizeOptions
 from trtq.errors import ModelError, UsageError
 from trtq.fileio import atomic_path
+from trtq.formatting import first_few
 
 log = logging.getLogger(__name__)
 
 # the notes the text output shows
-DATA_STEP_NOTES = ("equalized channels", "float layers", "centred activations", "centring in engine form",
-                   "weight rounding", "bias correction")
+DATA_STEP_NOTES = (
+    "equalized channels",
+    "float layers",
+    "centred activations",
+    "centring in engine form",
+    "weight rounding",
+    "bias correction",
+)
 
 
 def quantized_model(model_path: Path, cache_path: Path, options: QuantizeOptions, data=None):
@@ -33,8 +41,9 @@ def _quantized(model_path: Path, cache_path: Path, options: QuantizeOptions, dat
     model = load_model(model_path)
     table = read_cache(Path(cache_path))
     provenance = check_cache_for_model(Path(cache_path), Path(model_path), options.allow_stale, table.amax)
-    result = quantize_for(model, table.amax, options, data, table.trt_version,
-                          remeasure_from(provenance, table.algorithm), task_options)
+    result = quantize_for(
+        model, table.amax, options, data, table.trt_version, remeasure_from(provenance, table.algorithm), task_options
+    )
     refuse_nothing_quantized(result, Path(model_path))
     if compat.float_grouped_conv_is_unsafe_for(table.trt_version):
         warn_float_grouped_convs(table.trt_version, result)
@@ -42,8 +51,15 @@ def _quantized(model_path: Path, cache_path: Path, options: QuantizeOptions, dat
     return result, model, shapes if isinstance(shapes, dict) else None
 
 
-def quantize_for(model, amax: Mapping[str, float], options: QuantizeOptions, data, trt_version: Optional[str],
-                 remeasure=None, task_options=None):
+def quantize_for(
+    model,
+    amax: Mapping[str, float],
+    options: QuantizeOptions,
+    data,
+    trt_version: Optional[str],
+    remeasure=None,
+    task_options=None,
+):
     """``quantize_model`` as quantize and build run it: the sample batches of ``data`` (DataOptions)
     that the data-driven steps read, the equalized model (``options.equalize``; ``remeasure``, a
     :class:`~trtq.quantize.equalize.Remeasure`: how its scaled tensors get their amax, default
@@ -64,10 +80,14 @@ def quantize_for(model, amax: Mapping[str, float], options: QuantizeOptions, dat
 
         producers = output_producers(model)  # the ranking's task inference reads the user's graph
         model, amax, notes = equalize_model(model, amax, batches, remeasure or Remeasure())
-    result = quantize_model(model, amax, options, data=batches,
-                            float_grouped_consumers=compat.float_grouped_conv_is_unsafe_for(trt_version),
-                            keep_float=choose_float_layers(model, amax, options, batches, producers,
-                                                           task_options))
+    result = quantize_model(
+        model,
+        amax,
+        options,
+        data=batches,
+        float_grouped_consumers=compat.float_grouped_conv_is_unsafe_for(trt_version),
+        keep_float=choose_float_layers(model, amax, options, batches, producers, task_options),
+    )
     result.notes[:0] = notes
     if declared is not None:
         declared(result.model)
@@ -76,14 +96,14 @@ def quantize_for(model, amax: Mapping[str, float], options: QuantizeOptions, dat
 
 def batched_if_identical(model, batches, data, options: QuantizeOptions):
     """(model, batches, restore) for the data steps of a model whose inputs fix a batch of 1: the
-    model with a dynamic batch dim and its batches of 8, when :func:`trtq.calib.widen.probe` finds
+    model with a dynamic batch dim and its batches of 8, when :func:`trtq.calib.collect.batch_one.probe` finds
     every activation the steps read bit-identical batched and one sample at a time (as calibrate
     feeds such a model), and ``restore(model)`` that gives a result the user's input and output
     declarations back; else (model, batches, None) unchanged."""
     import dataclasses
 
-    from trtq.calib.budget import resolve_budget
-    from trtq.calib.widen import fixed_batch_one, widen_if_identical
+    from trtq.calib.collect.batch_one import fixed_batch_one, widen_if_identical
+    from trtq.calib.collect.budget import resolve_budget
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs
     from trtq.quantize import planned_activations
@@ -93,8 +113,9 @@ def batched_if_identical(model, batches, data, options: QuantizeOptions):
         return model, batches, None
     tensors = list(dict.fromkeys(planned_activations(model) + [o.name for o in model.graph.output]))
     # the steps read Conv / Gemm / MatMul inputs and the outputs, whatever axis carries the batch
-    wide, wide_specs, wide_data, mode = widen_if_identical(model, specs, batches.options, tensors, (),
-                                                           resolve_budget(None), any_axis=True)
+    wide, wide_specs, wide_data, mode = widen_if_identical(
+        model, specs, batches.options, tensors, (), resolve_budget(None), any_axis=True
+    )
     if mode != "batched":
         log.info("data steps on a batch-1 model: one sample per call (%s)", mode or "not batch-1")
         return model, batches, None
@@ -118,15 +139,20 @@ def remeasure_from(provenance, algorithm: Optional[str] = None):
     default = Remeasure()
     method = (provenance or {}).get("method")
     if isinstance(method, dict) and isinstance(method.get("name"), str):
-        return Remeasure(method["name"], float(method.get("percentile", default.percentile)),
-                         int(method.get("num_bins", default.num_bins)))
-    if algorithm in _COMPUTED_BY:
-        return Remeasure(_COMPUTED_BY[algorithm])
+        return Remeasure(
+            method["name"],
+            float(method.get("percentile", default.percentile)),
+            int(method.get("num_bins", default.num_bins)),
+        )
+    if algorithm in _TENSORRT_ALGORITHMS:  # a cache without provenance: what TensorRT's calibrator computes
+        from trtq.calib.methods import tensorrt_method
+
+        return Remeasure(tensorrt_method(algorithm))
     return default
 
 
-# what a cache without provenance was computed by, from its header
-_COMPUTED_BY = {"MinMaxCalibration": "max", "EntropyCalibration": "entropy", "EntropyCalibration2": "entropy"}
+# the headers of TensorRT's own calibrators (MinMax, the entropy ones)
+_TENSORRT_ALGORITHMS = ("MinMaxCalibration", "EntropyCalibration", "EntropyCalibration2")
 
 
 def refuse_nothing_quantized(result, model_path: Path) -> None:
@@ -148,9 +174,11 @@ def refuse_nothing_quantized(result, model_path: Path) -> None:
         why = f"every one stays float ({top})"
     else:
         why = "none of them has a constant weight and ranged inputs the placement rules accept"
-    raise ModelError(f"{model_path.name}: quantized 0 of its {len(weighted)} Conv/Gemm/MatMul nodes: {why}",
-                     "check --exclude and the cache (trtq inspect-cache --model); weights computed at run time "
-                     "from graph inputs cannot be quantized ahead of time")
+    raise ModelError(
+        f"{model_path.name}: quantized 0 of its {len(weighted)} Conv/Gemm/MatMul nodes: {why}",
+        "check --exclude and the cache (trtq inspect-cache --model); weights computed at run time "
+        "from graph inputs cannot be quantized ahead of time",
+    )
 
 
 RANK_SAMPLES = 64  # samples the float_layers ranking settles its choice on (at most)
@@ -158,8 +186,9 @@ SCREEN_SAMPLES = 8  # samples every layer is first ranked on, when there are man
 SHORTLIST = 3  # that many times float_layers (at least 6) go on from the screen to the full ranking
 
 
-def choose_float_layers(fp32, amax: Mapping[str, float], options: QuantizeOptions, data,
-                        producers=None, task_options=None) -> dict[str, str]:
+def choose_float_layers(
+    fp32, amax: Mapping[str, float], options: QuantizeOptions, data, producers=None, task_options=None
+) -> dict[str, str]:
     """The ``options.float_layers`` layers that cost the most when quantized alone, ranked as
     ``compare --per-layer`` ranks them: by the task metric of the task each output's shape implies
     (top-1 agreement, detection F1, sequence agreement, ...; SQNR breaks ties, and ranks alone for
@@ -188,15 +217,30 @@ def choose_float_layers(fp32, amax: Mapping[str, float], options: QuantizeOption
     layers = None
     screen = min(limit, SCREEN_SAMPLES)
     if screen < limit and len(quantize_model_layers(fp32, amax, base)) > shortlist:
-        rows = per_layer_sensitivity(fp32, amax, base, data, mode="only", limit=screen, task_options=tasks,
-                                     producers=producers)
+        rows = per_layer_sensitivity(
+            fp32, amax, base, data, mode="only", limit=screen, task_options=tasks, producers=producers
+        )
         layers = [r.node for r in rows[:shortlist]]
-        log.info("float layers: %d layers screened on %d samples; the %d worst ranked on %d", len(rows), screen,
-                 shortlist, limit)
-    rows = per_layer_sensitivity(fp32, amax, base, data, mode="only", top=options.float_layers, limit=limit,
-                                 task_options=tasks, producers=producers, layers=layers)
-    return {r.node: f"float_layers: {_alone(r)} quantized alone, among the {options.float_layers} worst"
-            for r in rows}
+        log.info(
+            "float layers: %d layers screened on %d samples; the %d worst ranked on %d",
+            len(rows),
+            screen,
+            shortlist,
+            limit,
+        )
+    rows = per_layer_sensitivity(
+        fp32,
+        amax,
+        base,
+        data,
+        mode="only",
+        top=options.float_layers,
+        limit=limit,
+        task_options=tasks,
+        producers=producers,
+        layers=layers,
+    )
+    return {r.node: f"float_layers: {_alone(r)} quantized alone, among the {options.float_layers} worst" for r in rows}
 
 
 def quantize_model_layers(fp32, amax: Mapping[str, float], options: QuantizeOptions) -> list[str]:
@@ -214,8 +258,9 @@ def _alone(row) -> str:
 
 
 def needs_data(options: QuantizeOptions) -> bool:
-    return (options.bias_correction or options.weight_rounding != "nearest" or options.float_layers > 0
-            or options.equalize)
+    return (
+        options.bias_correction or options.weight_rounding != "nearest" or options.float_layers > 0 or options.equalize
+    )
 
 
 def sample_batches(model, options: QuantizeOptions, data):
@@ -233,11 +278,18 @@ def sample_batches(model, options: QuantizeOptions, data):
     from trtq.model import input_specs
 
     if data is None or not data.inputs:
-        what = ("equalize" if options.equalize else "bias correction" if options.bias_correction
-                else f"{options.weight_rounding} weight rounding" if options.weight_rounding != "nearest"
-                else "float_layers")
-        raise UsageError(f"{what} needs calibration data",
-                         "pass --data DIR --preprocess PRESET, or a config with data.inputs")
+        what = (
+            "equalize"
+            if options.equalize
+            else "bias correction"
+            if options.bias_correction
+            else f"{options.weight_rounding} weight rounding"
+            if options.weight_rounding != "nearest"
+            else "float_layers"
+        )
+        raise UsageError(
+            f"{what} needs calibration data", "pass --data DIR --preprocess PRESET, or a config with data.inputs"
+        )
     limit = min(options.samples, data.limit) if data.limit else options.samples
     return Batcher(dataclasses.replace(data, limit=limit), input_specs(model))
 
@@ -296,15 +348,23 @@ def warn_float_grouped_convs(trt_version: str, result) -> list[str]:
 
     risky = float_grouped_convs(GraphIndex(result.model), result.left_float)
     extra = [n for n, why in result.left_float if why == GROUPED_CONSUMER_REASON]
-    shown = ", ".join(risky[:3]) + (" ..." if len(risky) > 3 else "")
+    shown = first_few(risky, 3)
     if extra:
         log.warning(
             "TensorRT %s builds wrong engines when a float grouped/depthwise Conv (%s) feeds INT8 layers: "
-            "also leaving float %s", trt_version, shown, ", ".join(extra[:5]) + (" ..." if len(extra) > 5 else ""))
+            "also leaving float %s",
+            trt_version,
+            shown,
+            first_few(extra),
+        )
     elif risky:
-        log.warning("%d grouped/depthwise Conv(s) left float between INT8 layers (%s): TensorRT %s built such "
-                    "engines with wrong outputs in our tests; check this engine with trtq compare",
-                    len(risky), shown, trt_version)
+        log.warning(
+            "%d grouped/depthwise Conv(s) left float between INT8 layers (%s): TensorRT %s built such "
+            "engines with wrong outputs in our tests; check this engine with trtq compare",
+            len(risky),
+            shown,
+            trt_version,
+        )
     return extra
 
 
@@ -314,16 +374,27 @@ def _warn_tensorrt8_float_convs(result) -> None:
 
     risky, consumers = grouped_conv_consumers(GraphIndex(result.model), result.left_float, result.quantized)
     if consumers:
-        log.warning("for TensorRT 8: a float grouped/depthwise Conv (%s) feeding INT8 layers gave wrong "
-                    "engines on 8.6.0; also --exclude %s (trtq build does that itself)", ", ".join(risky[:3]),
-                    " --exclude ".join(f"'^{re.escape(n)}$'" for n in consumers[:3]))
+        log.warning(
+            "for TensorRT 8: a float grouped/depthwise Conv (%s) feeding INT8 layers gave wrong "
+            "engines on 8.6.0; also --exclude %s (trtq build does that itself)",
+            ", ".join(risky[:3]),
+            " --exclude ".join(f"'^{re.escape(n)}$'" for n in consumers[:3]),
+        )
 
 
-def quantize_file(model_path: Path, cache_path: Path, output: Path, options: QuantizeOptions, data=None,
-                  task_options=None):
+def quantize(cfg, model_path: Path, cache_path: Path, output: Path):
+    """``trtq quantize``'s step: the Q/DQ model of ``model_path`` with the ranges of ``cache_path``
+    (``cfg.quantize``; the data steps read ``cfg.data``, float layers rank by ``cfg.compare``),
+    checked and written to ``output``; the QuantizeResult."""
+    options, data, task_options = cfg.quantize, cfg.data, cfg.compare
     result, fp32, shapes = _quantized(model_path, cache_path, options, data, task_options)
-    save_model(result.model, output, check_batch(result.model, data, shapes), fp32,
-               f"the Q/DQ model of {Path(model_path).name}")
+    save_model(
+        result.model,
+        output,
+        check_batch(result.model, data, shapes),
+        fp32,
+        f"the Q/DQ model of {Path(model_path).name}",
+    )
     for note in result.notes:
         if note.startswith(DATA_STEP_NOTES):
             log.info("%s", note)

@@ -15,14 +15,16 @@
   mean shift of weight rounding, on the float graph (before the FP16 cast);
 - :mod:`~trtq.quantize.fp16` (``options.fp16``): the float rest cast to float16.
 """
+
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Optional
-from collections.abc import Collection, Iterable, Mapping
 
 import onnx
 
 from trtq.config import QuantizeOptions
 from trtq.errors import CacheError, ModelError, UsageError
+from trtq.formatting import first_few
 from trtq.model import QUANTIZED_OPS, is_quantized
 from trtq.quantize.fp16 import cast_float_rest
 from trtq.quantize.graph import GraphIndex, default_opset
@@ -30,7 +32,6 @@ from trtq.quantize.plan import make_plan
 from trtq.quantize.prepare import prepare_model
 from trtq.quantize.rewrite import insert_qdq
 from trtq.quantize.scales import check_amax
-
 
 
 @dataclass
@@ -88,8 +89,7 @@ def quantize_model(
     prepared, notes = prepare_model(model)
     index = GraphIndex(prepared)
     _check_only_nodes(index, only_nodes)
-    plan, keep_float = _plan(index, amax, options, only_nodes, dict(keep_float or {}), float_grouped_consumers,
-                             notes)
+    plan, keep_float = _plan(index, amax, options, only_nodes, dict(keep_float or {}), float_grouped_consumers, notes)
     observed, centred = model, []  # the float model the data steps read
     gptq_levels = data is not None and options.weight_rounding == "gptq"
     if options.center_activations:
@@ -122,8 +122,9 @@ def quantize_model(
         missing_amax=plan.missing_amax,
         notes=notes,
         qdq_pairs=len(plan.pairs),
-        centred=[{"tensor": c.tensor, "shift": c.shift, "amax": c.amax, "form": forms.get(c.tensor, "kept")}
-                 for c in centred],
+        centred=[
+            {"tensor": c.tensor, "shift": c.shift, "amax": c.amax, "form": forms.get(c.tensor, "kept")} for c in centred
+        ],
     )
 
 
@@ -144,8 +145,10 @@ def planned_activations(model: onnx.ModelProto) -> list[str]:
 def _refuse_unfit(model: onnx.ModelProto, amax: Mapping[str, float]) -> None:
     """Refuse a model that is quantized already, and a cache with unusable values or for another model."""
     if is_quantized(model):
-        raise ModelError("model already has Q/DQ nodes",
-                         "quantize the FP32 model, or build this one as it is (trtq build --model MODEL.qdq.onnx)")
+        raise ModelError(
+            "model already has Q/DQ nodes",
+            "quantize the FP32 model, or build this one as it is (trtq build --model MODEL.qdq.onnx)",
+        )
     check_amax(amax)
     names = _tensor_names(model.graph)
     if not any(name in names for name in amax):
@@ -161,14 +164,20 @@ def _check_only_nodes(index: GraphIndex, only_nodes: Optional[Collection[str]]) 
     unknown = sorted(set(only_nodes) - {n.name for n in index.nodes})
     if unknown:
         raise UsageError(
-            f"only_nodes names {len(unknown)} node(s) that are not in the model: " + ", ".join(unknown[:5])
-            + (" ..." if len(unknown) > 5 else ""),
+            f"only_nodes names {len(unknown)} node(s) that are not in the model: " + first_few(unknown),
             "use node names from a quantize report",
         )
 
 
-def _plan(index: GraphIndex, amax: Mapping[str, float], options: QuantizeOptions, only_nodes,
-          keep_float: dict[str, str], float_grouped_consumers: bool, notes: list[str]):
+def _plan(
+    index: GraphIndex,
+    amax: Mapping[str, float],
+    options: QuantizeOptions,
+    only_nodes,
+    keep_float: dict[str, str],
+    float_grouped_consumers: bool,
+    notes: list[str],
+):
     """The Q/DQ plan with ``keep_float`` left float and, for TensorRT 8, the consumers of float
     grouped convs too; (plan, the layers kept float)."""
     if keep_float:
@@ -187,20 +196,29 @@ def _plan(index: GraphIndex, amax: Mapping[str, float], options: QuantizeOptions
 
 def _centring_note(centred) -> str:
     if centred:
-        return (f"centred activations: {len(centred)} shifted to use both halves of INT8: "
-                + ", ".join(c.describe() for c in centred[:3]) + (" ..." if len(centred) > 3 else ""))
-    return ("centred activations: none (no Relu/Clip output with a biased producer feeds only "
-            "quantized Conv/Gemm)")
+        return f"centred activations: {len(centred)} shifted to use both halves of INT8: " + first_few(
+            [c.describe() for c in centred], 3
+        )
+    return "centred activations: none (no Relu/Clip output with a biased producer feeds only quantized Conv/Gemm)"
 
 
 def _fold_note(forms: dict[str, str]) -> str:
     counts = {f: sum(1 for v in forms.values() if v == f) for f in ("fold", "move", "kept")}
-    return (f"centring in engine form: {counts['fold']} folded into their producer (the quantizer's clamp is "
-            f"the activation), {counts['move']} shifted after pooling, {counts['kept']} kept as an Add")
+    return (
+        f"centring in engine form: {counts['fold']} folded into their producer (the quantizer's clamp is "
+        f"the activation), {counts['move']} shifted after pooling, {counts['kept']} kept as an Add"
+    )
 
 
-def _centre(prepared: onnx.ModelProto, index: GraphIndex, plan, amax: Mapping[str, float], options: QuantizeOptions,
-            only_nodes, keep_float):
+def _centre(
+    prepared: onnx.ModelProto,
+    index: GraphIndex,
+    plan,
+    amax: Mapping[str, float],
+    options: QuantizeOptions,
+    only_nodes,
+    keep_float,
+):
     """Centre what :func:`~trtq.quantize.centering.find_centrings` allows in the float model
     ``prepared`` (in place; ``index`` describes it) and re-plan with the halved amax; (plan, centrings)."""
     from trtq.quantize.centering import apply_centrings, find_centrings
@@ -224,7 +242,7 @@ def _data_steps(fp32: onnx.ModelProto, qdq: onnx.ModelProto, options: QuantizeOp
     at nearest get their compensation settled on those levels when no bias correction follows."""
     if options.weight_rounding != "gptq" and not options.bias_correction:
         return []
-    from trtq.calib.collect import observe
+    from trtq.calib.collect.exposed import observe
     from trtq.model import calibratable_tensors
     from trtq.quantize.bias import ChannelMeans, correct_biases, correction_sources
     from trtq.quantize.rounding import SecondMoments, apply_rounding, round_weights, rounding_targets
@@ -240,10 +258,16 @@ def _data_steps(fp32: onnx.ModelProto, qdq: onnx.ModelProto, options: QuantizeOp
     rounded = {}
     if moments is not None:
         rounded, report = round_weights(moments)
-        notes.append(f"weight rounding gptq: {report.layers} layers{of}, output error "
-                     f"{report.error_ratio:.2f}x nearest rounding's"
-                     + (f"; nearest kept for {len(report.skipped)}: "
-                        + ", ".join(f"{n} ({why})" for n, why in report.skipped[:3]) if report.skipped else ""))
+        notes.append(
+            f"weight rounding gptq: {report.layers} layers{of}, output error "
+            f"{report.error_ratio:.2f}x nearest rounding's"
+            + (
+                f"; nearest kept for {len(report.skipped)}: "
+                + ", ".join(f"{n} ({why})" for n, why in report.skipped[:3])
+                if report.skipped
+                else ""
+            )
+        )
     if moments is not None and centred and not options.bias_correction and report.skipped:
         from trtq.quantize.centering import settle_on_levels
 

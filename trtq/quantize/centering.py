@@ -20,18 +20,17 @@ Two forms of the same function:
 
 Readers that pad (a Pad node or a Conv's ``pads``) are not centred: their zeros would have to become
 ``-c``, and TensorRT 8.6 runs a Pad with a non-zero value as a layer of its own. Centring them too
-(explicit ``Pad(-c)``) was exact on TensorRT 8.6.0 (H100) but 4.3x slower on EfficientNet-Lite0
-(3.61 vs 0.83 ms per batch of 64), for engine top-1 agreement 0.950 / 24.2 dB against 0.920 /
-21.0 dB without them (2000 photo crops, gptq + bias correction). The other forms tried there: the
-producer's bias and the clip bounds moved by ``-c`` (a Clip with a negative lower bound before
-QuantizeLinear: computed 0.51 of the output range off), the Add left in the engine (exact, 3x
-slower: not fused into the convolution).
+(explicit ``Pad(-c)``) was exact on TensorRT 8.6.0 but much slower, for a better engine top-1
+(docs/decisions.md D12 has the measurements). The other forms tried there: the producer's bias
+and the clip bounds moved by ``-c`` (a Clip with a negative lower bound before QuantizeLinear:
+computed wrongly), the Add left in the engine (exact, slower: not fused into the convolution).
 
 Only activations whose lower bound is 0 are shifted (then 0 lands on a level; with another bound,
 e.g. HardSwish's -0.375, every zero would share one rounding error, a bias nothing corrects).
 
 Nothing here depends on data; :func:`find_centrings` only reads the graph and the plan's amax.
 """
+
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -103,8 +102,7 @@ def _producer_ok(index: GraphIndex, node: Optional[onnx.NodeProto]) -> bool:
     if node.op_type == "Conv":
         return index.is_constant(node.input[1]) and _adjustable_bias(index, node, 2)
     if node.op_type == "Gemm":
-        return (attr(node, "beta", 1.0) != 0 and index.is_constant(node.input[1])
-                and _adjustable_bias(index, node, 2))
+        return attr(node, "beta", 1.0) != 0 and index.is_constant(node.input[1]) and _adjustable_bias(index, node, 2)
     return len(node.input) > 2 and index.is_constant(node.input[2]) and index.fan_out(node.input[2]) == 1
 
 
@@ -115,18 +113,32 @@ def _reader_ok(index: GraphIndex, node: onnx.NodeProto, slot: int) -> bool:
         return False
     if node.op_type == "Conv":
         pads = attr(node, "pads", None) or []
-        return (not any(pads) and attr(node, "auto_pad", b"NOTSET") in (b"NOTSET", b"VALID", "NOTSET", "VALID")
-                and _adjustable_bias(index, node, 2))
+        return (
+            not any(pads)
+            and attr(node, "auto_pad", b"NOTSET") in (b"NOTSET", b"VALID", "NOTSET", "VALID")
+            and _adjustable_bias(index, node, 2)
+        )
     if node.op_type == "Gemm":
         return not attr(node, "transA", 0) and attr(node, "beta", 1.0) != 0 and _adjustable_bias(index, node, 2)
     return False
 
 
+# ops that only move values around: f(x - c) = f(x) - c and f(clip(x)) = clip(f(x))
+RESHAPING_OPS = frozenset({"Identity", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze"})
 # ops with f(x - c) = f(x) - c for a scalar c, the activation's output may reach the quantized
 # tensor through (each read by nothing else); not Pad (see the module docstring)
-COMMUTING_OPS = frozenset({"Identity", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze",
-                           "GlobalAveragePool", "GlobalMaxPool", "MaxPool", "AveragePool",
-                           "ReduceMean", "ReduceMax", "ReduceMin"})
+COMMUTING_OPS = frozenset(
+    {
+        *RESHAPING_OPS,
+        "GlobalAveragePool",
+        "GlobalMaxPool",
+        "MaxPool",
+        "AveragePool",
+        "ReduceMean",
+        "ReduceMax",
+        "ReduceMin",
+    }
+)
 
 
 def _commutes(node: onnx.NodeProto) -> bool:
@@ -152,8 +164,9 @@ def _through_commuting(index: GraphIndex, tensor: str) -> Optional[onnx.NodeProt
     return None
 
 
-def find_centrings(index: GraphIndex, tensors: dict[str, float],
-                   quantized_input: Callable[[int, int], bool]) -> list[Centring]:
+def find_centrings(
+    index: GraphIndex, tensors: dict[str, float], quantized_input: Callable[[int, int], bool]
+) -> list[Centring]:
     """The centrings possible for the quantized activation ``tensors`` (name -> amax) of the float
     graph ``index``; ``quantized_input(node index, slot)`` says whether that input gets Q/DQ."""
     out = []
@@ -183,8 +196,9 @@ def find_centrings(index: GraphIndex, tensors: dict[str, float],
         if not new_amax > 0 or float(amax) / new_amax < MIN_GAIN:
             continue
         shift = -LOWEST * float(activation_scale(new_amax))  # exactly 128 steps of the float32 scale
-        out.append(Centring(tensor, shift, new_amax, node.name, producer.name,
-                            tuple(index.nodes[i].name for i, _ in readers)))
+        out.append(
+            Centring(tensor, shift, new_amax, node.name, producer.name, tuple(index.nodes[i].name for i, _ in readers))
+        )
     return out
 
 
@@ -206,9 +220,7 @@ def settle_on_levels(qdq: onnx.ModelProto, centrings: list[Centring], readers: O
     model, in place (only for the reader node names in ``readers`` when given). The reader then
     errs by ``(Wq - W) x`` exactly as without centring, instead of ``(Wq - W)(x - c)``: for ReLU
     outputs, mostly below ``c``, that keeps the mean error small when no gptq rounding chose the
-    levels for the shifted inputs (measured on EfficientNet-Lite0, nearest rounding: 14.7 dB
-    without this, 18.1 with it, 17.6 not centred; gptq without bias correction, its classifier
-    kept nearest: 23.5 dB without, 24.9 with)."""
+    levels for the shifted inputs (measured on EfficientNet-Lite0: docs/decisions.md D4)."""
     from trtq.quantize.bias import rounded_weight
 
     index = GraphIndex(qdq)
@@ -223,8 +235,13 @@ def settle_on_levels(qdq: onnx.ModelProto, centrings: list[Centring], readers: O
             if pair is None or len(reader.input) < 3 or not reader.input[2]:
                 continue
             w, wq = pair
-            ed.add_to_bias(reader, 2, c.shift * (_bias_per_shift(reader, wq) - _bias_per_shift(reader, w)),
-                           np.float32, "centring_bias")
+            ed.add_to_bias(
+                reader,
+                2,
+                c.shift * (_bias_per_shift(reader, wq) - _bias_per_shift(reader, w)),
+                np.float32,
+                "centring_bias",
+            )
 
 
 def _subtraction(ed: InitializerEditor, act: onnx.NodeProto, shift: float) -> onnx.NodeProto:

@@ -2,7 +2,7 @@
 
 :func:`~trtq.quantize.centering.apply_centrings` writes each centring as ``producer -> Relu/Clip ->
 Add(-c) -> [reshape, pooling ...] -> QuantizeLinear``. TensorRT 8.6 cannot fuse the Add into the
-convolution (3x slower engines), and the other float form, a Clip with a negative lower bound
+convolution (slower engines: docs/decisions.md D12), and the other float form, a Clip with a negative lower bound
 feeding QuantizeLinear, it computes wrongly. This pass turns the Q/DQ model into a form with
 neither, computing the same INT8 levels:
 
@@ -17,20 +17,20 @@ neither, computing the same INT8 levels:
 - ``kept``: anything else (a reader that is not a QuantizeLinear, a scale the check refuses): the
   Add form stays.
 """
+
 from typing import Optional
 
 import numpy as np
 import onnx
 
 from trtq.model import set_nodes
-from trtq.quantize.centering import LOWEST, _activation_bounds
+from trtq.quantize.centering import LOWEST, RESHAPING_OPS, _activation_bounds
 from trtq.quantize.edit import InitializerEditor
 from trtq.quantize.graph import GraphIndex, attr
 from trtq.quantize.rules import QMAX
 
 # ops between the shift and the quantizer through which a clamp may move unchanged
-CLAMP_COMMUTING = frozenset({"Identity", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze",
-                             "MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin"})
+CLAMP_COMMUTING = frozenset({*RESHAPING_OPS, "MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin"})
 
 
 def _quantized(x: float, scale: np.ndarray) -> int:
@@ -115,8 +115,13 @@ def fold_centrings(model: onnx.ModelProto, centrings) -> dict[str, str]:
         producer = by_name.get(c.producer)
         path = _path(index, add.output[0], c.tensor) if add is not None and add.op_type == "Add" else None
         scales = _scales(index, c.tensor)
-        if (path is None or scales is None or producer is None or index.fan_out(act.output[0]) != 1
-                or index.fan_out(producer.output[0]) != 1):
+        if (
+            path is None
+            or scales is None
+            or producer is None
+            or index.fan_out(act.output[0]) != 1
+            or index.fan_out(producer.output[0]) != 1
+        ):
             forms[c.tensor] = "kept"
         elif all(n.op_type in CLAMP_COMMUTING for n in path) and _clamp_is_the_activation(index, act, c.shift, scales):
             _fold(ed, index, act, add, producer, c.shift)

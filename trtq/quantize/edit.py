@@ -1,5 +1,6 @@
 """In-place edits of a model's initializers: read, replace, add under a free name, drop unused, and
 add to a node's bias input. Shared by the float rewrites (centering) and bias correction."""
+
 from collections.abc import Collection
 
 import numpy as np

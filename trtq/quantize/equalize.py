@@ -24,11 +24,12 @@ The ranges are measured on the data (absolute max per channel); every scaled ten
 names then gets a new amax, by the cache's own method over the equalized model's values
 (:func:`equalize_model`).
 """
+
 import logging
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional
-from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -38,10 +39,11 @@ from trtq.quantize.graph import FLOAT, GraphIndex, attr
 
 log = logging.getLogger(__name__)
 
-FLOOR = 2.0 ** -10  # the smallest factor, relative to the largest
+FLOOR = 2.0**-10  # the smallest factor, relative to the largest
 # f(x / s) = f(x) / s for a positive per-channel s
-PASS_THROUGH = frozenset({"Identity", "Relu", "LeakyRelu", "MaxPool", "AveragePool", "GlobalAveragePool",
-                          "GlobalMaxPool"})
+PASS_THROUGH = frozenset(
+    {"Identity", "Relu", "LeakyRelu", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}
+)
 LINEAR_CONSTANT = frozenset({"Add", "Sub"})  # (x op c) / s = x / s op c / s: fold, and go on upstream
 
 
@@ -67,8 +69,11 @@ def find_equalizations(index: GraphIndex) -> list[Equalization]:
             continue
         scaled, folds = chain
         group = int(attr(node, "group", 1))
-        out.append(Equalization(node.input[0], node.name, index.dims(node.input[1])[1] == 1 and group > 1,
-                                tuple(scaled), tuple(folds)))
+        out.append(
+            Equalization(
+                node.input[0], node.name, index.dims(node.input[1])[1] == 1 and group > 1, tuple(scaled), tuple(folds)
+            )
+        )
     return out
 
 
@@ -86,8 +91,9 @@ def _chain(index: GraphIndex, tensor: str) -> Optional[tuple[list[str], list[tup
             return None
         op = node.op_type
         if op == "Conv":
-            ok = _float_constant(index, node.input[1]) and (len(node.input) < 3 or not node.input[2]
-                                                            or _float_constant(index, node.input[2]))
+            ok = _float_constant(index, node.input[1]) and (
+                len(node.input) < 3 or not node.input[2] or _float_constant(index, node.input[2])
+            )
             return (scaled, folds + [(node.name, -1)]) if ok else None
         if op == "BatchNormalization":
             ok = len(node.output) == 1 and all(_float_constant(index, node.input[k]) for k in (1, 2))
@@ -156,7 +162,7 @@ def _column_ranges(weight: np.ndarray, channels: int) -> np.ndarray:
 def apply_equalization(edit: InitializerEditor, eq: Equalization, s: np.ndarray) -> None:
     """Rewrite the model ``edit`` edits (in place) to carry ``eq.tensor / s``; new initializers,
     never shared ones."""
-    inv = (1.0 / s)
+    inv = 1.0 / s
     for node_name, slot in eq.folds:
         node = edit.nodes[node_name]
         if slot >= 0:
@@ -201,15 +207,17 @@ class Remeasure:
     num_bins: int = 2048
 
 
-def equalize_model(model: onnx.ModelProto, amax: Mapping[str, float], batches, how: Remeasure,
-                   providers: Sequence[str] = ()) -> tuple[onnx.ModelProto, dict[str, float], list[str]]:
+def equalize_model(
+    model: onnx.ModelProto, amax: Mapping[str, float], batches, how: Remeasure, providers: Sequence[str] = ()
+) -> tuple[onnx.ModelProto, dict[str, float], list[str]]:
     """(equalized copy of ``model``, amax with the scaled tensors re-measured, notes).
 
     Three passes of ONNX Runtime over ``batches``: per-channel ranges on the model, then the
     absolute max and the histogram (``how``) of every scaled tensor ``amax`` names on the equalized
     model. The copy is :func:`~trtq.quantize.prepare.prepare_model`'s, so the notes start with its."""
-    from trtq.calib.collect import observe
-    from trtq.calib.stats import AbsMaxAccumulator, HistogramAccumulator, compute_amax
+    from trtq.calib.collect.accumulators import AbsMaxAccumulator, HistogramAccumulator
+    from trtq.calib.collect.exposed import observe
+    from trtq.calib.methods import METHODS, compute_amax
     from trtq.quantize.prepare import prepare_model
 
     prepared, notes = prepare_model(model)
@@ -231,27 +239,30 @@ def equalize_model(model: onnx.ModelProto, amax: Mapping[str, float], batches, h
         maxima = AbsMaxAccumulator()
         observe(prepared, [_Feed(remeasured, maxima.update_batch)], batches, providers)
         top = maxima.maxima
-        if how.method == "max":
-            new = {t: float(top[t]) for t in remeasured}
+        if not METHODS.get(how.method).histogram:
+            new = {t: float(compute_amax(how.method, None, top[t], how.percentile)) for t in remeasured}
         else:
             hist = HistogramAccumulator(top, how.num_bins)
             observe(prepared, [_Feed(remeasured, hist.update_batch)], batches, providers)
             counts, zeros = hist.counts, hist.zeros
-            new = {t: float(compute_amax(how.method, counts[t], top[t], how.percentile, zeros[t]))
-                   for t in remeasured}
+            new = {t: float(compute_amax(how.method, counts[t], top[t], how.percentile, zeros[t])) for t in remeasured}
     depthwise = sum(eq.depthwise for eq in done)
     if not found:
-        notes.append("equalized channels of 0 Conv inputs: none is made by ops that can take per-channel "
-                     "factors (a Conv, BatchNorm or constant Mul, through Add / Sub constants, Relu or pooling)")
+        notes.append(
+            "equalized channels of 0 Conv inputs: none is made by ops that can take per-channel "
+            "factors (a Conv, BatchNorm or constant Mul, through Add / Sub constants, Relu or pooling)"
+        )
     else:
-        notes.append(f"equalized channels of {len(done)} Conv inputs ({depthwise} depthwise, "
-                     f"{len(done) - depthwise} other) of {len(found)} found; amax of {len(new)} scaled tensors "
-                     f"re-measured ({how.method}) on {ranges.samples} samples")
+        notes.append(
+            f"equalized channels of {len(done)} Conv inputs ({depthwise} depthwise, "
+            f"{len(done) - depthwise} other) of {len(found)} found; amax of {len(new)} scaled tensors "
+            f"re-measured ({how.method}) on {ranges.samples} samples"
+        )
     return prepared, {**amax, **new}, notes
 
 
 class _ChannelRanges:
-    """An observer (:func:`trtq.calib.collect.observe`): absolute max per channel (axis 1)."""
+    """An observer (:func:`trtq.calib.collect.exposed.observe`): absolute max per channel (axis 1)."""
 
     def __init__(self, tensors: Sequence[str]):
         self.tensors = list(tensors)
@@ -259,7 +270,7 @@ class _ChannelRanges:
         self.samples = 0
 
     def add(self, values: Mapping[str, np.ndarray]) -> None:
-        from trtq.calib.stats import nonfinite_error
+        from trtq.calib.collect.accumulators import nonfinite_error
 
         if self.tensors:
             self.samples += len(values[self.tensors[0]])
@@ -282,5 +293,12 @@ class _Feed:
         self.update({t: values[t] for t in self.tensors})
 
 
-__all__ = ["FLOOR", "Equalization", "Remeasure", "apply_equalization", "channel_factors", "equalize_model",
-           "find_equalizations"]
+__all__ = [
+    "FLOOR",
+    "Equalization",
+    "Remeasure",
+    "apply_equalization",
+    "channel_factors",
+    "equalize_model",
+    "find_equalizations",
+]

@@ -4,15 +4,34 @@ trtq.trt.compat.float_grouped_conv_is_unsafe). ``build`` on TensorRT 8 leaves th
 too (``quantize_model(float_grouped_consumers=True)``), and so does ``quantize`` with a cache
 written for TensorRT 8; with another cache it names them in a warning. A Q/DQ model made elsewhere
 is checked with :func:`float_grouped_convs_in_qdq_model` before TensorRT 8 builds it."""
+
 from collections.abc import Collection, Sequence
 
 from trtq.quantize.graph import GraphIndex, attr
 
 FLOAT_CHOICES = ("excluded by", "float_layers")  # left_float reasons the user chose
 # what can sit between a conv and the next layer's input: activations (Mul: x * sigmoid(x)), Pad, Q/DQ
-_PASS_THROUGH = frozenset({"Relu", "Clip", "LeakyRelu", "PRelu", "HardSwish", "HardSigmoid", "Sigmoid", "Tanh",
-                           "Elu", "Selu", "Softplus", "Mul", "Pad", "Identity", "BatchNormalization",
-                           "QuantizeLinear", "DequantizeLinear"})
+_PASS_THROUGH = frozenset(
+    {
+        "Relu",
+        "Clip",
+        "LeakyRelu",
+        "PRelu",
+        "HardSwish",
+        "HardSigmoid",
+        "Sigmoid",
+        "Tanh",
+        "Elu",
+        "Selu",
+        "Softplus",
+        "Mul",
+        "Pad",
+        "Identity",
+        "BatchNormalization",
+        "QuantizeLinear",
+        "DequantizeLinear",
+    }
+)
 
 
 GROUPED_CONSUMER_REASON = "fed by a float grouped conv (TensorRT 8 builds that pair wrongly)"
@@ -21,8 +40,7 @@ GROUPED_CONSUMER_REASON = "fed by a float grouped conv (TensorRT 8 builds that p
 def float_grouped_convs(index: GraphIndex, left_float: Sequence[tuple[str, str]]) -> list[str]:
     """Grouped/depthwise Convs among ``left_float`` (node, reason) that the user chose to leave float."""
     chosen = {name for name, why in left_float if why.startswith(FLOAT_CHOICES)}
-    return [n.name for n in index.nodes
-            if n.name in chosen and n.op_type == "Conv" and int(attr(n, "group", 1)) > 1]
+    return [n.name for n in index.nodes if n.name in chosen and n.op_type == "Conv" and int(attr(n, "group", 1)) > 1]
 
 
 def quantized_consumers(index: GraphIndex, names: Sequence[str], quantized: Collection[str]) -> list[str]:
@@ -46,8 +64,9 @@ def quantized_consumers(index: GraphIndex, names: Sequence[str], quantized: Coll
     return found
 
 
-def grouped_conv_consumers(index: GraphIndex, left_float: Sequence[tuple[str, str]],
-                           quantized: Collection[str]) -> tuple[list[str], list[str]]:
+def grouped_conv_consumers(
+    index: GraphIndex, left_float: Sequence[tuple[str, str]], quantized: Collection[str]
+) -> tuple[list[str], list[str]]:
     """(float grouped Convs the user chose, the quantized nodes they feed)."""
     risky = float_grouped_convs(index, left_float)
     return risky, (quantized_consumers(index, risky, quantized) if risky else [])
@@ -68,6 +87,7 @@ def float_grouped_convs_in_qdq_model(model) -> tuple[list[str], list[str]]:
         return producer is not None and producer.op_type == "DequantizeLinear"
 
     quantized = {n.name for n in index.nodes if n.op_type in WEIGHTED_OPS and weight_from_dq(n)}
-    risky = [n.name for n in index.nodes
-             if n.op_type == "Conv" and int(attr(n, "group", 1)) > 1 and n.name not in quantized]
+    risky = [
+        n.name for n in index.nodes if n.op_type == "Conv" and int(attr(n, "group", 1)) > 1 and n.name not in quantized
+    ]
     return risky, (quantized_consumers(index, risky, quantized) if risky else [])

@@ -23,14 +23,15 @@ names: inputs get ``Cast`` nodes to float16, an output computed in float16 is re
 ``<name>_fp16`` inside and cast back to float32 under its own name. Cast nodes are named
 ``<tensor>_cast_fp16`` / ``<tensor>_cast_fp32`` with outputs ``<tensor>_fp16`` / ``<tensor>_fp32``.
 """
-from typing import Optional
+
 from collections.abc import Mapping
+from typing import Optional
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from trtq.model import set_nodes
+from trtq.model import RANDOM_OPS, set_nodes
 from trtq.quantize.graph import FLOAT, FLOAT16, GraphIndex, default_opset, has_subgraph
 from trtq.quantize.rewrite import Namer, taken_names
 
@@ -39,10 +40,7 @@ FP16_MAX = 65504.0
 # data may exceed the calibration maximum, and float16 overflows at 65504
 FP16_SAFE_AMAX = FP16_MAX / 4
 _KEEP_FP32_OPS = frozenset(
-    {
-        "QuantizeLinear", "DequantizeLinear", "Cast", "ConstantOfShape", "EyeLike", "RandomNormal",
-        "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
-    }
+    {"QuantizeLinear", "DequantizeLinear", "Cast", "ConstantOfShape", "EyeLike", *RANDOM_OPS, "Bernoulli"}
 )
 _SUFFIX = {FLOAT16: "fp16", FLOAT: "fp32"}
 
@@ -55,9 +53,7 @@ def _formal(params, slot: int):
     return None
 
 
-def _converted_slots(
-    node: onnx.NodeProto, opset: int, types: dict[str, int]
-) -> tuple[set[int], set[int]]:
+def _converted_slots(node: onnx.NodeProto, opset: int, types: dict[str, int]) -> tuple[set[int], set[int]]:
     """Input and output slots of ``node`` that move from float32 to float16."""
     try:
         schema = onnx.defs.get_schema(node.op_type, opset, "")
@@ -118,8 +114,9 @@ def cast_float_rest(model: onnx.ModelProto, amax: Optional[Mapping[str, float]] 
     return model
 
 
-def _fp16_slots(index: GraphIndex, opset: int, orig_type: dict[str, int],
-                amax: Mapping[str, float]) -> tuple[dict[int, set[int]], dict[str, int]]:
+def _fp16_slots(
+    index: GraphIndex, opset: int, orig_type: dict[str, int], amax: Mapping[str, float]
+) -> tuple[dict[int, set[int]], dict[str, int]]:
     """Step 1, which slots move to float16: {node index: its float16 input slots}, and the tensor
     types after the move."""
     types = dict(index.types)
@@ -142,8 +139,9 @@ def _fp16_slots(index: GraphIndex, opset: int, orig_type: dict[str, int],
     return conv_in, types
 
 
-def _cast_outputs_back(index: GraphIndex, graph: onnx.GraphProto, new_type: dict[str, int], orig_type: dict[str, int],
-                       namer: Namer) -> tuple[dict[tuple[str, int], str], dict[int, list[onnx.NodeProto]]]:
+def _cast_outputs_back(
+    index: GraphIndex, graph: onnx.GraphProto, new_type: dict[str, int], orig_type: dict[str, int], namer: Namer
+) -> tuple[dict[tuple[str, int], str], dict[int, list[onnx.NodeProto]]]:
     """Step 2, graph outputs computed in float16: renamed inside, cast back under the original name."""
     nodes = index.nodes
     cast_of: dict[tuple[str, int], str] = {}
@@ -165,8 +163,9 @@ def _cast_outputs_back(index: GraphIndex, graph: onnx.GraphProto, new_type: dict
     return cast_of, tail_casts
 
 
-def _fp16_weights(index: GraphIndex, graph: onnx.GraphProto, conv_in: dict[int, set[int]],
-                  namer: Namer) -> dict[str, str]:
+def _fp16_weights(
+    index: GraphIndex, graph: onnx.GraphProto, conv_in: dict[int, set[int]], namer: Namer
+) -> dict[str, str]:
     """Step 3, weights read as float16: {initializer: its float16 version} (in place when every
     reader wants float16, else a copy)."""
     fp16_readers: dict[str, int] = {}
@@ -190,9 +189,16 @@ def _fp16_weights(index: GraphIndex, graph: onnx.GraphProto, conv_in: dict[int, 
     return init_fp16
 
 
-def _nodes_with_casts(index: GraphIndex, conv_in: dict[int, set[int]], init_fp16: dict[str, str],
-                      new_type: dict[str, int], orig_type: dict[str, int], cast_of: dict[tuple[str, int], str],
-                      tail_casts: dict[int, list[onnx.NodeProto]], namer: Namer) -> list[onnx.NodeProto]:
+def _nodes_with_casts(
+    index: GraphIndex,
+    conv_in: dict[int, set[int]],
+    init_fp16: dict[str, str],
+    new_type: dict[str, int],
+    orig_type: dict[str, int],
+    cast_of: dict[tuple[str, int], str],
+    tail_casts: dict[int, list[onnx.NodeProto]],
+    namer: Namer,
+) -> list[onnx.NodeProto]:
     """Step 4, the nodes with a Cast wherever a reader wants another type than the tensor has."""
     ordered: list[onnx.NodeProto] = []
     for idx, node in enumerate(index.nodes):

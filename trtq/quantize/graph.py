@@ -3,6 +3,7 @@
 The quantizer makes its decisions on this index and only then rewrites the graph, so every
 lookup here reflects the graph as it was handed in.
 """
+
 from typing import Optional
 
 import numpy as np

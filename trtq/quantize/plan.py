@@ -1,9 +1,10 @@
 """Decide which node inputs get Q/DQ and with which scale; no graph is changed here."""
+
 import functools
 import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Optional
-from collections.abc import Collection, Mapping
 
 import numpy as np
 import onnx
@@ -140,8 +141,9 @@ def make_plan(
     return plan
 
 
-def _residual_decisions(index: GraphIndex, plan: Plan, decisions: dict[int, list[tuple[int, PairKey]]],
-                        gate, activation) -> None:
+def _residual_decisions(
+    index: GraphIndex, plan: Plan, decisions: dict[int, list[tuple[int, PairKey]]], gate, activation
+) -> None:
     """Add to ``decisions`` the skip input of every residual Add fused into a quantized Conv."""
     quantized_nodes = {i: True for i in decisions}
     for idx, node in enumerate(index.nodes):
@@ -163,8 +165,9 @@ def _residual_decisions(index: GraphIndex, plan: Plan, decisions: dict[int, list
         decisions[idx] = [(skip, key)]
 
 
-def _add_pairs(index: GraphIndex, plan: Plan, decisions: dict[int, list[tuple[int, PairKey]]],
-               act_amax: Mapping[str, float]) -> None:
+def _add_pairs(
+    index: GraphIndex, plan: Plan, decisions: dict[int, list[tuple[int, PairKey]]], act_amax: Mapping[str, float]
+) -> None:
     """The plan's quantized nodes, Q/DQ pairs (with their scales) and uses, in node order."""
     for idx in sorted(decisions):
         plan.quantized.append(index.nodes[idx].name)

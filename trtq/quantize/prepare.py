@@ -19,6 +19,7 @@ normalised copy (the caller's model is never touched):
 
 Tensor names are never changed, so a calibration cache made on the original model still applies.
 """
+
 import heapq
 from typing import Optional
 
@@ -27,7 +28,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from trtq.errors import ModelError
-from trtq.model import set_nodes
+from trtq.model import RANDOM_OPS, set_nodes
 from trtq.quantize.graph import attr, default_opset, subgraph_names
 
 MIN_QDQ_OPSET = 13  # QuantizeLinear/DequantizeLinear with per-axis scales
@@ -183,15 +184,23 @@ _FOLDABLE = {
     "Cast": _cast,
 }
 _NUMERIC = {
-    onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.INT8,
-    onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16, onnx.TensorProto.INT32,
-    onnx.TensorProto.UINT32, onnx.TensorProto.INT64, onnx.TensorProto.UINT64, onnx.TensorProto.BOOL,
+    onnx.TensorProto.FLOAT,
+    onnx.TensorProto.FLOAT16,
+    onnx.TensorProto.DOUBLE,
+    onnx.TensorProto.INT8,
+    onnx.TensorProto.UINT8,
+    onnx.TensorProto.INT16,
+    onnx.TensorProto.UINT16,
+    onnx.TensorProto.INT32,
+    onnx.TensorProto.UINT32,
+    onnx.TensorProto.INT64,
+    onnx.TensorProto.UINT64,
+    onnx.TensorProto.BOOL,
 }
 
 
 # never evaluated ahead of time: random or stateful ops, and the quantization ops themselves
-_NOT_FOLDED = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-               "Bernoulli", "Dropout", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
+_NOT_FOLDED = {*RANDOM_OPS, "Bernoulli", "Dropout", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
 _MAX_FOLDED_ELEMENTS = 1 << 26  # a weight is far smaller; a larger constant stays a run-time computation
 
 
@@ -212,8 +221,11 @@ def _evaluate(node: onnx.NodeProto, arrays: list[np.ndarray], opset: int) -> Opt
         return [fn(node, *arrays)]
     if node.op_type in _NOT_FOLDED or _has_subgraph(node):
         return None
-    if (node.op_type == "ConstantOfShape" and arrays
-            and int(np.prod(arrays[0], dtype=np.float64)) > _MAX_FOLDED_ELEMENTS):
+    if (
+        node.op_type == "ConstantOfShape"
+        and arrays
+        and int(np.prod(arrays[0], dtype=np.float64)) > _MAX_FOLDED_ELEMENTS
+    ):
         return None
     from onnx.reference import ReferenceEvaluator
 

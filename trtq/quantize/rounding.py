@@ -6,8 +6,8 @@ mean square is ``d H d^T`` per output channel, ``d`` the row of ``Wq - W`` and `
 second moment of the layer's input patches. When ``H`` has a dominant direction (a large common
 level in the input, as after ReLU6), nearest rounding can leave a large error along it: filters
 whose taps nearly cancel (edge detectors with a large gain after BatchNorm folding) then pass a
-slice of the input's level through. EfficientNet-Lite0's first depthwise convolution alone takes
-the logits' SQNR from 49 to 19 dB that way.
+slice of the input's level through (on EfficientNet-Lite0 one depthwise convolution alone does most
+of the damage: docs/decisions.md D22).
 
 The solver keeps each channel's scale (``max|W| / 127``, as the placement rules set it) and only
 chooses, per weight, the integer level:
@@ -22,10 +22,11 @@ Every level stays in [-127, 127]. ``H`` comes from the FP32 model on calibration
 every target layer in one ONNX Runtime pass). Layers with fewer input samples than weights per
 channel keep nearest rounding (``H`` would be singular and the choice would fit the samples).
 """
+
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Optional
-from collections.abc import Collection
 
 import numpy as np
 import onnx
@@ -142,8 +143,14 @@ def to_layout(target: Target, canon: np.ndarray) -> np.ndarray:
 # input second moments
 # ------------------------------------------------------------------------------------------------
 
-def _conv_pads(node: onnx.NodeProto, spatial: tuple[int, int], kernel: tuple[int, int],
-               strides: tuple[int, int], dilations: tuple[int, int]) -> list[int]:
+
+def _conv_pads(
+    node: onnx.NodeProto,
+    spatial: tuple[int, int],
+    kernel: tuple[int, int],
+    strides: tuple[int, int],
+    dilations: tuple[int, int],
+) -> list[int]:
     auto = attr(node, "auto_pad", "NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else auto
     if auto in ("SAME_UPPER", "SAME_LOWER"):
@@ -159,8 +166,9 @@ def _conv_pads(node: onnx.NodeProto, spatial: tuple[int, int], kernel: tuple[int
     return list(attr(node, "pads", [0, 0, 0, 0]))
 
 
-def conv_gram(x: np.ndarray, node: onnx.NodeProto, group: int, kernel: tuple[int, int],
-              max_rows: Optional[int] = None) -> tuple[np.ndarray, int]:
+def conv_gram(
+    x: np.ndarray, node: onnx.NodeProto, group: int, kernel: tuple[int, int], max_rows: Optional[int] = None
+) -> tuple[np.ndarray, int]:
     """``sum p p^T`` over the input patches ``p`` a 2-D Conv multiplies with its weight, per group
     ([group, D, D] float64, D = C/group*kh*kw, ordered like the weight), and the number of patches.
     Above ``max_rows`` output positions per batch (default :data:`ROWS_PER_SAMPLE` per sample),
@@ -185,8 +193,12 @@ def conv_gram(x: np.ndarray, node: onnx.NodeProto, group: int, kernel: tuple[int
     for ky in range(kernel[0]):
         for kx in range(kernel[1]):
             y0, x0 = ky * dil[0], kx * dil[1]
-            tap = x[:, :, y0:y0 + (out_h - 1) * strides[0] + 1:strides[0] * step,
-                    x0:x0 + (out_w - 1) * strides[1] + 1:strides[1] * step]
+            tap = x[
+                :,
+                :,
+                y0 : y0 + (out_h - 1) * strides[0] + 1 : strides[0] * step,
+                x0 : x0 + (out_w - 1) * strides[1] + 1 : strides[1] * step,
+            ]
             a[:, ky * kernel[1] + kx] = tap.reshape(n, group, per, rows_h, rows_w).transpose(1, 2, 0, 3, 4)
     rows = n * rows_h * rows_w
     # [group, taps * per, rows] in (tap, channel) order; the weight's order is (channel, tap)
@@ -212,7 +224,7 @@ class SecondMoments:
 
     def __init__(self, targets: list[Target]):
         self.targets = targets
-        self.tensors = sorted({t.source for t in targets})  # what :func:`trtq.calib.collect.observe` exposes
+        self.tensors = sorted({t.source for t in targets})  # what :func:`trtq.calib.collect.exposed.observe` exposes
         self.sums: dict[str, np.ndarray] = {}
         self.counts: dict[str, int] = {}
 
@@ -237,6 +249,7 @@ class SecondMoments:
 # the solver
 # ------------------------------------------------------------------------------------------------
 
+
 def _error(delta: np.ndarray, h: np.ndarray) -> np.ndarray:
     """Per-row ``d H d^T`` for delta [G, R, D] and H [G, D, D]."""
     return (np.matmul(delta, h) * delta).sum(axis=2)
@@ -260,7 +273,7 @@ def _gptq(w: np.ndarray, s: np.ndarray, h: np.ndarray) -> np.ndarray:
         q = np.clip(np.round(col / s), -QMAX, QMAX)
         levels[:, :, j] = q
         err = (col - q * s) / u[:, j, j][:, None]
-        work[:, :, j + 1:] -= err[:, :, None] * u[:, None, j, j + 1:]
+        work[:, :, j + 1 :] -= err[:, :, None] * u[:, None, j, j + 1 :]
     return levels
 
 
@@ -290,8 +303,9 @@ def _descend(levels: np.ndarray, w: np.ndarray, s: np.ndarray, h: np.ndarray, sw
     return levels
 
 
-def solve(w: np.ndarray, s: np.ndarray, h: np.ndarray,
-          sweeps: int = SWEEPS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def solve(
+    w: np.ndarray, s: np.ndarray, h: np.ndarray, sweeps: int = SWEEPS
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Integer levels for W [G, R, D] with row scales s [G, R] under H [G, D, D].
 
     Returns (levels, error of nearest rounding, error of the result), errors per row as ``d H d^T``.
@@ -320,7 +334,7 @@ def rounding_targets(qdq: onnx.ModelProto, available: Collection[str]) -> list[T
 
 def round_weights(moments: SecondMoments) -> tuple[dict[str, np.ndarray], RoundingReport]:
     """Rounded weights (W's initializer name -> float array of exact levels x scale) for every
-    target of ``moments``, once it has seen the data (see :func:`trtq.calib.collect.observe`).
+    target of ``moments``, once it has seen the data (see :func:`trtq.calib.collect.exposed.observe`).
 
     Nothing is written: :func:`apply_rounding` puts the arrays into the model.
     """

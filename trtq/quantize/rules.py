@@ -56,6 +56,7 @@ Kept float (reported in ``left_float`` with the reason):
 - Conv/ConvTranspose whose weight is computed at run time, inputs that are not float32, and
   inputs the calibration cache does not cover.
 """
+
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -111,8 +112,18 @@ CONCAT_OP = "Concat"
 # between an attention MatMul and its Softmax
 _ATTENTION_LINKS = frozenset(
     {
-        "Reshape", "Flatten", "Transpose", "Identity", "Cast", "Dropout", "Squeeze", "Unsqueeze",
-        "Mul", "Div", "Add", "Where",
+        "Reshape",
+        "Flatten",
+        "Transpose",
+        "Identity",
+        "Cast",
+        "Dropout",
+        "Squeeze",
+        "Unsqueeze",
+        "Mul",
+        "Div",
+        "Add",
+        "Where",
     }
 )
 _ATTENTION_DEPTH = 4

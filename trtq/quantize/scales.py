@@ -1,7 +1,8 @@
 """Symmetric INT8 scales: activations from calibrated amax, weights from their own values."""
+
 import math
-from typing import Optional
 from collections.abc import Mapping
+from typing import Optional
 
 import numpy as np
 

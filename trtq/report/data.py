@@ -6,6 +6,7 @@ statistics (histograms: the ranges every method would choose, clipped fractions)
 --json`` result (accuracy per output, ``per_layer`` sensitivity), a ``trtq quantize --json`` result
 (which nodes stayed float, and why) and a ``trtq bench --json`` result (latency).
 """
+
 import json
 import math
 from pathlib import Path
@@ -16,7 +17,6 @@ from trtq.errors import CacheError, InputError
 
 REPORT_FORMAT = "trtq-report/1"
 DISPLAY_BINS = 256  # histogram bins kept for the page (the saved ones summed in groups)
-METHODS = ("max", "entropy", "percentile", "mse")
 
 
 def _num(v) -> Optional[float]:
@@ -44,7 +44,7 @@ def clipped_fraction(counts, max_value: float, amax: float) -> float:
     nb = counts.size
     pos = max(amax, 0.0) / (max_value / nb)
     k = int(pos)
-    above = float(counts[k + 1:].sum()) + float(counts[k]) * (k + 1 - pos)
+    above = float(counts[k + 1 :].sum()) + float(counts[k]) * (k + 1 - pos)
     return above / total
 
 
@@ -52,7 +52,7 @@ def tensor_rows(table, stats, percentile: float) -> list[dict]:
     """One row per tensor of the cache (file order); histogram fields when ``stats`` has the tensor."""
     import numpy as np
 
-    from trtq.calib.stats import compute_amax
+    from trtq.calib.methods import METHODS, compute_amax
 
     rows = []
     for name, amax in table.amax.items():
@@ -61,24 +61,28 @@ def tensor_rows(table, stats, percentile: float) -> list[dict]:
             counts = stats.counts[name]
             m, top = stats.maxima[name], stats.top(name)  # top: the histogram's upper edge (>= max)
             zeros = int(stats.zeros.get(name, 0))
-            # one-pass (power-of-two) histograms: entropy is TensorRT's search over [0, max], not shown
-            methods = [meth for meth in METHODS if stats.edges == "max" or meth != "entropy"]
-            ranges = {meth: float(compute_amax(meth, counts, m, percentile, zeros,
-                                               top if stats.edges == "pow2" else None))
-                      for meth in methods}
+            # one-pass (power-of-two) histograms: a two-pass method (entropy, TensorRT's search over
+            # [0, max]) is not shown
+            methods = [meth.name for meth in METHODS.rows() if stats.edges == "max" or meth.one_pass]
+            ranges = {
+                meth: float(compute_amax(meth, counts, m, percentile, zeros, top if stats.edges == "pow2" else None))
+                for meth in methods
+            }
             group = max(1, counts.size // DISPLAY_BINS)
             shown = counts[: counts.size // group * group].reshape(-1, group).sum(axis=1)
             total = int(counts.sum())
-            row.update({
-                "max": m,
-                "amax_over_max": (amax / m) if m > 0 else None,
-                "clipped": clipped_fraction(counts, top, amax),
-                "values": total,
-                "zeros": (zeros / total) if total else 0.0,
-                "ranges": ranges,
-                "clipped_by": {meth: clipped_fraction(counts, top, a) for meth, a in ranges.items()},
-                "histogram": {"width": top / counts.size * group, "counts": [int(c) for c in np.asarray(shown)]},
-            })
+            row.update(
+                {
+                    "max": m,
+                    "amax_over_max": (amax / m) if m > 0 else None,
+                    "clipped": clipped_fraction(counts, top, amax),
+                    "values": total,
+                    "zeros": (zeros / total) if total else 0.0,
+                    "ranges": ranges,
+                    "clipped_by": {meth: clipped_fraction(counts, top, a) for meth, a in ranges.items()},
+                    "histogram": {"width": top / counts.size * group, "counts": [int(c) for c in np.asarray(shown)]},
+                }
+            )
         rows.append(row)
     return rows
 
@@ -118,8 +122,11 @@ def layer_section(compare: Any) -> Optional[dict]:
     rows = compare.get("per_layer") if isinstance(compare, dict) else None
     if not isinstance(rows, list) or not rows:
         return None
-    keep = [{k: r.get(k) for k in ("node", "op_type", "sqnr_db", "cosine_mean", "top1_agreement", "gain_db")}
-            for r in rows if isinstance(r, dict)]
+    keep = [
+        {k: r.get(k) for k in ("node", "op_type", "sqnr_db", "cosine_mean", "top1_agreement", "gain_db")}
+        for r in rows
+        if isinstance(r, dict)
+    ]
     mode = "leave-one-out" if any(r.get("gain_db") is not None for r in keep) else "only"
     return {"mode": mode, "rows": keep}
 
@@ -127,8 +134,11 @@ def layer_section(compare: Any) -> Optional[dict]:
 def float_section(quantize: Any, path: Path) -> list[dict]:
     if not isinstance(quantize, dict) or not isinstance(quantize.get("left_float"), list):
         raise InputError(f"{path} is not the JSON of trtq quantize", "write it with trtq quantize ... --json")
-    return [{"node": str(r.get("node")), "reason": str(r.get("reason"))}
-            for r in quantize["left_float"] if isinstance(r, dict)]
+    return [
+        {"node": str(r.get("node")), "reason": str(r.get("reason"))}
+        for r in quantize["left_float"]
+        if isinstance(r, dict)
+    ]
 
 
 def latency_section(bench: Any, path: Path) -> dict:
@@ -140,15 +150,24 @@ def latency_section(bench: Any, path: Path) -> dict:
     plans = []
     for b in bench:
         med = _num(b.get("median_ms"))
-        plans.append({
-            "plan": b.get("plan"), "precision": b.get("precision"), "batch": b.get("batch"),
-            "median_ms": med, "p99_ms": _num(b.get("p99_ms")), "samples_per_s": _num(b.get("samples_per_s")),
-            "speedup_vs_first": (first / med) if first and med else None,
-        })
+        plans.append(
+            {
+                "plan": b.get("plan"),
+                "precision": b.get("precision"),
+                "batch": b.get("batch"),
+                "median_ms": med,
+                "p99_ms": _num(b.get("p99_ms")),
+                "samples_per_s": _num(b.get("samples_per_s")),
+                "speedup_vs_first": (first / med) if first and med else None,
+            }
+        )
     versions = sorted({str(b.get("tensorrt_version")) for b in bench if b.get("tensorrt_version")})
     gpus = sorted({str(b.get("gpu_name")) for b in bench if b.get("gpu_name")})
-    runtime = "TensorRT engine" + (f" (TensorRT {', '.join(versions)})" if versions else "") + (
-        f" on {', '.join(gpus)}" if gpus else "")
+    runtime = (
+        "TensorRT engine"
+        + (f" (TensorRT {', '.join(versions)})" if versions else "")
+        + (f" on {', '.join(gpus)}" if gpus else "")
+    )
     return {"runtime": runtime, "plans": plans}
 
 
@@ -157,16 +176,24 @@ def _histograms_line(meta: dict, st) -> Optional[str]:
     hist = ((meta.get("collection") or {}).get("histograms")) if isinstance(meta.get("collection"), dict) else None
     if isinstance(hist, dict) and hist.get("edges") == "pow2":
         cap = hist.get("hist_elements")
-        stride = (f"{hist.get('subsampled_tensors')} tensors on a per-sample stride past {cap} elements"
-                  if cap else "every element")
+        stride = (
+            f"{hist.get('subsampled_tensors')} tensors on a per-sample stride past {cap} elements"
+            if cap
+            else "every element"
+        )
         return f"one pass, power-of-two ranges; {stride}"
     if st is not None:
         return "one pass, power-of-two ranges" if st.edges == "pow2" else "two passes, [0, max] ranges"
     return None
 
 
-def build_report(cache: Path, stats: Optional[Path] = None, compare: Optional[Path] = None,
-                 quantize: Optional[Path] = None, bench: Optional[Path] = None) -> dict:
+def build_report(
+    cache: Path,
+    stats: Optional[Path] = None,
+    compare: Optional[Path] = None,
+    quantize: Optional[Path] = None,
+    bench: Optional[Path] = None,
+) -> dict:
     """The report's data; InputError / CacheError (one line, with the fix) on a bad or foreign input."""
     from trtq.calib.cache import read_cache, read_provenance
     from trtq.calib.freshness import provenance_matches_cache
@@ -181,8 +208,10 @@ def build_report(cache: Path, stats: Optional[Path] = None, compare: Optional[Pa
         st_model = (st.meta.get("model") or {}).get("sha256")
         prov_model = ((prov or {}).get("model") or {}).get("sha256")
         if st_model and prov_model and st_model != prov_model:
-            raise CacheError(f"{stats} holds statistics of another model than {cache}",
-                             "pass the --save-stats file of the run that wrote this cache")
+            raise CacheError(
+                f"{stats} holds statistics of another model than {cache}",
+                "pass the --save-stats file of the run that wrote this cache",
+            )
         if not set(table.amax) & set(st.maxima):
             raise CacheError(f"{stats} has no tensor of {cache}", "pass the statistics of this calibration")
     method = (prov or {}).get("method") or {}
@@ -221,8 +250,9 @@ def build_report(cache: Path, stats: Optional[Path] = None, compare: Optional[Pa
         report["accuracy"] = accuracy_section(c, Path(compare))
         report["layers"] = layer_section(c)
     if quantize is not None:
-        report["float_layers"] = float_section(read_json(quantize, "quantize result", "trtq quantize ... --json"),
-                                               Path(quantize))
+        report["float_layers"] = float_section(
+            read_json(quantize, "quantize result", "trtq quantize ... --json"), Path(quantize)
+        )
     if bench is not None:
         report["latency"] = latency_section(read_json(bench, "bench result", "trtq bench PLAN... --json"), Path(bench))
     return report

@@ -6,12 +6,18 @@ interactive parts as SVG: the histogram view (log-scale counts, the range of eve
 cache's), the sortable tensor table and the per-layer sensitivity bars. Script errors show in a
 red banner at the top (``#trtq-errors``); a finished render sets ``<body data-rendered="ok">``.
 """
+
 import html
 import json
-from typing import Any
 from collections.abc import Iterable, Sequence
+from typing import Any
 
+from trtq.calib.methods import METHODS
 from trtq.report.data import summary
+
+# the methods' colours in the page, in the order of trtq.calib.methods' table (a new method takes
+# the next one); the cache's own range is red
+PALETTE = ("#7f7f7f", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1d2228;background:#f6f7f9}
@@ -41,8 +47,10 @@ JS = r"""
 (function () {
   var D = JSON.parse(document.getElementById('trtq-data').textContent);
   var NS = 'http://www.w3.org/2000/svg';
-  var COLORS = {max: '#7f7f7f', entropy: '#1f77b4', percentile: '#2ca02c', mse: '#9467bd', cache: '#d62728'};
-  var METHODS = ['max', 'entropy', 'percentile', 'mse'];
+  var TABLE = JSON.parse(document.getElementById('trtq-methods').textContent);  // trtq.calib.methods
+  var COLORS = {cache: '#d62728'};
+  TABLE.forEach(function (m) { COLORS[m.name] = m.color; });
+  var METHODS = TABLE.map(function (m) { return m.name; });
   function num(v, d) {
     if (v === null || v === undefined) return '-';
     if (typeof v !== 'number') return String(v);  // "inf" / "nan" as trtq compare writes them
@@ -151,11 +159,10 @@ JS = r"""
     ['ratio', 'amax / max', function (r) { return r.amax_over_max; }],
     ['clipped', 'clipped', function (r) { return r.clipped; }],
     ['step', 'INT8 step', function (r) { return r.step; }],
-    ['zeros', 'zeros', function (r) { return r.zeros; }],
-    ['entropy', 'entropy', function (r) { return r.ranges ? r.ranges.entropy : null; }],
-    ['percentile', 'percentile', function (r) { return r.ranges ? r.ranges.percentile : null; }],
-    ['mse', 'mse', function (r) { return r.ranges ? r.ranges.mse : null; }]
-  ];
+    ['zeros', 'zeros', function (r) { return r.zeros; }]
+  ].concat(TABLE.filter(function (m) { return m.histogram; }).map(function (m) {
+    return [m.name, m.name, function (r) { return r.ranges ? r.ranges[m.name] : null; }];
+  }));
   part('tensor table', function () {
   var table = document.getElementById('tensor-table');
   var thead = table.querySelector('thead tr'), tbody = table.querySelector('tbody');
@@ -284,10 +291,16 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], cls: str = "")
 def _provenance(p: dict) -> str:
     rows = [
         ("model", f"{_e(p.get('model'))} <span class=muted>sha256 {_e((p.get('model_sha256') or '')[:16])}</span>"),
-        ("data", f"{_e(p.get('samples'))} samples, fingerprint {_e((p.get('data_fingerprint') or '')[:16])}"
-                 + (f", merged from {_e(p.get('shards'))} shards" if p.get("shards") else "")),
-        ("method", f"{_e(p.get('method'))} (percentile {_e(p.get('percentile'))}, {_e(p.get('num_bins'))} bins)"
-                   + (f"; histograms: {_e(p.get('histograms'))}" if p.get("histograms") else "")),
+        (
+            "data",
+            f"{_e(p.get('samples'))} samples, fingerprint {_e((p.get('data_fingerprint') or '')[:16])}"
+            + (f", merged from {_e(p.get('shards'))} shards" if p.get("shards") else ""),
+        ),
+        (
+            "method",
+            f"{_e(p.get('method'))} (percentile {_e(p.get('percentile'))}, {_e(p.get('num_bins'))} bins)"
+            + (f"; histograms: {_e(p.get('histograms'))}" if p.get("histograms") else ""),
+        ),
         ("cache", f"{_e(p.get('cache'))}: {_e(p.get('algorithm'))}, written for TensorRT {_e(p.get('trt_version'))}"),
         ("tools", f"calibrated by {_e(p.get('calibrated_by'))}; report by {_e(p.get('report_by'))}"),
         ("statistics", _e(p.get("stats") or "none (pass --stats for histograms)")),
@@ -295,10 +308,15 @@ def _provenance(p: dict) -> str:
     return _table(["", ""], [(_e(k), v) for k, v in rows], "kv")
 
 
-_ACCURACY_COLUMNS = (("name", "output", None), ("samples", "samples", None),
-                     ("top1_agreement", "top-1 agreement", "{:.4f}"), ("cosine_mean", "cosine mean", "{:.5f}"),
-                     ("cosine_min", "cosine min", "{:.5f}"), ("sqnr_db", "SQNR dB", "{:.2f}"),
-                     ("max_abs_error", "max abs err", "{:.4g}"))
+_ACCURACY_COLUMNS = (
+    ("name", "output", None),
+    ("samples", "samples", None),
+    ("top1_agreement", "top-1 agreement", "{:.4f}"),
+    ("cosine_mean", "cosine mean", "{:.5f}"),
+    ("cosine_min", "cosine min", "{:.5f}"),
+    ("sqnr_db", "SQNR dB", "{:.2f}"),
+    ("max_abs_error", "max abs err", "{:.4g}"),
+)
 _ACCURACY_HIDDEN = {"top1_matches", "mean_abs_error", "ref_max_abs"}
 
 
@@ -309,17 +327,28 @@ def _accuracy(a: dict) -> str:
         extra += [k for k in o if k not in known and k not in _ACCURACY_HIDDEN and k not in extra]
     cols = list(_ACCURACY_COLUMNS) + [(k, k.replace("_", " "), "{:.4g}") for k in extra]
     rows = [[_e(o.get(k)) if fmt is None else _f(o.get(k), fmt) for k, _, fmt in cols] for o in a["outputs"]]
-    return (f"<p>runtime: <b>{_e(a.get('runtime'))}</b>; reference {_e(a.get('reference'))}, candidate "
-            f"{_e(a.get('candidate'))}, {_e(a.get('samples'))} samples</p>"
-            + _table([title for _, title, _ in cols], rows))
+    return (
+        f"<p>runtime: <b>{_e(a.get('runtime'))}</b>; reference {_e(a.get('reference'))}, candidate "
+        f"{_e(a.get('candidate'))}, {_e(a.get('samples'))} samples</p>" + _table([title for _, title, _ in cols], rows)
+    )
 
 
 def _latency(lat: dict) -> str:
-    rows = [[_e(p.get("plan")), _e(p.get("precision")), _e(p.get("batch")), _f(p.get("median_ms"), "{:.3f}"),
-             _f(p.get("p99_ms"), "{:.3f}"), _f(p.get("samples_per_s"), "{:.1f}"),
-             _f(p.get("speedup_vs_first"), "{:.2f}x")] for p in lat["plans"]]
-    return (f"<p>runtime: <b>{_e(lat.get('runtime'))}</b></p>"
-            + _table(["plan", "precision", "batch", "median ms", "p99 ms", "samples/s", "vs first"], rows))
+    rows = [
+        [
+            _e(p.get("plan")),
+            _e(p.get("precision")),
+            _e(p.get("batch")),
+            _f(p.get("median_ms"), "{:.3f}"),
+            _f(p.get("p99_ms"), "{:.3f}"),
+            _f(p.get("samples_per_s"), "{:.1f}"),
+            _f(p.get("speedup_vs_first"), "{:.2f}x"),
+        ]
+        for p in lat["plans"]
+    ]
+    return f"<p>runtime: <b>{_e(lat.get('runtime'))}</b></p>" + _table(
+        ["plan", "precision", "batch", "median ms", "p99 ms", "samples/s", "vs first"], rows
+    )
 
 
 def render_html(report: dict) -> str:
@@ -327,42 +356,64 @@ def render_html(report: dict) -> str:
     p = report["provenance"]
     title = f"trtq calibration report: {p.get('model') or p.get('cache')}"
     parts: list[str] = []
-    clip_line = (f"<b class=warn>{s['clipping']}</b> of {s['tensors']} tensors clip more than 0.01 % of their values"
-                 if s["with_histogram"] else f"{s['tensors']} tensors (no statistics given: ranges only)")
-    parts.append(f"<section id=summary><h2>Summary</h2><p>{clip_line}"
-                 + (f"; most: {', '.join(_e(n) for n in s['most_clipped'])}" if s["most_clipped"] else "")
-                 + "</p>" + _provenance(p) + "</section>")
-    parts.append("<section id=histogram><h2>Histogram view</h2>"
-                 "<p><label>tensor <select id=tensor-pick></select></label> "
-                 "<span class=muted>(or click a row of the table)</span></p>"
-                 '<svg id=hist-svg width="100%" role="img" aria-label="histogram of |x|"></svg>'
-                 "<div id=hist-legend class=legend></div></section>")
-    parts.append("<section id=tensors><h2>Tensors</h2><p class=muted>Click a column to sort. clipped: share of "
-                 "values above the cache's amax (histogram resolution); INT8 step = amax / 127; entropy / "
-                 "percentile / mse: the range that method picks on the same histogram.</p>"
-                 "<div class=scroll><table id=tensor-table><thead><tr></tr></thead><tbody></tbody></table>"
-                 "</div></section>")
+    clip_line = (
+        f"<b class=warn>{s['clipping']}</b> of {s['tensors']} tensors clip more than 0.01 % of their values"
+        if s["with_histogram"]
+        else f"{s['tensors']} tensors (no statistics given: ranges only)"
+    )
+    parts.append(
+        f"<section id=summary><h2>Summary</h2><p>{clip_line}"
+        + (f"; most: {', '.join(_e(n) for n in s['most_clipped'])}" if s["most_clipped"] else "")
+        + "</p>"
+        + _provenance(p)
+        + "</section>"
+    )
+    parts.append(
+        "<section id=histogram><h2>Histogram view</h2>"
+        "<p><label>tensor <select id=tensor-pick></select></label> "
+        "<span class=muted>(or click a row of the table)</span></p>"
+        '<svg id=hist-svg width="100%" role="img" aria-label="histogram of |x|"></svg>'
+        "<div id=hist-legend class=legend></div></section>"
+    )
+    parts.append(
+        "<section id=tensors><h2>Tensors</h2><p class=muted>Click a column to sort. clipped: share of "
+        "values above the cache's amax (histogram resolution); INT8 step = amax / 127; "
+        + " / ".join(m.name for m in METHODS.rows() if m.histogram)
+        + ": the range that method picks on the same histogram.</p>"
+        "<div class=scroll><table id=tensor-table><thead><tr></tr></thead><tbody></tbody></table>"
+        "</div></section>"
+    )
     if report.get("layers"):
-        parts.append("<section id=layers><h2>Per-layer sensitivity</h2><svg id=layer-svg width=\"100%\"></svg>"
-                     "</section>")
+        parts.append('<section id=layers><h2>Per-layer sensitivity</h2><svg id=layer-svg width="100%"></svg></section>')
     if report.get("float_layers") is not None:
         fl = report["float_layers"]
-        parts.append("<section id=float><h2>Layers left float</h2>"
-                     + (_table(["node", "why"], [[_e(f["node"]), _e(f["reason"])] for f in fl]) if fl
-                        else "<p>none: every quantizable layer runs in INT8</p>") + "</section>")
+        parts.append(
+            "<section id=float><h2>Layers left float</h2>"
+            + (
+                _table(["node", "why"], [[_e(f["node"]), _e(f["reason"])] for f in fl])
+                if fl
+                else "<p>none: every quantizable layer runs in INT8</p>"
+            )
+            + "</section>"
+        )
     if report.get("accuracy"):
         parts.append("<section id=accuracy><h2>Accuracy</h2>" + _accuracy(report["accuracy"]) + "</section>")
     if report.get("latency"):
         parts.append("<section id=latency><h2>Latency</h2>" + _latency(report["latency"]) + "</section>")
     blob = json.dumps(report, allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
+    table = json.dumps(
+        [dict(m.describe(), color=PALETTE[i % len(PALETTE)]) for i, m in enumerate(METHODS.rows())],
+        separators=(",", ":"),
+    ).replace("</", "<\\/")
     return (
         "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
-        "<meta name=viewport content=\"width=device-width, initial-scale=1\">"
+        '<meta name=viewport content="width=device-width, initial-scale=1">'
         f"<title>{_e(title)}</title><style>{CSS}</style><script>{ERROR_SINK}</script></head>\n<body>"
         "<div id=trtq-errors hidden></div>"
         f"<header><h1>{_e(title)}</h1><p>{_e(p.get('calibrated_by'))} · {_e(p.get('algorithm'))} · "
         f"TensorRT {_e(p.get('trt_version'))}</p></header><main>\n"
         + "\n".join(parts)
-        + f"\n</main><script type=\"application/json\" id=trtq-data>{blob}</script>\n<script>{JS}</script>"
+        + f'\n</main><script type="application/json" id=trtq-data>{blob}</script>\n'
+        f'<script type="application/json" id=trtq-methods>{table}</script>\n<script>{JS}</script>'
         "</body></html>\n"
     )

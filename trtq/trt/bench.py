@@ -7,12 +7,13 @@ from/to pinned host memory; with ``cuda_graph`` the same work is captured once i
 and replayed (if capture fails the plan is timed without a graph and the result says why).
 Inputs are deterministic pseudo-random values in the engine's opt shape.
 """
+
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
-from collections.abc import Sequence
 
 import numpy as np
 
@@ -203,11 +204,20 @@ def render_table(results: Sequence[BenchResult]) -> str:
     head = ["plan", "prec", "batch", "median ms", "mean ms", "p99 ms", "min ms", "inf/s", "samples/s", "vs first"]
     rows = []
     for r in results:
-        rows.append([
-            Path(r.plan).name, r.precision or "?", str(r.batch), f"{r.median_ms:.3f}", f"{r.mean_ms:.3f}",
-            f"{r.p99_ms:.3f}", f"{r.min_ms:.3f}", f"{r.inferences_per_s:,.1f}", f"{r.samples_per_s:,.0f}",
-            f"{r.speedup_vs_first:.2f}x",
-        ])
+        rows.append(
+            [
+                Path(r.plan).name,
+                r.precision or "?",
+                str(r.batch),
+                f"{r.median_ms:.3f}",
+                f"{r.mean_ms:.3f}",
+                f"{r.p99_ms:.3f}",
+                f"{r.min_ms:.3f}",
+                f"{r.inferences_per_s:,.1f}",
+                f"{r.samples_per_s:,.0f}",
+                f"{r.speedup_vs_first:.2f}x",
+            ]
+        )
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(head)]
 
     def line(cells: Sequence[str]) -> str:

@@ -5,13 +5,14 @@ Reading the cache, the Q/DQ checks and quantizing are :mod:`trtq.pipeline.build`
 calls no quantize step. How each mode maps onto the installed TensorRT is decided in
 :func:`trtq.trt.compat.plan_build`.
 """
+
 import dataclasses
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
-from collections.abc import Mapping, Sequence
 
 from trtq import __version__, interrupt
 from trtq.config import BuildOptions, ProfileShapes
@@ -19,8 +20,8 @@ from trtq.errors import CacheError, ConfigError, TrtqError
 from trtq.fileio import atomic_path, atomic_write_bytes, sha256_file
 from trtq.model import TensorSpec, check_shape, model_sha256, resolve_shapes
 from trtq.trt import compat
-from trtq.trt.network import add_profiles, configure, network_inputs, parse_file, parse_model
 from trtq.trt.metadata import FORMAT, metadata_path, render_metadata
+from trtq.trt.network import add_profiles, configure, network_inputs, parse_file, parse_model
 
 log = logging.getLogger(__name__)
 
@@ -74,17 +75,25 @@ def resolve_profiles(
     names = {s.name for s in specs}
     for key in list(profiles) + list(shapes):
         if key not in names:
-            raise ConfigError(f"build.profiles / data.shapes name '{key}', which is not a model input",
-                              "model inputs: " + ", ".join(sorted(names)))
+            raise ConfigError(
+                f"build.profiles / data.shapes name '{key}', which is not a model input",
+                "model inputs: " + ", ".join(sorted(names)),
+            )
     for s in specs:
         if not s.is_dynamic and s.name in profiles:
             log.warning("input %s has a static shape: build.profiles.%s ignored", s.name, s.name)
     dynamic = [s for s in specs if s.is_dynamic]
     out = {s.name: profile_from_options(s, profiles[s.name]) for s in dynamic if s.name in profiles}
     rest = [s for s in dynamic if s.name not in profiles]
-    fixed = resolve_shapes(rest, {s.name: shapes[s.name] for s in rest if s.name in shapes}, batch_size,
-                           fallback=fallback_shapes or {}, default_batch=DEFAULT_BATCH, error=ConfigError,
-                           hint=_profile_hint)
+    fixed = resolve_shapes(
+        rest,
+        {s.name: shapes[s.name] for s in rest if s.name in shapes},
+        batch_size,
+        fallback=fallback_shapes or {},
+        default_batch=DEFAULT_BATCH,
+        error=ConfigError,
+        hint=_profile_hint,
+    )
     out.update((name, (shape, shape, shape)) for name, shape in fixed.items())
     return {s.name: out[s.name] for s in dynamic}
 
@@ -104,10 +113,20 @@ def _read_timing_cache(path: Optional[Path]) -> Optional[bytes]:
 # ------------------------------------------------------------------------------------------------
 
 
-def build_plan(trt: Any, recipe: Any, model: Optional[Any], model_path: Path, output: Path,
-               options: BuildOptions, profiles: Mapping[str, tuple[Shape, Shape, Shape]], *,
-               table: Optional[Any] = None, cache_path: Optional[Path] = None,
-               quant_info: Optional[dict[str, Any]] = None, started: Optional[float] = None) -> BuildResult:
+def build_plan(
+    trt: Any,
+    recipe: Any,
+    model: Optional[Any],
+    model_path: Path,
+    output: Path,
+    options: BuildOptions,
+    profiles: Mapping[str, tuple[Shape, Shape, Shape]],
+    *,
+    table: Optional[Any] = None,
+    cache_path: Optional[Path] = None,
+    quant_info: Optional[dict[str, Any]] = None,
+    started: Optional[float] = None,
+) -> BuildResult:
     """Build ``output`` (a plan) and ``output.json`` from ``model`` (a ModelProto ready for the
     network: Q/DQ, folded, cast) or, when it is None, from the file ``model_path``; ``recipe`` is
     :func:`trtq.trt.compat.plan_build`'s, ``table`` the cache an implicit build's calibrator hands
@@ -136,16 +155,26 @@ def build_plan(trt: Any, recipe: Any, model: Optional[Any], model_path: Path, ou
         plan = _serialize(trt, builder, network, config, logger, model_path)
     seconds = time.perf_counter() - t0
     if calibrator is not None and not calibrator.cache_reads:
-        raise CacheError("TensorRT did not read the calibration cache through the calibrator",
-                         "rebuild with --mode explicit")
+        raise CacheError(
+            "TensorRT did not read the calibration cache through the calibrator", "rebuild with --mode explicit"
+        )
     meta = {**_engine_metadata(trt, logger, plan, options, recipe), "build_seconds": round(seconds, 3)}
     meta.update(
         model={"path": str(model_path), "sha256": model_sha256(model_path)},
-        cache=({"path": str(cache_path), "sha256": sha256_file(cache_path), "algorithm": table.algorithm,
-                "tensors": len(table.amax)} if cache_path is not None else None),
+        cache=(
+            {
+                "path": str(cache_path),
+                "sha256": sha256_file(cache_path),
+                "algorithm": table.algorithm,
+                "tensors": len(table.amax),
+            }
+            if cache_path is not None
+            else None
+        ),
         quantize=quant_info or None,
-        timing_cache=({"path": str(timing_path), "loaded": timing[0], "problem": timing[1] or None}
-                      if timing_path else None),
+        timing_cache=(
+            {"path": str(timing_path), "loaded": timing[0], "problem": timing[1] or None} if timing_path else None
+        ),
         tensorrt_warnings=len(logger.warnings),
     )
     _write_plan(output, plan, meta)
@@ -157,10 +186,29 @@ def build_plan(trt: Any, recipe: Any, model: Optional[Any], model_path: Path, ou
     return BuildResult(plan_path=output, metadata=_in_order(meta), seconds=seconds)
 
 
-_META_ORDER = ("format", "trtq_version", "tensorrt_version", "gpu_name", "compute_capability", "precision", "mode",
-               "fp16", "strongly_typed", "builder_flags", "model", "cache", "quantize", "build_seconds",
-               "optimization_level", "workspace_mb", "tactic_sources", "timing_cache", "tensorrt_warnings",
-               "inputs", "outputs")
+_META_ORDER = (
+    "format",
+    "trtq_version",
+    "tensorrt_version",
+    "gpu_name",
+    "compute_capability",
+    "precision",
+    "mode",
+    "fp16",
+    "strongly_typed",
+    "builder_flags",
+    "model",
+    "cache",
+    "quantize",
+    "build_seconds",
+    "optimization_level",
+    "workspace_mb",
+    "tactic_sources",
+    "timing_cache",
+    "tensorrt_warnings",
+    "inputs",
+    "outputs",
+)
 
 
 def _in_order(meta: dict[str, Any]) -> dict[str, Any]:
@@ -211,11 +259,18 @@ def _engine_metadata(trt: Any, logger: Any, plan: bytes, options: BuildOptions, 
     io = compat.io_tensors(trt, engine)
     gpu_name, cc = cuda.device_info()
     return {
-        "format": FORMAT, "trtq_version": __version__, "tensorrt_version": str(trt.__version__),
-        "gpu_name": gpu_name, "compute_capability": cc, "precision": options.precision,
-        "mode": options.mode if options.precision == "int8" else None, "fp16": bool(options.fp16),
-        "strongly_typed": recipe.strongly_typed, "builder_flags": list(recipe.builder_flags),
-        "optimization_level": options.optimization_level, "workspace_mb": options.workspace_mb,
+        "format": FORMAT,
+        "trtq_version": __version__,
+        "tensorrt_version": str(trt.__version__),
+        "gpu_name": gpu_name,
+        "compute_capability": cc,
+        "precision": options.precision,
+        "mode": options.mode if options.precision == "int8" else None,
+        "fp16": bool(options.fp16),
+        "strongly_typed": recipe.strongly_typed,
+        "builder_flags": list(recipe.builder_flags),
+        "optimization_level": options.optimization_level,
+        "workspace_mb": options.workspace_mb,
         "tactic_sources": list(options.tactic_sources) if options.tactic_sources is not None else None,
         "inputs": [_io_entry(engine, t, input_=True) for t in io if t.is_input],
         "outputs": [_io_entry(engine, t, input_=False) for t in io if not t.is_input],

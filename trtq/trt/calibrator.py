@@ -10,18 +10,19 @@
 
 Calibrators exist in TensorRT 8.6 and 10.x (deprecated since 10.1) and were removed in 11.
 """
+
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
-from collections.abc import Sequence
 
 import numpy as np
 
 from trtq import interrupt
-from trtq.calib.cache import ALGORITHM_FOR_METHOD, TENSORRT_METHODS
+from trtq.calib.methods import METHODS
 from trtq.config import BuildOptions
 from trtq.errors import ConfigError, DataError, TrtqError, UsageError
 from trtq.trt import compat
@@ -35,8 +36,8 @@ CALIBRATOR_CLASSES = {
     "MinMaxCalibration": "IInt8MinMaxCalibrator",
     "EntropyCalibration": "IInt8EntropyCalibrator",
 }
-# the --method names TensorRT's own calibrators compute -> their algorithm (calib.cache's table)
-METHOD_ALGORITHMS = {m: ALGORITHM_FOR_METHOD[m] for m in TENSORRT_METHODS}
+# the --method names TensorRT's own calibrators compute -> their algorithm (trtq.calib.methods)
+METHOD_ALGORITHMS = {m.name: m.algorithm for m in METHODS.rows() if m.tensorrt}
 
 
 def normalize_algorithm(name: str) -> str:
@@ -197,8 +198,9 @@ class TensorRTCalibration:
     seconds: float
 
 
-def run_tensorrt_calibration(model_path: Path, batcher: Any, algorithm: str,
-                             options: Optional[BuildOptions] = None) -> TensorRTCalibration:
+def run_tensorrt_calibration(
+    model_path: Path, batcher: Any, algorithm: str, options: Optional[BuildOptions] = None
+) -> TensorRTCalibration:
     """Calibrate with TensorRT's own calibrator, fed by ``batcher``; return the cache it wrote.
 
     ``algorithm``: ``EntropyCalibration2`` / ``MinMaxCalibration`` (or ``entropy`` / ``max``).
@@ -236,12 +238,12 @@ def run_tensorrt_calibration(model_path: Path, batcher: Any, algorithm: str,
     if calibrator.cache is None:
         errors = logger.take_errors()
         raise TrtqError(
-            f"TensorRT {trt.__version__} did not write a calibration cache"
-            + (f": {errors[0]}" if errors else ""),
+            f"TensorRT {trt.__version__} did not write a calibration cache" + (f": {errors[0]}" if errors else ""),
             "run with -v for TensorRT's messages",
         )
-    return TensorRTCalibration(calibrator.cache, algorithm, str(trt.__version__), feeder.batches, feeder.samples,
-                               time.perf_counter() - t0)
+    return TensorRTCalibration(
+        calibrator.cache, algorithm, str(trt.__version__), feeder.batches, feeder.samples, time.perf_counter() - t0
+    )
 
 
 def _calibration_inputs(builder: Any, network: Any, config: Any, shapes: dict[str, tuple[int, ...]]) -> dict[str, str]:
@@ -268,8 +270,16 @@ def _calibration_inputs(builder: Any, network: Any, config: Any, shapes: dict[st
     return dtypes
 
 
-def _calibrate(trt: Any, builder: Any, network: Any, config: Any, batcher: Any, algorithm: str,
-               shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str]) -> tuple[BatchFeeder, Any]:
+def _calibrate(
+    trt: Any,
+    builder: Any,
+    network: Any,
+    config: Any,
+    batcher: Any,
+    algorithm: str,
+    shapes: dict[str, tuple[int, ...]],
+    dtypes: dict[str, str],
+) -> tuple[BatchFeeder, Any]:
     """The throw-away build in which TensorRT calibrates, fed through device buffers."""
     from trtq.trt import cuda
 

@@ -40,19 +40,21 @@ What has been verified, per version, and how:
     network (parse, build, engine results, cache formats) has not run here: it follows the
     documentation above.
 """
+
 import importlib
 import logging
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
-from collections.abc import Iterable, Sequence
 
 from trtq.errors import ConfigError, EnvironmentMissing, UsageError
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = ('pip install tensorrt cuda-python (or pip install -e ".[gpu]" in the trtq checkout) '
-                'on a machine with an NVIDIA GPU')
+INSTALL_HINT = (
+    'pip install tensorrt cuda-python (or pip install -e ".[gpu]" in the trtq checkout) on a machine with an NVIDIA GPU'
+)
 NO_GPU_HINT = "no CUDA GPU visible: check nvidia-smi, the driver and CUDA_VISIBLE_DEVICES"
 
 
@@ -84,10 +86,9 @@ def version_of(trt: Any) -> TrtVersion:
 
 def float_grouped_conv_is_unsafe(trt: Any) -> bool:
     """TensorRT 8.x: a grouped (depthwise) Conv left float between INT8 layers of a Q/DQ network
-    built without an error into engines whose outputs were garbage (TensorRT 8.6.0, H100,
-    EfficientNet-Lite0: top-1 agreement 0 with any one depthwise conv excluded; a 1x1 conv excluded
-    was fine, and so was a depthwise conv excluded together with the 1x1 conv it feeds). 10+ not
-    run here."""
+    built without an error into engines whose outputs were garbage (TensorRT 8.6.0; a 1x1 conv
+    left float was fine, and so was a depthwise conv left float together with the 1x1 conv it
+    feeds: docs/decisions.md D5). 10+ not run here."""
     return float_grouped_conv_is_unsafe_for(str(version_of(trt)))
 
 
@@ -97,22 +98,18 @@ def float_grouped_conv_is_unsafe_for(trt_version: Optional[str]) -> bool:
     return bool(trt_version) and TrtVersion.parse(trt_version).major < 10
 
 
-CENTRING_MEASURED = (
-    "TensorRT 8.6.0 (H100) built centred models in engine form (the activation folded into the quantizer's "
-    "clamp) exactly and at the uncentred engine's speed: EfficientNet-Lite0, batch 64, 0.856 vs 0.852 ms, "
-    "engine top-1 0.920 vs 0.927 on ONNX Runtime; its INT8 quantizer clamps at -128 inside fused convolutions"
-)
-
-
 def centring_in_engines(trt: Any) -> Optional[str]:
     """Why ``quantize.center_activations`` stays off in builds on this TensorRT, or None where an
-    engine has shown it exact and free at run time: 8.6 (see :data:`CENTRING_MEASURED`; the Add
-    form was 3x slower there, and a Clip with a negative lower bound before QuantizeLinear was
-    computed wrongly, see :mod:`trtq.quantize.centering`). 10 and 11 have not run here."""
+    engine has shown it exact and free at run time: 8.6 (docs/decisions.md D12; the Add form was
+    slower there, and a Clip with a negative lower bound before QuantizeLinear was computed
+    wrongly, see :mod:`trtq.quantize.centering`). 10 and 11 have not run here."""
     v = version_of(trt)
     if (v.major, v.minor) == (8, 6):
         return None
-    return f"centred engines have not been measured on TensorRT {v} (only on 8.6: {CENTRING_MEASURED})"
+    return (
+        f"centred engines have not been measured on TensorRT {v} (only on 8.6, where they were exact and "
+        "as fast as uncentred ones: docs/decisions.md D12)"
+    )
 
 
 def import_tensorrt(importer: Callable[[str], Any] = importlib.import_module) -> Any:
@@ -164,10 +161,7 @@ def has_implicit_int8(trt: Any) -> bool:
     """Calibrators and ``IBuilderConfig.int8_calibrator`` exist: TensorRT <= 10 (removed in 11)."""
     cfg = getattr(trt, "IBuilderConfig", None)
     return (
-        hasattr(trt, "IInt8Calibrator")
-        and cfg is not None
-        and hasattr(cfg, "int8_calibrator")
-        and has_weak_typing(trt)
+        hasattr(trt, "IInt8Calibrator") and cfg is not None and hasattr(cfg, "int8_calibrator") and has_weak_typing(trt)
     )
 
 
@@ -383,8 +377,13 @@ def host_memory_bytes(blob: Any) -> bytes:
 
 # DataType member name -> numpy dtype name (names are stable across versions; values are not)
 _DTYPES = {
-    "FLOAT": "float32", "HALF": "float16", "INT8": "int8", "INT32": "int32", "BOOL": "bool",
-    "UINT8": "uint8", "INT64": "int64",
+    "FLOAT": "float32",
+    "HALF": "float16",
+    "INT8": "int8",
+    "INT32": "int32",
+    "BOOL": "bool",
+    "UINT8": "uint8",
+    "INT64": "int64",
 }
 
 
@@ -409,12 +408,14 @@ def io_tensors(trt: Any, engine: Any) -> list[IOTensor]:
         mode = engine.get_tensor_mode(name)
         if mode != trt.TensorIOMode.INPUT and mode != trt.TensorIOMode.OUTPUT:
             continue
-        out.append(IOTensor(
-            name=name,
-            is_input=mode == trt.TensorIOMode.INPUT,
-            shape=tuple(int(d) for d in engine.get_tensor_shape(name)),
-            dtype=dtype_name(engine.get_tensor_dtype(name)),
-        ))
+        out.append(
+            IOTensor(
+                name=name,
+                is_input=mode == trt.TensorIOMode.INPUT,
+                shape=tuple(int(d) for d in engine.get_tensor_shape(name)),
+                dtype=dtype_name(engine.get_tensor_dtype(name)),
+            )
+        )
     return out
 
 

@@ -4,6 +4,8 @@ cuda-python's runtime functions return ``(error, results...)`` tuples; :func:`ch
 non-success code into a TrtqError naming the call. The module is imported lazily through
 :func:`trtq.trt.compat.import_cudart`.
 """
+
+import contextlib
 import ctypes
 from typing import Any, Optional
 
@@ -11,7 +13,6 @@ import numpy as np
 
 from trtq.errors import EnvironmentMissing, TrtqError
 from trtq.trt import compat
-import contextlib
 
 _RT: Any = None
 

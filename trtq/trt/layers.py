@@ -9,10 +9,11 @@ side by side show which layers TensorRT built differently.
 Profiled times add up to more than the plain median (the profiler synchronises around layers), so
 they are for comparing layers, not for quoting latency: ``trtq bench`` without --layers does that.
 """
+
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from collections.abc import Sequence
 
 import numpy as np
 
@@ -40,8 +41,18 @@ class LayerProfile:
         return asdict(self)
 
 
-_TYPES = (("int8", "int8"), ("fp8", "fp8"), ("fp16", "fp16"), ("half", "fp16"), ("bf16", "bf16"),
-          ("fp32", "fp32"), ("float", "fp32"), ("int32", "int32"), ("int64", "int64"), ("bool", "bool"))
+_TYPES = (
+    ("int8", "int8"),
+    ("fp8", "fp8"),
+    ("fp16", "fp16"),
+    ("half", "fp16"),
+    ("bf16", "bf16"),
+    ("fp32", "fp32"),
+    ("float", "fp32"),
+    ("int32", "int32"),
+    ("int64", "int64"),
+    ("bool", "bool"),
+)
 
 
 def _types(entries: Any) -> str:
@@ -108,8 +119,10 @@ def profile_layers(path: Path, runs: int = 50) -> LayerProfile:
         s.close()
     means = {name: float(np.mean(v)) for name, v in times.items() if v}
     total = sum(means.values())
-    layers = [LayerTime(name, ms, ms / total if total > 0 else 0.0, **details.get(name, {}))
-              for name, ms in sorted(means.items(), key=lambda kv: -kv[1])]
+    layers = [
+        LayerTime(name, ms, ms / total if total > 0 else 0.0, **details.get(name, {}))
+        for name, ms in sorted(means.items(), key=lambda kv: -kv[1])
+    ]
     return LayerProfile(str(path), runs, total, layers)
 
 
@@ -117,18 +130,25 @@ def render_layers(profiles: Sequence[LayerProfile], top: int = 25) -> str:
     """One table per plan: its ``top`` slowest layers, then a line for the rest."""
     out = []
     for p in profiles:
-        out.append(f"{Path(p.plan).name}: {len(p.layers)} layers, {p.total_ms:.3f} ms profiled "
-                   f"(mean of {p.runs} runs; profiling adds overhead: compare layers, not this total)")
+        out.append(
+            f"{Path(p.plan).name}: {len(p.layers)} layers, {p.total_ms:.3f} ms profiled "
+            f"(mean of {p.runs} runs; profiling adds overhead: compare layers, not this total)"
+        )
         out.append(f"  {'ms':>7}  {'share':>6}  {'precision':<14}  {'type':<14}  layer")
         for layer in p.layers[:top]:
-            out.append(f"  {layer.mean_ms:7.4f}  {layer.share:6.1%}  {layer.precision[:14]:<14}  "
-                       f"{layer.kind[:14]:<14}  {layer.name}")
+            out.append(
+                f"  {layer.mean_ms:7.4f}  {layer.share:6.1%}  {layer.precision[:14]:<14}  "
+                f"{layer.kind[:14]:<14}  {layer.name}"
+            )
         rest = p.layers[top:]
         if rest:
-            out.append(f"  {sum(x.mean_ms for x in rest):7.4f}  {sum(x.share for x in rest):6.1%}  "
-                       f"{'':<14}  {'':<14}  ({len(rest)} more layers)")
-        out.append("  by precision: " + ", ".join(f"{k} {ms:.3f} ms ({share:.1%}, {n})"
-                                                  for k, ms, share, n in by_precision(p)))
+            out.append(
+                f"  {sum(x.mean_ms for x in rest):7.4f}  {sum(x.share for x in rest):6.1%}  "
+                f"{'':<14}  {'':<14}  ({len(rest)} more layers)"
+            )
+        out.append(
+            "  by precision: " + ", ".join(f"{k} {ms:.3f} ms ({share:.1%}, {n})" for k, ms, share, n in by_precision(p))
+        )
     return "\n".join(out)
 
 

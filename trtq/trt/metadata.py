@@ -5,6 +5,7 @@ A TensorRT plan only runs on the TensorRT version that built it and is tuned for
 trtq refuse a mismatching plan with a one-line message before TensorRT fails in its own words.
 Pure Python: no TensorRT needed, so the checks are unit-tested on CPU.
 """
+
 import json
 from pathlib import Path
 from typing import Any, Optional
@@ -71,7 +72,6 @@ def check_metadata(
     built_gpu = meta.get("gpu_name")
     if built_gpu and str(built_gpu) != str(gpu_name):
         raise ModelError(
-            f"{name} was built on {built_gpu} but this GPU is {gpu_name} "
-            "(TensorRT tunes engines for one GPU model)",
+            f"{name} was built on {built_gpu} but this GPU is {gpu_name} (TensorRT tunes engines for one GPU model)",
             fix,
         )

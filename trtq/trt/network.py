@@ -1,10 +1,11 @@
 """The TensorRT network side shared by engine builds and TensorRT's own calibration: parsing an
 ONNX model (from memory or a file) with messages that name the node, optimization profiles and the
 builder configuration."""
+
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
-from collections.abc import Mapping
 
 from trtq.config import BuildOptions
 from trtq.errors import ConfigError, ModelError
@@ -13,8 +14,6 @@ from trtq.trt import compat
 log = logging.getLogger("trtq.trt.build")  # its messages are part of a build (or a TensorRT calibration build)
 
 Shape = tuple[int, ...]
-
-
 
 
 def parser_error(trt: Any, parser: Any, logger: Any, model_path: Path, model: Any) -> ModelError:
@@ -41,9 +40,7 @@ def parser_error(trt: Any, parser: Any, logger: Any, model_path: Path, model: An
         hint = f"TensorRT {v} reads ONNX opset <= 17; check that every op is supported (run with -v for details)"
     else:
         hint = f"check that every op is supported by TensorRT {v} (run with -v for details)"
-    return ModelError(
-        f"TensorRT {v} cannot parse {model_path.name}{where}: {first or 'unknown error'}{more}", hint
-    )
+    return ModelError(f"TensorRT {v} cannot parse {model_path.name}{where}: {first or 'unknown error'}{more}", hint)
 
 
 def onnx_opset(model: Any) -> Optional[int]:
@@ -96,12 +93,12 @@ def add_conv_kernel_shapes(model: Any) -> int:
 
 
 def parse_model(trt: Any, parser: Any, logger: Any, model: Any, model_path: Path, work_dir: Path) -> None:
-    """Parse an in-memory ONNX ModelProto (via a temporary file when it is over protobuf's 2 GB)."""
+    """Parse an in-memory ONNX ModelProto (via a temporary file when it is over protobuf's 2 GiB)."""
     if add_conv_kernel_shapes(model):
         log.debug("added kernel_shape to convolutions whose weights pass through Q/DQ")
     if model.ByteSize() < (2 << 30) - (1 << 20):
         ok = parser.parse(model.SerializeToString(), str(model_path))
-    else:  # pragma: no cover - needs a > 2 GB model
+    else:  # pragma: no cover - needs a model over 2 GiB
         import tempfile
 
         import onnx

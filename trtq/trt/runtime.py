@@ -3,10 +3,11 @@
 Loading checks ``<plan>.json`` first (built by this TensorRT version, for this GPU?), then what
 TensorRT itself says: a foreign or non-plan file is a one-line ModelError, never a crash.
 """
+
 import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
-from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -57,8 +58,9 @@ class EngineSession:
         self.engine = engine
         self.context = engine.create_execution_context()
         if self.context is None:
-            raise ModelError(f"TensorRT cannot create an execution context for {self.path.name}",
-                             "check free GPU memory")
+            raise ModelError(
+                f"TensorRT cannot create an execution context for {self.path.name}", "check free GPU memory"
+            )
         self.io = compat.io_tensors(trt, engine)
         self.stream = cuda.Stream()
         self.buffers: dict[str, Any] = {}
@@ -179,8 +181,9 @@ class TrtRunner(ClosesOnExit):
             want = np.dtype(t.dtype)
             if arr.dtype != want:
                 if arr.dtype.kind != want.kind and not (arr.dtype.kind in "iu" and want.kind in "iu"):
-                    raise DataError(f"input {t.name} is {arr.dtype} but the engine takes {want}",
-                                    f"convert it to {want}")
+                    raise DataError(
+                        f"input {t.name} is {arr.dtype} but the engine takes {want}", f"convert it to {want}"
+                    )
                 arr = arr.astype(want)
             arrays[t.name] = np.ascontiguousarray(arr)
         s.set_input_shapes({k: v.shape for k, v in arrays.items()})

@@ -1,0 +1,148 @@
+"""What the commands print: their result lines (``--json`` prints the data instead) and the
+calibration's progress line on stderr."""
+
+import sys
+import time
+from typing import Any
+
+from trtq.formatting import first_few
+
+
+class ProgressLine:
+    """One self-rewriting progress line on stderr (only when stderr is a TTY or --progress)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+        self.width = 0
+
+    def __call__(self, p) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        final = p.batches_done == p.batches
+        if not final and now - self.last < (0.2 if self.tty else 2.0):
+            return
+        self.last = now
+        rate = p.samples_done / p.elapsed if p.elapsed > 0 else 0.0
+        eta = ""
+        if 0 < p.batches_done < p.batches:
+            secs = p.elapsed / p.batches_done * (p.batches - p.batches_done)
+            eta = f"  ETA {int(secs // 60)}:{int(secs % 60):02d}"
+        line = (
+            f"pass {p.stage_index}/{p.stages} ({p.stage}): {p.batches_done}/{p.batches} batches, "
+            f"{p.samples_done} samples, {rate:.1f} samples/s{eta}"
+        )
+        if self.tty:
+            sys.stderr.write("\r" + line.ljust(self.width))
+            self.width = len(line)
+            if final:
+                sys.stderr.write("\n")
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+def calibration_text(r) -> str:
+    from trtq.calib.cache import version_code
+
+    lines = []
+    if r.batches:
+        lines.append(
+            f"calibrated {r.samples} samples ({r.batches} batches) with {r.method} in {r.seconds:.1f} s "
+            f"({r.samples / r.seconds if r.seconds else 0:.1f} samples/s)"
+        )
+    else:
+        lines.append(f"computed {r.method} ranges from saved statistics ({r.samples} samples)")
+    zero = f" ({len(r.zero_tensors)} zero or below 1e-8 on every sample: scale floored)" if r.zero_tensors else ""
+    lines.append(f"tensors     {len(r.amax)}{zero}")
+    if getattr(r, "range_flags", None):
+        from trtq.calib.range_check import RATIO
+
+        lines.append(
+            f"ranges      {r.method}: {len(r.range_flags)} quantized tensor(s) cost > {RATIO:g}x mse's "
+            f"expected INT8 error, worst {r.range_flags[0].describe()}; consider --method mse"
+        )
+    if r.skipped:
+        lines.append(
+            f"skipped     {len(r.skipped)} bad samples: "
+            + ", ".join(p for p, _ in r.skipped[:3])
+            + (" ..." if len(r.skipped) > 3 else "")
+        )
+    if r.cache_path:
+        lines.append(f"cache       {r.cache_path}  (TRT-{version_code(r.trt_version)}-{r.algorithm})")
+        lines.append(f"provenance  {r.cache_path}.json")
+    if r.stats_path:
+        lines.append(f"statistics  {r.stats_path}")
+    return "\n".join(lines)
+
+
+def dry_run_text(cfg: Any, preview: Any) -> tuple[dict, str]:
+    """(data, text) of ``calibrate --dry-run``: the model's inputs, the batches and their summary."""
+    import json
+
+    batcher, summary = preview.batcher, preview.summary
+    data = {
+        "model": str(cfg.model),
+        "inputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype} for s in preview.specs],
+        "batches": batcher.describe(),
+        "summary": summary.to_dict(),
+    }
+    lines = [f"model   {cfg.model}"]
+    for s in preview.specs:
+        lines.append(f"input   {s.describe()}  -> batches of {list(batcher.shapes[s.name])}")
+    lines.append(summary.render_text() if hasattr(summary, "render_text") else json.dumps(summary.to_dict(), indent=2))
+    return data, "\n".join(lines)
+
+
+def merge_text(r: Any) -> str:
+    nxt = (
+        "next: trtq calibrate --shard I/N --ranges {0} --save-stats hist-I.npz"
+        if r.pass_name == "ranges"
+        else "next: trtq calibrate --from-stats {0} --method METHOD"
+    ).format(r.output)
+    return (
+        f"merged {r.shards} shard(s) of pass {r.pass_name}: {r.samples} samples, "
+        f"{r.tensors} tensors -> {r.output}\n{nxt}"
+    )
+
+
+def quantize_text(result: Any, out: Any) -> str:
+    from trtq.pipeline.quantize import DATA_STEP_NOTES
+
+    lines = [f"quantized   {len(result.quantized)} nodes -> {out}"]
+    lines += [f"            {note}" for note in result.notes if note.startswith(DATA_STEP_NOTES)]
+    if result.left_float:
+        lines.append(f"left float  {len(result.left_float)} nodes:")
+        lines += [f"  {name}: {reason}" for name, reason in result.left_float[:20]]
+        if len(result.left_float) > 20:
+            lines.append(f"  ... {len(result.left_float) - 20} more (see --json)")
+    if result.missing_amax:
+        lines.append(
+            f"missing     {len(result.missing_amax)} tensors not in the cache (their consumers stay float): "
+            + first_few(result.missing_amax)
+        )
+    return "\n".join(lines)
+
+
+def report_text(data: dict, output: Any) -> str:
+    from trtq.report.data import summary
+
+    s = summary(data)
+    return (
+        f"report      {output}\ntensors     {s['tensors']} ({s['with_histogram']} with histograms, "
+        f"{s['clipping']} clip > 0.01 %)"
+    )
+
+
+def build_text(result: Any, out: Any) -> str:
+    md = result.metadata
+    source = ", Q/DQ from the model" if (md.get("quantize") or {}).get("source") == "model" else ""
+    steps = "".join(f"steps      {note}\n" for note in (md.get("quantize") or {}).get("steps") or ())
+    return (
+        f"built {out} in {result.seconds:.1f} s\n"
+        f"precision  {md.get('precision')} ({md.get('mode', '')}{source})\n{steps}"
+        f"tensorrt   {md.get('tensorrt_version')} on {md.get('gpu_name')} (sm {md.get('compute_capability')})\n"
+        f"metadata   {out}.json"
+    )
