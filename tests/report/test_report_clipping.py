@@ -1,6 +1,6 @@
 """``trtq report``'s clipping: counted only for the tensors the Q/DQ model quantizes, exactly from
 the saved histograms, and equal to a count made independently on the activations (ONNX Runtime over
-the calibration data, numpy's ``|x| > amax``)."""
+the calibration data, numpy's ``|x| > amax``); the sensitivity chart's order and metric."""
 
 import json
 from pathlib import Path
@@ -188,6 +188,40 @@ def test_a_quantize_json_without_activations_reads_its_model(trtq, sample, tmp_p
     (tmp_path / "q.json").write_text(json.dumps(q))
     r = _ok(trtq([*args, "--quantize", tmp_path / "q.json"]))
     assert not json.loads(r.out)["summary"]["quantized_only"] and "gone.onnx" in r.err
+
+
+# ------------------------------------------------------------------ the sensitivity chart
+
+
+def test_layers_are_sorted_by_the_metric_they_are_labelled_with(trtq, sample, tmp_path):
+    root, _ = sample
+    rows = [  # as compare writes them, in no particular order
+        {"node": "a", "op_type": "Conv", "sqnr_db": 9.0, "task_metric": 0.90, "task_metric_name": "top-1 agreement"},
+        {"node": "b", "op_type": "Conv", "sqnr_db": 30.0, "task_metric": 0.70, "task_metric_name": "top-1 agreement"},
+        {"node": "c", "op_type": "Conv", "sqnr_db": 12.0, "task_metric": 0.70, "task_metric_name": "top-1 agreement"},
+        {"node": "d", "op_type": "Conv", "sqnr_db": "inf", "task_metric": 1.0, "task_metric_name": "top-1 agreement"},
+    ]
+    compare = {"reference": "m.onnx", "candidate": "q.onnx", "samples": 8, "outputs": [], "per_layer": rows}
+    (tmp_path / "c.json").write_text(json.dumps(compare))
+    args = [
+        "report",
+        "--cache",
+        root / "c.cache",
+        "--compare",
+        tmp_path / "c.json",
+        "-o",
+        tmp_path / "r.html",
+        "--json",
+    ]
+    layers = json.loads(_ok(trtq(args)).out)["layers"]
+    assert layers["metric"] == {"key": "task_metric", "name": "top-1 agreement", "then_key": "sqnr_db"}
+    assert [r["node"] for r in layers["rows"]] == ["c", "b", "a", "d"]  # top-1 lowest first, then SQNR
+    for r in rows:
+        del r["task_metric"], r["task_metric_name"]
+    (tmp_path / "c.json").write_text(json.dumps(compare))
+    layers = json.loads(_ok(trtq(args)).out)["layers"]
+    assert layers["metric"] == {"key": "sqnr_db", "name": "SQNR (dB)", "then_key": None}
+    assert [r["node"] for r in layers["rows"]] == ["a", "c", "b", "d"]
 
 
 def test_cache_rows_follow_the_cache(sample):

@@ -130,17 +130,58 @@ def accuracy_section(compare: Any, path: Path) -> dict:
     }
 
 
+_LAYER_KEYS = (
+    "node",
+    "op_type",
+    "task_metric",
+    "task_metric_name",
+    "sqnr_db",
+    "cosine_mean",
+    "top1_agreement",
+    "gain_db",
+)
+
+
+def _metric_value(v: Any) -> Optional[float]:
+    """A metric as compare writes it (a number, or "inf" / "nan"); None when absent."""
+    if isinstance(v, str) and v in ("inf", "-inf", "nan"):
+        return float(v)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _low_first(v: Any) -> float:  # lower is worse; NaN the worst, a missing value ties at 0
+    x = _metric_value(v)
+    return 0.0 if x is None else (-math.inf if math.isnan(x) else x)
+
+
+def _high_first(v: Any) -> float:
+    x = _metric_value(v)
+    return 0.0 if x is None else (-math.inf if math.isnan(x) else -x)
+
+
 def layer_section(compare: Any) -> Optional[dict]:
+    """compare's per-layer rows, sorted (again, whatever order the JSON has) by the metric the chart
+    shows: the task metric first (top-1 agreement, detection F1 ...: the worst output's), then SQNR
+    (only this layer INT8: lowest first) or the gain in dB (leave-one-out: largest first), as
+    trtq.compare.sensitivity ranks them. ``metric`` names what the bars show and the rows are
+    sorted by."""
     rows = compare.get("per_layer") if isinstance(compare, dict) else None
     if not isinstance(rows, list) or not rows:
         return None
-    keep = [
-        {k: r.get(k) for k in ("node", "op_type", "sqnr_db", "cosine_mean", "top1_agreement", "gain_db")}
-        for r in rows
-        if isinstance(r, dict)
-    ]
-    mode = "leave-one-out" if any(r.get("gain_db") is not None for r in keep) else "only"
-    return {"mode": mode, "rows": keep}
+    keep = [{k: r.get(k) for k in _LAYER_KEYS} for r in rows if isinstance(r, dict)]
+    loo = any(r.get("gain_db") is not None for r in keep)
+    task = next((r["task_metric_name"] for r in keep if r.get("task_metric_name")), None)
+    if loo:
+        keep.sort(key=lambda r: (_high_first(r["task_metric"]), _high_first(r["gain_db"]), _low_first(r["sqnr_db"])))
+    else:
+        keep.sort(key=lambda r: (_low_first(r["task_metric"]), _low_first(r["sqnr_db"]), _low_first(r["cosine_mean"])))
+    second = ("gain_db", "SQNR gain (dB)") if loo else ("sqnr_db", "SQNR (dB)")
+    first = ("task_metric", str(task)) if task else second
+    return {
+        "mode": "leave-one-out" if loo else "only",
+        "metric": {"key": first[0], "name": first[1], "then_key": second[0] if task else None},
+        "rows": keep,
+    }
 
 
 def float_section(quantize: Any, path: Path) -> list[dict]:
