@@ -157,6 +157,19 @@ def test_clip_counts_agree_with_the_activations(sample):
     assert s["quantized_only"] and s["quantized"] == len(quantized)
     assert sorted(s["clip_list"]) == sorted(clipping) and clipping  # only quantized tensors, every one
     assert set(s["clip_list"]) <= quantized
+    assert s["other_range"] == []  # the Q/DQ model applies the cache's ranges
+
+
+def test_a_quantize_json_of_another_cache_is_named(trtq, sample, tmp_path):
+    root, rep = sample
+    other, page = tmp_path / "p.cache", tmp_path / "r.html"
+    _ok(trtq(["calibrate", "--from-stats", root / "s.npz", "--method", "percentile", "-o", other]))
+    args = ["report", "--cache", other, "--stats", root / "s.npz", "--quantize", root / "q.json", "-o", page, "--json"]
+    data = json.loads(_ok(trtq(args)).out)
+    rows = {r["name"]: r for r in data["tensors"]}
+    moved = sorted(n for n, r in rows.items() if r["quantized"] and abs(r["clip_amax"] / r["amax"] - 1) > 1e-6)
+    assert moved and sorted(data["summary"]["other_range"]) == moved
+    assert f"{len(moved)} of them are quantized with another range than the cache" in page.read_text(encoding="utf-8")
 
 
 def test_without_quantize_the_list_covers_every_calibrated_tensor(trtq, sample, tmp_path):
@@ -174,6 +187,7 @@ def test_without_quantize_the_list_covers_every_calibrated_tensor(trtq, sample, 
     # the tensors the Q/DQ model leaves alone now count too, at the cache's amax
     assert set(data["summary"]["clip_list"]) > set(rep["summary"]["clip_list"])
     assert any(n in with_q for n in data["summary"]["clip_list"])
+    assert "covers every calibrated tensor" in page.read_text(encoding="utf-8")
 
 
 def test_a_quantize_json_without_activations_reads_its_model(trtq, sample, tmp_path):
@@ -188,6 +202,17 @@ def test_a_quantize_json_without_activations_reads_its_model(trtq, sample, tmp_p
     (tmp_path / "q.json").write_text(json.dumps(q))
     r = _ok(trtq([*args, "--quantize", tmp_path / "q.json"]))
     assert not json.loads(r.out)["summary"]["quantized_only"] and "gone.onnx" in r.err
+
+
+def test_the_page_shows_the_same_numbers(sample):
+    root, rep = sample
+    page = (root / "r.html").read_text(encoding="utf-8")
+    s = rep["summary"]
+    line = page.split("<p id=clip-summary>", 1)[1].split("</p>", 1)[0]
+    assert f"<b class=warn>{s['clipping']}</b> of the {s['quantized']} tensors the Q/DQ model quantizes" in line
+    assert ", ".join(s["most_clipped"]) in line
+    embedded = page.split("id=trtq-data>", 1)[1].split("</script>", 1)[0]
+    assert json.loads(embedded.replace("<\\/", "</")) == {k: v for k, v in rep.items() if k != "report"}
 
 
 # ------------------------------------------------------------------ the sensitivity chart

@@ -299,7 +299,7 @@ def build_report(
         "accuracy": None,
         "latency": None,
     }
-    ranges, how = None, "no --quantize: which tensors run in INT8 is not known"
+    ranges, how = None, "no --quantize given"
     if quantize is not None:
         q = read_json(quantize, "quantize result", "trtq quantize ... --json")
         report["float_layers"] = float_section(q, Path(quantize))
@@ -339,6 +339,15 @@ def summary(report: dict, clip_threshold: float = CLIP_THRESHOLD) -> dict:
         "counted": len(counted),
         "threshold": clip_threshold,
         "clipping": len(clipping),
+        # quantized with another range than the cache's (re-measured by quantize, or another cache's JSON)
+        "other_range": [
+            r["name"]
+            for r in rows
+            if r.get("quantized")
+            and r["clip_amax"] is not None
+            and r["amax"] is not None
+            and abs(r["clip_amax"] - r["amax"]) > 1e-6 * abs(r["amax"])
+        ],
         "clip_list": [r["name"] for r in clipping],
         "most_clipped": [r["name"] for r in clipping[:5]],
     }
