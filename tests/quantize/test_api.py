@@ -138,6 +138,9 @@ def test_report_lists_quantized_float_and_missing(two_convs, amax):
     assert data["quantized"] == ["c1"] and data["missing_amax"] == ["r"]
     assert {"node": "head", "reason": "excluded by --exclude MatMul"} in data["left_float"]
     assert data["qdq_pairs"] == 2 and data["opset"] == 13
+    # the one quantized activation (c1's input x) with the range its pair applies: 127 x the float32 scale
+    assert list(data["activations"]) == ["x"]
+    assert data["activations"]["x"] == pytest.approx(partial["x"], rel=1e-6)
 
 
 def test_exclude_by_regex_and_only_nodes(two_convs, amax):

@@ -196,3 +196,62 @@ def test_sensitivity_bars_with_layers_of_no_error(sample_report, tmp_path):
     assert seen["rendered"] and not seen["errors"], seen
     assert len(re.findall(r'class="layer-bar"', dom)) == 2
     assert "no measurable error" in dom and "(float)" in dom
+
+
+def _js_pct(v: float) -> str:
+    """The page's pct(): what a share looks like on screen."""
+    if v == 0:
+        return "0"
+    if v < 1e-4:
+        mant, exp = f"{v * 100:.1e}".split("e")
+        return f"{mant}e{int(exp)} %"
+    return f"{v * 100:.{3 if v < 0.01 else 2}f} %"
+
+
+def test_the_page_shows_the_reports_numbers(sample_report, tmp_path):
+    """With --quantize and a per-layer compare: the rendered summary, the legend of the histogram
+    the page opens on (the quantized tensor that clips the most values) and the order and labels
+    of the sensitivity bars are those of --json."""
+    import json
+
+    from trtq.cli import main
+
+    root, _ = sample_report
+    qdq, page = tmp_path / "m.qdq.onnx", tmp_path / "r.html"
+    rows = [
+        {"node": n, "op_type": "Conv", "sqnr_db": s, "task_metric": t, "task_metric_name": "top-1 agreement"}
+        for n, s, t in (("Conv.3", 20.0, 0.9), ("Conv.1", 30.0, 0.5), ("Conv.5", 10.0, 0.9))
+    ]
+    (tmp_path / "c.json").write_text(json.dumps({"outputs": [], "per_layer": rows}))
+    out = {}
+    for name, args in (
+        ("q", ["quantize", "-c", SAMPLE_CONFIG, "--cache", root / "c.cache", "-o", qdq, "--json", "-q"]),
+        ("r", ["report", "--cache", root / "c.cache", "--stats", root / "s.npz", "--quantize", tmp_path / "q.json",
+               "--compare", tmp_path / "c.json", "-o", page, "--json", "-q"]),
+    ):  # fmt: skip
+        import contextlib
+        import io
+
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            try:
+                main([str(a) for a in args])
+            except SystemExit as e:
+                assert e.code in (0, None)
+        out[name] = buf.getvalue()
+        (tmp_path / f"{name}.json").write_text(out[name])
+    data = json.loads(out["r"])
+    dom, console, _ = _chromium(page, tmp_path, "--dump-dom")
+    assert console == [] and _check_dom(dom)["rendered"], console
+    s = data["summary"]
+    assert f"{s['clipping']}</b> of the {s['quantized']} tensors the Q/DQ model quantizes" in dom
+    shown = [r for r in data["tensors"] if r["quantized"] and "histogram" in r]
+    first = max(shown, key=lambda r: r["clipped"] * r["values"])
+    legend = re.search(r'<div id="hist-legend"[^>]*>(.*?)</div>', dom, re.S).group(1)
+    assert "max " in legend and re.search(r'class="mark-max">[^<]*<i[^>]*></i>max [^(]*\(clips 0,', legend)
+    cache = re.search(r'class="mark-cache"[^>]*>.*?\(clips ([^,]*),', legend).group(1)
+    assert cache == ("\u2264 " if not first["clipped_exact"] else "") + _js_pct(first["clipped"])
+    labels = re.findall(r'<text[^>]*class="layer-value"[^>]*>([^<]*)</text>', dom)
+    assert [lb.split(" ")[0] for lb in labels] == ["0.500", "0.900", "0.900"]  # top-1 lowest first
+    assert [lb.split("\u00b7 ")[1] for lb in labels] == ["30.0 dB", "10.0 dB", "20.0 dB"]  # then SQNR
+    assert "Sorted by top-1 agreement with only this layer in INT8, lowest first, then SQNR" in dom

@@ -129,11 +129,12 @@ def quantize_text(result: Any, out: Any) -> str:
 def report_text(data: dict, output: Any) -> str:
     from trtq.report.data import summary
 
-    s = summary(data)
-    return (
-        f"report      {output}\ntensors     {s['tensors']} ({s['with_histogram']} with histograms, "
-        f"{s['clipping']} clip > 0.01 %)"
-    )
+    s = data.get("summary") or summary(data)
+    scope = f" of {s['quantized']} quantized" if s["quantized_only"] else ""
+    clips = f", {s['clipping']}{scope} clip > {s['threshold'] * 100:g} %" if s["with_histogram"] else ""
+    if clips and not s["quantized_only"]:
+        clips += "; without --quantize, quantized or not"
+    return f"report      {output}\ntensors     {s['tensors']} ({s['with_histogram']} with histograms{clips})"
 
 
 def build_text(result: Any, out: Any) -> str:

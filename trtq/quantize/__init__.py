@@ -26,6 +26,7 @@ from trtq.config import QuantizeOptions
 from trtq.errors import CacheError, ModelError, UsageError
 from trtq.formatting import first_few
 from trtq.model import QUANTIZED_OPS, is_quantized
+from trtq.qdq_info import read_qdq
 from trtq.quantize.fp16 import cast_float_rest
 from trtq.quantize.graph import GraphIndex, default_opset
 from trtq.quantize.plan import make_plan
@@ -52,6 +53,8 @@ class QuantizeResult:
             "notes": list(self.notes),
             "qdq_pairs": self.qdq_pairs,
             "centred": list(self.centred),
+            # the activation tensors the model quantizes, with 127 x their scale (what trtq report reads)
+            "activations": dict(read_qdq(self.model).activations),
             "opset": default_opset(self.model),
         }
 

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from trtq import __version__
 from trtq.errors import CacheError, InputError
+from trtq.report.quantized import quantized_ranges
 
 REPORT_FORMAT = "trtq-report/1"
 DISPLAY_BINS = 256  # histogram bins kept for the page (the saved ones summed in groups)
@@ -35,28 +36,37 @@ def read_json(path: Path, what: str, produced_by: str) -> Any:
         raise InputError(f"{path} is not JSON ({type(e).__name__})", f"write it with {produced_by}") from None
 
 
-def clipped_fraction(counts, max_value: float, amax: float) -> float:
-    """Fraction of values with ``|x| > amax``; the bin holding ``amax`` counts by its share above it
-    (values assumed uniform inside a bin), so the figure has the histogram's resolution."""
-    total = float(counts.sum())
-    if total == 0 or max_value <= 0 or amax >= max_value:
-        return 0.0
-    nb = counts.size
-    pos = max(amax, 0.0) / (max_value / nb)
-    k = int(pos)
-    above = float(counts[k + 1 :].sum()) + float(counts[k]) * (k + 1 - pos)
-    return above / total
+def _clip_fields(counts, top: float, m: float, threshold: float, prefix: str = "clipped") -> dict:
+    from trtq.report.clipping import clip_count
+
+    c = clip_count(counts, top, m, threshold)
+    return {
+        prefix: c.fraction,
+        f"{prefix}_min": c.fraction_at_least,
+        f"{prefix}_values": c.at_most,
+        f"{prefix}_exact": c.exact,
+    }
 
 
-def tensor_rows(table, stats, percentile: float) -> list[dict]:
-    """One row per tensor of the cache (file order); histogram fields when ``stats`` has the tensor."""
+def tensor_rows(table, stats, percentile: float, quantized: Optional[dict] = None) -> list[dict]:
+    """One row per tensor of the cache (file order); histogram fields when ``stats`` has the tensor.
+
+    ``quantized`` (tensor -> the range its Q/DQ pair applies, trtq.report.quantized) marks the rows
+    the Q/DQ model quantizes; their clipping is counted at that range, the others' at the cache's
+    amax. Without it ``quantized`` is None on every row (not known). Clipped values are counted by
+    the rule of trtq.report.clipping: ``clipped`` the conservative share, ``clipped_min`` the
+    certain one, ``clipped_exact`` whether the histogram decided."""
     import numpy as np
 
     from trtq.calib.methods import METHODS, compute_amax
+    from trtq.report.clipping import clip_count
 
     rows = []
     for name, amax in table.amax.items():
         row: dict[str, Any] = {"name": name, "amax": _num(amax), "step": _num(amax / 127.0)}
+        row["quantized"] = None if quantized is None else name in quantized
+        threshold = float(quantized[name]) if row["quantized"] else float(amax)
+        row["clip_amax"] = _num(threshold)
         if stats is not None and name in stats.maxima:
             counts = stats.counts[name]
             m, top = stats.maxima[name], stats.top(name)  # top: the histogram's upper edge (>= max)
@@ -68,6 +78,7 @@ def tensor_rows(table, stats, percentile: float) -> list[dict]:
                 meth: float(compute_amax(meth, counts, m, percentile, zeros, top if stats.edges == "pow2" else None))
                 for meth in methods
             }
+            by = {meth: clip_count(counts, top, m, a) for meth, a in ranges.items()}
             group = max(1, counts.size // DISPLAY_BINS)
             shown = counts[: counts.size // group * group].reshape(-1, group).sum(axis=1)
             total = int(counts.sum())
@@ -75,11 +86,12 @@ def tensor_rows(table, stats, percentile: float) -> list[dict]:
                 {
                     "max": m,
                     "amax_over_max": (amax / m) if m > 0 else None,
-                    "clipped": clipped_fraction(counts, top, amax),
+                    **_clip_fields(counts, top, m, threshold),
                     "values": total,
                     "zeros": (zeros / total) if total else 0.0,
                     "ranges": ranges,
-                    "clipped_by": {meth: clipped_fraction(counts, top, a) for meth, a in ranges.items()},
+                    "clipped_by": {meth: c.fraction for meth, c in by.items()},
+                    "clipped_by_exact": {meth: c.exact for meth, c in by.items()},
                     "histogram": {"width": top / counts.size * group, "counts": [int(c) for c in np.asarray(shown)]},
                 }
             )
@@ -118,17 +130,58 @@ def accuracy_section(compare: Any, path: Path) -> dict:
     }
 
 
+_LAYER_KEYS = (
+    "node",
+    "op_type",
+    "task_metric",
+    "task_metric_name",
+    "sqnr_db",
+    "cosine_mean",
+    "top1_agreement",
+    "gain_db",
+)
+
+
+def _metric_value(v: Any) -> Optional[float]:
+    """A metric as compare writes it (a number, or "inf" / "nan"); None when absent."""
+    if isinstance(v, str) and v in ("inf", "-inf", "nan"):
+        return float(v)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _low_first(v: Any) -> float:  # lower is worse; NaN the worst, a missing value ties at 0
+    x = _metric_value(v)
+    return 0.0 if x is None else (-math.inf if math.isnan(x) else x)
+
+
+def _high_first(v: Any) -> float:
+    x = _metric_value(v)
+    return 0.0 if x is None else (-math.inf if math.isnan(x) else -x)
+
+
 def layer_section(compare: Any) -> Optional[dict]:
+    """compare's per-layer rows, sorted (again, whatever order the JSON has) by the metric the chart
+    shows: the task metric first (top-1 agreement, detection F1 ...: the worst output's), then SQNR
+    (only this layer INT8: lowest first) or the gain in dB (leave-one-out: largest first), as
+    trtq.compare.sensitivity ranks them. ``metric`` names what the bars show and the rows are
+    sorted by."""
     rows = compare.get("per_layer") if isinstance(compare, dict) else None
     if not isinstance(rows, list) or not rows:
         return None
-    keep = [
-        {k: r.get(k) for k in ("node", "op_type", "sqnr_db", "cosine_mean", "top1_agreement", "gain_db")}
-        for r in rows
-        if isinstance(r, dict)
-    ]
-    mode = "leave-one-out" if any(r.get("gain_db") is not None for r in keep) else "only"
-    return {"mode": mode, "rows": keep}
+    keep = [{k: r.get(k) for k in _LAYER_KEYS} for r in rows if isinstance(r, dict)]
+    loo = any(r.get("gain_db") is not None for r in keep)
+    task = next((r["task_metric_name"] for r in keep if r.get("task_metric_name")), None)
+    if loo:
+        keep.sort(key=lambda r: (_high_first(r["task_metric"]), _high_first(r["gain_db"]), _low_first(r["sqnr_db"])))
+    else:
+        keep.sort(key=lambda r: (_low_first(r["task_metric"]), _low_first(r["sqnr_db"]), _low_first(r["cosine_mean"])))
+    second = ("gain_db", "SQNR gain (dB)") if loo else ("sqnr_db", "SQNR (dB)")
+    first = ("task_metric", str(task)) if task else second
+    return {
+        "mode": "leave-one-out" if loo else "only",
+        "metric": {"key": first[0], "name": first[1], "then_key": second[0] if task else None},
+        "rows": keep,
+    }
 
 
 def float_section(quantize: Any, path: Path) -> list[dict]:
@@ -239,31 +292,62 @@ def build_report(
             "stats": str(stats) if stats is not None else None,
             "report_by": f"trtq {__version__}",
         },
-        "tensors": tensor_rows(table, st, percentile),
+        "clip_scope": None,
+        "tensors": None,
         "layers": None,
         "float_layers": None,
         "accuracy": None,
         "latency": None,
     }
+    ranges, how = None, "no --quantize given"
+    if quantize is not None:
+        q = read_json(quantize, "quantize result", "trtq quantize ... --json")
+        report["float_layers"] = float_section(q, Path(quantize))
+        ranges, how = quantized_ranges(q, Path(quantize))
+    report["clip_scope"] = {"quantized_only": ranges is not None, "how": how}
+    report["tensors"] = tensor_rows(table, st, percentile, ranges)
     if compare is not None:
         c = read_json(compare, "compare result", "trtq compare ... --json")
         report["accuracy"] = accuracy_section(c, Path(compare))
         report["layers"] = layer_section(c)
-    if quantize is not None:
-        report["float_layers"] = float_section(
-            read_json(quantize, "quantize result", "trtq quantize ... --json"), Path(quantize)
-        )
     if bench is not None:
         report["latency"] = latency_section(read_json(bench, "bench result", "trtq bench PLAN... --json"), Path(bench))
+    report["summary"] = summary(report)
     return report
 
 
-def summary(report: dict, clip_threshold: float = 1e-4) -> dict:
+CLIP_THRESHOLD = 1e-4  # a tensor "clips" when more than this share of its values is above its range
+
+
+def summary(report: dict, clip_threshold: float = CLIP_THRESHOLD) -> dict:
+    """The clip list: tensors in scope (those the Q/DQ model quantizes; every calibrated one when
+    the report has no Q/DQ information) whose conservative clipped share is above the threshold,
+    most clipped first."""
     rows = report["tensors"]
-    clipping = sorted((r for r in rows if (r.get("clipped") or 0) > clip_threshold), key=lambda r: -r["clipped"])
+    scope = report.get("clip_scope") or {}
+    quantized_only = bool(scope.get("quantized_only"))
+    in_scope = [r for r in rows if r.get("quantized") or not quantized_only]
+    counted = [r for r in in_scope if "histogram" in r]
+    clipping = sorted(
+        (r for r in counted if (r.get("clipped") or 0) > clip_threshold), key=lambda r: (-r["clipped"], r["name"])
+    )
     return {
         "tensors": len(rows),
         "with_histogram": sum(1 for r in rows if "histogram" in r),
+        "quantized_only": quantized_only,
+        "quantized": sum(1 for r in rows if r.get("quantized")) if quantized_only else None,
+        "counted": len(counted),
+        "threshold": clip_threshold,
         "clipping": len(clipping),
+        # quantized with another range than the cache's (re-measured by quantize, or another cache's JSON)
+        "other_range": [
+            r["name"]
+            for r in rows
+            if r.get("quantized")
+            and r["clip_amax"] is not None
+            and r["amax"] is not None
+            and abs(r["clip_amax"] - r["amax"]) > 1e-6 * abs(r["amax"])
+        ],
+        "clip_list": [r["name"] for r in clipping],
         "most_clipped": [r["name"] for r in clipping[:5]],
     }

@@ -66,6 +66,10 @@ JS = r"""
     if (v < 1e-4) return (v * 100).toExponential(1) + ' %';
     return (v * 100).toFixed(v < 0.01 ? 3 : 2) + ' %';
   }
+  function clip(v, exact) { return (exact === false ? '\u2264 ' : '') + pct(v); }  // conservative: at most
+  var CLIP_WARN = (D.summary && D.summary.threshold) || 1e-4;
+  var SCOPED = !!(D.clip_scope && D.clip_scope.quantized_only);
+  function inScope(r) { return !SCOPED || r.quantized === true; }
   function el(tag, attrs, text) {
     var e = document.createElementNS(NS, tag);
     for (var k in attrs) e.setAttribute(k, attrs[k]);
@@ -122,19 +126,22 @@ JS = r"""
     svg.appendChild(el('text', {x: (L + W - R) / 2, y: H - 6, 'text-anchor': 'middle'},
                        '|x|  (counts on a log scale)'));
     var marks = METHODS.filter(function (m) { return r.ranges[m] != null; })
-      .map(function (m) { return [m, r.ranges[m], r.clipped_by[m]]; });
-    marks.push(['cache', r.amax, r.clipped]);
+      .map(function (m) { return [m, r.ranges[m], r.clipped_by[m], r.clipped_by_exact[m]]; });
+    // the range the clip count is at: the Q/DQ pair's where it differs from the cache's (centred)
+    var own = (r.quantized && Math.abs(r.clip_amax - r.amax) > 1e-6 * r.amax) ? 'Q/DQ' : 'cache';
+    marks.push([own, r.clip_amax, r.clipped, r.clipped_exact]);
     marks.forEach(function (mk) {
       var xx = X(Math.min(mk[1], xmax));
-      var isCache = mk[0] === 'cache';
-      svg.appendChild(el('line', {x1: xx, x2: xx, y1: T, y2: H - B, stroke: COLORS[mk[0]],
+      var isCache = mk[0] === 'cache' || mk[0] === 'Q/DQ';
+      svg.appendChild(el('line', {x1: xx, x2: xx, y1: T, y2: H - B, stroke: COLORS[isCache ? 'cache' : mk[0]],
         'stroke-width': isCache ? 2.5 : 1.5, 'stroke-dasharray': isCache ? '' : '5 3', 'class': 'range-' + mk[0]}));
       var s = document.createElement('span');
       var sw = document.createElement('i');
-      sw.style.background = COLORS[mk[0]];
+      sw.style.background = COLORS[isCache ? 'cache' : mk[0]];
       s.appendChild(sw);
-      s.appendChild(document.createTextNode((isCache ? 'cache' : mk[0]) + ' ' + num(mk[1]) + ' (clips ' + pct(mk[2]) +
+      s.appendChild(document.createTextNode(mk[0] + ' ' + num(mk[1]) + ' (clips ' + clip(mk[2], mk[3]) +
         ', step ' + num(mk[1] / 127) + ')'));
+      s.className = 'mark-' + mk[0].replace('/', '');
       if (isCache) s.style.fontWeight = '600';
       legend.appendChild(s);
     });
@@ -146,7 +153,8 @@ JS = r"""
   part('histogram view', function () { rows.forEach(function (r, i) {
     var o = document.createElement('option');
     o.value = String(i);
-    o.textContent = r.name + (r.clipped ? '  (clips ' + pct(r.clipped) + ')' : '');
+    o.textContent = r.name + (r.quantized === false ? '  (not quantized)'
+      : (r.clipped ? '  (clips ' + clip(r.clipped, r.clipped_exact) + ')' : ''));
     pick.appendChild(o);
   });
   pick.addEventListener('change', function () { drawHist(Number(pick.value)); }); });
@@ -157,6 +165,7 @@ JS = r"""
     ['max', 'max |x|', function (r) { return r.max; }],
     ['amax', 'cache amax', function (r) { return r.amax; }],
     ['ratio', 'amax / max', function (r) { return r.amax_over_max; }],
+    ['quantized', 'Q/DQ', function (r) { return r.quantized; }],
     ['clipped', 'clipped', function (r) { return r.clipped; }],
     ['step', 'INT8 step', function (r) { return r.step; }],
     ['zeros', 'zeros', function (r) { return r.zeros; }]
@@ -176,10 +185,13 @@ JS = r"""
       COLS.forEach(function (col) {
         var td = document.createElement('td'), v = col[2](r);
         if (col[0] === 'name') { td.className = 'name'; td.title = v; td.textContent = v; }
-        else if (col[0] === 'clipped' || col[0] === 'zeros') {
-          td.textContent = pct(v);
-          if (col[0] === 'clipped' && v > 1e-4) td.className = 'warn';
-        } else td.textContent = num(v);
+        else if (col[0] === 'quantized') td.textContent = v === true ? 'yes' : (v === false ? 'no' : '?');
+        else if (col[0] === 'clipped') {
+          td.textContent = clip(v, r.clipped_exact);
+          if (v > CLIP_WARN) td.className = inScope(r) ? 'warn' : 'muted';
+          if (!inScope(r)) td.title = 'not quantized by the Q/DQ model: what the cache range would clip';
+        } else if (col[0] === 'zeros') td.textContent = pct(v);
+        else td.textContent = num(v);
         tr.appendChild(td);
       });
       tr.addEventListener('click', function () { drawHist(i); document.getElementById('histogram').scrollIntoView(); });
@@ -213,47 +225,54 @@ JS = r"""
   // ------------------------------------------------------------------ per-layer sensitivity bars
   var lsvg = document.getElementById('layer-svg');
   if (lsvg && D.layers) part('per-layer sensitivity', function () {
+    // rows come sorted by D.layers.metric (trtq.report.data.layer_section): bars and labels show
+    // that metric, the second key (SQNR or its gain) beside it
     var loo = D.layers.mode === 'leave-one-out';
+    var M = D.layers.metric, task = M.key === 'task_metric';
     var floatWhy = {};
     (D.float_layers || []).forEach(function (f) { floatWhy[f.node] = f.reason; });
-    var lr = D.layers.rows.filter(function (r) {
-      var v = loo ? r.gain_db : r.sqnr_db;
-      return v !== null && v !== undefined;
-    });
-    var vals = lr.map(function (r) { return loo ? r.gain_db : r.sqnr_db; });
-    // bar length: leave-one-out, the gain in dB; only-this-layer, the error power the layer adds
-    // alone relative to the output (10^(-SQNR/10), linear), so the costliest layer has the longest bar
-    var cost = vals.map(function (v) {
-      if (!finite(v)) return (v === 'inf' && !loo) ? 0 : null;
+    function val(v) { return v === 'inf' ? Infinity : (v === '-inf' ? -Infinity : v); }
+    var lr = D.layers.rows.filter(function (r) { return r[M.key] !== null && r[M.key] !== undefined; });
+    // bar length: the task metric lost (only this layer INT8) or kept (leave-one-out: the layer
+    // float); without one, the error power the layer adds alone (10^(-SQNR/10)) or the gain in dB
+    var cost = lr.map(function (r) {
+      var v = val(r[M.key]);
+      if (typeof v !== 'number' || isNaN(v)) return null;
+      if (task) return loo ? v : 1 - v;
+      if (!isFinite(v)) return loo ? null : 0;
       return loo ? Math.abs(v) : Math.pow(10, -v / 10);
     });
     var vmax = Math.max.apply(null, cost.filter(finite).concat([1e-30]));
-    var rowH = 20, LW = 300, BW = 560, H2 = lr.length * rowH + 28;
-    lsvg.setAttribute('viewBox', '0 0 ' + (LW + BW + 110) + ' ' + H2);
+    var rowH = 20, LW = 300, BW = 520, H2 = lr.length * rowH + 8;
+    lsvg.setAttribute('viewBox', '0 0 ' + (LW + BW + 190) + ' ' + H2);
+    function show(key, v) {
+      if (key === 'task_metric') return num(v, 3);
+      return num(v, 3) + ' dB' + (v === 'inf' ? ' (no measurable error)' : '');
+    }
     lr.forEach(function (r, k) {
-      var v = vals[k], y = 6 + k * rowH, len = finite(cost[k]) ? BW * cost[k] / vmax : 0, f = r.node in floatWhy;
-      var label = el('text', {x: LW - 8, y: y + 13, 'text-anchor': 'end'}, r.node + ' (' + r.op_type + ')');
-      lsvg.appendChild(label);
+      var y = 6 + k * rowH, len = finite(cost[k]) ? BW * Math.max(cost[k], 0) / vmax : 0, f = r.node in floatWhy;
+      lsvg.appendChild(el('text', {x: LW - 8, y: y + 13, 'text-anchor': 'end'}, r.node + ' (' + r.op_type + ')'));
       var bar = el('rect', {x: LW, y: y + 2, width: Math.max(1, len).toFixed(1), height: rowH - 6,
         fill: f ? '#f0ad4e' : '#5b8fc9', 'class': 'layer-bar'});
-      var why = loo ? 'gain when float' : 'SQNR with only this layer INT8';
-      var tip = el('title', {}, f ? 'left float: ' + floatWhy[r.node] : why);
-      bar.appendChild(tip);
+      bar.appendChild(el('title', {}, f ? 'left float: ' + floatWhy[r.node] : M.name));
       if (finite(cost[k]) && cost[k] > 0) lsvg.appendChild(bar);
-      lsvg.appendChild(el('text', {x: LW + len + 6, y: y + 13}, num(v, 3) + ' dB' + (f ? '  (float)' : '')
-        + (v === 'inf' ? ' (no measurable error)' : '')));
+      var label = el('text', {x: LW + len + 6, y: y + 13, 'class': 'layer-value'}, show(M.key, r[M.key])
+        + (M.then_key ? '  \u00b7 ' + show(M.then_key, r[M.then_key]) : '') + (f ? '  (float)' : ''));
+      lsvg.appendChild(label);
     });
-    lsvg.appendChild(el('text', {x: LW, y: H2 - 4}, loo
-      ? 'SQNR gained by keeping the layer float (larger = costs more accuracy)'
-      : 'label: output SQNR with only this layer in INT8; bar: the error power it adds (10^(-SQNR/10)); '
-        + 'orange: left float'));
+    var how = loo ? 'with the layer left float, largest first' : 'with only this layer in INT8, lowest first';
+    var bar = task ? (loo ? M.name + ' with the layer float' : '1 - ' + M.name)
+      : (loo ? 'SQNR gained by keeping the layer float' : 'the error power it adds (10^(-SQNR/10))');
+    document.getElementById('layer-caption').textContent = 'Sorted by ' + M.name + ' ' + how
+      + (M.then_key ? ', then ' + (loo ? 'SQNR gain' : 'SQNR') : '') + '. Label: ' + M.name
+      + (M.then_key ? ' \u00b7 ' + (loo ? 'SQNR gain' : 'SQNR') : '') + '; bar: ' + bar + '; orange: left float.';
   });
 
   part('histogram view', function () {
   var start = 0, best = -1;
   // start on the tensor that clips the most values (not the largest share of a tiny tensor)
   rows.forEach(function (r, i) {
-    var lost = r.histogram ? (r.clipped || 0) * r.values : -1;
+    var lost = r.histogram && inScope(r) ? (r.clipped || 0) * r.values : -1;
     if (lost > best) { best = lost; start = i; }
   });
   drawHist(start);
@@ -351,22 +370,46 @@ def _latency(lat: dict) -> str:
     )
 
 
+CLIP_RULE = (
+    "counted on the histogram: exact where the range is the max or a bin edge (max, percentile, mse); "
+    "a range inside a bin (entropy) counts that whole bin, an upper bound marked \u2264."
+)
+
+
+def _clip_line(s: dict, scope: dict) -> str:
+    """The summary's sentence on clipping: which tensors it covers, and which clip."""
+    pct = f"{s['threshold'] * 100:g} %"
+    if not s["with_histogram"]:
+        return f"{s['tensors']} tensors (no statistics given: ranges only, nothing counted)"
+    if s["quantized_only"]:
+        head = (
+            f"<b class=warn>{s['clipping']}</b> of the {s['quantized']} tensors the Q/DQ model quantizes "
+            f"clip more than {pct} of their values ({s['tensors']} calibrated)"
+        )
+    else:
+        head = (
+            f"<b class=warn>{s['clipping']}</b> of {s['tensors']} calibrated tensors would clip more than {pct} "
+            f"of their values; which of them run in INT8 is not known ({_e(scope.get('how'))}), so the list "
+            "covers every calibrated tensor: pass --quantize (trtq quantize --json) to count only the quantized ones"
+        )
+    most = f"; most: {', '.join(_e(n) for n in s['most_clipped'])}" if s["most_clipped"] else ""
+    other = s.get("other_range") or []
+    if other:
+        most += (
+            f". <span class=warn>{len(other)} of them are quantized with another range than the cache's</span> "
+            "(counted at the Q/DQ model's: re-measured by quantize, or the quantize JSON of another cache)"
+        )
+    return head + most
+
+
 def render_html(report: dict) -> str:
-    s = summary(report)
+    s = report.get("summary") or summary(report)
     p = report["provenance"]
     title = f"trtq calibration report: {p.get('model') or p.get('cache')}"
     parts: list[str] = []
-    clip_line = (
-        f"<b class=warn>{s['clipping']}</b> of {s['tensors']} tensors clip more than 0.01 % of their values"
-        if s["with_histogram"]
-        else f"{s['tensors']} tensors (no statistics given: ranges only)"
-    )
     parts.append(
-        f"<section id=summary><h2>Summary</h2><p>{clip_line}"
-        + (f"; most: {', '.join(_e(n) for n in s['most_clipped'])}" if s["most_clipped"] else "")
-        + "</p>"
-        + _provenance(p)
-        + "</section>"
+        f"<section id=summary><h2>Summary</h2><p id=clip-summary>{_clip_line(s, report.get('clip_scope') or {})}"
+        "</p>" + _provenance(p) + "</section>"
     )
     parts.append(
         "<section id=histogram><h2>Histogram view</h2>"
@@ -376,15 +419,21 @@ def render_html(report: dict) -> str:
         "<div id=hist-legend class=legend></div></section>"
     )
     parts.append(
-        "<section id=tensors><h2>Tensors</h2><p class=muted>Click a column to sort. clipped: share of "
-        "values above the cache's amax (histogram resolution); INT8 step = amax / 127; "
+        "<section id=tensors><h2>Tensors</h2><p class=muted>Click a column to sort. Q/DQ: whether the Q/DQ "
+        "model quantizes the tensor (? without --quantize). clipped: share of values with |x| above the "
+        "range (the Q/DQ pair's, else the cache's amax), "
+        + CLIP_RULE
+        + " INT8 step = amax / 127; "
         + " / ".join(m.name for m in METHODS.rows() if m.histogram)
         + ": the range that method picks on the same histogram.</p>"
         "<div class=scroll><table id=tensor-table><thead><tr></tr></thead><tbody></tbody></table>"
         "</div></section>"
     )
     if report.get("layers"):
-        parts.append('<section id=layers><h2>Per-layer sensitivity</h2><svg id=layer-svg width="100%"></svg></section>')
+        parts.append(
+            "<section id=layers><h2>Per-layer sensitivity</h2><p class=muted id=layer-caption></p>"
+            '<svg id=layer-svg width="100%"></svg></section>'
+        )
     if report.get("float_layers") is not None:
         fl = report["float_layers"]
         parts.append(
