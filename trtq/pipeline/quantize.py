@@ -382,19 +382,21 @@ def _warn_tensorrt8_float_convs(result) -> None:
         )
 
 
-def quantize(cfg, model_path: Path, cache_path: Path, output: Path):
+def quantize(cfg, model_path: Path, cache_path: Path, output: Optional[Path]):
     """``trtq quantize``'s step: the Q/DQ model of ``model_path`` with the ranges of ``cache_path``
     (``cfg.quantize``; the data steps read ``cfg.data``, float layers rank by ``cfg.compare``),
-    checked and written to ``output``; the QuantizeResult."""
+    checked and written to ``output``; the QuantizeResult. ``output`` None (the Python API,
+    trtq.api): checked the same way, not written."""
     options, data, task_options = cfg.quantize, cfg.data, cfg.compare
     result, fp32, shapes = _quantized(model_path, cache_path, options, data, task_options)
-    save_model(
-        result.model,
-        output,
-        check_batch(result.model, data, shapes),
-        fp32,
-        f"the Q/DQ model of {Path(model_path).name}",
-    )
+    what = f"the Q/DQ model of {Path(model_path).name}"
+    feeds = check_batch(result.model, data, shapes)
+    if output is None:
+        from trtq.model_check import check_produced_model
+
+        check_produced_model(result.model, what, feeds, fp32)
+    else:
+        save_model(result.model, output, feeds, fp32, what)
     for note in result.notes:
         if note.startswith(DATA_STEP_NOTES):
             log.info("%s", note)
