@@ -160,6 +160,8 @@ def compare(
 
     if per_layer not in (None, "only", "leave-one-out"):
         raise UsageError(f"per_layer must be 'only' or 'leave-one-out', not {per_layer!r}", "or leave it out")
+    if per_layer and calibration is None:
+        raise UsageError("per_layer needs the calibration", "pass calibration= (a trtq.Calibration or a cache path)")
     with tempfile.TemporaryDirectory(prefix="trtq-api-") as tmp:
         reference = _model_path(model, "compare", Path(tmp) / "reference.onnx")
         cand = _model_path(candidate, "compare", Path(tmp) / "candidate.onnx", noun="candidate")

@@ -37,8 +37,8 @@ GOOD = {"a": np.zeros((2, 4, 16), np.float32), "b": np.zeros((2, 4, 16), np.floa
         ([], "the data holds no batch"),
         ((x for x in ()), "the data holds no batch"),
         ([{"a": np.zeros((0, 4, 16)), "b": np.zeros((0, 4, 16))}], "the data holds no samples"),
-        (np.zeros((2, 4, 16)).tolist()[0][0][0], "data must be an iterable of batches, not a float"),
-        (GOOD, "data must be an iterable of batches, not a dict"),
+        (0.5, "data is of type float, not an iterable of batches"),
+        ("images/", "data is of type str, not an iterable of batches"),
     ],
 )
 def test_bad_data_is_one_line_naming_what_is_wrong(tmp_path, data, words):
@@ -66,3 +66,13 @@ def test_integer_data_is_cast_with_a_warning(tmp_path, caplog):
     cal = api.calibrate(model, [{"a": np.full((2, 4, 16), 3, np.uint8), "b": np.ones((2, 4, 16), np.int64)}])
     assert cal.amax["a"] == pytest.approx(3.0)
     assert "uint8 data cast to float32 as it is" in caplog.text
+
+
+def test_compare_options_are_checked_before_any_run(tmp_path):
+    model = two_input_model(tmp_path / "m.onnx")
+    with pytest.raises(UsageError, match="per_layer needs the calibration"):
+        api.compare(model, model, [GOOD], per_layer="only")
+    with pytest.raises(UsageError, match="per_layer must be 'only' or 'leave-one-out'"):
+        api.compare(model, model, [GOOD], per_layer="all")
+    with pytest.raises(ConfigError, match="compare.task"):
+        api.compare(model, model, [GOOD], task="caption")

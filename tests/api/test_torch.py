@@ -39,6 +39,8 @@ def test_torch_tensor_batches_give_the_numpy_cache(tmp_path):
     numpy = api.calibrate(model, chunks(photos, 8), method="percentile")
     from_torch = api.calibrate(model, tensors, method="percentile")
     assert cache_bytes(from_torch, tmp_path / "t.cache") == cache_bytes(numpy, tmp_path / "n.cache")
+    whole = api.calibrate(model, torch.from_numpy(photos), method="percentile")  # one tensor: all the samples
+    assert cache_bytes(whole, tmp_path / "w.cache") == cache_bytes(numpy, tmp_path / "n.cache")
 
 
 def test_dicts_of_tensors_and_float64_tensors(tmp_path):

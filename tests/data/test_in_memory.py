@@ -50,3 +50,14 @@ def test_a_fixed_batch_dim_sets_the_batch_size_and_must_be_kept():
     assert InMemoryBatches([np.zeros((6, 3))], specs).batch_size == 4
     with pytest.raises(DataError, match="the model fixes the batch dim to 4"):
         InMemoryBatches([np.zeros((6, 3))], specs, batch_size=8)
+
+
+def test_one_array_or_one_dict_is_all_the_samples():
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(size=(10, 4, 16)).astype(np.float32), rng.normal(size=(10, 4, 16)).astype(np.float32)
+    whole = list(InMemoryBatches({"a": a, "b": b}, SPECS))
+    parts = list(InMemoryBatches([{"a": a[:3], "b": b[:3]}, {"a": a[3:], "b": b[3:]}], SPECS))
+    assert [(x.valid, x.arrays["a"].tobytes(), x.arrays["b"].tobytes()) for x in whole] == [
+        (x.valid, x.arrays["a"].tobytes(), x.arrays["b"].tobytes()) for x in parts
+    ]
+    assert [x.valid for x in InMemoryBatches(a, SPECS[:1], batch_size=4)] == [4, 4, 2]

@@ -17,6 +17,9 @@ One item of the iterable, for a model with inputs ``x`` (and ``y``):
 * a tuple or list: the inputs in the model's order, extra elements ignored (a DataLoader's
   ``(images, labels)`` feeds a one-input model its images).
 
+``data`` that is itself one array (numpy, a torch tensor) or one dict of arrays is all the samples
+in one item (iterating it would give single samples, or the input names).
+
 Values are cast to the input's dtype by numpy's ``same_kind`` rule as ``.npy`` files are
 (float64 to float32; integers to float with a warning that nothing is scaled), and NaN / Inf is
 refused. The first pass reads the iterable once; later passes (only where calibration's replay of
@@ -48,8 +51,10 @@ class InMemoryBatches:
     """:class:`~trtq.data.batcher.Batcher`'s surface over an iterable of in-memory batches (module doc)."""
 
     def __init__(self, data: Iterable[Any], specs: Sequence[TensorSpec], batch_size: int | None = None):
-        if isinstance(data, (str, bytes, Mapping)) or not isinstance(data, Iterable):
-            raise DataError(f"data must be an iterable of batches, not a {type(data).__name__}", f"pass {FORMS}")
+        if isinstance(data, (Mapping, np.ndarray)) or _is_tensor(data):
+            data = [data]  # all the samples at once
+        if isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
+            raise DataError(f"data is of type {type(data).__name__}, not an iterable of batches", f"pass {FORMS}")
         self.specs = list(specs)
         self._data = data
         self.batch_size = _batch_size(self.specs, batch_size)
@@ -213,10 +218,15 @@ class InMemoryBatches:
         }
 
 
+def _is_tensor(value: Any) -> bool:
+    """A torch tensor (or one of its kind), recognised without importing torch."""
+    return hasattr(value, "detach") and hasattr(value, "numpy") and hasattr(value, "shape")
+
+
 def as_array(value: Any, what: str) -> np.ndarray:
     """A numpy array from a numpy array, a torch tensor (detached, on the CPU; torch is not imported)
     or anything numpy reads; DataError naming ``what`` otherwise."""
-    if not isinstance(value, np.ndarray) and hasattr(value, "detach") and hasattr(value, "cpu"):
+    if not isinstance(value, np.ndarray) and _is_tensor(value) and hasattr(value, "cpu"):
         value = value.detach().cpu()
     if not isinstance(value, np.ndarray) and hasattr(value, "numpy"):
         try:
