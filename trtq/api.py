@@ -5,7 +5,10 @@ compare; the same pipeline steps as the CLI (trtq.pipeline), the same files, the
 name, torch tensors, or tuples whose first elements are the inputs (a ``torch.utils.data.DataLoader``
 of ``(images, labels)`` as it is; torch is never imported). Batches are re-cut to ``batch_size``
 (the model's fixed batch dim, else 8) and the last one padded, as ``trtq calibrate`` does, so the
-same samples in the same order give the same cache bytes.
+same samples in the same order give the same cache bytes. The provenance (``<cache>.json``) then
+differs from the CLI's in ``data.fingerprint`` (the sha256 of the samples' bytes, not of the file
+list and preprocessing) and ``data.options`` (``{"source": "in-memory", "batch_size": N,
+"last_batch": "pad"}``, not the config's data section) only; ``model.path`` is the path as given.
 
 Errors are trtq's own (trtq.errors, the CLI's exit code in ``exit_code``), ``str(err)`` the CLI's
 one line ``"<message>; <hint>"``: ConfigError / UsageError for options, DataError for the data,
