@@ -103,13 +103,17 @@ def calibrate(
     )
 
 
-def quantize(model: Any, calibration: Any, **options: Any) -> Any:
+def quantize(
+    model: Any, calibration: Any, data: Iterable[Any] | None = None, batch_size: int | None = None, **options: Any
+) -> Any:
     """The explicit Q/DQ ``onnx.ModelProto`` of the model at ``model`` with the ranges of
     ``calibration`` (a :class:`Calibration` or a cache path), as ``trtq quantize`` makes it and
-    checked as it checks it before writing (the ONNX checker and one ONNX Runtime run).
+    checked as it checks it before writing (the ONNX checker and one ONNX Runtime run, on the first
+    batch of ``data`` where given, else a synthetic one).
 
-    ``options``: the config's ``quantize:`` keys that need no data (exclude, per_channel, fp16,
-    allow_stale, center_activations)."""
+    ``options``: the config's ``quantize:`` keys (exclude, per_channel, fp16, allow_stale,
+    center_activations; equalize, bias_correction, weight_rounding="gptq" and float_layers read the
+    first ``samples`` (128) samples of ``data``, which a generator may be: those are kept)."""
     import tempfile
 
     from trtq.errors import UsageError
@@ -118,18 +122,18 @@ def quantize(model: Any, calibration: Any, **options: Any) -> Any:
 
     path = _model_path(model, "quantize")
     cfg = _config(path, _section("quantize", options))
-    if needs_data(cfg.quantize):
+    if needs_data(cfg.quantize) and data is None:
         raise UsageError(
-            "equalize, bias_correction, weight_rounding gptq and float_layers read data, which "
-            "trtq.quantize() does not take",
-            "run trtq quantize --data DIR --preprocess PRESET for them",
+            "equalize, bias_correction, weight_rounding gptq and float_layers read data",
+            "pass data= (batches of calibration samples, as for trtq.calibrate)",
         )
+    batches = None if data is None else _kept_batches(data, batch_size)
     if isinstance(calibration, Calibration):
         with tempfile.TemporaryDirectory(prefix="trtq-api-") as tmp:
             cache = calibration.write_cache(Path(tmp) / "calibration.cache")
-            return step(cfg, Path(path), cache, None).model
+            return step(cfg, Path(path), cache, None, batches=batches).model
     if isinstance(calibration, (str, os.PathLike)):
-        return step(cfg, Path(path), Path(os.fspath(calibration)), None).model
+        return step(cfg, Path(path), Path(os.fspath(calibration)), None, batches=batches).model
     raise UsageError(
         f"calibration must be a trtq.Calibration or a cache path, not a {type(calibration).__name__}",
         "pass what trtq.calibrate() returned, or the path of a calibration.cache",
@@ -199,6 +203,21 @@ def _batches(data: Any, batch_size: int | None) -> Callable[[list], Any]:
     from trtq.data.in_memory import InMemoryBatches
 
     return lambda specs: InMemoryBatches(data, specs, batch_size)
+
+
+def _kept_batches(data: Any, batch_size: int | None) -> Callable[[list, int], Any]:
+    """quantize's maker (specs, limit): one source of the first ``limit`` samples, made on the first
+    call and handed to every later one (the data steps read it, then the check run its first batch)."""
+    from trtq.data.in_memory import InMemoryBatches
+
+    made: list[Any] = []
+
+    def make(specs: list, limit: int) -> Any:
+        if not made:
+            made.append(InMemoryBatches(data, specs, batch_size, limit=limit))
+        return made[0]
+
+    return make
 
 
 def _model_path(model: Any, api: str, proto_path: Path | None = None, noun: str = "model") -> str:

@@ -37,6 +37,17 @@ def test_quantize_returns_the_model_trtq_quantize_writes(trtq, tmp_path, sample)
     assert sum(n.op_type == "QuantizeLinear" for n in from_object.graph.node) > 50
 
 
+def test_the_data_steps_read_in_memory_data_as_the_cli_reads_its_files(trtq, tmp_path, sample):
+    model, photos, cal = sample
+    cache = cal.write_cache(tmp_path / "api.cache")
+    args = ["quantize", "-c", SAMPLE_CONFIG, "--cache", cache, "-o", tmp_path / "cli.onnx", "--bias-correction"]
+    assert trtq(args).code == 0
+    generated = (batch for batch in chunks(photos, 5))  # read once: its first 128 (all 32) samples are kept
+    mine = api.quantize(model, cal, generated, bias_correction=True)
+    assert mine.SerializeToString() == onnx.load(str(tmp_path / "cli.onnx")).SerializeToString()
+    assert mine.SerializeToString() != api.quantize(model, cal).SerializeToString()  # the biases moved
+
+
 def test_quantize_runs_the_produced_model_check(tmp_path, sample, monkeypatch):
     """The model it returns went through trtq.model_check.check_produced_model (checker + one ONNX
     Runtime run): the same check refuses a model it breaks."""
@@ -52,7 +63,9 @@ def test_quantize_runs_the_produced_model_check(tmp_path, sample, monkeypatch):
 
 def test_quantize_refuses_what_it_cannot_do_in_one_line(tmp_path, sample):
     model, _, cal = sample
-    with pytest.raises(UsageError, match="read data, which trtq.quantize\\(\\) does not take"):
+    with pytest.raises(
+        UsageError, match="bias_correction, weight_rounding gptq and float_layers read data; pass data="
+    ):
         api.quantize(model, cal, bias_correction=True)
     with pytest.raises(UsageError, match="calibration must be a trtq.Calibration or a cache path"):
         api.quantize(model, cal.amax)

@@ -61,3 +61,21 @@ def test_one_array_or_one_dict_is_all_the_samples():
         (x.valid, x.arrays["a"].tobytes(), x.arrays["b"].tobytes()) for x in parts
     ]
     assert [x.valid for x in InMemoryBatches(a, SPECS[:1], batch_size=4)] == [4, 4, 2]
+
+
+def test_a_limit_takes_the_first_samples_and_keeps_a_generators():
+    arrays = [np.full((3, 4, 16), float(i), np.float32) for i in range(5)]
+    for data in (arrays, iter(arrays)):
+        source = InMemoryBatches(data, SPECS[:1], batch_size=4, limit=7)
+        for _ in range(2):  # a generator's first 7 samples are kept for every pass
+            batches = list(source)
+            assert [b.valid for b in batches] == [4, 3]
+            assert [float(v) for v in np.concatenate([b.arrays["a"][: b.valid] for b in batches])[:, 0, 0]] == [
+                0,
+                0,
+                0,
+                1,
+                1,
+                1,
+                2,
+            ]

@@ -50,7 +50,9 @@ FORMS = "numpy arrays, torch tensors, dicts of them by input name, or tuples (a 
 class InMemoryBatches:
     """:class:`~trtq.data.batcher.Batcher`'s surface over an iterable of in-memory batches (module doc)."""
 
-    def __init__(self, data: Iterable[Any], specs: Sequence[TensorSpec], batch_size: int | None = None):
+    def __init__(
+        self, data: Iterable[Any], specs: Sequence[TensorSpec], batch_size: int | None = None, limit: int | None = None
+    ):
         if isinstance(data, (Mapping, np.ndarray)) or _is_tensor(data):
             data = [data]  # all the samples at once
         if isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
@@ -58,6 +60,9 @@ class InMemoryBatches:
         self.specs = list(specs)
         self._data = data
         self.batch_size = _batch_size(self.specs, batch_size)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise DataError(f"limit must be an integer of at least 1, got {limit!r}", "or leave it out")
+        self.limit = limit  # at most this many samples, the first ones (quantize's data steps)
         self._warned: set[str] = set()  # inputs whose integer data was cast (warned once)
         self._fresh: Iterator[dict[str, np.ndarray]] | None = self._items()
         first = next(self._fresh, None)  # read ahead for the shapes; the first pass goes on from it
@@ -70,6 +75,10 @@ class InMemoryBatches:
         rows = len(next(iter(first.values())))
         # an estimate until the first pass has counted them (a DataLoader's len is its batches)
         self.num_samples = rows * len(data) if hasattr(data, "__len__") else 0
+        if limit is not None:
+            self.num_samples = min(self.num_samples, limit) if self.num_samples else limit
+            if iter(data) is data:  # a generator: its first `limit` samples, kept to be read again
+                self._data = self._keep(limit, rows)
         self.num_batches = math.ceil(self.num_samples / self.batch_size)
         self.total_samples = self.num_samples
         self.skipped: list[tuple[str, str]] = []
@@ -78,6 +87,19 @@ class InMemoryBatches:
         self._counted = False
 
     # ------------------------------------------------------------------------------ items
+
+    def _keep(self, limit: int, rows: int) -> list[dict[str, np.ndarray]]:
+        """The checked items of a generator up to ``limit`` samples (the first read ahead), as a list
+        that every pass reads; the first pass goes on from its second item."""
+        kept = [self._first]
+        while rows < limit:
+            item = next(self._fresh, None)
+            if item is None:
+                break
+            kept.append(item)
+            rows += len(next(iter(item.values())))
+        self._fresh = iter(kept[1:])
+        return kept
 
     def _items(self) -> Iterator[dict[str, np.ndarray]]:
         """Each item of the data as {input: [n, ...] array of the input's dtype}, checked."""
@@ -163,7 +185,7 @@ class InMemoryBatches:
             items = self._items()
         pending: dict[str, list[np.ndarray]] = {s.name: [] for s in self.specs}
         held = index = samples = 0
-        for k, arrays in enumerate(items):
+        for k, arrays in enumerate(_limited(items, self.limit)):
             interrupt.check()
             for name, a in arrays.items():
                 if a.shape[1:] != self.shapes[name][1:]:
@@ -290,6 +312,19 @@ def _take(pending: dict[str, list[np.ndarray]], count: int) -> dict[str, np.ndar
 def _padded(arrays: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
     """Each array grown to ``size`` rows with copies of its last row (the Batcher's padding)."""
     return {n: np.concatenate([a, np.repeat(a[-1:], size - len(a), axis=0)]) for n, a in arrays.items()}
+
+
+def _limited(items: Iterator[dict[str, np.ndarray]], limit: int | None) -> Iterator[dict[str, np.ndarray]]:
+    """``items`` up to ``limit`` samples in all (the item that reaches it cut), then no more read."""
+    left = limit
+    for arrays in items:
+        rows = len(next(iter(arrays.values())))
+        if left is not None and rows >= left:
+            yield {n: a[:left] for n, a in arrays.items()}
+            return
+        if left is not None:
+            left -= rows
+        yield arrays
 
 
 def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
