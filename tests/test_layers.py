@@ -20,8 +20,16 @@ def _module_names() -> dict[str, Path]:
     return names
 
 
+# the imports left out of the graph: trtq/__init__.py hands out the Python API's names on first use
+# (PEP 562 __getattr__; test_the_front_door_is_imported_on_first_use_only): trtq.api's, and the
+# packages trtq.quantize / trtq.compare, which are also the API's functions of their names. So
+# `import trtq` stays core, and the API, a front door beside the CLI, sits on floor 7
+FRONT_DOOR = {"trtq": {"trtq.api", "trtq.quantize", "trtq.compare"}}
+
+
 def import_graph() -> dict[str, set[str]]:
-    """module -> the trtq modules it imports anywhere in its file (a package counts as its __init__)."""
+    """module -> the trtq modules it imports anywhere in its file (a package counts as its __init__),
+    less the front door's lazy imports (FRONT_DOOR)."""
     modules = _module_names()
 
     def owner(name: str) -> str:
@@ -45,6 +53,8 @@ def import_graph() -> dict[str, set[str]]:
             for t in targets:
                 if t.split(".")[0] == "trtq" and owner(t) not in ("", module):
                     graph[module].add(owner(t))
+    for module, lazy in FRONT_DOOR.items():
+        graph[module] -= lazy
     return graph
 
 
@@ -94,7 +104,18 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 # floor of each group, bottom to top (docs/internals.md "Layers"); peers share a floor
-FLOORS = {"core": 1, "data": 2, "calib": 3, "quantize": 4, "compare": 5, "trt": 5, "report": 5, "pipeline": 6, "cli": 7}
+FLOORS = {
+    "core": 1,
+    "data": 2,
+    "calib": 3,
+    "quantize": 4,
+    "compare": 5,
+    "trt": 5,
+    "report": 5,
+    "pipeline": 6,
+    "cli": 7,
+    "api": 7,
+}
 MAX_FLOORS = 7
 # top-level modules of trtq/ that are core (they import only core) and the command line
 CORE_MODULES = {
@@ -247,6 +268,21 @@ def test_the_graph_sees_imports_inside_functions():
 
 def test_trtq_has_no_import_cycle():
     assert cycles(import_graph()) == []
+
+
+def test_the_front_door_is_imported_on_first_use_only():
+    """trtq/__init__.py imports the modules of FRONT_DOOR (the edges the graph leaves out) only inside
+    functions, run on first use, and nothing else of trtq."""
+    tree = ast.parse((TRTQ / "__init__.py").read_text(encoding="utf-8"))
+    inside = {id(n) for f in tree.body if isinstance(f, ast.FunctionDef) for n in ast.walk(f)}
+    imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    imports = [n for n in imports if isinstance(n, ast.Import) or (n.module or "").startswith("trtq")]
+    imports = [n for n in imports if not isinstance(n, ast.Import) or any(a.name.startswith("trtq") for a in n.names)]
+    assert imports, "trtq/__init__.py hands out the API's names through imports"
+    for node in imports:
+        names = {a.name if isinstance(node, ast.Import) else f"{node.module}.{a.name}" for a in node.names}
+        assert names <= FRONT_DOOR["trtq"], ast.dump(node)
+        assert id(node) in inside, f"line {node.lineno}: {names} imported when trtq is"
 
 
 MAX_FUNCTION_LINES = 80  # docs/internals.md: split a longer function into named steps

@@ -10,6 +10,7 @@ metric lines), ``evaluate`` (running the pair of models), ``sensitivity`` (per-l
 ``ctc`` (one task each), ``onnx_runner`` (the ONNX Runtime runner).
 """
 
+from trtq import callable_package
 from trtq.compare.accuracy import CompareReport
 from trtq.compare.evaluate import check_compatible, compare_models
 from trtq.compare.metrics import OutputAccumulator, OutputMetrics
@@ -25,3 +26,6 @@ __all__ = [
     "per_layer_sensitivity",
     "render_layer_table",
 ]
+
+# called, the package is the Python API's trtq.compare() (trtq.api; see trtq/__init__.py)
+callable_package(__name__)

@@ -41,6 +41,7 @@ class CalibrationResult:
     providers: list[str] = field(default_factory=list)
     # tensors whose range costs > RATIO x mse's expected error (trtq.calib.range_check), worst first
     range_flags: list = field(default_factory=list)
+    provenance: dict | None = None  # what the cache's .json holds (written or not)
 
     def to_dict(self) -> dict:
         return {
@@ -79,18 +80,33 @@ def calibrate(
     keep_batches: Path | None = None,
     shard: tuple[int, int] | None = None,
     progress: Any = None,
+    batches: Any = None,
+    write: bool = True,
 ) -> Any:
     """``trtq calibrate``'s step: calibrate ``cfg.model`` on ``cfg.data`` with the configured backend
     and write ``cache`` and its provenance, and ``statistics`` (``--save-stats``; None: the config's
     ``calibrate.output`` / ``save_stats``); a CalibrationResult. ``shard=(I, N)``: pass 1 of shard I of
     N, or pass 2 with the merged pass-1 ``ranges``; ``keep_batches``: pass 1 of a shard writes its
-    decoded batches there, pass 2 reads them back. ``progress`` is called after every batch."""
+    decoded batches there, pass 2 reads them back. ``progress`` is called after every batch.
+
+    The Python API (trtq.api) passes ``batches``, a function of the model's input specs that returns
+    the batch source read instead of ``cfg.data`` (trtq.data.in_memory), and ``write=False``: nothing
+    is written, the result carries the provenance, and :func:`write_outputs` writes both later."""
     cfg = _writing(cfg, cache, statistics)
     cfg, selection = _tensor_selection(cfg)
     if cfg.calibrate.backend == "tensorrt":
+        if batches is not None:
+            raise UsageError("in-memory data calibrates with the onnxruntime backend", "drop backend=tensorrt")
         return calibrate_with_tensorrt(cfg)
     result = calibrate_with_onnxruntime(
-        cfg, progress=progress, shard=shard, ranges=ranges, keep_batches=keep_batches, selection=selection
+        cfg,
+        progress=progress,
+        shard=shard,
+        ranges=ranges,
+        keep_batches=keep_batches,
+        selection=selection,
+        batches=batches,
+        write=write,
     )
     return warn_range_flags(cfg, result)
 
@@ -320,6 +336,8 @@ def calibrate_with_onnxruntime(
     ranges: Path | None = None,
     keep_batches: Path | None = None,
     selection: str | None = None,
+    batches: Any = None,
+    write: bool = True,
 ) -> CalibrationResult:
     """Calibrate ``cfg.model`` on ``cfg.data`` with ``cfg.calibrate`` and write the cache.
 
@@ -329,12 +347,13 @@ def calibrate_with_onnxruntime(
     file (``--save-stats``, required) and no cache: pass 1 (maxima) alone, or with ``ranges`` (a
     merged pass-1 file) pass 2 alone, histograms over those ranges. ``keep_batches``: pass 1 writes
     the shard's decoded batches there and pass 2 reads them back (trtq.calib.collect.kept_batches).
+    ``batches`` and ``write``: as for :func:`calibrate`.
     """
     from trtq.calib.collect.passes import collect
     from trtq.calib.methods import compute_all, finalize_amax
     from trtq.calib.range_check import check_ranges
 
-    run, trt_version, algorithm = _prepare(cfg, shard, ranges, keep_batches)
+    run, trt_version, algorithm = _prepare(cfg, shard, ranges, keep_batches, batches)
     opts, tensors = run.opts, run.tensors
     st = collect(run, progress, keep_batches)
     started = time.perf_counter()
@@ -350,14 +369,18 @@ def calibrate_with_onnxruntime(
     flags = [] if run.shard_pass else check_ranges(opts.method, raw_amax, maxima, counts, zeros, tops)
     seconds = st.seconds + time.perf_counter() - started
 
-    provenance = build_provenance(cfg, run.model_path, run.specs, run.batcher, st.samples, trt_version, algorithm, amax)
+    data_options = to_dict(cfg.data) if batches is None else in_memory_options(run.batcher)
+    provenance = build_provenance(
+        cfg, run.model_path, run.specs, run.batcher, st.samples, trt_version, algorithm, amax, data_options
+    )
     # which tensors: all, a --tensors list, or "qdq" (what quantize reads)
     provenance["collection"] = dict(st.collection, tensors=selection or ("listed" if opts.tensors else "all"))
     out = Path(opts.output)
     stats_path = Path(opts.save_stats) if opts.save_stats else None
-    _write_run(run, algorithm, trt_version, out, stats_path, provenance, amax, (maxima, counts, zeros, tops), shard)
+    if write:
+        _write_run(run, algorithm, trt_version, out, stats_path, provenance, amax, (maxima, counts, zeros, tops), shard)
     return CalibrationResult(
-        cache_path=out if run.shard_pass is None else None,
+        cache_path=out if run.shard_pass is None and write else None,
         method=opts.method,
         algorithm=algorithm,
         trt_version=trt_version,
@@ -370,7 +393,16 @@ def calibrate_with_onnxruntime(
         zero_tensors=zero,
         providers=st.providers,
         range_flags=flags,
+        provenance=provenance,
     )
+
+
+def in_memory_options(batcher: Any) -> dict:
+    """The provenance's ``data.options`` for in-memory batches (the CLI records the config's data
+    section there)."""
+    from trtq.data.in_memory import SOURCE
+
+    return {"source": SOURCE, "batch_size": batcher.batch_size, "last_batch": "pad"}
 
 
 def refuse_quantized(model, model_path: Path) -> None:
@@ -388,9 +420,10 @@ def refuse_quantized(model, model_path: Path) -> None:
 
 
 def _prepare(
-    cfg: Any, shard: tuple[int, int] | None, ranges: Path | None, keep_batches: Path | None
+    cfg: Any, shard: tuple[int, int] | None, ranges: Path | None, keep_batches: Path | None, batches: Any = None
 ) -> tuple[Setup, str, str]:
-    """Model, data and options checked, before any batch is read."""
+    """Model, data and options checked, before any batch is read. ``batches``: the in-memory source's
+    maker (see :func:`calibrate`), fed as it is (a fixed batch of 1 is not widened)."""
     from trtq.calib import methods
     from trtq.calib.cache import resolve_trt_version
     from trtq.data.batcher import Batcher
@@ -398,7 +431,7 @@ def _prepare(
     opts = cfg.calibrate.resolved()
     model_path, model, specs, tensors, budget, slice_at = _checked_model(cfg, opts)
     feed_model, feed_specs, data, feed_mode = model, specs, cfg.data, None
-    if shard is None and ranges is None:  # a fixed batch of 1: fed in batches where that is identical
+    if shard is None and ranges is None and batches is None:  # a fixed batch of 1: in batches where identical
         from trtq.calib.collect.batch_one import widen_if_identical
 
         feed_model, feed_specs, data, feed_mode = widen_if_identical(
@@ -411,7 +444,7 @@ def _prepare(
         model_path,
         feed_model,
         specs,
-        Batcher(data, feed_specs),
+        Batcher(data, feed_specs) if batches is None else batches(feed_specs),
         tensors,
         need_hist=method.histogram or opts.save_stats is not None,
         budget=budget,
@@ -528,10 +561,10 @@ def _write_run(
                 None if tops is None else {n: tops[n] for n in tensors},
             )
         if run.shard_pass is None:
-            _write_outputs(out, algorithm, trt_version, amax, provenance)
+            write_outputs(out, algorithm, trt_version, amax, provenance)
 
 
-def _write_outputs(out: Path, algorithm: str, trt_version: str, amax: dict[str, float], provenance: dict) -> None:
+def write_outputs(out: Path, algorithm: str, trt_version: str, amax: dict[str, float], provenance: dict) -> None:
     from trtq.calib.cache import CalibrationTable, write_cache, write_provenance
 
     table = CalibrationTable(trt_version=trt_version, algorithm=algorithm, amax=amax, source_format="tensorrt")
@@ -545,13 +578,13 @@ def _write_outputs(out: Path, algorithm: str, trt_version: str, amax: dict[str, 
         write_cache(out, table, trt_version)
 
 
-def build_provenance(cfg, model_path, specs, batcher, samples, trt_version, algorithm, amax) -> dict:
+def build_provenance(cfg, model_path, specs, batcher, samples, trt_version, algorithm, amax, data_options) -> dict:
     from trtq.calib.provenance import calibration_provenance, data_entry, model_entry
 
     opts = cfg.calibrate.resolved()
     return calibration_provenance(
         model_entry(model_path, specs),
-        data_entry(batcher, samples, to_dict(cfg.data)),
+        data_entry(batcher, samples, data_options),
         {"name": opts.method, "percentile": opts.percentile, "num_bins": opts.num_bins},
         algorithm,
         trt_version,
@@ -634,7 +667,7 @@ def _ranges_from_stats(cfg: Any, stats_path: Path) -> CalibrationResult:
     method = {"name": opts.method, "percentile": opts.percentile, "num_bins": stats.num_bins}
     provenance = restamped_provenance(meta, method, algorithm, trt_version, amax, stats_path)
     out = Path(opts.output)
-    _write_outputs(out, algorithm, trt_version, amax, provenance)
+    write_outputs(out, algorithm, trt_version, amax, provenance)
     data = meta.get("data") or {}
     return CalibrationResult(
         cache_path=out,

@@ -13,9 +13,12 @@ def compare(
     *,
     per_layer_mode: Optional[str] = None,
     top: Optional[int] = None,
+    batches=None,
 ):
     """(CompareReport, per-layer rows or None) of ``candidate`` against ``reference`` on ``cfg.data``;
-    ``per_layer_mode`` (with the calibration ``cache``) ranks the quantized layers too.
+    ``per_layer_mode`` (with the calibration ``cache``) ranks the quantized layers too. ``batches``
+    (the Python API, trtq.api): a function of the reference's input specs that returns the batch
+    source read instead of ``cfg.data`` (trtq.data.in_memory).
 
     A Q/DQ ONNX candidate is run with ``cfg.compare.semantics`` and, in the same pass, with the
     other semantics; the report carries both and a warning where they differ by more than noise."""
@@ -32,7 +35,8 @@ def compare(
 
     semantics = cfg.compare.semantics
     reference_model = load_model(cfg.model)
-    batcher = Batcher(cfg.data, input_specs(reference_model))
+    specs = input_specs(reference_model)
+    batcher = Batcher(cfg.data, specs) if batches is None else batches(specs)
     with open_runner(Path(cfg.model)) as ref, open_runner(candidate, semantics=semantics) as cand:
         runners = [cand]
         if getattr(cand, "semantics", None):  # a Q/DQ ONNX model: score it both ways

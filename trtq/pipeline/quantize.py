@@ -31,7 +31,7 @@ def quantized_model(model_path: Path, cache_path: Path, options: QuantizeOptions
     return _quantized(model_path, cache_path, options, data)[0]
 
 
-def _quantized(model_path: Path, cache_path: Path, options: QuantizeOptions, data, task_options=None):
+def _quantized(model_path: Path, cache_path: Path, options: QuantizeOptions, data, task_options=None, batches=None):
     """(QuantizeResult, the FP32 model, the input shapes the cache was calibrated with)."""
     from trtq.calib.cache import read_cache
     from trtq.calib.freshness import check_cache_for_model
@@ -42,7 +42,14 @@ def _quantized(model_path: Path, cache_path: Path, options: QuantizeOptions, dat
     table = read_cache(Path(cache_path))
     provenance = check_cache_for_model(Path(cache_path), Path(model_path), options.allow_stale, table.amax)
     result = quantize_for(
-        model, table.amax, options, data, table.trt_version, remeasure_from(provenance, table.algorithm), task_options
+        model,
+        table.amax,
+        options,
+        data,
+        table.trt_version,
+        remeasure_from(provenance, table.algorithm),
+        task_options,
+        batches=batches,
     )
     refuse_nothing_quantized(result, Path(model_path))
     if compat.float_grouped_conv_is_unsafe_for(table.trt_version):
@@ -59,19 +66,23 @@ def quantize_for(
     trt_version: Optional[str],
     remeasure=None,
     task_options=None,
+    batches=None,
 ):
     """``quantize_model`` as quantize and build run it: the sample batches of ``data`` (DataOptions)
     that the data-driven steps read, the equalized model (``options.equalize``; ``remeasure``, a
     :class:`~trtq.quantize.equalize.Remeasure`: how its scaled tensors get their amax, default
     mse), the ``float_layers`` choice, and for a TensorRT 8 target (``trt_version``) the consumers
     of float grouped Convs left float too. ``task_options`` (CompareOptions): what the outputs are
-    for, when the float-layer ranking cannot infer it (``compare.task``, ``layout``, ...)."""
+    for, when the float-layer ranking cannot infer it (``compare.task``, ``layout``, ...).
+    ``batches`` (the Python API): a function of the input specs and a sample limit that returns the
+    in-memory batch source read instead of ``data`` (fed as it is: a batch-1 model is not widened)."""
     from trtq.quantize import quantize_model
     from trtq.trt import compat
 
-    batches = sample_batches(model, options, data)
+    given = batches
+    batches = sample_batches(model, options, data, given)
     declared = None
-    if batches is not None:
+    if batches is not None and given is None:
         model, batches, declared = batched_if_identical(model, batches, data, options)
     notes, producers = [], None
     if options.equalize:
@@ -263,9 +274,10 @@ def needs_data(options: QuantizeOptions) -> bool:
     )
 
 
-def sample_batches(model, options: QuantizeOptions, data):
+def sample_batches(model, options: QuantizeOptions, data, batches=None):
     """The batches the data-driven steps read (bias correction, gptq rounding, float_layers: the
-    first ``options.samples`` of ``data``), or None when the options ask for none of them."""
+    first ``options.samples`` of ``data``, or of ``batches(specs, limit)``, the Python API's
+    in-memory source), or None when the options ask for none of them."""
     if options.float_layers < 0:
         raise UsageError(f"float_layers must be >= 0, got {options.float_layers}")
     if options.samples < 1:
@@ -277,6 +289,8 @@ def sample_batches(model, options: QuantizeOptions, data):
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs
 
+    if batches is not None:
+        return batches(input_specs(model), options.samples)
     if data is None or not data.inputs:
         what = (
             "equalize"
@@ -312,15 +326,20 @@ def save_model(model, output: Path, feeds=None, original=None, what: Optional[st
         onnx.save(model, str(tmp))
 
 
-def check_batch(model, data, shapes=None):
-    """The batch a produced model is test-run on: the first sample of ``data`` (DataOptions) at
-    ``model``'s inputs where data is given and readable, else a synthetic batch at ``shapes`` (the
-    shapes the cache was calibrated with) or the declared ones."""
+def check_batch(model, data, shapes=None, batches=None):
+    """The batch a produced model is test-run on: the first sample of ``data`` (DataOptions), or
+    the first batch of ``batches(specs, 1)`` (the Python API's), at ``model``'s inputs where data
+    is given and readable, else a synthetic batch at ``shapes`` (the shapes the cache was
+    calibrated with) or the declared ones."""
     import dataclasses
 
     from trtq.errors import TrtqError
     from trtq.model_check import synthetic_feeds
 
+    if batches is not None:
+        from trtq.model import input_specs
+
+        return dict(next(iter(batches(input_specs(model), 1))).arrays)
     if data is not None and data.inputs:
         from trtq.data.batcher import Batcher
         from trtq.model import input_specs
@@ -382,19 +401,21 @@ def _warn_tensorrt8_float_convs(result) -> None:
         )
 
 
-def quantize(cfg, model_path: Path, cache_path: Path, output: Path):
+def quantize(cfg, model_path: Path, cache_path: Path, output: Optional[Path], *, batches=None):
     """``trtq quantize``'s step: the Q/DQ model of ``model_path`` with the ranges of ``cache_path``
     (``cfg.quantize``; the data steps read ``cfg.data``, float layers rank by ``cfg.compare``),
-    checked and written to ``output``; the QuantizeResult."""
+    checked and written to ``output``; the QuantizeResult. The Python API (trtq.api) passes
+    ``output`` None (checked the same way, not written) and ``batches`` (see :func:`quantize_for`)."""
     options, data, task_options = cfg.quantize, cfg.data, cfg.compare
-    result, fp32, shapes = _quantized(model_path, cache_path, options, data, task_options)
-    save_model(
-        result.model,
-        output,
-        check_batch(result.model, data, shapes),
-        fp32,
-        f"the Q/DQ model of {Path(model_path).name}",
-    )
+    result, fp32, shapes = _quantized(model_path, cache_path, options, data, task_options, batches)
+    what = f"the Q/DQ model of {Path(model_path).name}"
+    feeds = check_batch(result.model, data, shapes, batches)
+    if output is None:
+        from trtq.model_check import check_produced_model
+
+        check_produced_model(result.model, what, feeds, fp32)
+    else:
+        save_model(result.model, output, feeds, fp32, what)
     for note in result.notes:
         if note.startswith(DATA_STEP_NOTES):
             log.info("%s", note)

@@ -22,6 +22,7 @@ from typing import Optional
 
 import onnx
 
+from trtq import callable_package
 from trtq.config import QuantizeOptions
 from trtq.errors import CacheError, ModelError, UsageError
 from trtq.formatting import first_few
@@ -284,3 +285,6 @@ def _data_steps(fp32: onnx.ModelProto, qdq: onnx.ModelProto, options: QuantizeOp
 
 
 __all__ = ["QUANTIZED_OPS", "QuantizeResult", "is_quantized", "quantize_model"]
+
+# called, the package is the Python API's trtq.quantize() (trtq.api; see trtq/__init__.py)
+callable_package(__name__)

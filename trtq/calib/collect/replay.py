@@ -32,6 +32,7 @@ class ReplayedBatches:
         self._file = None
         self._index: list[tuple[int, int, list[tuple[str, tuple, str]]]] = []
         self._complete = False
+        self._written = 0  # bytes kept so far: a source whose length is not known ahead stops at the budget
 
     def first(self) -> Iterator[Batch]:
         for batch in self.batcher:
@@ -74,6 +75,15 @@ class ReplayedBatches:
                     self.enabled = False
                     return
                 self._file = tempfile.TemporaryFile(prefix="trtq-batches-")  # noqa: SIM115 (open until close())
+            self._written += sum(int(a.nbytes) for a in batch.arrays.values())
+            if self._written > self.budget:
+                log.info(
+                    "decoded batches passed %.0f MiB of temporary disk; the second pass reads again",
+                    self.budget / 2**20,
+                )
+                self.enabled = False
+                self.close()
+                return
             layout = []
             for name, a in batch.arrays.items():
                 a = np.ascontiguousarray(a)
