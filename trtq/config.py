@@ -205,6 +205,7 @@ class BuildOptions:
     tactic_sources: Optional[tuple[str, ...]] = field(default=None, metadata={"csv": True})
     profiles: dict[str, ProfileShapes] = field(default_factory=dict)
     allow_stale: bool = False
+    require_int8: bool = False  # a float layer between INT8 layers fails the build (exit 1)
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,11 @@ def build_engine(
     data_options = data_options or DataOptions()
     if output.suffix == ".onnx" or output.resolve() == model_path.resolve():
         raise UsageError(f"refusing to write the engine over {output}", "choose an output path ending in .plan")
+    if options.require_int8 and options.precision != "int8":
+        raise UsageError(
+            f"--require-int8 checks an INT8 engine, and this build is {options.precision}",
+            "drop --require-int8, or build --precision int8",
+        )
     # everything that can be checked without TensorRT first: model, cache, shapes
     model, prequantized, cache_path, table, fallback, profiles = _checked_inputs(
         model_path, options, cache_path, quantize_options, data_options
@@ -84,7 +89,7 @@ def build_engine(
         fallback,
     )
     del model
-    return build_plan(
+    result = build_plan(
         trt,
         recipe,
         network_model,
@@ -97,6 +102,40 @@ def build_engine(
         quant_info=quant_info,
         started=t0,
     )
+    if options.precision == "int8":
+        result.coverage = checked_coverage(result.plan_path, options.require_int8)
+    return result
+
+
+def checked_coverage(plan: Path, require_int8: bool) -> Any:
+    """The INT8 coverage of the engine just built (:mod:`trtq.trt.coverage`); with ``require_int8``
+    a TrtqError (exit 1) naming the layers that fell back to float between INT8 layers, or saying
+    why the engine could not be checked. The plan stays written: it is a valid engine."""
+    from trtq.errors import TrtqError
+    from trtq.formatting import first_few
+    from trtq.trt.layers import engine_coverage
+
+    try:
+        coverage = engine_coverage(plan)
+        why = "" if coverage is not None else "the plan keeps no per-layer detail"
+    except TrtqError as e:
+        coverage, why = None, str(e)
+    if coverage is None:
+        if require_int8:
+            raise TrtqError(
+                f"--require-int8: cannot read the INT8 coverage of {plan.name} ({why})",
+                "run with -v for TensorRT's messages; the engine inspector needs TensorRT 8.2 or newer",
+            )
+        log.warning("INT8 coverage of %s not measured: %s", plan.name, why)
+        return None
+    fallbacks = coverage.fallbacks
+    if require_int8 and fallbacks:
+        raise TrtqError(
+            f"--require-int8: {len(fallbacks)} layer(s) of {plan.name} fell back to float between INT8 layers: "
+            f"{first_few(fallbacks, 8)}",
+            "see them with trtq bench --layers; put Q/DQ on their inputs so they run in INT8, or drop --require-int8",
+        )
+    return coverage
 
 
 def _checked_inputs(
