@@ -140,6 +140,7 @@ def build_text(result: Any, out: Any) -> str:
     md = result.metadata
     source = ", Q/DQ from the model" if (md.get("quantize") or {}).get("source") == "model" else ""
     steps = "".join(f"steps      {note}\n" for note in (md.get("quantize") or {}).get("steps") or ())
+    steps += "".join(f"lowered    {fix}\n" for fix in (md.get("quantize") or {}).get("lowered") or ())
     return (
         f"built {out} in {result.seconds:.1f} s\n"
         f"precision  {md.get('precision')} ({md.get('mode', '')}{source})\n{steps}"

@@ -66,7 +66,7 @@ def build_engine(
             "drop --require-int8, or build --precision int8",
         )
     # everything that can be checked without TensorRT first: model, cache, shapes
-    model, prequantized, cache_path, table, fallback, profiles = _checked_inputs(
+    model, prequantized, cache_path, table, fallback, profiles, lowered = _checked_inputs(
         model_path, options, cache_path, quantize_options, data_options
     )
     trt = compat.import_tensorrt()
@@ -88,6 +88,9 @@ def build_engine(
         profiles,
         fallback,
     )
+    if lowered:  # --fix-qdq: TensorRT parses the lowered model, never the file
+        quant_info = dict(quant_info, lowered=lowered)
+        network_model = model if network_model is None else network_model
     del model
     result = build_plan(
         trt,
@@ -146,10 +149,12 @@ def _checked_inputs(
     data_options: DataOptions,
 ) -> tuple:
     """(model, its Q/DQ form or None, the cache path used, its table, its calibrated shapes, the
-    optimization profiles): the model, the cache and the shapes checked before TensorRT loads."""
+    optimization profiles, what --fix-qdq lowered): the model, the cache and the shapes checked
+    before TensorRT loads."""
     from trtq.model import input_specs, load_model
+    from trtq.pipeline.lower import tensorrt_parseable
 
-    model = load_model(model_path)
+    model, lowered = tensorrt_parseable(load_model(model_path), model_path, options.fix_qdq, data_options)
     prequantized = prequantized_model(model, model_path, options, cache_path, quantize_options)
     if options.precision == "int8" and cache_path is None and prequantized is None:
         raise UsageError(
@@ -172,7 +177,7 @@ def _checked_inputs(
                 "explicit (Q/DQ) builds and are ignored",
                 ", ".join(unused),
             )
-    return model, prequantized, cache_path, table, fallback, profiles
+    return model, prequantized, cache_path, table, fallback, profiles, lowered
 
 
 def _network_model(
