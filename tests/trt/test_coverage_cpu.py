@@ -118,6 +118,18 @@ def test_build_text_lines(c2f):
     assert coverage_text(None) == ""
 
 
+def test_build_result_lines_carry_coverage_and_lowering(c2f):
+    from types import SimpleNamespace
+
+    from trtq.cli.text import build_text
+
+    md = {"precision": "int8", "mode": "explicit", "quantize": {"source": "model", "lowered": ["opset 19 -> 17 (x)"]}}
+    result = SimpleNamespace(metadata=md, seconds=1.0, coverage=int8_coverage(c2f))
+    lines = build_text(result, "m.plan").splitlines()
+    assert "lowered    opset 19 -> 17 (x)" in lines
+    assert [line.split()[0] for line in lines[-4:]] == ["tensorrt", "int8", "fallback", "metadata"]
+
+
 def test_require_int8_names_the_fallbacks(c2f, tmp_path, monkeypatch):
     """checked_coverage on the fixture (engine_coverage needs a GPU: its inspector list is the
     fixture's): without --require-int8 the coverage comes back, with it exit 1 naming the layers."""

@@ -12,6 +12,9 @@ Modes (``BuildOptions.precision`` / ``mode``):
     the cache, re-rendered for the installed TensorRT, and never any data.
   * fp16 / fp32: the plain model, no cache, for comparison.
 How each mode maps onto the installed TensorRT is decided in :func:`trtq.trt.compat.plan_build`.
+Before anything else the model is checked for what the installed TensorRT cannot parse, and
+lowered exactly with ``--fix-qdq`` (:mod:`trtq.pipeline.lower`); after the build an INT8 engine's
+coverage is read back from its inspector and profile (:func:`checked_coverage`, ``--require-int8``).
 """
 
 import dataclasses
