@@ -133,6 +133,8 @@ CORE_MODULES = {
     "trtq.registry",
     "trtq.closing",
     "trtq.model_check",
+    "trtq.opset_lower",
+    "trtq.qdq_lower",
 }
 CLI_MODULES = {"trtq.cli", "trtq.__main__", "trtq.console"}
 

@@ -205,6 +205,8 @@ class BuildOptions:
     tactic_sources: Optional[tuple[str, ...]] = field(default=None, metadata={"csv": True})
     profiles: dict[str, ProfileShapes] = field(default_factory=dict)
     allow_stale: bool = False
+    require_int8: bool = False  # a float layer between INT8 layers fails the build (exit 1)
+    fix_qdq: bool = False  # lower what TensorRT cannot parse exactly (opset, FP16 scales, zero scales)
 
 
 @dataclass(frozen=True)

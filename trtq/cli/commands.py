@@ -350,7 +350,12 @@ def build(common, model, cache, output, engine, exclude, allow_stale):
     result = step(cfg, Path(cfg.model), _path(cache), out)
     process.emit(
         st,
-        {"plan": str(out), "seconds": round(result.seconds, 3), "metadata": result.metadata},
+        {
+            "plan": str(out),
+            "seconds": round(result.seconds, 3),
+            "metadata": result.metadata,
+            "int8_coverage": result.coverage.to_dict() if result.coverage is not None else None,
+        },
         text.build_text(result, out),
     )
 

@@ -385,4 +385,17 @@ engine = option_group(
     click.option(
         "--tactic-sources", help="Comma-separated tactic sources, e.g. EDGE_MASK_CONVOLUTIONS,JIT_CONVOLUTIONS."
     ),
+    click.option(
+        "--require-int8",
+        is_flag=True,
+        default=None,
+        help="Exit 1 when a layer of the INT8 engine fell back to float between INT8 layers (for CI).",
+    ),
+    click.option(
+        "--fix-qdq",
+        is_flag=True,
+        default=None,
+        help="Lower what TensorRT cannot parse when it is exact (opset, FP16 Q/DQ scales, zero scales on "
+        "all-zero weight channels); refuse the rest.",
+    ),
 )

@@ -141,9 +141,26 @@ def build_text(result: Any, out: Any) -> str:
     md = result.metadata
     source = ", Q/DQ from the model" if (md.get("quantize") or {}).get("source") == "model" else ""
     steps = "".join(f"steps      {note}\n" for note in (md.get("quantize") or {}).get("steps") or ())
+    steps += "".join(f"lowered    {fix}\n" for fix in (md.get("quantize") or {}).get("lowered") or ())
     return (
         f"built {out} in {result.seconds:.1f} s\n"
         f"precision  {md.get('precision')} ({md.get('mode', '')}{source})\n{steps}"
         f"tensorrt   {md.get('tensorrt_version')} on {md.get('gpu_name')} (sm {md.get('compute_capability')})\n"
+        f"{coverage_text(getattr(result, 'coverage', None))}"
         f"metadata   {out}.json"
     )
+
+
+def coverage_text(cov: Any, names: int = 8) -> str:
+    """trtq build's INT8 coverage lines (empty without a coverage): int8->int8 layers and their share
+    of the profiled time, conversions and reformats, then the layers that fell back to float."""
+    if cov is None:
+        return ""
+    timed = f", {cov.time_share:.1%} of profiled time" if cov.time_share is not None else ""
+    line = (
+        f"int8       {cov.int8_layers}/{cov.layers} layers int8->int8 ({cov.layer_share:.1%}){timed}; "
+        f"{len(cov.conversions)} int8/float conversions, {len(cov.reformats)} reformats\n"
+    )
+    if not cov.fallbacks:
+        return line + "fallback   none: no float layer between INT8 layers\n"
+    return line + f"fallback   {len(cov.fallbacks)} float between INT8: {first_few(cov.fallbacks, names)}\n"

@@ -12,6 +12,9 @@ Modes (``BuildOptions.precision`` / ``mode``):
     the cache, re-rendered for the installed TensorRT, and never any data.
   * fp16 / fp32: the plain model, no cache, for comparison.
 How each mode maps onto the installed TensorRT is decided in :func:`trtq.trt.compat.plan_build`.
+Before anything else the model is checked for what the installed TensorRT cannot parse, and
+lowered exactly with ``--fix-qdq`` (:mod:`trtq.pipeline.lower`); after the build an INT8 engine's
+coverage is read back from its inspector and profile (:func:`checked_coverage`, ``--require-int8``).
 """
 
 import dataclasses
@@ -60,8 +63,13 @@ def build_engine(
     data_options = data_options or DataOptions()
     if output.suffix == ".onnx" or output.resolve() == model_path.resolve():
         raise UsageError(f"refusing to write the engine over {output}", "choose an output path ending in .plan")
+    if options.require_int8 and options.precision != "int8":
+        raise UsageError(
+            f"--require-int8 checks an INT8 engine, and this build is {options.precision}",
+            "drop --require-int8, or build --precision int8",
+        )
     # everything that can be checked without TensorRT first: model, cache, shapes
-    model, prequantized, cache_path, table, fallback, profiles = _checked_inputs(
+    model, prequantized, cache_path, table, fallback, profiles, lowered = _checked_inputs(
         model_path, options, cache_path, quantize_options, data_options
     )
     trt = compat.import_tensorrt()
@@ -83,8 +91,11 @@ def build_engine(
         profiles,
         fallback,
     )
+    if lowered:  # --fix-qdq: TensorRT parses the lowered model, never the file
+        quant_info = dict(quant_info, lowered=lowered)
+        network_model = model if network_model is None else network_model
     del model
-    return build_plan(
+    result = build_plan(
         trt,
         recipe,
         network_model,
@@ -97,6 +108,40 @@ def build_engine(
         quant_info=quant_info,
         started=t0,
     )
+    if options.precision == "int8":
+        result.coverage = checked_coverage(result.plan_path, options.require_int8)
+    return result
+
+
+def checked_coverage(plan: Path, require_int8: bool) -> Any:
+    """The INT8 coverage of the engine just built (:mod:`trtq.trt.coverage`); with ``require_int8``
+    a TrtqError (exit 1) naming the layers that fell back to float between INT8 layers, or saying
+    why the engine could not be checked. The plan stays written: it is a valid engine."""
+    from trtq.errors import TrtqError
+    from trtq.formatting import first_few
+    from trtq.trt.layers import engine_coverage
+
+    try:
+        coverage = engine_coverage(plan)
+        why = "" if coverage is not None else "the plan keeps no per-layer detail"
+    except TrtqError as e:
+        coverage, why = None, str(e)
+    if coverage is None:
+        if require_int8:
+            raise TrtqError(
+                f"--require-int8: cannot read the INT8 coverage of {plan.name} ({why})",
+                "run with -v for TensorRT's messages; the engine inspector needs TensorRT 8.2 or newer",
+            )
+        log.warning("INT8 coverage of %s not measured: %s", plan.name, why)
+        return None
+    fallbacks = coverage.fallbacks
+    if require_int8 and fallbacks:
+        raise TrtqError(
+            f"--require-int8: {len(fallbacks)} layer(s) of {plan.name} fell back to float between INT8 layers: "
+            f"{first_few(fallbacks, 8)}",
+            "see them with trtq bench --layers; put Q/DQ on their inputs so they run in INT8, or drop --require-int8",
+        )
+    return coverage
 
 
 def _checked_inputs(
@@ -107,10 +152,12 @@ def _checked_inputs(
     data_options: DataOptions,
 ) -> tuple:
     """(model, its Q/DQ form or None, the cache path used, its table, its calibrated shapes, the
-    optimization profiles): the model, the cache and the shapes checked before TensorRT loads."""
+    optimization profiles, what --fix-qdq lowered): the model, the cache and the shapes checked
+    before TensorRT loads."""
     from trtq.model import input_specs, load_model
+    from trtq.pipeline.lower import tensorrt_parseable
 
-    model = load_model(model_path)
+    model, lowered = tensorrt_parseable(load_model(model_path), model_path, options.fix_qdq, data_options)
     prequantized = prequantized_model(model, model_path, options, cache_path, quantize_options)
     if options.precision == "int8" and cache_path is None and prequantized is None:
         raise UsageError(
@@ -133,7 +180,7 @@ def _checked_inputs(
                 "explicit (Q/DQ) builds and are ignored",
                 ", ".join(unused),
             )
-    return model, prequantized, cache_path, table, fallback, profiles
+    return model, prequantized, cache_path, table, fallback, profiles, lowered
 
 
 def _network_model(

@@ -34,6 +34,7 @@ class BuildResult:
     plan_path: Path
     metadata: dict[str, Any]
     seconds: float
+    coverage: Optional[Any] = None  # trtq.trt.coverage.Int8Coverage of an INT8 engine
 
 
 # ------------------------------------------------------------------------------------------------

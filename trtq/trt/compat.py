@@ -112,6 +112,26 @@ def centring_in_engines(trt: Any) -> Optional[str]:
     )
 
 
+def onnx_limits(version: Optional[TrtVersion]) -> tuple[Optional[int], bool, str]:
+    """(the newest ONNX opset its parser reads, None where trtq knows no limit; whether Q/DQ nodes
+    may have FP16 scales; the version's name) for ``version``, or for 8.6 when None (no TensorRT
+    installed: ``trtq build --fix-qdq`` lowers for the oldest TensorRT trtq runs on). 8.x: opset 17
+    and float32 scales only (the 8.6 ONNX parser's operator support matrix; FP16 Q/DQ came with
+    10.x's strong typing). 10 and 11: not run here, no limit assumed."""
+    v = version or TrtVersion(8, 6, 0)
+    if v.major < 10:
+        return 17, False, str(v)
+    return None, True, str(v)
+
+
+def installed_version() -> Optional[TrtVersion]:
+    """The installed TensorRT's version, None without one (no EnvironmentMissing)."""
+    try:
+        return version_of(import_tensorrt())
+    except EnvironmentMissing:
+        return None
+
+
 def import_tensorrt(importer: Callable[[str], Any] = importlib.import_module) -> Any:
     """The ``tensorrt`` module, or EnvironmentMissing (exit 4) with an install hint."""
     try:

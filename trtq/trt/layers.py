@@ -13,11 +13,12 @@ they are for comparing layers, not for quoting latency: ``trtq bench`` without -
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from trtq.errors import ConfigError
+from trtq.trt.coverage import PROFILE_RUNS, Int8Coverage, datatype, int8_coverage
 
 
 @dataclass
@@ -41,27 +42,13 @@ class LayerProfile:
         return asdict(self)
 
 
-_TYPES = (
-    ("int8", "int8"),
-    ("fp8", "fp8"),
-    ("fp16", "fp16"),
-    ("half", "fp16"),
-    ("bf16", "bf16"),
-    ("fp32", "fp32"),
-    ("float", "fp32"),
-    ("int32", "int32"),
-    ("int64", "int64"),
-    ("bool", "bool"),
-)
-
-
 def _types(entries: Any) -> str:
     """'int8,fp16'-style summary of the inspector's Format/Datatype strings (e.g. 'Row major linear
     FP32', 'Channel major INT8 format where channel % 32 == 0')."""
     out = []
     for e in entries or []:
         fmt = str(e.get("Format/Datatype", "")).lower() if isinstance(e, dict) else ""
-        out.append(next((name for key, name in _TYPES if key in fmt), fmt[:12] or "?"))
+        out.append(datatype(e) or fmt[:12] or "?")
     return ",".join(dict.fromkeys(out))
 
 
@@ -90,9 +77,9 @@ def _profiler(trt: Any, times: dict[str, list[float]]) -> Any:
     return Profiler()
 
 
-def profile_layers(path: Path, runs: int = 50) -> LayerProfile:
-    """Mean GPU time of every layer of ``path`` over ``runs`` profiled enqueues (after two warm-up
-    runs), largest first."""
+def measure_layers(path: Path, runs: int = 50) -> tuple[dict[str, float], list]:
+    """(mean GPU ms of every layer of ``path`` over ``runs`` profiled enqueues after two warm-up
+    runs, the engine inspector's layer list with the execution context set)."""
     from trtq.trt import compat, cuda
     from trtq.trt.bench import _fill
     from trtq.trt.runtime import EngineSession
@@ -114,16 +101,31 @@ def profile_layers(path: Path, runs: int = 50) -> LayerProfile:
         for _ in range(runs):
             s.enqueue()
             s.stream.synchronize()
-        details = _details(compat.engine_layers(s.trt, s.engine, s.context))
+        inspected = compat.engine_layers(s.trt, s.engine, s.context)
     finally:
         s.close()
-    means = {name: float(np.mean(v)) for name, v in times.items() if v}
+    return {name: float(np.mean(v)) for name, v in times.items() if v}, inspected
+
+
+def profile_layers(path: Path, runs: int = 50) -> LayerProfile:
+    """Mean GPU time of every layer of ``path`` over ``runs`` profiled enqueues (after two warm-up
+    runs), largest first."""
+    means, inspected = measure_layers(path, runs)
+    details = _details(inspected)
     total = sum(means.values())
     layers = [
         LayerTime(name, ms, ms / total if total > 0 else 0.0, **details.get(name, {}))
         for name, ms in sorted(means.items(), key=lambda kv: -kv[1])
     ]
     return LayerProfile(str(path), runs, total, layers)
+
+
+def engine_coverage(path: Path, runs: int = PROFILE_RUNS) -> Optional[Int8Coverage]:
+    """The INT8 coverage (:func:`trtq.trt.coverage.int8_coverage`) of the plan at ``path``: its
+    layers profiled over ``runs`` enqueues (random inputs at the profile's opt shapes) and its
+    inspector layer list."""
+    times, inspected = measure_layers(path, runs)
+    return int8_coverage(inspected, times)
 
 
 def render_layers(profiles: Sequence[LayerProfile], top: int = 25) -> str:
@@ -164,4 +166,12 @@ def by_precision(profile: LayerProfile) -> list[tuple[str, float, float, int]]:
     return sorted(((k, ms, share, n) for k, (ms, share, n) in sums.items()), key=lambda t: -t[1])
 
 
-__all__ = ["LayerProfile", "LayerTime", "by_precision", "profile_layers", "render_layers"]
+__all__ = [
+    "LayerProfile",
+    "LayerTime",
+    "by_precision",
+    "engine_coverage",
+    "measure_layers",
+    "profile_layers",
+    "render_layers",
+]
