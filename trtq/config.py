@@ -138,7 +138,7 @@ class CalibrateOptions:
         return dataclasses.replace(self, method=DEFAULT_METHOD[self.backend])
 
 
-# mse: best INT8 agreement measured (README); TensorRT's calibrators have only MinMax and
+# mse: best INT8 agreement measured (benchmarks/README.md); TensorRT's calibrators have only MinMax and
 # EntropyCalibration2, and the latter is its own default
 DEFAULT_METHOD = {"onnxruntime": "mse", "tensorrt": "entropy"}
 
