@@ -83,7 +83,8 @@ def needs_tensorrt(command: str) -> bool:
         return True
     if "--backend" in words and words[words.index("--backend") + 1 :][:1] == ["tensorrt"]:
         return True
-    return "--candidate" in words and words[words.index("--candidate") + 1 :][:1][0].endswith(".plan")
+    after = words[words.index("--candidate") + 1 :][:1] if "--candidate" in words else []
+    return bool(after) and after[0].endswith(".plan")
 
 
 def json_output(command: str):
