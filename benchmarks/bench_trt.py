@@ -88,7 +88,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         type=int,
         default=0,
         help="int8-gptq: layers left float (default 0; on TensorRT 8 build also leaves float the "
-        "INT8 layers a float depthwise conv feeds, see README)",
+        "INT8 layers a float depthwise conv feeds, see docs/commands.md)",
     )
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)

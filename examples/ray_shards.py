@@ -18,7 +18,14 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-import ray
+try:
+    import ray
+except ImportError:  # an optional extra: one line and exit 4 (environment missing), as trtq does
+    print(
+        'ray_shards.py: error: Ray is not installed; pip install -e ".[ray]" in the trtq checkout',
+        file=sys.stderr,
+    )
+    sys.exit(4)
 
 
 def trtq(*args: str) -> None:

@@ -1,4 +1,4 @@
-# Sharded calibration: N shards in parallel with make -jN (README "Sharded calibration").
+# Sharded calibration: N shards in parallel with make -jN (README "Sharded calibration: merge-stats").
 #   make -f shards.mk -j4 N=4 METHOD=entropy ARGS="-c calib.yaml"
 # mse / percentile (one pass): each shard's histograms -> merge-stats -> calibrate --from-stats.
 # entropy / max (two passes): pass 1 (max|x|) per shard -> merge-stats -> pass 2 (histograms over

@@ -138,7 +138,7 @@ class CalibrateOptions:
         return dataclasses.replace(self, method=DEFAULT_METHOD[self.backend])
 
 
-# mse: best INT8 agreement measured (README); TensorRT's calibrators have only MinMax and
+# mse: best INT8 agreement measured (benchmarks/README.md); TensorRT's calibrators have only MinMax and
 # EntropyCalibration2, and the latter is its own default
 DEFAULT_METHOD = {"onnxruntime": "mse", "tensorrt": "entropy"}
 
@@ -404,9 +404,15 @@ def _bad(path: str, value: Any, tp: Any) -> ConfigError:
 
 
 def _resolve_path(value: str, base_dir: Optional[Path]) -> str:
+    """``value`` against the config's folder, its leading ``..`` taken off that folder
+    (``configs/../out`` -> ``out``: exact, since ``base_dir`` is resolved, so no symlink is
+    skipped; ``..`` later in the value is kept, as it may follow a symlink)."""
     p = Path(os.path.expanduser(value))
     if base_dir is not None and not p.is_absolute():
-        p = base_dir / p
+        parts = p.parts
+        while parts and parts[0] == ".." and base_dir.parent != base_dir:
+            base_dir, parts = base_dir.parent, parts[1:]
+        p = base_dir.joinpath(*parts)
     return str(p)
 
 

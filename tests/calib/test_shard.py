@@ -6,6 +6,7 @@ preprocessing, trtq version or pass must be refused.
 """
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -731,3 +732,27 @@ def test_keep_batches_needs_a_shard(trtq, mlp_data, tmp_path):
     root, model, data = mlp_data
     _refused(trtq(["calibrate", "-m", model, "--data", data, "--keep-batches", tmp_path / "b.bin"]), 2, "--shard")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_ray_example_without_ray_is_one_line_and_exit_4(tmp_path):
+    """Without Ray (an optional extra) the example says so in one line, exit 4, no traceback."""
+    env = repo_env()
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        pass
+    else:  # hide the installed Ray behind a package that fails to import
+        (tmp_path / "ray").mkdir()
+        (tmp_path / "ray" / "__init__.py").write_text("raise ImportError('no ray here')\n")
+        env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    p = subprocess.run(
+        [sys.executable, str(EXAMPLES / "ray_shards.py"), "-c", "x.yaml"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 4, p.stderr
+    assert p.stderr.strip().splitlines() == [
+        'ray_shards.py: error: Ray is not installed; pip install -e ".[ray]" in the trtq checkout'
+    ]

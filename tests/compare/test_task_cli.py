@@ -231,7 +231,7 @@ def test_a_task_that_fits_no_output_is_a_usage_error(trtq, tmp_path, inputs, tas
     _, npy = inputs
     ref = MAKERS[kind](tmp_path / "m.onnx", np.random.default_rng(1))
     r = trtq(["compare", "--reference", ref, "--candidate", ref, "--data", npy, "--task", task, "--json"])
-    assert r.code == 2 and r.out == "", r
+    assert r.code == 2 and json.loads(r.out)["exit_code"] == 2, r  # --json: the error as JSON
     lines = r.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"trtq: error: --task {task} does not fit"), r
     assert "Traceback" not in r.err

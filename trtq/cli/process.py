@@ -8,6 +8,11 @@ nothing else of trtq.cli: trtq.cli.main hands it the command group.
 
 Exit codes: 0 ok, 1 operation failed, 2 usage/config error, 3 invalid input (data, model, cache),
 4 environment missing (TensorRT, GPU), 130 interrupted, 143 terminated.
+
+``--json``: stdout holds exactly one JSON object, whatever happens: the result (:func:`emit`), or,
+for a command that fails before it has one, ``{"error": "<the one-line message>", "exit_code": N}``
+(:func:`run`), so that ``trtq CMD --json > out.json`` always leaves valid JSON. A command that
+fails after its result (a failed ``compare`` gate) keeps the result; the exit code tells.
 """
 
 import contextlib
@@ -87,6 +92,7 @@ class StdoutGuard:
 
 
 stdout_guard = StdoutGuard()
+_outcome: dict[str, Any] = {"emitted": False, "message": None}  # this run's result emitted; its error line
 
 
 def emit(st: Any, data: Any, text: str) -> None:
@@ -96,6 +102,23 @@ def emit(st: Any, data: Any, text: str) -> None:
     else:
         click.echo(text, file=stdout_guard.result)
     stdout_guard.result.flush()
+    _outcome["emitted"] = True
+
+
+def json_requested(args: Sequence[str]) -> bool:
+    """``--json`` among the options (before a ``--`` that ends them)."""
+    return "--json" in (list(args)[: list(args).index("--")] if "--" in args else args)
+
+
+def emit_failure(args: Sequence[str], code: int) -> None:
+    """With ``--json``, a failed command that printed no result prints its error as JSON on stdout."""
+    if code == 0 or _outcome["emitted"] or not json_requested(args):
+        return
+    stdout_guard.restore()  # normally done already, when the command's context closed
+    message = _outcome["message"] or f"exit code {code}"
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.write(json.dumps({"error": message, "exit_code": code}) + "\n")
+        sys.stdout.flush()
 
 
 def on_signal(signum, frame) -> None:
@@ -303,7 +326,15 @@ def main(group: click.Group, argv: Optional[Sequence[str]] = None) -> None:
 
 
 def run(group: click.Group, args: list[str], verbose: int) -> int:
-    """``group`` on ``args``: the exit code, every failure one line on stderr."""
+    """``group`` on ``args``: the exit code, every failure one line on stderr (and, with ``--json``,
+    one JSON object on stdout)."""
+    _outcome.update(emitted=False, message=None)
+    code = _run(group, args, verbose)
+    emit_failure(args, code)
+    return code
+
+
+def _run(group: click.Group, args: list[str], verbose: int) -> int:
     global _finishing
     _finishing = False
     from trtq.fileio import only_declared_outputs
@@ -366,22 +397,18 @@ def click_error(e: click.exceptions.ClickException) -> int:
     trtq error is, exit 2 for usage errors."""
     message = " ".join(e.format_message().split()).rstrip(".")
     if not isinstance(e, click.exceptions.UsageError):
-        click.echo(f"trtq: error: {message}", err=True)
-        return e.exit_code
+        return say(message, e.exit_code)
     ctx = e.ctx
     where = ctx.command_path if ctx is not None and ctx.command_path else "trtq"
-    click.echo(f"trtq: error: {message}; see '{where} --help'", err=True)
-    return 2
+    return say(f"{message}; see '{where} --help'", 2)
 
 
 def interrupted(e: KeyboardInterrupt) -> int:
     from trtq.interrupt import Terminated
 
     if isinstance(e, Terminated):
-        click.echo("trtq: terminated (SIGTERM); nothing was written", err=True)
-        return EXIT_TERMINATED
-    click.echo("trtq: interrupted; nothing was written", err=True)
-    return EXIT_INTERRUPTED
+        return say("terminated (SIGTERM); nothing was written", EXIT_TERMINATED, prefix="trtq: ")
+    return say("interrupted; nothing was written", EXIT_INTERRUPTED, prefix="trtq: ")
 
 
 def fail(exc: Optional[BaseException], message: str, code: int, verbose: int) -> int:
@@ -389,5 +416,11 @@ def fail(exc: Optional[BaseException], message: str, code: int, verbose: int) ->
         import traceback
 
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
-    click.echo(f"trtq: error: {message}", err=True)
+    return say(message, code)
+
+
+def say(message: str, code: int, prefix: str = "trtq: error: ") -> int:
+    """The failure's one line on stderr (kept for ``--json``); returns ``code``."""
+    _outcome["message"] = message
+    click.echo(f"{prefix}{message}", err=True)
     return code

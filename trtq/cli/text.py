@@ -50,7 +50,8 @@ def calibration_text(r) -> str:
     lines = []
     if r.batches:
         lines.append(
-            f"calibrated {r.samples} samples ({r.batches} batches) with {r.method} in {r.seconds:.1f} s "
+            f"calibrated {count(r.samples, 'sample')} ({count(r.batches, 'batch', 'batches')}) "
+            f"with {r.method} in {r.seconds:.1f} s "
             f"({r.samples / r.seconds if r.seconds else 0:.1f} samples/s)"
         )
     else:
@@ -103,24 +104,30 @@ def merge_text(r: Any) -> str:
         else "next: trtq calibrate --from-stats {0} --method METHOD"
     ).format(r.output)
     return (
-        f"merged {r.shards} shard(s) of pass {r.pass_name}: {r.samples} samples, "
-        f"{r.tensors} tensors -> {r.output}\n{nxt}"
+        f"merged {count(r.shards, 'shard')} of pass {r.pass_name}: {count(r.samples, 'sample')}, "
+        f"{count(r.tensors, 'tensor')} -> {r.output}\n{nxt}"
     )
+
+
+def count(n: int, noun: str, plural: str = "") -> str:
+    """``1 node``, ``2 nodes``: a count with its noun in the right number (``plural``: where it is
+    not ``noun + "s"``)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
 
 
 def quantize_text(result: Any, out: Any) -> str:
     from trtq.pipeline.quantize import DATA_STEP_NOTES
 
-    lines = [f"quantized   {len(result.quantized)} nodes -> {out}"]
+    lines = [f"quantized   {count(len(result.quantized), 'node')} -> {out}"]
     lines += [f"            {note}" for note in result.notes if note.startswith(DATA_STEP_NOTES)]
     if result.left_float:
-        lines.append(f"left float  {len(result.left_float)} nodes:")
+        lines.append(f"left float  {count(len(result.left_float), 'node')}:")
         lines += [f"  {name}: {reason}" for name, reason in result.left_float[:20]]
         if len(result.left_float) > 20:
             lines.append(f"  ... {len(result.left_float) - 20} more (see --json)")
     if result.missing_amax:
         lines.append(
-            f"missing     {len(result.missing_amax)} tensors not in the cache (their consumers stay float): "
+            f"missing     {count(len(result.missing_amax), 'tensor')} not in the cache (their consumers stay float): "
             + first_few(result.missing_amax)
         )
     return "\n".join(lines)

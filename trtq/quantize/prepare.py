@@ -287,9 +287,10 @@ def _fold_constants(graph: onnx.GraphProto, notes: list[str], opset: int) -> Non
     if moved or computed:
         set_nodes(graph, keep)
     if moved:
-        notes.append(f"folded {moved} data-movement nodes on constants into initializers")
+        notes.append(f"folded {moved} data-movement {'node' if moved == 1 else 'nodes'} on constants into initializers")
     if computed:
-        notes.append(f"computed {computed} nodes on constants ahead of time (ConstantOfShape, arithmetic on weights)")
+        nodes = "node" if computed == 1 else "nodes"
+        notes.append(f"computed {computed} {nodes} on constants ahead of time (ConstantOfShape, arithmetic on weights)")
 
 
 def _drop_weight_inputs(graph: onnx.GraphProto, notes: list[str]) -> None:

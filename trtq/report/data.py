@@ -195,6 +195,11 @@ def float_section(quantize: Any, path: Path) -> list[dict]:
 
 
 def latency_section(bench: Any, path: Path) -> dict:
+    if isinstance(bench, dict) and "error" in bench and "exit_code" in bench:  # a failed --json run
+        raise InputError(
+            f"{path} holds a failed trtq bench run (exit {bench['exit_code']}: {bench['error']})",
+            "run trtq bench PLAN... --json where TensorRT and a GPU are, or leave out --bench",
+        )
     if isinstance(bench, dict):
         bench = [bench]
     if not isinstance(bench, list) or not bench or not all(isinstance(b, dict) and "median_ms" in b for b in bench):
