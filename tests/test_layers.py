@@ -112,6 +112,7 @@ CORE_MODULES = {
     "trtq.registry",
     "trtq.closing",
     "trtq.model_check",
+    "trtq.progress",
 }
 CLI_MODULES = {"trtq.cli", "trtq.__main__", "trtq.console"}
 

@@ -5,7 +5,6 @@ numpy / onnx / onnxruntime / tensorrt are imported inside the commands, so ``trt
 fast and works without them.
 """
 
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -68,7 +67,12 @@ def _path(value: Optional[str]) -> Optional[Path]:
 @flags.calibration
 @click.option("--from-stats", type=flags.IN_PATH, help="Compute the cache from saved statistics (no model run).")
 @click.option("--dry-run", is_flag=True, help="Show the input spec and a summary of the batches; write nothing.")
-@click.option("--progress/--no-progress", default=None, help="Progress on stderr (default: when stderr is a terminal).")
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Progress on stderr (default on: a line rewritten in place on a terminal, else a line "
+    "every 2 s; -q turns it off).",
+)
 @flags.sharding
 def calibrate(common, model, source, batching, calib, from_stats, dry_run, progress, sharding):
     """Run the FP32 model over the data and write a TensorRT calibration.cache (+ .json provenance)."""
@@ -109,7 +113,11 @@ def calibrate(common, model, source, batching, calib, from_stats, dry_run, progr
         inputs=[("ranges file", ranges), ("kept batches file", keep_batches if ranges else None)],
         outputs=settings.calibrate_outputs(cfg, shard_spec, None if ranges else keep_batches),
     )
-    show = progress if progress is not None else sys.stderr.isatty()
+    show = progress if progress is not None else True
+    if not show:
+        from trtq import progress as steps
+
+        steps.configure(False)  # --no-progress: no "still working" lines either
     result = step.calibrate(
         cfg,
         _path(ranges),

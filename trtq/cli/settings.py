@@ -53,10 +53,16 @@ def apply_common(common: Flags) -> State:
     if common.quiet:
         st.quiet = True
     setup_logging(st.verbose, st.quiet)
+    from trtq import progress
+
+    progress.configure(not st.quiet)  # the long steps' progress on stderr (a bar on a terminal)
     process.stdout_guard.engage()
     ctx = click.get_current_context(silent=True)
     if ctx is not None:  # the guard lasts one command, also when click's own main runs it (CliRunner)
         ctx.find_root().call_on_close(process.stdout_guard.restore)
+        ctx.find_root().call_on_close(lambda: progress.configure(False))
+        # the whole command as a task: "still working" lines wherever no step reports for a while
+        ctx.with_resource(progress.task(f"trtq {ctx.info_name}"))
     return st
 
 

@@ -207,6 +207,7 @@ def choose_float_layers(
         return {}
     import dataclasses
 
+    from trtq import progress
     from trtq.compare.sensitivity import per_layer_sensitivity
     from trtq.config import CompareOptions
 
@@ -217,9 +218,18 @@ def choose_float_layers(
     layers = None
     screen = min(limit, SCREEN_SAMPLES)
     if screen < limit and len(quantize_model_layers(fp32, amax, base)) > shortlist:
-        rows = per_layer_sensitivity(
-            fp32, amax, base, data, mode="only", limit=screen, task_options=tasks, producers=producers
-        )
+        with progress.task(f"float layers: screening on {screen} samples") as shown:
+            rows = per_layer_sensitivity(
+                fp32,
+                amax,
+                base,
+                data,
+                mode="only",
+                limit=screen,
+                task_options=tasks,
+                producers=producers,
+                progress=progress.callback(shown),
+            )
         layers = [r.node for r in rows[:shortlist]]
         log.info(
             "float layers: %d layers screened on %d samples; the %d worst ranked on %d",
@@ -228,18 +238,20 @@ def choose_float_layers(
             shortlist,
             limit,
         )
-    rows = per_layer_sensitivity(
-        fp32,
-        amax,
-        base,
-        data,
-        mode="only",
-        top=options.float_layers,
-        limit=limit,
-        task_options=tasks,
-        producers=producers,
-        layers=layers,
-    )
+    with progress.task(f"float layers: ranking on {limit} samples") as shown:
+        rows = per_layer_sensitivity(
+            fp32,
+            amax,
+            base,
+            data,
+            mode="only",
+            top=options.float_layers,
+            limit=limit,
+            task_options=tasks,
+            producers=producers,
+            layers=layers,
+            progress=progress.callback(shown),
+        )
     return {r.node: f"float_layers: {_alone(r)} quantized alone, among the {options.float_layers} worst" for r in rows}
 
 

@@ -250,7 +250,8 @@ def _data_steps(fp32: onnx.ModelProto, qdq: onnx.ModelProto, options: QuantizeOp
     available = set(calibratable_tensors(fp32))
     moments = SecondMoments(rounding_targets(qdq, available)) if options.weight_rounding == "gptq" else None
     means = ChannelMeans(correction_sources(qdq, available)) if options.bias_correction else None
-    observe(fp32, [o for o in (moments, means) if o is not None], data)
+    steps = " + ".join(w for w, on in (("gptq rounding", moments), ("bias correction", means)) if on is not None)
+    observe(fp32, [o for o in (moments, means) if o is not None], data, label=f"{steps}: reading activations")
 
     notes = []
     samples = getattr(data, "num_samples", None)
