@@ -11,7 +11,7 @@ from typing import Optional
 import click
 
 from trtq import __version__
-from trtq.cli import flags, process, settings, text
+from trtq.cli import exit_codes, flags, process, settings, text
 from trtq.errors import UsageError
 
 
@@ -25,7 +25,10 @@ def _print_version(ctx: click.Context, _param, value: bool) -> None:
     ctx.exit()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=exit_codes.GroupWithExitCodes,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.option(
     "--version",
     is_flag=True,
