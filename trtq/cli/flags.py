@@ -148,8 +148,10 @@ override_option = _remembered(
     OVERRIDE_KEY,
     "--override-input-shape",
     metavar="INPUT=DIMS",
-    help="Run the model at another declared input shape, e.g. input=1x3x240x320 (checked "
-    "by ONNX shape inference and one run; config model_input_shapes).",
+    help="Run the model at another declared input shape, e.g. input=1x3x240x320 or "
+    "input:1x3x240x320 (checked by ONNX shape inference and one run; config model_input_shapes). "
+    "INPUT=DIMS or INPUT:DIMS: the name is all before the last '=' (else the last ':') whose "
+    "right side is dims, so input:0:1x3x240x320 names input:0.",
 )
 
 
@@ -164,8 +166,9 @@ shape_option = _remembered(
     SHAPES_KEY,
     "--shape",
     metavar="[INPUT=]DIMS",
-    help="Full shape of an input with dynamic dims, batch first, e.g. x=8x3x48x320 "
-    "(as data.shapes; presets are sized from it).",
+    help="Full shape of an input with dynamic dims, batch first, e.g. x=8x3x48x320 or "
+    "x:8x3x48x320 (as data.shapes; presets are sized from it). The name is all before the last "
+    "'=' (else the last ':') whose right side is dims: input:0:8x3x48x320 names input:0.",
 )
 
 

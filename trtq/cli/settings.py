@@ -185,15 +185,22 @@ def source_for_path(path: str):
 
 
 def parse_shape_flags(items: Sequence[str], specs, base: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    """--shape [INPUT=]DIMS (DIMS like 8x3x48x320 or 8,3,48,320) merged over data.shapes."""
-    from trtq.input_override import parse_dims
+    """--shape [INPUT=]DIMS or INPUT:DIMS (DIMS like 8x3x48x320 or 8,3,48,320; the name as
+    trtq.input_override.split_shape_flag reads it) merged over data.shapes."""
+    from trtq.input_override import parse_dims, split_shape_flag
 
     by_name = {s.name: s for s in specs}
     shapes = dict(base)
     seen: dict[str, str] = {}
     for item in items:
-        name, sep, dims = item.rpartition("=")
-        if not sep:
+        reading = split_shape_flag(item)
+        if reading is not None:
+            name, dims = reading[0], item[len(reading[0]) + 1 :]
+        elif "=" in item or item.rpartition(":")[0] in by_name:  # a name with dims that do not parse
+            name, _, dims = item.rpartition("=" if "=" in item else ":")
+        else:
+            name, dims = "", item
+        if not name:
             if len(specs) != 1:
                 raise UsageError(
                     f"the model has {len(specs)} inputs: give --shape INPUT=DIMS", "inputs: " + ", ".join(by_name)
