@@ -370,8 +370,14 @@ def build(common, model, cache, output, engine, exclude, allow_stale):
 @click.argument("plans", nargs=-1, required=True, type=flags.IN_PATH)
 @flags.common
 @click.option("--iterations", type=flags.INT, help="Timed iterations (default: run for --duration).")
-@click.option("--duration", type=flags.FLOAT, help="Seconds to time (default 3).")
-@click.option("--warmup", type=flags.FLOAT, help="Warm-up seconds (default 0.5).")
+@click.option(
+    "--duration", type=flags.SECONDS, help="Time to time for, in seconds (default 3); a unit may follow: 500ms, 2s."
+)
+@click.option(
+    "--warmup",
+    type=flags.SECONDS,
+    help="Warm-up time in seconds, not trtexec's ms (default 0.5); a unit may follow: 200ms, 2s.",
+)
 @click.option("--include-copies", is_flag=True, default=None, help="Time host->device and device->host copies too.")
 @click.option("--cuda-graph", is_flag=True, default=None, help="Launch through a captured CUDA graph.")
 @click.option(
