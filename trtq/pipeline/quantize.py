@@ -91,7 +91,22 @@ def quantize_for(
     result.notes[:0] = notes
     if declared is not None:
         declared(result.model)
+    _warn_unmatched_exclude(result.notes)
     return result
+
+
+def _warn_unmatched_exclude(notes) -> None:
+    """One warning line when --exclude (quantize.exclude) has entries that name no node: a typo
+    would otherwise quantize what the user meant to keep float, silently."""
+    from trtq.quantize import UNMATCHED_EXCLUDE
+
+    for note in notes:
+        if note.startswith(UNMATCHED_EXCLUDE):
+            log.warning(
+                "%s (op types, exact node names or regexes searched in node names: see the names in "
+                "trtq quantize --json's quantized and left_float)",
+                note,
+            )
 
 
 def batched_if_identical(model, batches, data, options: QuantizeOptions):

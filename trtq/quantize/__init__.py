@@ -89,6 +89,8 @@ def quantize_model(
     prepared, notes = prepare_model(model)
     index = GraphIndex(prepared)
     _check_only_nodes(index, only_nodes)
+    if options.exclude and only_nodes is None:
+        notes += _unmatched_exclude_note(index, options.exclude)
     plan, keep_float = _plan(index, amax, options, only_nodes, dict(keep_float or {}), float_grouped_consumers, notes)
     observed, centred = model, []  # the float model the data steps read
     gptq_levels = data is not None and options.weight_rounding == "gptq"
@@ -192,6 +194,19 @@ def _plan(
             plan = make_plan(index, amax, options.exclude, options.per_channel, only_nodes, keep_float)
             notes.append(f"float grouped conv consumers: {', '.join(extra)} left float (fed by {', '.join(risky)})")
     return plan, keep_float
+
+
+UNMATCHED_EXCLUDE = "--exclude matched no node"  # the start of the note that says which
+
+
+def _unmatched_exclude_note(index: GraphIndex, exclude) -> list[str]:
+    from trtq.quantize.plan import Exclusions
+
+    nodes = list(index.graph.node)
+    unmatched = Exclusions(exclude, [n.name for n in nodes]).unmatched(nodes)
+    if not unmatched:
+        return []
+    return [f"{UNMATCHED_EXCLUDE}: " + ", ".join(repr(p) for p in unmatched)]
 
 
 def _centring_note(centred) -> str:
