@@ -189,7 +189,12 @@ def inspect_cache(cache, common, model, other, sort_key, top):
 @flags.override_option
 @flags.common
 @click.option("-m", "--model", type=flags.IN_PATH, help="FP32 ONNX model.")
-@click.option("--cache", type=flags.IN_PATH, required=True, help="calibration.cache (trtq, TensorRT or ONNX Runtime).")
+@click.option(
+    "--cache",
+    type=flags.IN_PATH,
+    help="calibration.cache (trtq, TensorRT or ONNX Runtime). Default: the one calibrate writes "
+    "(the config's calibrate.output, else ./calibration.cache).",
+)
 @click.option("-o", "--output", type=flags.OUT_PATH, help="Q/DQ model path (default MODEL.qdq.onnx).")
 @flags.quantizing
 @flags.data_source(
@@ -205,6 +210,16 @@ def quantize(common, model, cache, output, quantizing, source):
     cfg = settings.load_config(config_path, settings.quantize_overrides(model, output, quantizing))
     cfg = settings.apply_data_flags(cfg, source)
     out = settings.output_path(cfg, cfg.quantize.output, ".qdq.onnx")
+    if cache is None:  # what `trtq calibrate` with the same config wrote
+        cache = str(cfg.calibrate.output)
+        if not Path(cache).is_file():
+            from trtq.errors import CacheError
+
+            raise CacheError(
+                f"no --cache given, and {cache} (calibrate.output, "
+                f"{'from the config' if config_path else 'its default'}) does not exist",
+                "run trtq calibrate with the same config first, or pass --cache PATH",
+            )
     settings.declare_with_cache(cfg, config_path, cache, [("output model", out)])
     result = step(cfg, Path(cfg.model), Path(cache), out)
     data = result.to_dict()
