@@ -135,6 +135,7 @@ CORE_MODULES = {
     "trtq.model_check",
     "trtq.opset_lower",
     "trtq.qdq_lower",
+    "trtq.progress",
 }
 CLI_MODULES = {"trtq.cli", "trtq.__main__", "trtq.console"}
 

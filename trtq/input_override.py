@@ -38,18 +38,40 @@ def parse_dims(text: str) -> Optional[tuple[int, ...]]:
     return tuple(dims)
 
 
+# how NAME=DIMS / NAME:DIMS flags are read, said once for their --help
+SHAPE_SPELLING = (
+    "NAME=DIMS or NAME:DIMS (Polygraphy's form); the name is what comes before the last '=' (or, "
+    "with no '=' there, the last ':') whose right side is dims, so 'input:0:1x3x224x224' names input:0"
+)
+
+
+def split_shape_flag(item: str) -> Optional[tuple[str, tuple[int, ...]]]:
+    """(name, dims) of ``NAME=DIMS`` or Polygraphy's ``NAME:DIMS``, else None. DIMS never holds '='
+    or ':', so the name is everything before the last '=' when its right side parses as dims, else
+    before the last ':' when its right side does: ``input:0:1x3x224x224`` is input ``input:0`` (the
+    names of TF-converted models). At most one of the two readings can parse (the right side of the
+    earlier separator holds the later one), so no item has two meanings."""
+    for sep in ("=", ":"):
+        name, found, dims = item.rpartition(sep)
+        parsed = parse_dims(dims) if found and name else None
+        if parsed is not None:
+            return name, parsed
+    return None
+
+
 def parse_override(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    """``NAME=DIMS`` flags (DIMS like 1x3x240x320 or 1,3,240,320) -> {name: dims}."""
+    """``NAME=DIMS`` / ``NAME:DIMS`` flags (DIMS like 1x3x240x320 or 1,3,240,320) -> {name: dims}
+    (:func:`split_shape_flag`; the names are checked against the model where it is rewritten)."""
     out: dict[str, tuple[int, ...]] = {}
     for item in items:
-        name, sep, dims = item.rpartition("=")
-        parsed = parse_dims(dims)
-        if not sep or not name or parsed is None:
+        reading = split_shape_flag(item)
+        if reading is None:
             raise UsageError(
-                f"--override-input-shape {item}: expected INPUT=DIMS with positive integer dims "
-                "(digits 0-9, each below 2**31)",
+                f"--override-input-shape {item}: expected INPUT=DIMS or INPUT:DIMS with positive integer "
+                "dims (digits 0-9, each below 2**31)",
                 "e.g. --override-input-shape input=1x3x240x320",
             )
+        name, parsed = reading
         if name in out:
             raise UsageError(f"--override-input-shape gives input '{name}' twice", "pass one per input")
         out[name] = parsed

@@ -103,10 +103,14 @@ def kit(_kit_template, tmp_path) -> Kit:
 
 def one_line_error(r: CliResult) -> bool:
     """The contract: one error line on stderr, 'trtq: error: <what>; <fix>', last, no traceback
-    (log warnings before it are fine)."""
+    (log warnings and progress lines before it are fine)."""
+    from trtq.progress import is_progress_line
+
     lines = [ln for ln in r.err.splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("trtq: error: ")]
-    others_are_logs = all(ln.startswith(("trtq: WARNING: ", "trtq: INFO: ")) for ln in lines[:-1])
+    others_are_logs = all(
+        ln.startswith(("trtq: WARNING: ", "trtq: INFO: ")) or is_progress_line(ln) for ln in lines[:-1]
+    )
     return (
         len(errors) == 1
         and lines[-1] == errors[0]

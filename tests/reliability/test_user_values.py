@@ -124,11 +124,12 @@ def test_a_number_in_another_script_or_of_absurd_size_is_refused(trtq, kit, flag
 
 
 def test_build_opt_level_range_and_digits(trtq, kit):
-    for value in ("6", "٣"):
-        _refused(
-            trtq,
-            kit,
-            ["build", "--model", kit.model, "--cache", kit.cache, "-o", kit.root / "e.plan", "--opt-level", value],
-            2,
-            "--opt-level must be",
-        )
+    for flag in ("--optimization-level", "--opt-level"):  # the config key's name and the former one
+        for value in ("6", "٣"):
+            _refused(
+                trtq,
+                kit,
+                ["build", "--model", kit.model, "--cache", kit.cache, "-o", kit.root / "e.plan", flag, value],
+                2,
+                "--optimization-level must be",
+            )

@@ -5,14 +5,13 @@ numpy / onnx / onnxruntime / tensorrt are imported inside the commands, so ``trt
 fast and works without them.
 """
 
-import sys
 from pathlib import Path
 from typing import Optional
 
 import click
 
 from trtq import __version__
-from trtq.cli import flags, process, settings, text
+from trtq.cli import exit_codes, flags, process, settings, text
 from trtq.errors import UsageError
 
 
@@ -26,7 +25,10 @@ def _print_version(ctx: click.Context, _param, value: bool) -> None:
     ctx.exit()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=exit_codes.GroupWithExitCodes,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.option(
     "--version",
     is_flag=True,
@@ -68,7 +70,12 @@ def _path(value: Optional[str]) -> Optional[Path]:
 @flags.calibration
 @click.option("--from-stats", type=flags.IN_PATH, help="Compute the cache from saved statistics (no model run).")
 @click.option("--dry-run", is_flag=True, help="Show the input spec and a summary of the batches; write nothing.")
-@click.option("--progress/--no-progress", default=None, help="Progress on stderr (default: when stderr is a terminal).")
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Progress on stderr (default on: a line rewritten in place on a terminal, else a line "
+    "every 2 s; -q turns it off).",
+)
 @flags.sharding
 def calibrate(common, model, source, batching, calib, from_stats, dry_run, progress, sharding):
     """Run the FP32 model over the data and write a TensorRT calibration.cache (+ .json provenance)."""
@@ -109,7 +116,11 @@ def calibrate(common, model, source, batching, calib, from_stats, dry_run, progr
         inputs=[("ranges file", ranges), ("kept batches file", keep_batches if ranges else None)],
         outputs=settings.calibrate_outputs(cfg, shard_spec, None if ranges else keep_batches),
     )
-    show = progress if progress is not None else sys.stderr.isatty()
+    show = progress if progress is not None else True
+    if not show:
+        from trtq import progress as steps
+
+        steps.configure(False)  # --no-progress: no "still working" lines either
     result = step.calibrate(
         cfg,
         _path(ranges),
@@ -178,7 +189,12 @@ def inspect_cache(cache, common, model, other, sort_key, top):
 @flags.override_option
 @flags.common
 @click.option("-m", "--model", type=flags.IN_PATH, help="FP32 ONNX model.")
-@click.option("--cache", type=flags.IN_PATH, required=True, help="calibration.cache (trtq, TensorRT or ONNX Runtime).")
+@click.option(
+    "--cache",
+    type=flags.IN_PATH,
+    help="calibration.cache (trtq, TensorRT or ONNX Runtime). Default: the one calibrate writes "
+    "(the config's calibrate.output, else ./calibration.cache).",
+)
 @click.option("-o", "--output", type=flags.OUT_PATH, help="Q/DQ model path (default MODEL.qdq.onnx).")
 @flags.quantizing
 @flags.data_source(
@@ -194,6 +210,16 @@ def quantize(common, model, cache, output, quantizing, source):
     cfg = settings.load_config(config_path, settings.quantize_overrides(model, output, quantizing))
     cfg = settings.apply_data_flags(cfg, source)
     out = settings.output_path(cfg, cfg.quantize.output, ".qdq.onnx")
+    if cache is None:  # what `trtq calibrate` with the same config wrote
+        cache = str(cfg.calibrate.output)
+        if not Path(cache).is_file():
+            from trtq.errors import CacheError
+
+            raise CacheError(
+                f"no --cache given, and {cache} (calibrate.output, "
+                f"{'from the config' if config_path else 'its default'}) does not exist",
+                "run trtq calibrate with the same config first, or pass --cache PATH",
+            )
     settings.declare_with_cache(cfg, config_path, cache, [("output model", out)])
     result = step(cfg, Path(cfg.model), Path(cache), out)
     data = result.to_dict()
@@ -364,8 +390,14 @@ def build(common, model, cache, output, engine, exclude, allow_stale):
 @click.argument("plans", nargs=-1, required=True, type=flags.IN_PATH)
 @flags.common
 @click.option("--iterations", type=flags.INT, help="Timed iterations (default: run for --duration).")
-@click.option("--duration", type=flags.FLOAT, help="Seconds to time (default 3).")
-@click.option("--warmup", type=flags.FLOAT, help="Warm-up seconds (default 0.5).")
+@click.option(
+    "--duration", type=flags.SECONDS, help="Time to time for, in seconds (default 3); a unit may follow: 500ms, 2s."
+)
+@click.option(
+    "--warmup",
+    type=flags.SECONDS,
+    help="Warm-up time in seconds, not trtexec's ms (default 0.5); a unit may follow: 200ms, 2s.",
+)
 @click.option("--include-copies", is_flag=True, default=None, help="Time host->device and device->host copies too.")
 @click.option("--cuda-graph", is_flag=True, default=None, help="Launch through a captured CUDA graph.")
 @click.option(

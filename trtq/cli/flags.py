@@ -97,6 +97,50 @@ INT = Number(integer=True)
 FLOAT = Number(integer=False)
 
 
+class Seconds(Number):
+    """A non-negative number of seconds, with an optional unit: ``0.5``, ``500ms``, ``2s``
+    (trtexec's --warmUp / --duration are in ms and s; the unit says which is meant)."""
+
+    def __init__(self) -> None:
+        super().__init__(integer=False)
+        self.name = "seconds"
+
+    def convert(self, value, param, ctx):
+        text = str(value).strip().lower()
+        scale = 1.0
+        if text.endswith("ms"):
+            text, scale = text[:-2], 1e-3
+        elif text.endswith("s"):
+            text = text[:-1]
+        flag = max(param.opts, key=len) if param is not None and param.opts else "the value"
+        number = super().convert(text, param, ctx) if text else None
+        if number is None or number < 0:
+            raise UsageError(
+                f"{flag} must be a time of at least 0 in seconds, or with ms or s after it, got {str(value)[:40]!r}",
+                f"e.g. {flag} 0.5, {flag} 500ms",
+            )
+        return number * scale
+
+
+SECONDS = Seconds()
+
+
+class HiddenAliases(click.Option):
+    """An option with extra spellings (``hidden_aliases``) that work but are not shown in --help:
+    a former or another tool's name kept for old command lines."""
+
+    def __init__(self, *args: Any, hidden_aliases: Sequence[str] = (), **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.hidden_aliases = tuple(hidden_aliases)
+
+    def get_help_record(self, ctx):
+        shown, self.opts = self.opts, [o for o in self.opts if o not in self.hidden_aliases]
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.opts = shown
+
+
 # the names of trtq.data.presets.PRESETS (not imported here: the CLI stays fast to import)
 PRESET_CHOICE = click.Choice(["imagenet", "inception", "yolo", "paddle", "unit", "raw"])
 
@@ -148,8 +192,10 @@ override_option = _remembered(
     OVERRIDE_KEY,
     "--override-input-shape",
     metavar="INPUT=DIMS",
-    help="Run the model at another declared input shape, e.g. input=1x3x240x320 (checked "
-    "by ONNX shape inference and one run; config model_input_shapes).",
+    help="Run the model at another declared input shape, e.g. input=1x3x240x320 or "
+    "input:1x3x240x320 (checked by ONNX shape inference and one run; config model_input_shapes). "
+    "INPUT=DIMS or INPUT:DIMS: the name is all before the last '=' (else the last ':') whose "
+    "right side is dims, so input:0:1x3x240x320 names input:0.",
 )
 
 
@@ -164,8 +210,9 @@ shape_option = _remembered(
     SHAPES_KEY,
     "--shape",
     metavar="[INPUT=]DIMS",
-    help="Full shape of an input with dynamic dims, batch first, e.g. x=8x3x48x320 "
-    "(as data.shapes; presets are sized from it).",
+    help="Full shape of an input with dynamic dims, batch first, e.g. x=8x3x48x320 or "
+    "x:8x3x48x320 (as data.shapes; presets are sized from it). The name is all before the last "
+    "'=' (else the last ':') whose right side is dims: input:0:8x3x48x320 names input:0.",
 )
 
 
@@ -376,10 +423,13 @@ engine = option_group(
     click.option("--fp16", is_flag=True, default=None, help="Let layers left in float run in FP16."),
     click.option("--workspace-mb", type=INT, help="Builder workspace limit in MiB."),
     click.option(
+        "--optimization-level",
         "--opt-level",
         "optimization_level",
+        cls=HiddenAliases,
+        hidden_aliases=("--opt-level",),
         type=Number(integer=True, low=0, high=5),
-        help="Builder optimization level 0-5.",
+        help="Builder optimization level 0-5 (trtexec --builderOptimizationLevel).",
     ),
     click.option("--timing-cache", type=OUT_PATH, help="Load/save the builder timing cache here."),
     click.option(

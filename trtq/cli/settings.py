@@ -53,10 +53,16 @@ def apply_common(common: Flags) -> State:
     if common.quiet:
         st.quiet = True
     setup_logging(st.verbose, st.quiet)
+    from trtq import progress
+
+    progress.configure(not st.quiet)  # the long steps' progress on stderr (a bar on a terminal)
     process.stdout_guard.engage()
     ctx = click.get_current_context(silent=True)
     if ctx is not None:  # the guard lasts one command, also when click's own main runs it (CliRunner)
         ctx.find_root().call_on_close(process.stdout_guard.restore)
+        ctx.find_root().call_on_close(lambda: progress.configure(False))
+        # the whole command as a task: "still working" lines wherever no step reports for a while
+        ctx.with_resource(progress.task(f"trtq {ctx.info_name}"))
     return st
 
 
@@ -179,15 +185,22 @@ def source_for_path(path: str):
 
 
 def parse_shape_flags(items: Sequence[str], specs, base: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    """--shape [INPUT=]DIMS (DIMS like 8x3x48x320 or 8,3,48,320) merged over data.shapes."""
-    from trtq.input_override import parse_dims
+    """--shape [INPUT=]DIMS or INPUT:DIMS (DIMS like 8x3x48x320 or 8,3,48,320; the name as
+    trtq.input_override.split_shape_flag reads it) merged over data.shapes."""
+    from trtq.input_override import parse_dims, split_shape_flag
 
     by_name = {s.name: s for s in specs}
     shapes = dict(base)
     seen: dict[str, str] = {}
     for item in items:
-        name, sep, dims = item.rpartition("=")
-        if not sep:
+        reading = split_shape_flag(item)
+        if reading is not None:
+            name, dims = reading[0], item[len(reading[0]) + 1 :]
+        elif "=" in item or item.rpartition(":")[0] in by_name:  # a name with dims that do not parse
+            name, _, dims = item.rpartition("=" if "=" in item else ":")
+        else:
+            name, dims = "", item
+        if not name:
             if len(specs) != 1:
                 raise UsageError(
                     f"the model has {len(specs)} inputs: give --shape INPUT=DIMS", "inputs: " + ", ".join(by_name)

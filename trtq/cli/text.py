@@ -1,7 +1,6 @@
 """What the commands print: their result lines (``--json`` prints the data instead) and the
 calibration's progress line on stderr."""
 
-import sys
 import time
 from typing import Any
 
@@ -9,20 +8,21 @@ from trtq.formatting import first_few
 
 
 class ProgressLine:
-    """One self-rewriting progress line on stderr (only when stderr is a TTY or --progress)."""
+    """Calibration's progress (one line per batch, at most every 0.2 s on a terminal, 2 s
+    elsewhere), drawn on trtq.progress's line (unless -q or --no-progress)."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
-        self.tty = sys.stderr.isatty()
         self.last = 0.0
-        self.width = 0
 
     def __call__(self, p) -> None:
         if not self.enabled:
             return
         now = time.monotonic()
         final = p.batches_done == p.batches
-        if not final and now - self.last < (0.2 if self.tty else 2.0):
+        from trtq import progress
+
+        if not final and now - self.last < (0.2 if progress.on_terminal() else 2.0):
             return
         self.last = now
         rate = p.samples_done / p.elapsed if p.elapsed > 0 else 0.0
@@ -30,18 +30,11 @@ class ProgressLine:
         if 0 < p.batches_done < p.batches:
             secs = p.elapsed / p.batches_done * (p.batches - p.batches_done)
             eta = f"  ETA {int(secs // 60)}:{int(secs % 60):02d}"
-        line = (
+        progress.show(
             f"pass {p.stage_index}/{p.stages} ({p.stage}): {p.batches_done}/{p.batches} batches, "
-            f"{p.samples_done} samples, {rate:.1f} samples/s{eta}"
+            f"{p.samples_done} samples, {rate:.1f} samples/s{eta}",
+            final,
         )
-        if self.tty:
-            sys.stderr.write("\r" + line.ljust(self.width))
-            self.width = len(line)
-            if final:
-                sys.stderr.write("\n")
-        else:
-            sys.stderr.write(line + "\n")
-        sys.stderr.flush()
 
 
 def calibration_text(r) -> str:

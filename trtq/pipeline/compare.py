@@ -23,6 +23,7 @@ def compare(
     A Q/DQ ONNX candidate is run with ``cfg.compare.semantics`` and, in the same pass, with the
     other semantics; the report carries both and a warning where they differ by more than noise."""
     cfg = dataclasses.replace(cfg, model=str(reference))
+    from trtq import progress
     from trtq.compare import per_layer_sensitivity
     from trtq.compare.evaluate import compare_many
     from trtq.compare.onnx_runner import SEMANTICS
@@ -42,8 +43,19 @@ def compare(
         if getattr(cand, "semantics", None):  # a Q/DQ ONNX model: score it both ways
             other = next(s for s in SEMANTICS if s != semantics)
             runners.append(open_runner(candidate, semantics=other))
+        total = batcher.num_batches
+        if cfg.compare.limit:
+            total = min(total, -(-int(cfg.compare.limit) // batcher.batch_size))
         try:
-            reports = compare_many(ref, runners, batcher, cfg.compare, producers=output_producers(reference_model))
+            with progress.task("compare: batches", total) as shown:
+                reports = compare_many(
+                    ref,
+                    runners,
+                    batcher,
+                    cfg.compare,
+                    progress=lambda done, samples: shown.update(done, note=f"{samples} samples"),
+                    producers=output_producers(reference_model),
+                )
         finally:
             for r in runners[1:]:
                 r.close()
@@ -60,14 +72,16 @@ def compare(
 
         table = read_cache(cache)
         check_cache_for_model(cache, Path(cfg.model), cfg.quantize.allow_stale, table.amax)
-        layers = per_layer_sensitivity(
-            reference_model,
-            table.amax,
-            cfg.quantize,
-            batcher,
-            mode=per_layer_mode,
-            top=top,
-            limit=cfg.compare.limit,
-            task_options=cfg.compare,
-        )
+        with progress.task(f"per-layer ({per_layer_mode}): layers") as shown:
+            layers = per_layer_sensitivity(
+                reference_model,
+                table.amax,
+                cfg.quantize,
+                batcher,
+                mode=per_layer_mode,
+                top=top,
+                limit=cfg.compare.limit,
+                task_options=cfg.compare,
+                progress=progress.callback(shown),
+            )
     return report, layers

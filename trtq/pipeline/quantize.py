@@ -102,7 +102,22 @@ def quantize_for(
     result.notes[:0] = notes
     if declared is not None:
         declared(result.model)
+    _warn_unmatched_exclude(result.notes)
     return result
+
+
+def _warn_unmatched_exclude(notes) -> None:
+    """One warning line when --exclude (quantize.exclude) has entries that name no node: a typo
+    would otherwise quantize what the user meant to keep float, silently."""
+    from trtq.quantize import UNMATCHED_EXCLUDE
+
+    for note in notes:
+        if note.startswith(UNMATCHED_EXCLUDE):
+            log.warning(
+                "%s (op types, exact node names or regexes searched in node names: see the names in "
+                "trtq quantize --json's quantized and left_float)",
+                note,
+            )
 
 
 def batched_if_identical(model, batches, data, options: QuantizeOptions):
@@ -218,6 +233,7 @@ def choose_float_layers(
         return {}
     import dataclasses
 
+    from trtq import progress
     from trtq.compare.sensitivity import per_layer_sensitivity
     from trtq.config import CompareOptions
 
@@ -228,9 +244,18 @@ def choose_float_layers(
     layers = None
     screen = min(limit, SCREEN_SAMPLES)
     if screen < limit and len(quantize_model_layers(fp32, amax, base)) > shortlist:
-        rows = per_layer_sensitivity(
-            fp32, amax, base, data, mode="only", limit=screen, task_options=tasks, producers=producers
-        )
+        with progress.task(f"float layers: screening on {screen} samples") as shown:
+            rows = per_layer_sensitivity(
+                fp32,
+                amax,
+                base,
+                data,
+                mode="only",
+                limit=screen,
+                task_options=tasks,
+                producers=producers,
+                progress=progress.callback(shown),
+            )
         layers = [r.node for r in rows[:shortlist]]
         log.info(
             "float layers: %d layers screened on %d samples; the %d worst ranked on %d",
@@ -239,18 +264,20 @@ def choose_float_layers(
             shortlist,
             limit,
         )
-    rows = per_layer_sensitivity(
-        fp32,
-        amax,
-        base,
-        data,
-        mode="only",
-        top=options.float_layers,
-        limit=limit,
-        task_options=tasks,
-        producers=producers,
-        layers=layers,
-    )
+    with progress.task(f"float layers: ranking on {limit} samples") as shown:
+        rows = per_layer_sensitivity(
+            fp32,
+            amax,
+            base,
+            data,
+            mode="only",
+            top=options.float_layers,
+            limit=limit,
+            task_options=tasks,
+            producers=producers,
+            layers=layers,
+            progress=progress.callback(shown),
+        )
     return {r.node: f"float_layers: {_alone(r)} quantized alone, among the {options.float_layers} worst" for r in rows}
 
 

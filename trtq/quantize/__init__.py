@@ -93,6 +93,8 @@ def quantize_model(
     prepared, notes = prepare_model(model)
     index = GraphIndex(prepared)
     _check_only_nodes(index, only_nodes)
+    if options.exclude and only_nodes is None:
+        notes += _unmatched_exclude_note(index, options.exclude)
     plan, keep_float = _plan(index, amax, options, only_nodes, dict(keep_float or {}), float_grouped_consumers, notes)
     observed, centred = model, []  # the float model the data steps read
     gptq_levels = data is not None and options.weight_rounding == "gptq"
@@ -198,6 +200,19 @@ def _plan(
     return plan, keep_float
 
 
+UNMATCHED_EXCLUDE = "--exclude matched no node"  # the start of the note that says which
+
+
+def _unmatched_exclude_note(index: GraphIndex, exclude) -> list[str]:
+    from trtq.quantize.plan import Exclusions
+
+    nodes = list(index.graph.node)
+    unmatched = Exclusions(exclude, [n.name for n in nodes]).unmatched(nodes)
+    if not unmatched:
+        return []
+    return [f"{UNMATCHED_EXCLUDE}: " + ", ".join(repr(p) for p in unmatched)]
+
+
 def _centring_note(centred) -> str:
     if centred:
         return f"centred activations: {len(centred)} shifted to use both halves of INT8: " + first_few(
@@ -254,7 +269,8 @@ def _data_steps(fp32: onnx.ModelProto, qdq: onnx.ModelProto, options: QuantizeOp
     available = set(calibratable_tensors(fp32))
     moments = SecondMoments(rounding_targets(qdq, available)) if options.weight_rounding == "gptq" else None
     means = ChannelMeans(correction_sources(qdq, available)) if options.bias_correction else None
-    observe(fp32, [o for o in (moments, means) if o is not None], data)
+    steps = " + ".join(w for w, on in (("gptq rounding", moments), ("bias correction", means)) if on is not None)
+    observe(fp32, [o for o in (moments, means) if o is not None], data, label=f"{steps}: reading activations")
 
     notes = []
     samples = getattr(data, "num_samples", None)

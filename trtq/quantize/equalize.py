@@ -224,7 +224,7 @@ def equalize_model(
     found = find_equalizations(GraphIndex(prepared))
     ranges = _ChannelRanges([eq.tensor for eq in found])  # the factors read the Conv inputs' ranges only
     if found:
-        observe(prepared, [ranges], batches, providers)
+        observe(prepared, [ranges], batches, providers, "equalize: channel ranges")
     edit = InitializerEditor(prepared)
     done = []
     for eq in found:
@@ -237,13 +237,13 @@ def equalize_model(
     new = {}
     if remeasured:
         maxima = AbsMaxAccumulator()
-        observe(prepared, [_Feed(remeasured, maxima.update_batch)], batches, providers)
+        observe(prepared, [_Feed(remeasured, maxima.update_batch)], batches, providers, "equalize: re-measuring max")
         top = maxima.maxima
         if not METHODS.get(how.method).histogram:
             new = {t: float(compute_amax(how.method, None, top[t], how.percentile)) for t in remeasured}
         else:
             hist = HistogramAccumulator(top, how.num_bins)
-            observe(prepared, [_Feed(remeasured, hist.update_batch)], batches, providers)
+            observe(prepared, [_Feed(remeasured, hist.update_batch)], batches, providers, "equalize: histograms")
             counts, zeros = hist.counts, hist.zeros
             new = {t: float(compute_amax(how.method, counts[t], top[t], how.percentile, zeros[t])) for t in remeasured}
     depthwise = sum(eq.depthwise for eq in done)

@@ -2,7 +2,7 @@
 
 import functools
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -51,6 +51,15 @@ class Exclusions:
                     f"--exclude {p!r} is neither an op type nor a valid regular expression ({e})",
                     "escape regex characters, e.g. --exclude 'head\\.conv'",
                 ) from None
+
+    def unmatched(self, nodes: Iterable[onnx.NodeProto]) -> list[str]:
+        """The entries that name no node of ``nodes`` (by op type, exact name or regex), in order."""
+        nodes = list(nodes)
+        return [
+            pattern
+            for pattern, regex in self.entries
+            if not any(pattern == n.op_type or regex.search(n.name) for n in nodes)
+        ]
 
     def reason(self, node: onnx.NodeProto) -> Optional[str]:
         if node.name in self.exact:

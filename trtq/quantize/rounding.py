@@ -31,6 +31,7 @@ from typing import Optional
 import numpy as np
 import onnx
 
+from trtq import progress
 from trtq.quantize.graph import GraphIndex, attr
 
 QMAX = 127
@@ -341,19 +342,20 @@ def round_weights(moments: SecondMoments) -> tuple[dict[str, np.ndarray], Roundi
     out: dict[str, np.ndarray] = {}
     skipped: list[tuple[str, str]] = []
     before = after = 0.0
-    for t in moments.targets:
-        h = moments.moment(t)
-        name = t.node.name or t.node.output[0]
-        if h is None:
-            skipped.append((name, "no input samples"))
-            continue
-        if moments.counts[t.weight] < 2 * t.depth:
-            skipped.append((name, f"{moments.counts[t.weight]} input samples for {t.depth} weights per channel"))
-            continue
-        levels, e_near, e_new = solve(t.canon, t.scale, h)
-        before += float(e_near.sum())
-        after += float(e_new.sum())
-        out[t.weight] = to_layout(t, levels * t.scale[..., None]).astype(np.float32)
+    with progress.task("gptq rounding: solving layers", len(moments.targets)) as shown:
+        for t in moments.targets:
+            h = moments.moment(t)
+            name = t.node.name or t.node.output[0]
+            if h is None:
+                skipped.append((name, "no input samples"))
+            elif moments.counts[t.weight] < 2 * t.depth:
+                skipped.append((name, f"{moments.counts[t.weight]} input samples for {t.depth} weights per channel"))
+            else:
+                levels, e_near, e_new = solve(t.canon, t.scale, h)
+                before += float(e_near.sum())
+                after += float(e_new.sum())
+                out[t.weight] = to_layout(t, levels * t.scale[..., None]).astype(np.float32)
+            shown.advance(note=name)
     return out, RoundingReport(len(out), skipped, after / before if before > 0 else 1.0)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from trtq import __version__, interrupt
+from trtq import __version__, interrupt, progress
 from trtq.config import BuildOptions, ProfileShapes
 from trtq.errors import CacheError, ConfigError, TrtqError
 from trtq.fileio import atomic_path, atomic_write_bytes, sha256_file
@@ -27,6 +27,36 @@ log = logging.getLogger(__name__)
 
 Shape = tuple[int, ...]
 DEFAULT_BATCH = 8  # same default as the Batcher when nothing says otherwise
+
+
+class BuildProgress:
+    """The build's progress lines (trtq.progress): its own steps, TensorRT's phases where it
+    reports them (TensorRT >= 10, :func:`trtq.trt.compat.attach_progress_monitor`; nested ones
+    indented), and a step line where nothing was shown for ``STEP_LINE_S``."""
+
+    STEP_LINE_S = 2.0
+
+    def __init__(self) -> None:
+        self.t0 = self.last = time.monotonic()
+        self.phases: dict[str, tuple[float, int, int]] = {}  # phase -> (start, depth, steps)
+
+    def line(self, text: str, depth: int = 0) -> None:
+        self.last = time.monotonic()
+        progress.note(f"build: {'  ' * depth}{text} ({self.last - self.t0:.1f} s)")
+
+    def start(self, phase: str, parent: Optional[str], steps: int) -> None:
+        depth = self.phases[parent][1] + 1 if parent in self.phases else 1
+        self.phases[phase] = (time.monotonic(), depth, steps)
+        self.line(f"{phase}: {steps} steps ...", depth)
+
+    def step(self, phase: str, index: int) -> None:
+        if time.monotonic() - self.last >= self.STEP_LINE_S and phase in self.phases:
+            _, depth, steps = self.phases[phase]
+            self.line(f"{phase}: step {index + 1}/{steps}", depth)
+
+    def finish(self, phase: str) -> None:
+        began, depth, _ = self.phases.pop(phase, (time.monotonic(), 1, 0))
+        self.line(f"{phase}: done in {time.monotonic() - began:.1f} s", depth)
 
 
 @dataclass
@@ -139,6 +169,8 @@ def build_plan(
         network = builder.create_network(compat.creation_mask(trt, recipe.creation_flags))
         parser = trt.OnnxParser(network, logger)
         config = builder.create_builder_config()
+        shown = BuildProgress()
+        shown.line(f"parsing {model_path.name}")
         if model is not None:
             parse_model(trt, parser, logger, model, model_path, output.parent)
         else:
@@ -153,7 +185,12 @@ def build_plan(
             config.int8_calibrator = calibrator
         timing_path = Path(options.timing_cache) if options.timing_cache else None
         timing = _load_timing_cache(config, timing_path, logger)
-        plan = _serialize(trt, builder, network, config, logger, model_path)
+        monitor = compat.attach_progress_monitor(trt, config, shown.start, shown.step, shown.finish)
+        shown.line(f"building the engine (TensorRT {trt.__version__}{'' if monitor else ': no phase reports'})")
+        with progress.task("build: building the engine"):  # "still working" lines between phases
+            plan = _serialize(trt, builder, network, config, logger, model_path)
+        shown.line("engine built")
+        del monitor
     seconds = time.perf_counter() - t0
     if calibrator is not None and not calibrator.cache_reads:
         raise CacheError(

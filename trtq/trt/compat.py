@@ -41,6 +41,7 @@ What has been verified, per version, and how:
     documentation above.
 """
 
+import contextlib
 import importlib
 import logging
 import re
@@ -499,3 +500,40 @@ def make_logger(trt: Any) -> Any:
             return errs
 
     return TrtqLogger()
+
+
+def attach_progress_monitor(
+    trt: Any,
+    config: Any,
+    start: Callable[[str, Optional[str], int], None],
+    step: Callable[[str, int], None],
+    finish: Callable[[str], None],
+) -> Any:
+    """TensorRT's build progress (``IProgressMonitor``: TensorRT >= 10; None where the installed
+    one has none, or where the config takes none): ``start(phase, parent, steps)``,
+    ``step(phase, step)`` and ``finish(phase)`` are called from the build. The caller keeps the
+    returned monitor alive until the build returns; the build never stops on its account."""
+    base = getattr(trt, "IProgressMonitor", None)
+    if base is None or version_of(trt) < TrtVersion(10, 0, 0) or not hasattr(config, "progress_monitor"):
+        return None
+
+    class TrtqProgress(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            base.__init__(self)
+
+        def phase_start(self, phase_name: str, parent_phase: Optional[str], num_steps: int) -> None:
+            with contextlib.suppress(Exception):  # progress never fails a build
+                start(phase_name, parent_phase, num_steps)
+
+        def step_complete(self, phase_name: str, step_index: int) -> bool:
+            with contextlib.suppress(Exception):
+                step(phase_name, step_index)
+            return True  # go on
+
+        def phase_finish(self, phase_name: str) -> None:
+            with contextlib.suppress(Exception):
+                finish(phase_name)
+
+    monitor = TrtqProgress()
+    config.progress_monitor = monitor
+    return monitor

@@ -185,15 +185,20 @@ class OrtCollector:
         return out
 
 
-def observe(model: onnx.ModelProto, observers: Sequence[Any], batches, providers: Sequence[str] = ()) -> None:
+def observe(
+    model: onnx.ModelProto, observers: Sequence[Any], batches, providers: Sequence[str] = (), label: str = ""
+) -> None:
     """One ONNX Runtime pass of ``model`` over ``batches`` exposing every tensor the observers name
     (``observer.tensors``); each batch's values go to every ``observer.add(values)`` (valid only
-    during that call: the collector reuses its buffers)."""
+    during that call: the collector reuses its buffers). ``label``: the pass's name in the progress
+    (trtq.progress: one unit a batch)."""
+    from trtq import progress
+
     tensors = sorted({t for o in observers for t in o.tensors})
     if not tensors:
         return
     collector = OrtCollector(model, tensors, providers)
-    for batch in batches:
+    for batch in progress.counted(label or "reading activations", batches, getattr(batches, "num_batches", None)):
         values = collector.run(batch.arrays, batch.valid)
         for o in observers:
             o.add(values)
