@@ -4,6 +4,8 @@ part that drives TensorRT itself, is replaced by a recorder."""
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import onnx
 import pytest
@@ -26,16 +28,30 @@ def built(monkeypatch):
 
     def record(trt, recipe, model, model_path, output, options, profiles, **kw):
         calls.append(
-            dict(trt=trt, recipe=recipe, model=model, model_path=model_path, output=output, profiles=profiles, **kw)
+            dict(
+                trt=trt,
+                recipe=recipe,
+                model=model,
+                model_path=model_path,
+                output=output,
+                options=options,
+                profiles=profiles,
+                **kw,
+            )
         )
-        return "built"
+        return types.SimpleNamespace(plan_path=output, coverage=None)
 
     monkeypatch.setattr(pipeline_build, "build_plan", record)
+    # the coverage is read back from the built plan (a real engine): here the call itself is recorded
+    monkeypatch.setattr(pipeline_build, "checked_coverage", lambda plan, require: ("coverage of", plan, require))
     monkeypatch.setattr(cuda, "require_gpu", lambda: None)
 
     def run(version, *args, **kwargs):
         monkeypatch.setattr(compat, "import_tensorrt", lambda: fake_trt(version))
-        assert pipeline_build.build_engine(*args, **kwargs) == "built"
+        result = pipeline_build.build_engine(*args, **kwargs)
+        assert result.plan_path == calls[-1]["output"]
+        int8 = calls[-1]["options"].precision == "int8"
+        assert result.coverage == (("coverage of", result.plan_path, False) if int8 else None)
         return calls[-1]
 
     return run

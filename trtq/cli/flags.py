@@ -98,8 +98,9 @@ FLOAT = Number(integer=False)
 
 
 class Seconds(Number):
-    """A non-negative number of seconds, with an optional unit: ``0.5``, ``500ms``, ``2s``
-    (trtexec's --warmUp / --duration are in ms and s; the unit says which is meant)."""
+    """A non-negative number of seconds, or of milliseconds with the suffix ``ms`` (``s`` may end
+    a number of seconds): trtexec's --warmUp is in ms, its --duration in s, so a unit says which
+    is meant."""
 
     def __init__(self) -> None:
         super().__init__(integer=False)

@@ -6,10 +6,13 @@ from typing import Any
 
 from trtq.formatting import first_few
 
+REDRAW_SECONDS = (0.2, 2.0)  # the least time between two progress lines: on a terminal, elsewhere
+
 
 class ProgressLine:
-    """Calibration's progress (one line per batch, at most every 0.2 s on a terminal, 2 s
-    elsewhere), drawn on trtq.progress's line (unless -q or --no-progress)."""
+    """Calibration's progress (one line per batch, redrawn often on a terminal and written at a
+    slower pace elsewhere: REDRAW_SECONDS, terminal first), drawn on trtq.progress's line (unless -q or
+    --no-progress)."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
@@ -22,7 +25,7 @@ class ProgressLine:
         final = p.batches_done == p.batches
         from trtq import progress
 
-        if not final and now - self.last < (0.2 if progress.on_terminal() else 2.0):
+        if not final and now - self.last < REDRAW_SECONDS[0 if progress.on_terminal() else 1]:
             return
         self.last = now
         rate = p.samples_done / p.elapsed if p.elapsed > 0 else 0.0
