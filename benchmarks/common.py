@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import resource
 import signal
 import subprocess
 import sys
@@ -235,6 +234,39 @@ class Measured:
         return "ok"
 
 
+# A fresh, small interpreter that runs the measured command as its own child and reports that
+# child's peak RSS: Linux starts a forked child's peak RSS at its parent's resident size and keeps
+# it across exec, so a command forked straight from a large process (pytest late in the suite, a
+# benchmark holding arrays) would report at least that process's size.
+_LAUNCHER = r"""
+import os, resource, signal, sys
+cap, report, cmd = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+pid = os.fork()
+if pid == 0:
+    if cap:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    try:
+        os.execvp(cmd[0], cmd)
+    except OSError as e:
+        os.write(2, ("cannot run %s: %s\n" % (cmd[0], e)).encode())
+        os._exit(127)
+for s in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(s, lambda signum, frame: os.kill(pid, signum))
+while True:
+    try:
+        _, status, usage = os.wait4(pid, 0)
+        break
+    except InterruptedError:
+        continue
+with open(report, "w") as f:
+    f.write(str(usage.ru_maxrss))
+if os.WIFSIGNALED(status):
+    signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+    os.kill(os.getpid(), os.WTERMSIG(status))
+os._exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def run_measured(
     cmd: Sequence[str],
     timeout: float,
@@ -244,52 +276,27 @@ def run_measured(
 ) -> Measured:
     """Run ``cmd`` alone in a new session; return wall and CPU time, peak RSS and how it ended.
 
-    Peak RSS comes from ``wait4`` on that very child (ru_maxrss covers the child and the
-    descendants it waited for), so earlier cases do not leak into later figures. ``mem_cap``
-    limits the child's address space (RLIMIT_AS); ``timeout`` kills its whole process group.
+    The command runs as the child of a small launcher (``_LAUNCHER``), which reports the peak RSS
+    of that very child from ``wait4`` (ru_maxrss covers the child and the descendants it waited
+    for): neither earlier cases nor the size of this process leak into the figure. CPU time covers
+    the launcher too (a few ms). ``mem_cap`` limits the command's address space (RLIMIT_AS);
+    ``timeout`` kills the whole process group.
     """
-
-    def limit() -> None:
-        if mem_cap:
-            resource.setrlimit(resource.RLIMIT_AS, (mem_cap, mem_cap))
-
-    with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
+    with tempfile.TemporaryDirectory() as tmp:
+        out_p, err_p, report = (Path(tmp) / n for n in ("out", "err", "peak"))
+        launcher = [sys.executable, "-S", "-c", _LAUNCHER, str(mem_cap or 0), str(report)]
         t0 = time.perf_counter()
-        proc = subprocess.Popen(
-            list(cmd),
-            stdout=out_f,
-            stderr=err_f,
-            env=env,
-            cwd=cwd,
-            preexec_fn=limit,
-            start_new_session=True,
-        )
-        timed_out = False
-        status_word = rusage = None
-        try:
-            while True:
-                pid, status_word, rusage = os.wait4(proc.pid, os.WNOHANG)
-                if pid == proc.pid:
-                    break
-                if time.perf_counter() - t0 > timeout:
-                    timed_out = True
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    _, status_word, rusage = os.wait4(proc.pid, 0)
-                    break
-                time.sleep(0.05)
-        except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            os.wait4(proc.pid, 0)
-            raise
-        finally:
-            proc.returncode = -1  # reaped here; keep Popen from waiting again
+        with open(out_p, "wb") as out_f, open(err_p, "wb") as err_f:
+            proc = subprocess.Popen(
+                launcher + list(cmd), stdout=out_f, stderr=err_f, env=env, cwd=cwd, start_new_session=True
+            )
+            status_word, rusage, timed_out = _wait_within(proc, t0, timeout)
         seconds = time.perf_counter() - t0
         rc = os.waitstatus_to_exitcode(status_word)
-        out_f.seek(0)
-        err_f.seek(0)
-        stdout = out_f.read().decode("utf-8", "replace")
-        stderr = err_f.read().decode("utf-8", "replace")
-    peak = int(rusage.ru_maxrss) * 1024  # KiB on Linux
+        stdout = out_p.read_bytes().decode("utf-8", "replace")
+        stderr = err_p.read_bytes().decode("utf-8", "replace")
+        peak_kib = report.read_text() if report.is_file() else ""
+    peak = int(peak_kib or rusage.ru_maxrss) * 1024  # KiB on Linux; the launcher's own if it was killed
     if timed_out:
         status = "timeout"
     elif rc == 0:
@@ -300,6 +307,26 @@ def run_measured(
         status = "failed"
     cpu = float(rusage.ru_utime + rusage.ru_stime)
     return Measured(status, seconds, peak, cpu, rc, stdout, stderr)
+
+
+def _wait_within(proc: subprocess.Popen, t0: float, timeout: float):
+    """(status word, rusage, timed out) of ``proc``, its process group killed past ``timeout``."""
+    try:
+        while True:
+            pid, status_word, rusage = os.wait4(proc.pid, os.WNOHANG)
+            if pid == proc.pid:
+                return status_word, rusage, False
+            if time.perf_counter() - t0 > timeout:
+                os.killpg(proc.pid, signal.SIGKILL)
+                _, status_word, rusage = os.wait4(proc.pid, 0)
+                return status_word, rusage, True
+            time.sleep(0.05)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        os.wait4(proc.pid, 0)
+        raise
+    finally:
+        proc.returncode = -1  # reaped here; keep Popen from waiting again
 
 
 # --------------------------------------------------------------------------------------------
