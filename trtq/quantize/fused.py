@@ -12,14 +12,18 @@ This pass adds, on top of the standard plan and with the standard scales:
    activation, so where the chain crossed one (or the skip input is a Split/Slice output) both
    Add inputs get Q/DQ and the Add runs INT8 on its own; a plain Conv(+BN)(+ReLU) chain keeps the
    standard skip-only pair (Conv + Add fusion).
-2. Concat whose output is quantized downstream: every input gets Q/DQ, and inputs and output
-   share one scale (the largest amax), so the Concat is a copy of INT8 buffers.
+2. Concat whose output is quantized downstream: every input gets Q/DQ, so the Concat is a copy
+   of INT8 buffers.
 3. Data movement (Split, Slice, MaxPool, nearest Resize, Transpose, Reshape, Flatten, Squeeze,
-   Unsqueeze, Identity) between a quantized tensor and its producer: the producer's output gets a
-   pair too, read by the data-movement op, and the whole group (producer output, data-movement
-   outputs, Concat members) shares one scale. ``DQ -> op -> Q`` at one scale is exact for these
-   ops on the INT8 grid, and TensorRT then runs the op in INT8 and fuses the first Q into the
-   producer.
+   Unsqueeze, Identity) between a quantized tensor and its producer, whose output it alone reads
+   (or whose output and its own are inputs of one Concat, as in SPPF): that output gets a pair
+   too. ``DQ -> op -> Q`` at one scale is exact for these ops on the INT8 grid; TensorRT runs the
+   op in INT8 and fuses the first Q into the producer.
+Scales: a group (Concat members, both ends of a moved data-movement op) shares one scale, the
+largest amax among the tensors the standard plan quantizes in it (their readers keep the scale
+they had, and the group is clipped where the standard placement's Q after it clips), else among
+all. So steps 2 and 3 compute what the standard placement computes; step 1 adds a rounding of the
+Add's main input and output.
 
 Nothing here changes a node the standard plan keeps float: every node this pass touches goes
 through the same gate (``--exclude``, float_layers, TensorRT 8's grouped-conv consumers).
@@ -53,7 +57,6 @@ EPILOGUE_OPS = frozenset(
 _GATES = ("Sigmoid", "HardSigmoid")  # x * gate(x): SiLU / Swish, HardSwish written out
 # single-input ops whose outputs hold values of their input, so Q/DQ commutes with them
 MOVEMENT_OPS = DATA_MOVEMENT_OPS | frozenset({"Split", "Slice", "MaxPool", "Resize"})
-GROUP_OPS = MOVEMENT_OPS | frozenset({rules.CONCAT_OP})  # members share one scale
 _SPLITS = frozenset({"Split", "Slice"})
 
 Decisions = dict  # node index -> [(slot, (tensor, axis))], as plan.make_plan builds it
@@ -171,6 +174,11 @@ def _movable(node: onnx.NodeProto) -> bool:
     return True
 
 
+def _one_concat(index: GraphIndex, a: str, b: str) -> bool:
+    """Both tensors are inputs of one Concat (SPPF's MaxPool chain): they share its scale anyway."""
+    return any(n.op_type == rules.CONCAT_OP and b in n.input for n in index.consumer_nodes(a))
+
+
 def movement_decisions(index: GraphIndex, decisions: Decisions, gate: Gate, activation: Activation) -> None:
     """A pair on the input of each data-movement op between a quantized tensor and its producer."""
     todo = [key[0] for slots in decisions.values() for _, key in slots if key[1] is None]
@@ -187,6 +195,8 @@ def movement_decisions(index: GraphIndex, decisions: Decisions, gate: Gate, acti
         src = node.input[0]
         if index.is_static(src) or index.elem_type(src) != FLOAT:
             continue
+        if index.fan_out(src) != 1 and not _one_concat(index, src, tensor):
+            continue  # a tensor read elsewhere keeps its own scale (no chain of groups)
         key = activation(src)
         if key is not None:
             decisions[idx] = [(0, key)]
@@ -201,3 +211,47 @@ def add_fused(index: GraphIndex, plan, decisions: Decisions, gate: Gate, activat
         size = len(decisions)
         concat_decisions(index, decisions, gate, activation)
         movement_decisions(index, decisions, gate, activation)
+
+
+def _groups(index: GraphIndex, links, members_of) -> dict[str, str]:
+    """Union-find over the tensors ``members_of(node)`` of every node index in ``links``: tensor -> root."""
+    parent: dict[str, str] = {}
+
+    def find(t: str) -> str:
+        while parent[t] != t:
+            t = parent[t]
+        return t
+
+    for idx in links:
+        members = members_of(index.nodes[idx])
+        for t in members:
+            parent.setdefault(t, t)
+        for t in members[1:]:
+            ra, rb = find(members[0]), find(t)
+            if ra != rb:
+                parent[rb] = ra
+    return {t: find(t) for t in parent}
+
+
+def drop_conflicting_groups(index: GraphIndex, decisions: Decisions, standard: set, amax) -> None:
+    """Undo this pass's Concat / data-movement pairs in every group that would join tensors the
+    standard plan quantizes at different scales (shufflenet's chained channel shuffles): a shared
+    scale there would change what their Conv readers see. ``standard``: the tensors the standard
+    plan quantizes; ``amax``: tensor -> amax of every planned activation."""
+    concats = [i for i, n in enumerate(index.nodes) if n.op_type == rules.CONCAT_OP]
+    std_root = _groups(index, concats, lambda n: [t for t in list(n.input) + list(n.output) if t in standard])
+    std_amax: dict[str, float] = {}
+    for t, root in std_root.items():
+        std_amax[root] = max(std_amax.get(root, 0.0), amax[t])
+    keyed = {key[0] for slots in decisions.values() for _, key in slots}
+    links = [i for i in decisions if index.nodes[i].op_type in MOVEMENT_OPS or i in concats]
+    root = _groups(index, links, lambda n: [t for t in list(n.input) + list(n.output) if t in keyed])
+    scales: dict[str, set] = {}
+    for t, r in root.items():
+        if t in standard:
+            scales.setdefault(r, set()).add(std_amax[std_root[t]] if t in std_root else amax[t])
+    bad = {r for r, values in scales.items() if len(values) > 1}
+    for idx in links:
+        node = index.nodes[idx]
+        if any(root.get(t) in bad for t in list(node.input) + list(node.output)):
+            del decisions[idx]
