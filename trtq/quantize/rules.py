@@ -33,6 +33,9 @@ block), the branch with the longer path back to the common ancestor is the fused
 the shorter one (the shortcut) gets Q/DQ. If the skip input is computed from the fused Conv itself
 the Add is not a residual (ConvNeXt-style) and gets nothing.
 
+``placement: fused`` (``fused.py``) extends this table: residual Adds found through activation
+epilogues, Concat inputs, and pairs above data-movement ops, so TensorRT keeps those groups INT8.
+
 Commuting ops: pooling, Reshape, Transpose, Flatten, Squeeze/Unsqueeze, Identity and Concat get no
 Q/DQ of their own; TensorRT moves Q/DQ across them. A quantized input that reaches its consumer
 through data-movement ops takes the amax of the first tensor along that chain the cache names.
