@@ -106,6 +106,7 @@ class DataOptions:
 # --------------------------------------------------------------------------------------------
 
 WeightRounding = Literal["nearest", "gptq"]
+Placement = Literal["standard", "fused"]
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,7 @@ class QuantizeOptions:
     samples: int = 128  # calibration samples equalize, bias correction, gptq rounding and float_layers read
     center_activations: bool = False  # shift ReLU/Clip outputs so symmetric INT8 uses both halves
     equalize: bool = False  # even out the channel ranges of Conv inputs (exact float rewrite; needs data)
+    placement: Placement = "standard"  # fused: Q/DQ so Split/Concat/residual Add groups stay INT8
 
 
 @dataclass(frozen=True)

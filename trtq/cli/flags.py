@@ -362,6 +362,13 @@ quantizing = option_group(
         help="Even out the channel ranges of Conv inputs on the data (an exact rewrite of the "
         "weights around them; needs --data or a config with data).",
     ),
+    click.option(
+        "--placement",
+        type=click.Choice(["standard", "fused"]),
+        help="Q/DQ placement: standard (default: the inputs of Conv/Gemm/MatMul, residual skips) "
+        "or fused (also Split/Concat/pooling groups and residual Adds behind SiLU, so TensorRT "
+        "keeps them INT8).",
+    ),
 )
 
 

@@ -404,5 +404,6 @@ def explicit_only_settings(q: QuantizeOptions) -> list[str]:
         "float_layers",
         "center_activations",
         "equalize",
+        "placement",
     )
     return [f"quantize.{k}" for k in keys if getattr(q, k) != getattr(default, k)]

@@ -188,14 +188,16 @@ def _plan(
     grouped convs too; (plan, the layers kept float)."""
     if keep_float:
         notes.append(f"float layers: {len(keep_float)} most sensitive left float: " + ", ".join(keep_float))
-    plan = make_plan(index, amax, options.exclude, options.per_channel, only_nodes, keep_float)
+    plan = make_plan(index, amax, options.exclude, options.per_channel, only_nodes, keep_float, options.placement)
     if float_grouped_consumers:
         from trtq.quantize.float_choice import GROUPED_CONSUMER_REASON, grouped_conv_consumers
 
         risky, extra = grouped_conv_consumers(index, plan.left_float, plan.quantized)
         if extra:
             keep_float = dict(keep_float, **{n: GROUPED_CONSUMER_REASON for n in extra})
-            plan = make_plan(index, amax, options.exclude, options.per_channel, only_nodes, keep_float)
+            plan = make_plan(
+                index, amax, options.exclude, options.per_channel, only_nodes, keep_float, options.placement
+            )
             notes.append(f"float grouped conv consumers: {', '.join(extra)} left float (fed by {', '.join(risky)})")
     return plan, keep_float
 
@@ -250,7 +252,9 @@ def _centre(
         return plan, []
     apply_centrings(prepared, centred)
     shifted = dict(amax, **{c.tensor: c.amax for c in centred})
-    plan = make_plan(GraphIndex(prepared), shifted, options.exclude, options.per_channel, only_nodes, keep_float)
+    plan = make_plan(
+        GraphIndex(prepared), shifted, options.exclude, options.per_channel, only_nodes, keep_float, options.placement
+    )
     return plan, centred
 
 

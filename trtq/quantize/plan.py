@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 
 from trtq.errors import ConfigError
-from trtq.quantize import rules
+from trtq.quantize import fused, rules
 from trtq.quantize.graph import DATA_MOVEMENT_OPS, FLOAT, GraphIndex
 from trtq.quantize.scales import activation_scale, weight_scale
 
@@ -95,8 +95,10 @@ def make_plan(
     per_channel: bool,
     only_nodes: Optional[Collection[str]],
     keep_float: Optional[Mapping[str, str]] = None,
+    placement: str = "standard",
 ) -> Plan:
-    """``keep_float``: node name -> reason, nodes left float on top of ``exclude``."""
+    """``keep_float``: node name -> reason, nodes left float on top of ``exclude``; ``placement``
+    "fused" adds the pairs of :mod:`~trtq.quantize.fused` to the standard plan."""
     plan = Plan()
     keep_float = keep_float or {}
     exclusions = Exclusions(exclude, [n.name for n in index.graph.node])
@@ -138,12 +140,19 @@ def make_plan(
         decisions[idx] = slots
 
     # 2. residual Adds: Q/DQ on the skip input of an Add fused into a quantized Conv
-    _residual_decisions(index, plan, decisions, gate, activation)
+    links, prefer = [i for i, n in enumerate(index.nodes) if n.op_type == rules.CONCAT_OP], None
+    if placement == "fused":  # and Concat inputs, data-movement groups (fused.py)
+        prefer = {key[0] for slots in decisions.values() for _, key in slots}
+        fused.add_fused(index, plan, decisions, gate, lambda t: activation(t, []))
+        fused.drop_conflicting_groups(index, decisions, prefer, act_amax)
+        links += [i for i in decisions if index.nodes[i].op_type in fused.MOVEMENT_OPS]
+    else:
+        _residual_decisions(index, plan, decisions, gate, activation)
 
     # 3. Concat: the quantized tensors around one Concat share the largest amax
     used = {key[0] for slots in decisions.values() for _, key in slots if key[0] in act_amax}
     act_amax = {t: v for t, v in act_amax.items() if t in used}
-    _share_concat_scales(index, act_amax)
+    _share_concat_scales(index, act_amax, links, prefer)
 
     # 4. pairs in node order, with their scales
     _add_pairs(index, plan, decisions, act_amax)
@@ -225,7 +234,14 @@ def _table_inputs(index: GraphIndex, node: onnx.NodeProto, rule: rules.OpRule, p
     return None, slots
 
 
-def _share_concat_scales(index: GraphIndex, act_amax: dict[str, float]) -> None:
+def _share_concat_scales(
+    index: GraphIndex, act_amax: dict[str, float], links: Iterable[int], prefer: Optional[set] = None
+) -> None:
+    """The quantized tensors around one node of ``links`` (every Concat; fused: the data-movement
+    ops that got a pair on their input too) share
+    the largest amax among them, or among those of ``prefer`` in the group when there are any
+    (fused: the tensors the table's Conv/Gemm/MatMul inputs quantize, so the readers keep the
+    scale they were calibrated for and the group is clipped where the standard placement clips)."""
     parent: dict[str, str] = {}
 
     def find(t: str) -> str:
@@ -233,9 +249,8 @@ def _share_concat_scales(index: GraphIndex, act_amax: dict[str, float]) -> None:
             t = parent[t]
         return t
 
-    for node in index.nodes:
-        if node.op_type != rules.CONCAT_OP:
-            continue
+    for idx in links:
+        node = index.nodes[idx]
         members = [t for t in list(node.input) + list(node.output) if t in act_amax]
         for t in members:
             parent.setdefault(t, t)
@@ -247,6 +262,7 @@ def _share_concat_scales(index: GraphIndex, act_amax: dict[str, float]) -> None:
     for t in parent:
         groups.setdefault(find(t), []).append(t)
     for members in groups.values():
-        shared = max(act_amax[t] for t in members)
+        chosen = [t for t in members if prefer is not None and t in prefer] or members
+        shared = max(act_amax[t] for t in chosen)
         for t in members:
             act_amax[t] = shared

@@ -33,6 +33,9 @@ block), the branch with the longer path back to the common ancestor is the fused
 the shorter one (the shortcut) gets Q/DQ. If the skip input is computed from the fused Conv itself
 the Add is not a residual (ConvNeXt-style) and gets nothing.
 
+``placement: fused`` (``fused.py``) extends this table: residual Adds found through activation
+epilogues, Concat inputs, and pairs above data-movement ops, so TensorRT keeps those groups INT8.
+
 Commuting ops: pooling, Reshape, Transpose, Flatten, Squeeze/Unsqueeze, Identity and Concat get no
 Q/DQ of their own; TensorRT moves Q/DQ across them. A quantized input that reaches its consumer
 through data-movement ops takes the amax of the first tensor along that chain the cache names.
@@ -212,7 +215,7 @@ def size_reason(index: GraphIndex, node: onnx.NodeProto) -> Optional[str]:
 # ------------------------------------------------------------------------------------------------
 
 
-def _is_bias_add(index: GraphIndex, node: onnx.NodeProto) -> bool:
+def is_bias_add(index: GraphIndex, node: onnx.NodeProto) -> bool:
     return node.op_type == "Add" and len(node.input) == 2 and any(index.is_static(i) for i in node.input)
 
 
@@ -228,7 +231,7 @@ def fused_backbone(index: GraphIndex, tensor: str) -> Optional[int]:
     while node is not None:
         if node.op_type in BACKBONE_OPS:
             return index.producer[node.output[0]]
-        if node.op_type not in BACKBONE_CHAIN_OPS and not _is_bias_add(index, node):
+        if node.op_type not in BACKBONE_CHAIN_OPS and not is_bias_add(index, node):
             return None
         src = next((i for i in node.input if i and not index.is_static(i)), None)
         if src is None or index.fan_out(src) != 1:  # a fused chain feeds nothing else
@@ -237,17 +240,23 @@ def fused_backbone(index: GraphIndex, tensor: str) -> Optional[int]:
     return None
 
 
-def residual_skip_input(index: GraphIndex, node: onnx.NodeProto, quantized: dict[int, bool]) -> Optional[int]:
+def residual_skip_input(
+    index: GraphIndex,
+    node: onnx.NodeProto,
+    quantized: dict[int, bool],
+    backbone: Callable[[GraphIndex, str], Optional[int]] = fused_backbone,
+) -> Optional[int]:
     """The input slot of a residual Add that should get Q/DQ, or None if it is not one.
 
-    ``quantized`` maps node index -> whether that node gets Q/DQ (the fused Conv must).
+    ``quantized`` maps node index -> whether that node gets Q/DQ (the fused Conv must);
+    ``backbone`` finds the Conv an input comes out of (``fused.epilogue_backbone`` crosses activations).
     """
     if node.op_type != RESIDUAL_OP or len(node.input) != 2:
         return None
     a, b = node.input
     if not a or not b or index.is_static(a) or index.is_static(b):
         return None
-    backbones = [fused_backbone(index, t) for t in (a, b)]
+    backbones = [backbone(index, t) for t in (a, b)]
     fusable = [bb is not None and quantized.get(bb, False) for bb in backbones]
     if fusable[0] and fusable[1]:
         if backbones[0] == backbones[1]:
