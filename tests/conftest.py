@@ -80,3 +80,15 @@ def have_tensorrt() -> bool:
 requires_no_tensorrt = pytest.mark.skipif(
     "tensorrt" in sys.modules or have_tensorrt(), reason="tensorrt is installed here"
 )
+
+
+def cli_runner():
+    """click's CliRunner with stdout apart from stderr: click < 8.2 mixes them unless told
+    (the GPU bundle's click), and trtq writes progress lines on stderr."""
+    import inspect
+
+    from click.testing import CliRunner
+
+    if "mix_stderr" in inspect.signature(CliRunner.__init__).parameters:
+        return CliRunner(mix_stderr=False)
+    return CliRunner()

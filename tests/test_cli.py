@@ -122,14 +122,13 @@ def test_click_invocations_in_one_process_each_get_their_own_stdout():
     import json
     import sys
 
-    from click.testing import CliRunner
-
+    from tests.conftest import cli_runner
     from trtq.cli import cli
 
     cache = ROOT / "tests" / "golden" / "trt8600_entropy2.cache"
     before = sys.stdout
     for _ in range(2):
-        r = CliRunner().invoke(cli, ["inspect-cache", str(cache), "--json"])
+        r = cli_runner().invoke(cli, ["inspect-cache", str(cache), "--json"])
         assert r.exit_code == 0, r.output
         assert json.loads(r.stdout)["summary"]["count"] > 0
     assert sys.stdout is before

@@ -11,8 +11,8 @@ import json
 import numpy as np
 import onnx
 import pytest
-from click.testing import CliRunner
 
+from tests.conftest import cli_runner
 from tests.trt.models import (
     TACTICS,
     activation_amax,
@@ -92,7 +92,7 @@ def test_cli_build_and_compare_a_qdq_model(models, tmp_path):
 
     np.save(tmp_path / "x.npy", np.random.default_rng(9).standard_normal((8, 3, 16, 16)).astype(np.float32))
     plan = tmp_path / "trtq.plan"
-    r = CliRunner().invoke(
+    r = cli_runner().invoke(
         cli,
         [
             "build",
@@ -100,7 +100,7 @@ def test_cli_build_and_compare_a_qdq_model(models, tmp_path):
             str(models["paths"]["trtq"]),
             "-o",
             str(plan),
-            "--opt-level",
+            "--optimization-level",
             "0",
             "--tactic-sources",
             ",".join(TACTICS),
@@ -109,7 +109,7 @@ def test_cli_build_and_compare_a_qdq_model(models, tmp_path):
     )
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["metadata"]["quantize"]["source"] == "model"
-    r = CliRunner().invoke(
+    r = cli_runner().invoke(
         cli,
         [
             "compare",
