@@ -189,6 +189,7 @@ def main() -> int:
     outcomes: collections.Counter = collections.Counter()
     verdicts: collections.Counter = collections.Counter()
     stuck = intact = 0
+    from tests.reliability.conftest import children_see_default_signals
     from tests.reliability.test_console_script import judge
 
     log = open(a.log, "a") if a.log else None  # noqa: SIM115 - closed in the finally below
@@ -204,7 +205,8 @@ def main() -> int:
             cmd = _entry(a.entry) + _command(what, work, model, data, out)
             run_env = dict(env)
             t0 = time.monotonic()
-            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=run_env)
+            with children_see_default_signals():  # started with `&` by a script, this process ignores SIGINT
+                p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=run_env)
             if a.after_handlers:
                 _wait_for_handlers(p.pid)
                 t0 = time.monotonic()

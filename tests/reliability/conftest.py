@@ -4,6 +4,7 @@ child process (real signals, dropped privileges, size limits) or under a small t
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -134,6 +135,40 @@ def child_env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
     env = {k: v for k, v in repo_env().items() if not k.startswith("TRTQ_")}
     env.update(extra or {})
     return env
+
+
+def _still_ignored(signum, frame) -> None:
+    """The test process keeps ignoring the signal (see :func:`children_see_default_signals`)."""
+
+
+@contextlib.contextmanager
+def children_see_default_signals(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Child processes started inside begin with ``signums`` at their default action, as a command
+    typed at an interactive shell does, however this test process was started.
+
+    A command put in the background by a non-interactive shell (``pytest ... &`` in a script,
+    ``nohup``) starts with SIGINT ignored, and an ignored signal stays ignored across fork and exec:
+    a child would drop a SIGINT that came before its first handler, run on and exit 0. A signal with
+    a handler is reset to its default at exec, so here the ignored ones get a handler that does
+    nothing (this process goes on ignoring them) until the block ends. Main thread only."""
+    previous = {}
+    try:
+        for signum in signums:
+            if signal.getsignal(signum) == signal.SIG_IGN:
+                previous[signum] = signal.signal(signum, _still_ignored)
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def ignored_signals(pid: int) -> int:
+    """The mask of signals that process ``pid`` ignores (/proc SigIgn; 0 when it cannot be read)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return int(next((ln.split()[1] for ln in status.splitlines() if ln.startswith("SigIgn:")), "0"), 16)
 
 
 def trtq_cmd(args: Sequence) -> list[str]:
