@@ -156,6 +156,9 @@ class QuantizeOptions:
     samples: int = 128  # calibration samples equalize, bias correction, gptq rounding and float_layers read
     center_activations: bool = False  # shift ReLU/Clip outputs so symmetric INT8 uses both halves
     equalize: bool = False  # even out the channel ranges of Conv inputs (exact float rewrite; needs data)
+    # learn weight rounding and activation steps block by block, activations quantized (needs data and torch)
+    reconstruct: bool = False
+    iterations: int = 200  # reconstruct: training steps per block
 
 
 @dataclass(frozen=True)

@@ -298,7 +298,8 @@ quantizing = option_group(
     click.option(
         "--samples",
         type=INT,
-        help="Calibration samples --equalize, --bias-correction, gptq rounding and --float-layers read (default 128).",
+        help="Calibration samples --equalize, --bias-correction, gptq rounding, --reconstruct and --float-layers read "
+        "(default 128).",
     ),
     click.option(
         "--center-activations",
@@ -314,6 +315,15 @@ quantizing = option_group(
         help="Even out the channel ranges of Conv inputs on the data (an exact rewrite of the "
         "weights around them; needs --data or a config with data).",
     ),
+    click.option(
+        "--reconstruct",
+        is_flag=True,
+        default=None,
+        help="Learn weight rounding and activation scales block by block with activations quantized, "
+        "against FP32 on the data; also writes the cache it implies (OUTPUT.cache). "
+        'Needs pip install "trtq[reconstruct]".',
+    ),
+    click.option("--iterations", type=INT, help="Training steps per block for --reconstruct (default 200)."),
 )
 
 

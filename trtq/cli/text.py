@@ -108,11 +108,13 @@ def merge_text(r: Any) -> str:
     )
 
 
-def quantize_text(result: Any, out: Any) -> str:
+def quantize_text(result: Any, out: Any, learned_cache: Any = None) -> str:
     from trtq.pipeline.quantize import DATA_STEP_NOTES
 
     lines = [f"quantized   {len(result.quantized)} nodes -> {out}"]
     lines += [f"            {note}" for note in result.notes if note.startswith(DATA_STEP_NOTES)]
+    if learned_cache:
+        lines.append(f"cache       {len(result.learned_amax)} learned activation ranges -> {learned_cache}")
     if result.left_float:
         lines.append(f"left float  {len(result.left_float)} nodes:")
         lines += [f"  {name}: {reason}" for name, reason in result.left_float[:20]]
