@@ -30,7 +30,7 @@ PENALTY = 0.01  # weight of the rounding penalty against the relative output err
 WEIGHT_LR = 1e-2  # Adam on the rounding variables
 SCALE_LR = 1e-2  # Adam on the log activation steps
 BIAS_LR = 1e-3  # Adam on the biases of Conv / Gemm (relative to nothing: biases are O(1) here)
-DROP = 0.5  # QDrop: probability an element keeps its float value while training
+DROP = 0.0  # QDrop: probability an element keeps its float value while training (off: see benchmarks/README.md)
 CHUNK = 16  # samples per forward pass outside training
 
 
