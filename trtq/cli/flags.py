@@ -323,7 +323,7 @@ quantizing = option_group(
         "against FP32 on the data; also writes the cache it implies (OUTPUT.cache). "
         'Needs pip install "trtq[reconstruct]".',
     ),
-    click.option("--iterations", type=INT, help="Training steps per block for --reconstruct (default 200)."),
+    click.option("--iterations", type=INT, help="Training steps per block for --reconstruct (default 60)."),
 )
 
 

@@ -160,7 +160,7 @@ def check_reconstruct_options(options: QuantizeOptions) -> None:
             "drop " + " and ".join(other) + " (quantize.weight_rounding / bias_correction / center_activations)",
         )
     if options.iterations < 1:
-        raise UsageError(f"quantize iterations must be >= 1, got {options.iterations}", "pass --iterations 200")
+        raise UsageError(f"quantize iterations must be >= 1, got {options.iterations}", "pass --iterations 60")
 
 
 def _reconstruct(qdq: onnx.ModelProto, options: QuantizeOptions, data) -> tuple[dict[str, float], str]:
