@@ -204,6 +204,7 @@ def inspect_cache(cache, common, model, other, sort_key, top):
 def quantize(common, model, cache, output, quantizing, source):
     """Write an explicit Q/DQ ONNX model (TensorRT 8.6/10/11 ready) from a calibration cache."""
     from trtq.pipeline.quantize import quantize as step
+    from trtq.pipeline.quantize import reconstructed_cache_path
 
     st = settings.apply_common(common)
     config_path = common.config_path
@@ -220,11 +221,14 @@ def quantize(common, model, cache, output, quantizing, source):
                 f"{'from the config' if config_path else 'its default'}) does not exist",
                 "run trtq calibrate with the same config first, or pass --cache PATH",
             )
-    settings.declare_with_cache(cfg, config_path, cache, [("output model", out)])
-    result = step(cfg, Path(cfg.model), Path(cache), out)
+    learned = reconstructed_cache_path(out) if cfg.quantize.reconstruct else None
+    settings.declare_with_cache(cfg, config_path, cache, [("output model", out), ("reconstructed cache", learned)])
+    result = step(cfg, Path(cfg.model), Path(cache), out, learned)
     data = result.to_dict()
     data["output"] = str(out)
-    process.emit(st, data, text.quantize_text(result, out))
+    if learned is not None and result.learned_amax:
+        data["learned_cache"] = str(learned)
+    process.emit(st, data, text.quantize_text(result, out, data.get("learned_cache")))
 
 
 @cli.command()

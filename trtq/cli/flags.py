@@ -346,7 +346,8 @@ quantizing = option_group(
     click.option(
         "--samples",
         type=INT,
-        help="Calibration samples --equalize, --bias-correction, gptq rounding and --float-layers read (default 128).",
+        help="Calibration samples --equalize, --bias-correction, gptq rounding, --reconstruct and --float-layers read "
+        "(default 128).",
     ),
     click.option(
         "--center-activations",
@@ -369,6 +370,15 @@ quantizing = option_group(
         "or fused (also Split/Concat/pooling groups and residual Adds behind SiLU, so TensorRT "
         "keeps them INT8).",
     ),
+    click.option(
+        "--reconstruct",
+        is_flag=True,
+        default=None,
+        help="Learn weight rounding and activation scales block by block with activations quantized, "
+        "against FP32 on the data; also writes the cache it implies (OUTPUT.cache). "
+        'Needs pip install "trtq[reconstruct]".',
+    ),
+    click.option("--iterations", type=INT, help="Training steps per block for --reconstruct (default 60)."),
 )
 
 

@@ -111,11 +111,13 @@ def count(n: int, noun: str, plural: str = "") -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
 
 
-def quantize_text(result: Any, out: Any) -> str:
+def quantize_text(result: Any, out: Any, learned_cache: Any = None) -> str:
     from trtq.pipeline.quantize import DATA_STEP_NOTES
 
     lines = [f"quantized   {count(len(result.quantized), 'node')} -> {out}"]
     lines += [f"            {note}" for note in result.notes if note.startswith(DATA_STEP_NOTES)]
+    if learned_cache:
+        lines.append(f"cache       {len(result.learned_amax)} learned activation ranges -> {learned_cache}")
     if result.left_float:
         lines.append(f"left float  {count(len(result.left_float), 'node')}:")
         lines += [f"  {name}: {reason}" for name, reason in result.left_float[:20]]

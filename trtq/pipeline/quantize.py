@@ -21,6 +21,7 @@ DATA_STEP_NOTES = (
     "centring in engine form",
     "weight rounding",
     "bias correction",
+    "reconstruct",
 )
 
 
@@ -38,6 +39,7 @@ def _quantized(model_path: Path, cache_path: Path, options: QuantizeOptions, dat
     from trtq.model import load_model
     from trtq.trt import compat
 
+    check_reconstruct(options)
     model = load_model(model_path)
     table = read_cache(Path(cache_path))
     provenance = check_cache_for_model(Path(cache_path), Path(model_path), options.allow_stale, table.amax)
@@ -79,6 +81,7 @@ def quantize_for(
     from trtq.quantize import quantize_model
     from trtq.trt import compat
 
+    check_reconstruct(options)
     given = batches
     batches = sample_batches(model, options, data, given)
     declared = None
@@ -118,6 +121,17 @@ def _warn_unmatched_exclude(notes) -> None:
                 "trtq quantize --json's quantized and left_float)",
                 note,
             )
+
+
+def check_reconstruct(options: QuantizeOptions) -> None:
+    """Refuse reconstruct's options and a missing torch (exit 4) before anything is read."""
+    from trtq.quantize import check_reconstruct_options
+
+    check_reconstruct_options(options)
+    if options.reconstruct:
+        from trtq.quantize.reconstruct import require_torch
+
+        require_torch()
 
 
 def batched_if_identical(model, batches, data, options: QuantizeOptions):
@@ -297,7 +311,11 @@ def _alone(row) -> str:
 
 def needs_data(options: QuantizeOptions) -> bool:
     return (
-        options.bias_correction or options.weight_rounding != "nearest" or options.float_layers > 0 or options.equalize
+        options.bias_correction
+        or options.weight_rounding != "nearest"
+        or options.float_layers > 0
+        or options.equalize
+        or options.reconstruct
     )
 
 
@@ -320,7 +338,9 @@ def sample_batches(model, options: QuantizeOptions, data, batches=None):
         return batches(input_specs(model), options.samples)
     if data is None or not data.inputs:
         what = (
-            "equalize"
+            "reconstruct"
+            if options.reconstruct
+            else "equalize"
             if options.equalize
             else "bias correction"
             if options.bias_correction
@@ -428,11 +448,28 @@ def _warn_tensorrt8_float_convs(result) -> None:
         )
 
 
-def quantize(cfg, model_path: Path, cache_path: Path, output: Optional[Path], *, batches=None):
+def reconstructed_cache_path(output: Path) -> Path:
+    """Where ``quantize --reconstruct`` writes the cache its learned activation scales imply."""
+    return Path(output).with_suffix(".cache")
+
+
+def quantize(
+    cfg,
+    model_path: Path,
+    cache_path: Path,
+    output: Optional[Path],
+    learned_cache: Optional[Path] = None,
+    *,
+    batches=None,
+):
     """``trtq quantize``'s step: the Q/DQ model of ``model_path`` with the ranges of ``cache_path``
     (``cfg.quantize``; the data steps read ``cfg.data``, float layers rank by ``cfg.compare``),
-    checked and written to ``output``; the QuantizeResult. The Python API (trtq.api) passes
-    ``output`` None (checked the same way, not written) and ``batches`` (see :func:`quantize_for`)."""
+    checked and written to ``output``; with reconstruct, ``learned_cache`` gets the cache of
+    ``cache_path`` with the learned activation ranges. The QuantizeResult. The Python API
+    (trtq.api) passes ``output`` None (checked the same way, not written) and ``batches`` (see
+    :func:`quantize_for`)."""
+    from trtq.interrupt import held_for_outputs
+
     options, data, task_options = cfg.quantize, cfg.data, cfg.compare
     result, fp32, shapes = _quantized(model_path, cache_path, options, data, task_options, batches)
     what = f"the Q/DQ model of {Path(model_path).name}"
@@ -442,7 +479,10 @@ def quantize(cfg, model_path: Path, cache_path: Path, output: Optional[Path], *,
 
         check_produced_model(result.model, what, feeds, fp32)
     else:
-        save_model(result.model, output, feeds, fp32, what)
+        with held_for_outputs():  # the model and its cache are put in place as one step
+            save_model(result.model, output, feeds, fp32, what)
+            if learned_cache is not None and result.learned_amax:
+                _write_learned_cache(Path(cache_path), learned_cache, result.learned_amax)
     for note in result.notes:
         if note.startswith(DATA_STEP_NOTES):
             log.info("%s", note)
@@ -450,3 +490,13 @@ def quantize(cfg, model_path: Path, cache_path: Path, output: Optional[Path], *,
     for name in result.missing_amax[:10]:
         log.warning("no amax for tensor %s in %s: its consumers stay float", name, cache_path)
     return result
+
+
+def _write_learned_cache(cache_path: Path, output: Path, learned: Mapping[str, float]) -> None:
+    """The cache of ``cache_path`` (same header and entries) with the ``learned`` amax, atomically."""
+    from trtq.calib.cache import CalibrationTable, read_cache, write_cache
+
+    table = read_cache(cache_path)
+    amax = dict(table.amax, **learned)
+    write_cache(output, CalibrationTable(table.trt_version, table.algorithm, amax), table.trt_version)
+    log.info("reconstruct: the cache of the learned activation scales: %s", output)

@@ -13,6 +13,8 @@
   chosen for each layer's output error instead of nearest;
 - :mod:`~trtq.quantize.bias` (``options.bias_correction`` with data): biases corrected for the
   mean shift of weight rounding, on the float graph (before the FP16 cast);
+- :mod:`~trtq.quantize.reconstruct` (``options.reconstruct`` with data, needs torch): weight
+  rounding and activation steps learned block by block with the activations quantized;
 - :mod:`~trtq.quantize.fp16` (``options.fp16``): the float rest cast to float16.
 """
 
@@ -45,6 +47,7 @@ class QuantizeResult:
     notes: list[str] = field(default_factory=list)  # what preparing the model changed
     qdq_pairs: int = 0  # QuantizeLinear/DequantizeLinear pairs inserted
     centred: list[dict] = field(default_factory=list)  # center_activations: tensor, shift, amax
+    learned_amax: dict[str, float] = field(default_factory=dict)  # reconstruct: tensor -> learned amax
 
     def to_dict(self) -> dict:
         return {
@@ -57,6 +60,7 @@ class QuantizeResult:
             # the activation tensors the model quantizes, with 127 x their scale (what trtq report reads)
             "activations": dict(read_qdq(self.model).activations),
             "opset": default_opset(self.model),
+            **({"learned_amax": dict(self.learned_amax)} if self.learned_amax else {}),
         }
 
 
@@ -90,6 +94,7 @@ def quantize_model(
     """
     options = options if options is not None else QuantizeOptions()
     _refuse_unfit(model, amax)
+    check_reconstruct_options(options)
     prepared, notes = prepare_model(model)
     index = GraphIndex(prepared)
     _check_only_nodes(index, only_nodes)
@@ -112,6 +117,10 @@ def quantize_model(
         settle_on_levels(out, centred)  # before bias correction, which then reads the unshifted model
     if data is not None:
         notes += _data_steps(observed, out, options, data, centred)
+    learned: dict[str, float] = {}
+    if data is not None and options.reconstruct:
+        learned, note = _reconstruct(out, options, data)
+        notes.append(note)
     forms = {}
     if centred:
         from trtq.quantize.centering_fold import fold_centrings
@@ -131,7 +140,49 @@ def quantize_model(
         centred=[
             {"tensor": c.tensor, "shift": c.shift, "amax": c.amax, "form": forms.get(c.tensor, "kept")} for c in centred
         ],
+        learned_amax=learned,
     )
+
+
+def check_reconstruct_options(options: QuantizeOptions) -> None:
+    """Refuse what ``reconstruct`` does not combine with: it chooses the weight levels itself (no
+    gptq, no bias correction of other levels) and learns the activation steps of the uncentred
+    model (no center_activations); ``iterations`` >= 1."""
+    if not options.reconstruct:
+        return
+    other = [
+        flag
+        for flag, on in (
+            ("--weight-rounding gptq", options.weight_rounding == "gptq"),
+            ("--bias-correction", options.bias_correction),
+            ("--center-activations", options.center_activations),
+        )
+        if on
+    ]
+    if other:
+        raise UsageError(
+            f"--reconstruct does not combine with {', '.join(other)}: it learns the weight levels and "
+            "activation scales itself",
+            "drop " + " and ".join(other) + " (quantize.weight_rounding / bias_correction / center_activations)",
+        )
+    if options.iterations < 1:
+        raise UsageError(f"quantize iterations must be >= 1, got {options.iterations}", "pass --iterations 60")
+
+
+def _reconstruct(qdq: onnx.ModelProto, options: QuantizeOptions, data) -> tuple[dict[str, float], str]:
+    """Learned weight levels and activation steps written into ``qdq`` (in place); (learned amax, note)."""
+    import logging
+
+    from trtq.interrupt import check
+    from trtq.quantize.reconstruct import reconstruct_model
+
+    log = logging.getLogger("trtq.quantize.reconstruct")
+
+    def progress(block) -> None:
+        log.info("reconstruct: %s", block.describe())
+
+    report = reconstruct_model(qdq, data, options.iterations, progress=progress, check=check)
+    return report.amax, report.note()
 
 
 def planned_activations(model: onnx.ModelProto) -> list[str]:
