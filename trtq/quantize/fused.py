@@ -34,7 +34,7 @@ from typing import Callable, Optional
 import onnx
 
 from trtq.quantize import rules
-from trtq.quantize.graph import DATA_MOVEMENT_OPS, FLOAT, GraphIndex, attr
+from trtq.quantize.graph import DATA_MOVEMENT_OPS, FLOAT, GraphIndex, attr, tensor_groups
 
 PLACEMENTS = ("standard", "fused")
 
@@ -213,39 +213,19 @@ def add_fused(index: GraphIndex, plan, decisions: Decisions, gate: Gate, activat
         movement_decisions(index, decisions, gate, activation)
 
 
-def _groups(index: GraphIndex, links, members_of) -> dict[str, str]:
-    """Union-find over the tensors ``members_of(node)`` of every node index in ``links``: tensor -> root."""
-    parent: dict[str, str] = {}
-
-    def find(t: str) -> str:
-        while parent[t] != t:
-            t = parent[t]
-        return t
-
-    for idx in links:
-        members = members_of(index.nodes[idx])
-        for t in members:
-            parent.setdefault(t, t)
-        for t in members[1:]:
-            ra, rb = find(members[0]), find(t)
-            if ra != rb:
-                parent[rb] = ra
-    return {t: find(t) for t in parent}
-
-
 def drop_conflicting_groups(index: GraphIndex, decisions: Decisions, standard: set, amax) -> None:
     """Undo this pass's Concat / data-movement pairs in every group that would join tensors the
     standard plan quantizes at different scales (shufflenet's chained channel shuffles): a shared
     scale there would change what their Conv readers see. ``standard``: the tensors the standard
     plan quantizes; ``amax``: tensor -> amax of every planned activation."""
     concats = [i for i, n in enumerate(index.nodes) if n.op_type == rules.CONCAT_OP]
-    std_root = _groups(index, concats, lambda n: [t for t in list(n.input) + list(n.output) if t in standard])
+    std_root = tensor_groups(index, concats, lambda n: [t for t in list(n.input) + list(n.output) if t in standard])
     std_amax: dict[str, float] = {}
     for t, root in std_root.items():
         std_amax[root] = max(std_amax.get(root, 0.0), amax[t])
     keyed = {key[0] for slots in decisions.values() for _, key in slots}
     links = [i for i in decisions if index.nodes[i].op_type in MOVEMENT_OPS or i in concats]
-    root = _groups(index, links, lambda n: [t for t in list(n.input) + list(n.output) if t in keyed])
+    root = tensor_groups(index, links, lambda n: [t for t in list(n.input) + list(n.output) if t in keyed])
     scales: dict[str, set] = {}
     for t, r in root.items():
         if t in standard:

@@ -186,3 +186,24 @@ def attr(node: onnx.NodeProto, name: str, default=None):
         if a.name == name:
             return onnx.helper.get_attribute_value(a)
     return default
+
+
+def tensor_groups(index: "GraphIndex", links, members_of) -> dict:
+    """Union-find over the tensors ``members_of(node)`` of every node index in ``links``: each
+    tensor met -> the root of its group (tensors in the order they were first met)."""
+    parent: dict = {}
+
+    def find(t: str) -> str:
+        while parent[t] != t:
+            t = parent[t]
+        return t
+
+    for idx in links:
+        members = members_of(index.nodes[idx])
+        for t in members:
+            parent.setdefault(t, t)
+        for t in members[1:]:
+            ra, rb = find(members[0]), find(t)
+            if ra != rb:
+                parent[rb] = ra
+    return {t: find(t) for t in parent}

@@ -11,7 +11,7 @@ import onnx
 
 from trtq.errors import ConfigError
 from trtq.quantize import fused, rules
-from trtq.quantize.graph import DATA_MOVEMENT_OPS, FLOAT, GraphIndex
+from trtq.quantize.graph import DATA_MOVEMENT_OPS, FLOAT, GraphIndex, tensor_groups
 from trtq.quantize.scales import activation_scale, weight_scale
 
 PairKey = tuple[str, Optional[int]]  # (tensor, per-channel axis or None for per tensor)
@@ -242,25 +242,10 @@ def _share_concat_scales(
     the largest amax among them, or among those of ``prefer`` in the group when there are any
     (fused: the tensors the table's Conv/Gemm/MatMul inputs quantize, so the readers keep the
     scale they were calibrated for and the group is clipped where the standard placement clips)."""
-    parent: dict[str, str] = {}
-
-    def find(t: str) -> str:
-        while parent[t] != t:
-            t = parent[t]
-        return t
-
-    for idx in links:
-        node = index.nodes[idx]
-        members = [t for t in list(node.input) + list(node.output) if t in act_amax]
-        for t in members:
-            parent.setdefault(t, t)
-        for t in members[1:]:
-            ra, rb = find(members[0]), find(t)
-            if ra != rb:
-                parent[rb] = ra
+    root = tensor_groups(index, links, lambda n: [t for t in list(n.input) + list(n.output) if t in act_amax])
     groups: dict[str, list[str]] = {}
-    for t in parent:
-        groups.setdefault(find(t), []).append(t)
+    for t, r in root.items():
+        groups.setdefault(r, []).append(t)
     for members in groups.values():
         chosen = [t for t in members if prefer is not None and t in prefer] or members
         shared = max(act_amax[t] for t in chosen)
