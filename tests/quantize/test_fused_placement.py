@@ -179,7 +179,10 @@ def test_placement_default_is_standard():
 def _zoo_entry(name):
     if MANIFEST is None:
         pytest.skip(f"no model zoo in {ZOO}")
-    return next(e for e in MANIFEST["models"] if e["name"] == name)
+    entry = next((e for e in MANIFEST["models"] if e["name"] == name), None)
+    if entry is None:  # CI exports the fast subset only
+        pytest.skip(f"{name} is not in the zoo in {ZOO} (bash scripts/zoo_env.sh --full exports it)")
+    return entry
 
 
 @pytest.mark.parametrize(
