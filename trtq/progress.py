@@ -108,7 +108,8 @@ def show(text: str, final: bool = False) -> None:
     _sink.show(text, final)
 
 
-def _clock(seconds: float) -> str:
+def clock(seconds: float) -> str:
+    """``m:ss`` of ``seconds`` (an ETA)."""
     return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
@@ -157,7 +158,7 @@ class Task:
             count = "[" + "#" * filled + "-" * (BAR - filled) + "] " + count
         eta = ""
         if self.total and 0 < self.done < self.total:
-            eta = f", ETA {_clock(elapsed / self.done * (self.total - self.done))}"
+            eta = f", ETA {clock(elapsed / self.done * (self.total - self.done))}"
         shown = f"  {note}" if note else ""
         if len(shown) > 50:
             shown = shown[:47] + "..."

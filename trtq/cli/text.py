@@ -31,8 +31,7 @@ class ProgressLine:
         rate = p.samples_done / p.elapsed if p.elapsed > 0 else 0.0
         eta = ""
         if 0 < p.batches_done < p.batches:
-            secs = p.elapsed / p.batches_done * (p.batches - p.batches_done)
-            eta = f"  ETA {int(secs // 60)}:{int(secs % 60):02d}"
+            eta = f"  ETA {progress.clock(p.elapsed / p.batches_done * (p.batches - p.batches_done))}"
         progress.show(
             f"pass {p.stage_index}/{p.stages} ({p.stage}): {p.batches_done}/{p.batches} batches, "
             f"{p.samples_done} samples, {rate:.1f} samples/s{eta}",
