@@ -74,16 +74,23 @@ class QdqInfo:
         }
 
 
+def constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """The TensorProtos of ``graph``'s initializers and Constant node ``value`` outputs, by name
+    (the protos themselves: a caller may rewrite them in place)."""
+    tensors = {t.name: t for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output:
+            for a in node.attribute:
+                if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                    tensors[node.output[0]] = a.t
+    return tensors
+
+
 class _Constants:
     """Values of initializers and Constant node outputs, by name."""
 
     def __init__(self, graph: onnx.GraphProto):
-        self._tensors = {t.name: t for t in graph.initializer}
-        for node in graph.node:
-            if node.op_type == "Constant" and node.output:
-                for a in node.attribute:
-                    if a.name == "value":
-                        self._tensors[node.output[0]] = a.t
+        self._tensors = constant_tensors(graph)
         self._cache: dict[str, np.ndarray] = {}
 
     def __contains__(self, name: str) -> bool:

@@ -37,6 +37,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from trtq.opset_lower import default_opset, describe, lower_opset
+from trtq.qdq_info import constant_tensors
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")
 _NARROW = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
@@ -67,22 +68,13 @@ class Lowering:
         return [f.fix for f in self.findings if f.fix]
 
 
-def _constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
-    out = {t.name: t for t in graph.initializer}
-    for n in graph.node:
-        for a in n.attribute:
-            if n.op_type == "Constant" and a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
-                out[n.output[0]] = a.t
-    return out
-
-
 # ------------------------------------------------------------------------------------------------
 # 1. FP16 / BF16 -> FP32
 # ------------------------------------------------------------------------------------------------
 
 
 def _narrow_scales(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    consts = _constants(graph)
+    consts = constant_tensors(graph)
     return [
         n
         for n in graph.node
@@ -163,7 +155,7 @@ def _fp16_findings(model: onnx.ModelProto) -> list[Finding]:
     narrow = _narrow_scales(model.graph)
     if not narrow:
         return []
-    kind = onnx.TensorProto.DataType.Name(_constants(model.graph)[narrow[0].input[1]].data_type).lower()
+    kind = onnx.TensorProto.DataType.Name(constant_tensors(model.graph)[narrow[0].input[1]].data_type).lower()
     changed = _widen_graph(model.graph) + _widen_io(model.graph)
     more = f" (and {len(narrow) - 1} more Q/DQ nodes)" if len(narrow) > 1 else ""
     return [
@@ -228,7 +220,7 @@ def _zero_scale_finding(name: str, scale: onnx.TensorProto, users: list, consts:
 
 def _zero_scale_findings(model: onnx.ModelProto) -> list[Finding]:
     graph = model.graph
-    consts = _constants(graph)
+    consts = constant_tensors(graph)
     producers = {o: n for n in graph.node for o in n.output}
     users: dict[str, list] = {}
     for n in graph.node:
