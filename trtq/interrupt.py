@@ -96,6 +96,13 @@ def raised() -> bool:
     return _raised
 
 
+def swallowed() -> None:
+    """The exception :func:`raise_requested` raised never reached the command (the interpreter
+    dropped it in a finalizer): it is to be raised again."""
+    global _raised
+    _raised = False
+
+
 def raise_requested() -> None:
     """Raise the exception for the requested signal (the handler and :func:`check` use this)."""
     global _raised

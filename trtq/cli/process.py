@@ -184,8 +184,9 @@ def _in_import(frame) -> bool:
 
 
 def _in_finalizer(frame) -> bool:
+    """A ``__del__`` (or :func:`on_unraisable`, which runs right after a finalizer) is running."""
     while frame is not None:
-        if frame.f_code.co_name == "__del__":
+        if frame.f_code.co_name == "__del__" or frame.f_code is on_unraisable.__code__:
             return True
         frame = frame.f_back
     return False
@@ -278,13 +279,51 @@ def _watchdog(fd: int, grace: float) -> None:
 
 
 def install_signal_handlers(previous: Optional[dict[int, Any]] = None) -> dict[int, Any]:
+    """:func:`on_signal` for SIGINT and SIGTERM, and :func:`on_unraisable` as ``sys.unraisablehook``
+    (``previous`` gets the handlers replaced, by signal number, and the hook, under "unraisablehook")."""
     previous = {} if previous is None else previous  # filled as it goes: a signal may cut it short
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, on_signal)
     except ValueError:  # not the main thread: leave signals alone
-        pass
+        return previous
+    global _previous_unraisablehook
+    if sys.unraisablehook is not on_unraisable:
+        previous["unraisablehook"] = _previous_unraisablehook = sys.unraisablehook
+        sys.unraisablehook = on_unraisable
     return previous
+
+
+def restore_signal_handlers(previous: dict[Any, Any]) -> None:
+    """Undo :func:`install_signal_handlers` (an in-process caller gets its own handling back)."""
+    for key, handler in previous.items():
+        if key == "unraisablehook":
+            sys.unraisablehook = handler
+        else:
+            signal.signal(key, handler)
+
+
+def on_unraisable(unraisable) -> None:
+    """An interrupt raised by :func:`on_signal` that the interpreter swallowed: the handler ran inside
+    a finalizer that is not a ``__del__`` (a weakref callback, a gc callback: Python cannot raise
+    out of those), and Python would print it as "Exception ignored" and drop it. It is not printed;
+    the signal is sent again once the main thread has left the finalizer. Anything else goes to the
+    hook that was in place before."""
+    from trtq import interrupt
+
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and interrupt.requested() is not None:
+        if not (_finishing or _stopping or interrupt.committed()):
+            import threading
+
+            interrupt.swallowed()
+            threading.Thread(
+                target=_redeliver_after_import, args=(interrupt.requested(),), name="trtq-signal", daemon=True
+            ).start()
+        return
+    (_previous_unraisablehook or sys.__unraisablehook__)(unraisable)
+
+
+_previous_unraisablehook = None
 
 
 def main(group: click.Group, argv: Optional[Sequence[str]] = None) -> None:
@@ -311,8 +350,7 @@ def main(group: click.Group, argv: Optional[Sequence[str]] = None) -> None:
     finally:
         stdout_guard.restore()
         if argv is not None:  # called in-process (tests): give the caller its handlers back
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            restore_signal_handlers(previous)
     if argv is None:
         # the command is over: leave without the interpreter's shutdown (tearing down numpy, onnx,
         # ONNX Runtime takes a while, during which Python has reset the signal handlers:
