@@ -106,7 +106,7 @@ class DataOptions:
 # --------------------------------------------------------------------------------------------
 
 WeightRounding = Literal["nearest", "gptq"]
-Placement = Literal["standard", "fused"]
+Placement = Literal["standard", "fused", "shared"]
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ class QuantizeOptions:
     samples: int = 128  # calibration samples equalize, bias correction, gptq rounding and float_layers read
     center_activations: bool = False  # shift ReLU/Clip outputs so symmetric INT8 uses both halves
     equalize: bool = False  # even out the channel ranges of Conv inputs (exact float rewrite; needs data)
-    placement: Placement = "standard"  # fused: Q/DQ so Split/Concat/residual Add groups stay INT8
+    placement: Placement = "standard"  # fused / shared: Q/DQ so Concat/residual Add/pooling groups stay INT8
     # learn weight rounding and activation steps block by block, activations quantized (needs data and torch)
     reconstruct: bool = False
     iterations: int = 60  # reconstruct: training steps per block (fits EfficientNet-Lite0 on 2 cores)

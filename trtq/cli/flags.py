@@ -365,10 +365,11 @@ quantizing = option_group(
     ),
     click.option(
         "--placement",
-        type=click.Choice(["standard", "fused"]),
-        help="Q/DQ placement: standard (default: the inputs of Conv/Gemm/MatMul, residual skips) "
-        "or fused (also Split/Concat/pooling groups and residual Adds behind SiLU, so TensorRT "
-        "keeps them INT8).",
+        type=click.Choice(["standard", "fused", "shared"]),
+        help="Q/DQ placement: standard (default: the inputs of Conv/Gemm/MatMul, residual skips), "
+        "fused (also a pair on every Split/Concat/pooling group member and residual Adds behind "
+        "SiLU) or shared (one pair per tensor, read by its Concat/Add/pooling/Resize readers too, "
+        "as ModelOpt places them).",
     ),
     click.option(
         "--reconstruct",

@@ -36,7 +36,7 @@ import onnx
 from trtq.quantize import rules
 from trtq.quantize.graph import DATA_MOVEMENT_OPS, FLOAT, GraphIndex, attr, tensor_groups
 
-PLACEMENTS = ("standard", "fused")
+PLACEMENTS = ("standard", "fused", "shared")
 
 # unary activations TensorRT runs as a Conv epilogue (but not before a fused residual Add)
 EPILOGUE_OPS = frozenset(

