@@ -87,3 +87,40 @@ def test_cli_calibrates_and_quantizes_at_the_overridden_shape(trtq, tmp_path):
     import trtq.input_override as io
 
     assert io._temp_dirs == []
+
+
+def test_a_cache_is_fresh_for_its_model_at_any_overridden_shape(trtq, tmp_path):
+    """Found building the issue-34 engine table: `build --cache C --override-input-shape ...` refused
+    the model's own cache as made for another model (the rewritten copy was hashed). Calibrated at
+    one shape, the cache serves the same model at another; another model's cache is still refused."""
+    model = _fixed_detector(tmp_path / "d.onnx")
+    np.save(tmp_path / "frames.npy", np.random.default_rng(1).normal(0, 1, (4, 3, 48, 64)).astype(np.float32))
+    cache, q = tmp_path / "d.cache", tmp_path / "d.qdq.onnx"
+    r = trtq(
+        ["calibrate", "--model", model, "--data", tmp_path / "frames.npy", "-o", cache, "-q"]
+        + ["--override-input-shape", "x=2x3x48x64"]
+    )
+    assert r.code == 0, r
+    prov = json.loads((tmp_path / "d.cache.json").read_text())
+    from trtq.model import model_sha256
+
+    assert prov["model"]["sha256"] == model_sha256(model)  # the user's model, not the rewritten copy
+    r = trtq(["quantize", "--model", model, "--cache", cache, "-o", q, "-q", "--override-input-shape", "x=4x3x48x64"])
+    assert r.code == 0, r
+    r = trtq(["quantize", "--model", model, "--cache", cache, "-o", tmp_path / "plain.qdq.onnx", "-q"])
+    assert r.code == 0, r  # and at its declared shape
+    other = _fixed_detector(tmp_path / "other.onnx", reshape_to=[10, 16 * 32 * 32])
+    r = trtq(
+        [
+            "quantize",
+            "--model",
+            other,
+            "--cache",
+            cache,
+            "-o",
+            tmp_path / "o.onnx",
+            "--override-input-shape",
+            "x=10x3x32x32",
+        ]
+    )
+    assert r.code == 3 and "calibrated for a different model" in r.err, r

@@ -119,12 +119,14 @@ def model_sha256(path: Union[str, Path]) -> str:
     """The model's identity: the sha256 of the .onnx file and, when its tensors keep their data in
     external files, of those files too (each one's location and content, in order). For a model
     without external data it is the file's sha256, as before. Provenance, shards, --ranges and the
-    freshness check all compare this, so a cache is stale once the weights file changes."""
+    freshness check all compare this, so a cache is stale once the weights file changes. A copy
+    --override-input-shape wrote is the user's model (trtq.input_override.user_model)."""
     import hashlib
 
     from trtq.fileio import sha256_file
+    from trtq.input_override import user_model
 
-    path = Path(path)
+    path = user_model(path)
     own = sha256_file(path)
     files = external_data_files(path)
     if not files:
