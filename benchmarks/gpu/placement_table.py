@@ -1,4 +1,4 @@
-"""One row per engine of benchmarks/gpu/placement.sh: INT8 coverage from its ``trtq build --json``
+"""One row per engine of benchmarks/gpu/placement.sh or engines.sh: INT8 coverage from its ``trtq build --json``
 and the median latency from one ``trtq bench --json`` run of all plans, then the median over
 builds per model and placement.
 
@@ -31,8 +31,10 @@ def main(argv: list[str]) -> int:
         if build.is_file() and build.stat().st_size:
             cov = json.loads(build.read_text()).get("int8_coverage")
         ms = medians.get(name)
-        if cov is None:
-            print(f"{name:40s} (no coverage: see {build.name[:-5]}.log)  median {ms}")
+        key = name.rsplit(".", 2)[0]  # MODEL.PLACEMENT, or VARIANT (engines.sh)
+        if cov is None:  # an FP16 engine, or a failed build
+            print(f"{name:40s} (no INT8 coverage: see {build.name[:-5]}.log)  median {ms}")
+            groups.setdefault(key, []).append((ms, None))
             continue
         share = cov.get("time_share")
         print(
@@ -40,16 +42,15 @@ def main(argv: list[str]) -> int:
             f"{'-' if share is None else format(share, '.1%'):>9} {len(cov['conversions']):4d} "
             f"{len(cov['reformats']):5d} {len(cov['fallbacks']):5d} {'-' if ms is None else format(ms, '.3f'):>9}"
         )
-        key = name.rsplit(".", 2)[0]  # MODEL.PLACEMENT
         groups.setdefault(key, []).append((ms, share or 0.0))
     print("\nmedian over builds:")
     for key, rows in groups.items():
         timed = [r[0] for r in rows if r[0] is not None]
         latency = f"{statistics.median(timed):.3f} ms" if timed else "- ms"
-        print(
-            f"{key:40s} median {latency}  int8 time {statistics.median(r[1] for r in rows):.1%}  "
-            f"({len(rows)} builds, {len(timed)} timed)"
-        )
+        shares = [r[1] for r in rows if r[1] is not None]
+        share = f"{statistics.median(shares):.1%}" if shares else "-"
+        each = ", ".join(f"{t:.3f}" for t in timed)
+        print(f"{key:40s} median {latency} ({each})  int8 time {share}  ({len(rows)} builds, {len(timed)} timed)")
     return 0
 
 

@@ -1,0 +1,61 @@
+#!/bin/sh
+# GPU host, issue 34's engine table for one model: the implicit INT8 engine from trtq's cache, trtq's
+# explicit engine per Q/DQ placement, ModelOpt's explicit engine (its file lowered by build
+# --fix-qdq) and FP16, each built BUILDS times at optimization level OPT (PAR builds at a time),
+# then one `trtq bench` of every plan (medians side by side) and, with PAGES, detection F1 of
+# each variant's first engine against FP32 ONNX Runtime. Run from the repository root after the
+# bundle is staged (benchmarks/gpu/steps.sh) and the inputs are copied to the host:
+#   NAME=yolo MODEL=m.onnx CACHE=m.cache [MODELOPT=m.modelopt.onnx] [SHAPE="--override-input-shape x=64x3x224x224"] \
+#   [PLACEMENTS="standard fused shared"] [PAGES=dir PREPROCESS=yolo | CONFIG=run.yaml] [COMPARE_ARGS=...] \
+#   [ONLY="implicit|fp16"] [BUILDS=3 OPT=0 PAR=3 DURATION=3] sh benchmarks/gpu/engines.sh
+# Results (build JSON with int8_coverage, logs, bench JSON, compare output, the table) in
+# /tmp/engines-out/$NAME, and with $OUT set as $OUT/$NAME.tgz, $NAME.table.txt, $NAME.metric.txt.
+set -e
+: "${NAME:?}" "${MODEL:?}" "${CACHE:?}"
+PY=${PY:-/opt/trtq-rig/bin/python}
+export PYTHONPATH=/opt/trtq-rig/site39${PYTHONPATH:+:$PYTHONPATH}
+O=/tmp/engines-out/$NAME; W=/tmp/engines/$NAME; mkdir -p "$O" "$W"
+BUILDS=${BUILDS:-3}; OPT=${OPT:-0}; PAR=${PAR:-3}; PLACEMENTS=${PLACEMENTS:-standard shared}
+jobs=$W/jobs.txt; : > "$jobs"
+# one line per build: variant, build number, trtq build arguments
+for p in $PLACEMENTS; do
+  $PY -m trtq quantize --model "$MODEL" --cache "$CACHE" --placement "$p" -o "$W/$p.qdq.onnx" -q
+  for b in $(seq 1 "$BUILDS"); do echo "trtq-$p $b --model $W/$p.qdq.onnx --fp16" >> "$jobs"; done
+done
+for b in $(seq 1 "$BUILDS"); do
+  echo "implicit $b --model $MODEL --cache $CACHE --mode implicit --fp16" >> "$jobs"
+  [ -n "$MODELOPT" ] && echo "modelopt $b --model $MODELOPT --fix-qdq --fp16" >> "$jobs"
+  echo "fp16 $b --model $MODEL --precision fp16" >> "$jobs"
+done
+if [ -n "$ONLY" ]; then  # e.g. ONLY="implicit|fp16": those variants alone
+  grep -E "^($ONLY) " "$jobs" > "$jobs.only" || true; mv "$jobs.only" "$jobs"
+fi
+run_build() {  # variant build args...
+  v=$1; b=$2; shift 2
+  $PY -m trtq build "$@" --optimization-level "$OPT" $SHAPE -o "$W/$v.$b.plan" --json \
+      > "$O/$v.$b.build.json" 2> "$O/$v.$b.build.log" || echo "build $v.$b rc $?" >> "$O/failures.txt"
+}
+n=0
+while read -r v b args; do
+  run_build "$v" "$b" $args &
+  n=$((n + 1))
+  [ $((n % PAR)) -eq 0 ] && wait
+done < "$jobs"
+wait
+plans=$(ls "$W"/*.plan)
+$PY -m trtq bench --duration "${DURATION:-3}" --json $plans > "$O/bench.json" 2> "$O/bench.log" || echo "bench rc $?"
+if [ -n "$PAGES" ] || [ -n "$CONFIG" ]; then  # the task metric of each variant's first engine vs FP32 ONNX Runtime
+  data="--data $PAGES --preprocess ${PREPROCESS:-yolo}"; [ -n "$CONFIG" ] && data="--config $CONFIG"
+  for plan in "$W"/*.1.plan; do
+    v=$(basename "$plan" .1.plan)
+    $PY -m trtq compare --reference "$MODEL" --candidate "$plan" $data $COMPARE_ARGS \
+        > "$O/$v.compare.txt" 2>&1 || echo "compare $v rc $?"
+    row=$(grep -E -A1 'samples +top-1 agree' "$O/$v.compare.txt" | sed -n 2p)  # the first output's row
+    echo "$v: $row $(grep -E 'detection F1' "$O/$v.compare.txt" | head -1)"
+  done | tee "$O/metric.txt"
+fi
+$PY benchmarks/gpu/placement_table.py "$O" "$O/bench.json" $plans | tee "$O/table.txt"
+if [ -n "$OUT" ]; then  # few files come back from the host: one archive, and the table
+  tar czf "$OUT/$NAME.tgz" -C "$O" . && cp "$O/table.txt" "$OUT/$NAME.table.txt"
+  [ -f "$O/metric.txt" ] && cp "$O/metric.txt" "$OUT/$NAME.metric.txt"
+fi
