@@ -18,17 +18,9 @@ from typing import Optional
 
 from trtq.errors import ModelError, UsageError
 from trtq.formatting import ascii_int
-from trtq.model import format_shape
+from trtq.model import forget_copies, format_shape, record_copy
 
 _temp_dirs: list[str] = []
-_originals: dict[str, str] = {}  # a rewritten copy (write_overridden) -> the user's model it was made from
-
-
-def user_model(path: "str | Path") -> Path:
-    """The user's model a rewritten copy was made from (its identity in provenance and freshness
-    checks: a cache calibrated at one input shape is the same model's cache at another); any other
-    path as it is."""
-    return Path(_originals.get(str(path), path))
 
 
 MAX_DIM = 2**31 - 1  # no real tensor has a longer axis (TensorRT's dims were int32 until 10)
@@ -206,12 +198,12 @@ def write_overridden(model_path: str, shapes: Mapping[str, Sequence[int]]) -> st
     _temp_dirs.append(folder)
     path = Path(folder) / f"{Path(model_path).stem}.shape-override.onnx"
     onnx.save(model, str(path))
-    _originals[str(path)] = str(user_model(model_path))
+    record_copy(path, model_path)  # hashed as the user's model (trtq.model.model_sha256)
     return str(path)
 
 
 def remove_temp_models() -> None:
-    _originals.clear()
+    forget_copies()
     while _temp_dirs:
         shutil.rmtree(_temp_dirs.pop(), ignore_errors=True)
 

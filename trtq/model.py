@@ -115,16 +115,33 @@ def external_data_files(path: Union[str, Path]) -> list[Path]:
     return list(_external_cache[key])
 
 
+_copies: dict[str, str] = {}  # a rewritten copy (--override-input-shape) -> the user's model
+
+
+def record_copy(copy: Union[str, Path], original: Union[str, Path]) -> None:
+    """``copy`` is ``original`` rewritten (trtq.input_override): it has the original's identity."""
+    _copies[str(copy)] = str(user_model(original))
+
+
+def forget_copies() -> None:
+    _copies.clear()
+
+
+def user_model(path: Union[str, Path]) -> Path:
+    """The user's model a rewritten copy was made from (a cache calibrated at one input shape is the
+    same model's cache at another); any other path as it is."""
+    return Path(_copies.get(str(path), path))
+
+
 def model_sha256(path: Union[str, Path]) -> str:
     """The model's identity: the sha256 of the .onnx file and, when its tensors keep their data in
     external files, of those files too (each one's location and content, in order). For a model
     without external data it is the file's sha256, as before. Provenance, shards, --ranges and the
     freshness check all compare this, so a cache is stale once the weights file changes. A copy
-    --override-input-shape wrote is the user's model (trtq.input_override.user_model)."""
+    --override-input-shape wrote is the user's model (:func:`user_model`)."""
     import hashlib
 
     from trtq.fileio import sha256_file
-    from trtq.input_override import user_model
 
     path = user_model(path)
     own = sha256_file(path)
