@@ -52,18 +52,32 @@ def caches(tmp_path_factory):
 
 
 def test_qdq_cache_holds_what_quantize_reads(trtq, caches, sample_model):
+    """What every placement reads: a --tensors qdq cache serves quantize --placement standard, fused
+    and shared as the full cache does (it held the standard placement's tensors only, so the
+    others left nodes float for want of an amax)."""
     root, c = caches
     full, qdq = read_cache(c["full"]).amax, read_cache(c["qdq"]).amax
-    r = trtq(["quantize", "--model", sample_model, "--cache", c["full"], "-o", root / "full.qdq.onnx", "--json"])
-    assert r.code == 0, r
-    wanted = _qdq_activation_inputs(root / "full.qdq.onnx")
+    wanted, quantized = set(), {}
+    for placement in ("standard", "fused", "shared"):
+        out = root / f"full.{placement}.qdq.onnx"
+        r = trtq(
+            ["quantize", "--model", sample_model, "--cache", c["full"], "-o", out, "--json", "--placement", placement]
+        )
+        assert r.code == 0, r
+        wanted |= _qdq_activation_inputs(out)
+        quantized[placement] = json.loads(r.out)["quantized"]
     assert set(qdq) == wanted and 0 < len(qdq) < len(full) / 2
+    assert len(quantized["shared"]) > len(quantized["standard"])  # the sample has pooling the shared one reads
     for t in qdq:
         assert qdq[t] == pytest.approx(full[t], rel=1e-6), t
-    r2 = trtq(["quantize", "--model", sample_model, "--cache", c["qdq"], "-o", root / "qdq.qdq.onnx", "--json"])
-    assert r2.code == 0, r2
-    assert json.loads(r2.out)["quantized"] == json.loads(r.out)["quantized"]
-    assert _qdq_activation_inputs(root / "qdq.qdq.onnx") == wanted
+    for placement in ("standard", "fused", "shared"):
+        out = root / f"qdq.{placement}.qdq.onnx"
+        r2 = trtq(
+            ["quantize", "--model", sample_model, "--cache", c["qdq"], "-o", out, "--json", "--placement", placement]
+        )
+        assert r2.code == 0, r2
+        assert json.loads(r2.out)["quantized"] == quantized[placement], placement
+        assert _qdq_activation_inputs(out) == _qdq_activation_inputs(root / f"full.{placement}.qdq.onnx")
     prov = {k: json.loads((c[k].parent / f"{c[k].name}.json").read_text())["collection"]["tensors"] for k in c}
     assert prov == {"full": "all", "qdq": "qdq", "listed": "listed"}
 

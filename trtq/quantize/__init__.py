@@ -18,7 +18,7 @@
 - :mod:`~trtq.quantize.fp16` (``options.fp16``): the float rest cast to float16.
 """
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -185,17 +185,22 @@ def _reconstruct(qdq: onnx.ModelProto, options: QuantizeOptions, data) -> tuple[
     return report.amax, report.note()
 
 
-def planned_activations(model: onnx.ModelProto) -> list[str]:
-    """The activations trtq's default placement puts a Q/DQ pair on (the inputs of Conv, Gemm,
-    MatMul, residual Adds ... as :func:`quantize_model` with default options would), in the
-    model's topological order: all an explicit (Q/DQ) build reads from a calibration cache.
+def planned_activations(model: onnx.ModelProto, placements: Optional[Sequence[str]] = None) -> list[str]:
+    """The activations trtq's ``placements`` (default: all of them) put a Q/DQ pair on (the inputs
+    of Conv, Gemm, MatMul, residual Adds ... as :func:`quantize_model` would with each), in the
+    model's topological order: all an explicit (Q/DQ) build reads from a calibration cache, so a
+    cache of these serves ``quantize --placement`` standard, fused and shared alike.
     ``calibrate --tensors qdq`` calibrates only these."""
     from trtq.model import calibratable_tensors
+    from trtq.quantize.fused import PLACEMENTS
 
     available = calibratable_tensors(model)
     prepared, _ = prepare_model(model)
-    plan = make_plan(GraphIndex(prepared), {t: 1.0 for t in available}, (), True, None, {})
-    wanted = {pair.tensor for pair in plan.pairs.values() if not pair.weight}
+    index = GraphIndex(prepared)
+    wanted: set[str] = set()
+    for placement in PLACEMENTS if placements is None else placements:
+        plan = make_plan(index, {t: 1.0 for t in available}, (), True, None, {}, placement)
+        wanted.update(pair.tensor for pair in plan.pairs.values() if not pair.weight)
     return [t for t in available if t in wanted]
 
 
