@@ -344,3 +344,59 @@ def test_an_opset_import_alone_does_not_block_but_is_lowered_with_fix_qdq(tmp_pa
     low, fixes = _pipeline(tmp_path, model, True, monkeypatch)
     assert fixes == ["opset 19 -> 17 (no operator in it changed since opset 17)"]
     np.testing.assert_array_equal(run(low), run(model))
+
+
+def _conv_bn(variance: np.ndarray, fp16: bool = True, mask: bool = False) -> onnx.ModelProto:
+    """x -> Q/DQ -> Conv (DQ'd weight) -> BatchNormalization(variance) [-> Add(-inf mask)] -> y."""
+    ft = TensorProto.FLOAT16 if fp16 else TensorProto.FLOAT
+    npt = np.float16 if fp16 else np.float32
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(np.array(0.05, npt), "s"),
+        numpy_helper.from_array(np.array(0, np.int8), "z"),
+        numpy_helper.from_array(rng.integers(-100, 100, (4, 4, 3, 3)).astype(np.int8), "wq"),
+        numpy_helper.from_array(np.full(4, 0.01, npt), "ws"),
+        numpy_helper.from_array(np.zeros(4, np.int8), "wz"),
+        numpy_helper.from_array(np.ones(4, npt), "gamma"),
+        numpy_helper.from_array(np.zeros(4, npt), "beta"),
+        numpy_helper.from_array(np.zeros(4, npt), "mean"),
+    ]
+    nodes = [
+        helper.make_node(
+            "Constant", [], ["var"], name="var_const", value=numpy_helper.from_array(variance.astype(npt))
+        ),
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="x_q"),
+        helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="x_dq"),
+        helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], name="w_dq", axis=0),
+        helper.make_node("Conv", ["xd", "w"], ["c"], name="conv", pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
+        helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["y0"], name="bn"),
+    ]
+    if mask:  # an attention-style mask: inf on purpose, not a parameter
+        inits.append(numpy_helper.from_array(np.array([0, -np.inf, 0, 0], npt).reshape(1, 4, 1, 1), "mask"))
+        nodes.append(helper.make_node("Add", ["y0", "mask"], ["y"], name="masked"))
+    else:
+        nodes.append(helper.make_node("Identity", ["y0"], ["y"], name="out"))
+    graph = helper.make_graph(
+        nodes,
+        "conv_bn",
+        [helper.make_tensor_value_info("x", ft, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", ft, [1, 4, 8, 8])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_an_inf_parameter_is_refused_with_its_node():
+    """ModelOpt 0.47's PP-OCRv4 det: a BatchNormalization variance past 65504 became inf in its FP16
+    file, and TensorRT 8.6's builder failed with a CUDA illegal memory access. Refused, naming the node."""
+    variance = np.array([1.0, 7e4, 2.0, 7e5], dtype=np.float32)  # two values beyond FP16
+    with np.errstate(over="ignore"):
+        model = _conv_bn(variance)
+    low = plan_lowering(model, 17, False, "8.6.0")
+    refused = low.refused
+    assert len(refused) == 1 and refused[0].node == "BatchNormalization 'bn'"
+    assert "input 4 'var' holds 2 of 4 values inf" in refused[0].problem
+    assert any("float16 scale" in f.problem and f.fix for f in low.findings)  # the FP16 part alone is exact
+    # finite parameters, and an inf that is not a parameter (a mask), are no finding
+    assert not lowered(_conv_bn(np.array([1.0, 2.0, 3.0, 4.0]), fp16=False)).findings
+    assert not lowered(_conv_bn(np.array([1.0, 2.0, 3.0, 4.0]), fp16=False, mask=True)).findings

@@ -17,7 +17,12 @@ lowered copy. Each finding is either fixed exactly in the copy or refused (``fix
    the same tensor (1.0 when all are zero), so the channel's combined scale stays within the
    range of its neighbours'. A zero scale on a channel with a non-zero weight, on an activation
    (whose values are not known), or a negative or non-finite scale is refused.
-3. An opset newer than the parser reads (17 for TensorRT 8.6): :func:`trtq.opset_lower.lower_opset`
+3. An inf or NaN in a layer's parameters (a Conv / ConvTranspose / Gemm weight or bias, a
+   normalization's scale, bias, mean or variance), as an FP16 export writes where a value passed
+   65504 (ModelOpt's PP-OCRv4 det: a BatchNormalization variance): refused, no exact value is
+   known; TensorRT 8.6 failed building such a file with a CUDA illegal memory access. An inf
+   elsewhere (an attention mask) is left alone.
+4. An opset newer than the parser reads (17 for TensorRT 8.6): :func:`trtq.opset_lower.lower_opset`
    rewrites exactly or refuses, node by node. Where no operator changed after the parser's opset,
    only the opset import differs: the finding does not block a build without ``--fix-qdq`` (the
    parser reads such a graph as an older one; its own errors still name the opset), and
@@ -236,6 +241,56 @@ def _zero_scale_findings(model: onnx.ModelProto) -> list[Finding]:
 
 
 # ------------------------------------------------------------------------------------------------
+# 3. inf / NaN parameters
+# ------------------------------------------------------------------------------------------------
+
+# op type -> the input slots that hold the layer's parameters
+PARAMETER_SLOTS = {
+    "Conv": (1, 2),
+    "ConvTranspose": (1, 2),
+    "Gemm": (1, 2),
+    "BatchNormalization": (1, 2, 3, 4),
+    "InstanceNormalization": (1, 2),
+    "LayerNormalization": (1, 2),
+    "GroupNormalization": (1, 2),
+}
+
+
+def _nonfinite_findings(model: onnx.ModelProto) -> list[Finding]:
+    graph = model.graph
+    consts = constant_tensors(graph)
+    producers = {o: n for n in graph.node for o in n.output}
+    out, seen = [], set()
+    for node in graph.node:
+        for slot in PARAMETER_SLOTS.get(node.op_type, ()):
+            name = node.input[slot] if slot < len(node.input) else ""
+            source = name
+            while source and source not in consts and source in producers:  # through its DequantizeLinear
+                feeder = producers[source]
+                if feeder.op_type not in ("DequantizeLinear", "Cast", "Identity") or not feeder.input:
+                    break
+                source = feeder.input[0]
+            if not source or source not in consts or source in seen:
+                continue
+            values = numpy_helper.to_array(consts[source])
+            if values.dtype.kind != "f" or np.all(np.isfinite(values)):
+                continue
+            seen.add(source)
+            bad = int((~np.isfinite(values)).sum())
+            kind = "inf" if not np.isnan(values).any() else "inf or NaN"
+            where = f"'{name}'" if source == name else f"'{name}' (from '{source}')"
+            out.append(
+                Finding(
+                    describe(node),
+                    f"input {slot} {where} holds {bad} of {values.size} values {kind} (an FP16 export writes "
+                    "inf where a value passed 65504); no exact value is known, and TensorRT 8.6 failed building "
+                    "such a file",
+                )
+            )
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
 # the whole lowering
 # ------------------------------------------------------------------------------------------------
 
@@ -261,6 +316,7 @@ def plan_lowering(model: onnx.ModelProto, max_opset: int | None, float16_qdq: bo
     lowered = copy.deepcopy(model)
     findings = [] if float16_qdq else _fp16_findings(lowered)
     findings += _zero_scale_findings(lowered)
+    findings += _nonfinite_findings(lowered)
     findings += _opset_findings(lowered, max_opset, label)
     return Lowering(lowered, findings)
 

@@ -55,7 +55,8 @@ def tensorrt_parseable(model: Any, model_path: Path, fix_qdq: bool, data_options
     if refused:
         raise ModelError(
             f"--fix-qdq cannot lower {model_path.name} exactly: {refused[0].line()}{_more(refused)}",
-            f"re-export it for TensorRT {label} (opset <= {max_opset or 'any'}, FP32 Q/DQ scales, positive scales)",
+            f"re-export it for TensorRT {label} (opset <= {max_opset or 'any'}, FP32 Q/DQ scales, positive scales, "
+            "parameters kept in FP32 where FP16 overflows)",
         )
     from trtq.model_check import check_produced_model
     from trtq.pipeline.quantize import check_batch
