@@ -109,3 +109,15 @@ def _levels(model, feeds) -> dict:
         m.graph.output.append(onnx.helper.make_empty_tensor_value_info(q.output[0]))
     outs = run(m, feeds)[-len(qs) :]
     return {q.input[0]: o for q, o in zip(qs, outs)}
+
+
+@pytest.mark.parametrize("placement", ["fused", "shared"])
+def test_centring_with_another_placement_is_refused(placement):
+    """The engine form above was found wrong with the fused pairs (levels up to 148 apart from the
+    Add form) and quantizing other tensors with the shared ones: refused (exit 2) until it is not."""
+    from trtq.errors import UsageError
+
+    model = _chain(np.random.default_rng(0), act="clip", pad=False, producer="conv")
+    amax = activation_amax(model, _feeds(np.random.default_rng(1)))
+    with pytest.raises(UsageError, match=f"does not combine with --placement {placement}"):
+        quantize_model(model, amax, QuantizeOptions(center_activations=True, placement=placement))

@@ -95,6 +95,7 @@ def quantize_model(
     options = options if options is not None else QuantizeOptions()
     _refuse_unfit(model, amax)
     check_reconstruct_options(options)
+    check_centering_options(options)
     prepared, notes = prepare_model(model)
     index = GraphIndex(prepared)
     _check_only_nodes(index, only_nodes)
@@ -167,6 +168,19 @@ def check_reconstruct_options(options: QuantizeOptions) -> None:
         )
     if options.iterations < 1:
         raise UsageError(f"quantize iterations must be >= 1, got {options.iterations}", "pass --iterations 60")
+
+
+def check_centering_options(options: QuantizeOptions) -> None:
+    """Refuse ``center_activations`` with a placement other than standard: the engine form of the
+    centrings (centering_fold) is written for the standard pairs; with the fused pairs it computed
+    levels up to 148 apart from the Add form it stands for, with the shared pairs it quantized other
+    tensors (tests/quantize/test_centering_fold.py)."""
+    if options.center_activations and options.placement != "standard":
+        raise UsageError(
+            f"--center-activations does not combine with --placement {options.placement} yet: the centrings' "
+            "engine form is written for the standard placement",
+            f"drop --center-activations, or use --placement standard (quantize.placement: {options.placement})",
+        )
 
 
 def _reconstruct(qdq: onnx.ModelProto, options: QuantizeOptions, data) -> tuple[dict[str, float], str]:
