@@ -39,7 +39,7 @@ def _quantized(model_path: Path, cache_path: Path, options: QuantizeOptions, dat
     from trtq.model import load_model
     from trtq.trt import compat
 
-    check_reconstruct(options)
+    check_options(options)
     model = load_model(model_path)
     table = read_cache(Path(cache_path))
     provenance = check_cache_for_model(Path(cache_path), Path(model_path), options.allow_stale, table.amax)
@@ -81,7 +81,7 @@ def quantize_for(
     from trtq.quantize import quantize_model
     from trtq.trt import compat
 
-    check_reconstruct(options)
+    check_options(options)
     given = batches
     batches = sample_batches(model, options, data, given)
     declared = None
@@ -123,11 +123,13 @@ def _warn_unmatched_exclude(notes) -> None:
             )
 
 
-def check_reconstruct(options: QuantizeOptions) -> None:
-    """Refuse reconstruct's options and a missing torch (exit 4) before anything is read."""
-    from trtq.quantize import check_reconstruct_options
+def check_options(options: QuantizeOptions) -> None:
+    """Refuse options that do not combine (reconstruct's, centring with another placement: exit 2)
+    and a missing torch (exit 4) before anything is read."""
+    from trtq.quantize import check_centering_options, check_reconstruct_options
 
     check_reconstruct_options(options)
+    check_centering_options(options)
     if options.reconstruct:
         from trtq.quantize.reconstruct import require_torch
 
