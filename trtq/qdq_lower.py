@@ -21,7 +21,8 @@ lowered copy. Each finding is either fixed exactly in the copy or refused (``fix
    normalization's scale, bias, mean or variance), as an FP16 export writes where a value passed
    65504 (ModelOpt's PP-OCRv4 det: a BatchNormalization variance): refused, no exact value is
    known; TensorRT 8.6 failed building such a file with a CUDA illegal memory access. An inf
-   elsewhere (an attention mask) is left alone.
+   elsewhere (an attention mask) is left alone, and so is a weight behind Q/DQ: a
+   DequantizeLinear reads integers, and QuantizeLinear saturates an inf to the last level.
 4. An opset newer than the parser reads (17 for TensorRT 8.6): :func:`trtq.opset_lower.lower_opset`
    rewrites exactly or refuses, node by node. Where no operator changed after the parser's opset,
    only the opset import differs: the finding does not block a build without ``--fix-qdq`` (the
@@ -265,9 +266,9 @@ def _nonfinite_findings(model: onnx.ModelProto) -> list[Finding]:
         for slot in PARAMETER_SLOTS.get(node.op_type, ()):
             name = node.input[slot] if slot < len(node.input) else ""
             source = name
-            while source and source not in consts and source in producers:  # through its DequantizeLinear
+            while source and source not in consts and source in producers:  # through a Cast / Identity
                 feeder = producers[source]
-                if feeder.op_type not in ("DequantizeLinear", "Cast", "Identity") or not feeder.input:
+                if feeder.op_type not in ("Cast", "Identity") or not feeder.input:
                     break
                 source = feeder.input[0]
             if not source or source not in consts or source in seen:

@@ -153,7 +153,8 @@ def batched_if_identical(model, batches, data, options: QuantizeOptions):
     specs = input_specs(model)
     if not fixed_batch_one(specs, data):
         return model, batches, None
-    tensors = list(dict.fromkeys(planned_activations(model) + [o.name for o in model.graph.output]))
+    planned = planned_activations(model, (options.placement,))
+    tensors = list(dict.fromkeys(planned + [o.name for o in model.graph.output]))
     # the steps read Conv / Gemm / MatMul inputs and the outputs, whatever axis carries the batch
     wide, wide_specs, wide_data, mode = widen_if_identical(
         model, specs, batches.options, tensors, (), resolve_budget(None), any_axis=True

@@ -26,19 +26,14 @@ into their producers. Every node this pass touches goes through the same gate (`
 float layers, TensorRT 8's grouped-conv consumers) as the standard plan's nodes.
 """
 
-from typing import Callable, Optional
-
 import onnx
 
 from trtq.quantize import fused
+from trtq.quantize.fused import Activation, Decisions, Gate
 from trtq.quantize.graph import DATA_MOVEMENT_OPS, FLOAT, GraphIndex, attr
 
 POOLING_OPS = frozenset({"MaxPool", "AveragePool", "GlobalAveragePool"})
 SHARED_READERS = frozenset({"Concat", "Add", "Resize", "Split", "Slice"}) | POOLING_OPS | DATA_MOVEMENT_OPS
-
-Decisions = dict  # node index -> [(slot, (tensor, axis))], as plan.make_plan builds it
-Gate = Callable[[onnx.NodeProto], Optional[str]]
-Activation = Callable[[str], Optional[tuple]]
 
 
 def _computed_float(index: GraphIndex, tensor: str) -> bool:
