@@ -374,3 +374,53 @@ def test_model_input_dtype(photos):
     np.testing.assert_array_equal(x, ref.astype(np.float16))
     with pytest.raises(DataError, match="model input x takes uint8 but image preprocessing makes float32"):
         Batcher(folder_options(photos), [spec(dtype="uint8")])
+
+
+_LEAKED_LOCK = r"""
+import os, sys
+import numpy as np
+import trtq.data.batcher as batcher
+from concurrent.futures import ThreadPoolExecutor
+from trtq.config import DataOptions, InputSource
+from trtq.model import TensorSpec
+
+
+class Pool(ThreadPoolExecutor):
+    calls = 0
+
+    def submit(self, *args, **kwargs):
+        Pool.calls += 1
+        if Pool.calls == 6:  # Ctrl-C inside Semaphore.acquire, after its lock was taken (Python code)
+            self._idle_semaphore._cond.acquire()
+            raise KeyboardInterrupt
+        return super().submit(*args, **kwargs)
+
+
+batcher.ThreadPoolExecutor = Pool
+opts = DataOptions(inputs={"x": InputSource(npy=(sys.argv[1],))}, batch_size=1, workers=2, prefetch=2)
+try:
+    for _ in batcher.Batcher(opts, [TensorSpec("x", ("N", 3, 4, 4), "float32")]):
+        pass
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    os._exit(0)  # as trtq's CLI leaves: without joining the pool's workers
+print("not interrupted", flush=True)
+"""
+
+
+def test_an_interrupt_that_leaves_a_pool_lock_held_does_not_hang(tmp_path):
+    """Seen once in 92 signalled calibrations: SIGTERM landed in ThreadPoolExecutor.submit between
+    the idle semaphore's lock being taken and released; a worker then waited on that lock and the
+    Batcher's pool.shutdown(wait=True) joined it forever (the CLI's watchdog stopped the run 10 s
+    later). After an interrupt the Batcher no longer joins its workers."""
+    import subprocess
+    import sys
+
+    np.save(tmp_path / "x.npy", np.zeros((32, 3, 4, 4), np.float32))
+    try:
+        p = subprocess.run(
+            [sys.executable, "-c", _LEAKED_LOCK, str(tmp_path / "x.npy")], capture_output=True, text=True, timeout=30
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the Batcher joined a worker that waits on the lock the interrupt left held")
+    assert p.returncode == 0 and p.stdout.strip() == "interrupted", p.stdout + p.stderr

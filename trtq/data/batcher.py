@@ -249,6 +249,7 @@ class Batcher:
         pool = ThreadPoolExecutor(self.workers, thread_name_prefix="trtq-data")
         pending: deque[tuple[int, Future]] = deque()
         todo = iter(order.tolist())
+        interrupted = False
         try:
             for i in todo:
                 pending.append((i, pool.submit(_call, self._load, i)))
@@ -261,10 +262,16 @@ class Batcher:
                 if nxt is not None:
                     pending.append((nxt, pool.submit(_call, self._load, nxt)))
                 yield i, result
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
         finally:
             for _, fut in pending:
                 fut.cancel()
-            pool.shutdown(wait=True)
+            # after Ctrl-C / SIGTERM, no join: the interrupt may have hit pool.submit between taking
+            # and releasing the lock of the pool's idle semaphore (Python-level lock code), and a
+            # worker then waits on it forever; the process ends without its workers (os._exit)
+            pool.shutdown(wait=not interrupted, cancel_futures=interrupted)
 
     def __iter__(self) -> Iterator[Batch]:
         # sub-folders that could not be listed (skip_bad) count as skipped on every pass
