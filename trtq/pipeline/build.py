@@ -56,6 +56,55 @@ def build_engine(
     data_options: Optional[DataOptions] = None,
 ) -> BuildResult:
     """Build ``output`` (a plan) and ``output.json``; nothing is written when the build fails."""
+    inputs = checked_build_inputs(model_path, output, options, cache_path, quantize_options, data_options)
+    t0 = time.perf_counter()
+    network = network_for(inputs, inputs.quantize_options)
+    inputs.model = None  # the network model holds what TensorRT needs
+    result = build_network(inputs, network, Path(output), options, started=t0)
+    if options.precision == "int8":
+        result.coverage = checked_coverage(result.plan_path, options.require_int8)
+    return result
+
+
+@dataclasses.dataclass
+class BuildInputs:
+    """What ``trtq build`` checked and read before TensorRT builds: one build's, or the candidates'
+    of ``build --tune-placement`` (:mod:`trtq.pipeline.tune`), which quantize one model many ways."""
+
+    trt: Any
+    recipe: Any
+    model: Any  # the (lowered) ONNX model
+    model_path: Path
+    prequantized: Any  # its QdqInfo when it has Q/DQ nodes already
+    cache_path: Optional[Path]
+    table: Any
+    fallback: dict  # the shapes the cache was calibrated with
+    profiles: dict
+    lowered: Any  # what --fix-qdq lowered
+    quantize_options: QuantizeOptions
+    data_options: DataOptions
+
+
+@dataclasses.dataclass
+class Network:
+    """The model TensorRT parses (None: the file as it is), what quantizing it did (the plan
+    metadata's ``quantize``) and the nodes that got Q/DQ on their inputs (trtq quantized it)."""
+
+    model: Any
+    info: dict
+    quantized: tuple = ()
+
+
+def checked_build_inputs(
+    model_path: Path,
+    output: Path,
+    options: BuildOptions,
+    cache_path: Optional[Path] = None,
+    quantize_options: Optional[QuantizeOptions] = None,
+    data_options: Optional[DataOptions] = None,
+) -> BuildInputs:
+    """Everything checked that can be before TensorRT builds (model, cache, shapes, then TensorRT
+    and the GPU); a UsageError / ModelError / CacheError for what cannot be built."""
     from trtq.trt import cuda
 
     model_path, output = Path(model_path), Path(output)
@@ -77,40 +126,67 @@ def build_engine(
         refuse_float_grouped_convs_feeding_int8(trt, model, model_path)
     cuda.require_gpu()
     recipe = compat.plan_build(trt, options.precision, options.mode, options.fp16)
-    t0 = time.perf_counter()
-    network_model, quant_info = _network_model(
+    return BuildInputs(
         trt,
+        recipe,
         model,
         model_path,
         prequantized,
-        recipe,
+        cache_path,
         table,
+        fallback,
+        profiles,
+        lowered,
         quantize_options,
         data_options,
-        cache_path,
-        profiles,
-        fallback,
     )
-    if lowered:  # --fix-qdq: TensorRT parses the lowered model, never the file
-        quant_info = dict(quant_info, lowered=lowered)
-        network_model = model if network_model is None else network_model
-    del model
-    result = build_plan(
-        trt,
-        recipe,
-        network_model,
-        model_path,
+
+
+def network_for(inputs: BuildInputs, quantize_options: QuantizeOptions) -> Network:
+    """The network model of ``inputs`` with ``quantize_options`` (the tuner varies the placement
+    and the nodes left float), checked where trtq made or changed it."""
+    network_model, quant_info, quantized = _network_model(
+        inputs.trt,
+        inputs.model,
+        inputs.model_path,
+        inputs.prequantized,
+        inputs.recipe,
+        inputs.table,
+        quantize_options,
+        inputs.data_options,
+        inputs.cache_path,
+        inputs.profiles,
+        inputs.fallback,
+    )
+    if inputs.lowered:  # --fix-qdq: TensorRT parses the lowered model, never the file
+        quant_info = dict(quant_info, lowered=inputs.lowered)
+        network_model = inputs.model if network_model is None else network_model
+    return Network(network_model, quant_info, tuple(quantized))
+
+
+def build_network(
+    inputs: BuildInputs,
+    network: Network,
+    output: Path,
+    options: BuildOptions,
+    started: Optional[float] = None,
+    extra: Optional[dict] = None,
+) -> BuildResult:
+    """TensorRT builds ``network`` into ``output`` (+ ``output.json``, with ``extra`` metadata)."""
+    return build_plan(
+        inputs.trt,
+        inputs.recipe,
+        network.model,
+        inputs.model_path,
         output,
         options,
-        profiles,
-        table=table,
-        cache_path=cache_path,
-        quant_info=quant_info,
-        started=t0,
+        inputs.profiles,
+        table=inputs.table,
+        cache_path=inputs.cache_path,
+        quant_info=network.info,
+        started=started,
+        extra=extra,
     )
-    if options.precision == "int8":
-        result.coverage = checked_coverage(result.plan_path, options.require_int8)
-    return result
 
 
 def checked_coverage(plan: Path, require_int8: bool) -> Any:
@@ -195,13 +271,14 @@ def _network_model(
     cache_path: Optional[Path],
     profiles: dict,
     fallback: dict,
-) -> tuple[Any, dict[str, Any]]:
-    """(the model TensorRT parses, None for the file as it is; what quantizing it did), checked
-    where trtq made or changed it."""
+) -> tuple[Any, dict[str, Any], list[str]]:
+    """(the model TensorRT parses, None for the file as it is; what quantizing it did; the nodes
+    trtq gave Q/DQ inputs), checked where trtq made or changed it."""
+    quantized: list[str] = []
     if prequantized is not None:
         network_model, quant_info = _prequantized_network_model(model, prequantized, recipe)
     elif recipe.quantize:
-        network_model, quant_info = _quantized_network_model(
+        network_model, quant_info, quantized = _quantized_network_model(
             trt, model, table, recipe, quantize_options, data_options, cache_path
         )
     else:
@@ -220,7 +297,7 @@ def _network_model(
             check_batch(network_model, data_options, min_shapes or fallback),
             model if network_model is not model else None,
         )
-    return network_model, quant_info
+    return network_model, quant_info, quantized
 
 
 def _refuse_qdq_only_cache(cache_path: Optional[Path]) -> None:
@@ -278,8 +355,9 @@ def _quantized_network_model(
     qopts: QuantizeOptions,
     data_options: DataOptions,
     cache_path: Optional[Path],
-) -> tuple[Any, dict[str, Any]]:
-    """The FP32 model quantized with the cache's amax for the installed TensorRT."""
+) -> tuple[Any, dict[str, Any], list[str]]:
+    """The FP32 model quantized with the cache's amax for the installed TensorRT (and the nodes
+    that got Q/DQ on their inputs)."""
     from trtq.calib.cache import read_provenance
     from trtq.pipeline.quantize import DATA_STEP_NOTES, quantize_for, remeasure_from, warn_float_grouped_convs
 
@@ -306,7 +384,7 @@ def _quantized_network_model(
         log.info("%s", note)
     if steps:
         summary["steps"] = steps
-    return qresult.model, summary
+    return qresult.model, summary, list(qresult.quantized)
 
 
 def _quantize_summary(result: Any) -> dict[str, Any]:

@@ -157,6 +157,7 @@ def build_plan(
     cache_path: Optional[Path] = None,
     quant_info: Optional[dict[str, Any]] = None,
     started: Optional[float] = None,
+    extra: Optional[dict[str, Any]] = None,
 ) -> BuildResult:
     """Build ``output`` (a plan) and ``output.json`` from ``model`` (a ModelProto ready for the
     network: Q/DQ, folded, cast) or, when it is None, from the file ``model_path``; ``recipe`` is
@@ -215,6 +216,7 @@ def build_plan(
         ),
         tensorrt_warnings=len(logger.warnings),
     )
+    meta.update(extra or {})
     _write_plan(output, plan, meta)
     if timing_path is not None:
         data = compat.serialize_timing_cache(config)
@@ -250,8 +252,9 @@ _META_ORDER = (
 
 
 def _in_order(meta: dict[str, Any]) -> dict[str, Any]:
-    """The metadata keys in the order ``<plan>.json`` has always had them."""
-    return {k: meta[k] for k in _META_ORDER}
+    """The metadata keys in the order ``<plan>.json`` has always had them, then the optional ones
+    (``tuning``: what build --tune-placement chose)."""
+    return {**{k: meta[k] for k in _META_ORDER}, **{k: v for k, v in meta.items() if k not in _META_ORDER}}
 
 
 def _cache_calibrator(trt: Any, table: Any, batch: int) -> tuple[Any, Any]:
