@@ -212,6 +212,11 @@ class BuildOptions:
     allow_stale: bool = False
     require_int8: bool = False  # a float layer between INT8 layers fails the build (exit 1)
     fix_qdq: bool = False  # lower what TensorRT cannot parse exactly (opset, FP16 scales, zero scales)
+    # build the candidate placements, time them, keep the fastest within the tolerance (trtq.pipeline.tune)
+    tune_placement: bool = False
+    tune_tolerance: float = 0.005  # task metric a kept candidate may lose against the default placement's
+    tune_sqnr_drop_db: float = 1.0  # the same, in dB of output SQNR, when no output has a task metric
+    tune_builds: int = 8  # TensorRT builds the search may make
 
 
 @dataclass(frozen=True)

@@ -273,6 +273,8 @@ CASES = {
                 _p(k, "e.plan"),
                 "--timing-cache",
                 _p(k, "t.cache"),
+                "--data",
+                k.data,
             ],
             {0, 4},
         ),

@@ -367,16 +367,33 @@ def compare(common, reference, candidate, source, batching, min_agreement, min_c
     help="Keep nodes float (explicit mode): an op type, an exact node name, else a name regex.",
 )
 @click.option("--allow-stale", is_flag=True, default=None, help="Use a cache whose provenance names another model.")
-def build(common, model, cache, output, engine, exclude, allow_stale):
+@flags.tuning
+@flags.data_source(
+    "--tune-placement: the images or .npy files candidates are scored on (the calibration data).",
+    "Preprocessing preset for --data image folders.",
+)
+def build(common, model, cache, output, engine, exclude, allow_stale, tuning, source):
     """Build a TensorRT engine (.plan + .plan.json) from an FP32 model and a cache, or from a Q/DQ model."""
     from trtq.pipeline.build import build as step
 
     st = settings.apply_common(common)
     config_path = common.config_path
-    cfg = settings.load_config(config_path, settings.build_overrides(model, output, engine, exclude, allow_stale))
+    overrides = settings.build_overrides(model, output, engine, exclude, allow_stale)
+    overrides.update(
+        {
+            "build.tune_placement": tuning.tune_placement,
+            "build.tune_tolerance": tuning.tune_tolerance,
+            "build.tune_builds": tuning.tune_builds,
+            "compare.limit": tuning.limit,
+        }
+    )
+    cfg = settings.apply_data_flags(settings.load_config(config_path, overrides), source)
     out = settings.output_path(cfg, cfg.build.output, ".plan")
     engine_files = [("engine", out), ("engine metadata", f"{out}.json"), ("timing cache", cfg.build.timing_cache)]
     settings.declare_with_cache(cfg, config_path, cache, engine_files)
+    if cfg.build.tune_placement:
+        from trtq.pipeline.tune import tune_placement as step
+
     result = step(cfg, Path(cfg.model), _path(cache), out)
     process.emit(
         st,

@@ -468,3 +468,24 @@ engine = option_group(
         "all-zero weight channels); refuse the rest.",
     ),
 )
+
+
+# build --tune-placement (build.tune_* keys; --limit: the samples its candidates are scored on)
+tuning = option_group(
+    "tuning",
+    click.option(
+        "--tune-placement",
+        is_flag=True,
+        default=None,
+        help="Build the candidate Q/DQ placements (standard, shared, fallback layers left float), time "
+        "them and keep the fastest whose task metric on --data stays within --tune-tolerance of the default's.",
+    ),
+    click.option(
+        "--tune-tolerance",
+        type=FLOAT,
+        help="--tune-placement: task metric a kept candidate may lose (default 0.005; outputs without a "
+        "task: build.tune_sqnr_drop_db dB of SQNR, default 1).",
+    ),
+    click.option("--tune-builds", type=INT, help="--tune-placement: TensorRT builds it may make (default 8)."),
+    click.option("--limit", type=INT, help="--tune-placement: score on at most N samples."),
+)

@@ -151,8 +151,27 @@ def build_text(result: Any, out: Any) -> str:
         f"precision  {md.get('precision')} ({md.get('mode', '')}{source})\n{steps}"
         f"tensorrt   {md.get('tensorrt_version')} on {md.get('gpu_name')} (sm {md.get('compute_capability')})\n"
         f"{coverage_text(getattr(result, 'coverage', None))}"
+        f"{tuning_text(md.get('tuning'))}"
         f"metadata   {out}.json"
     )
+
+
+def tuning_text(tuning: Any) -> str:
+    """build --tune-placement's lines: each candidate (ms, metric, verdict), then the kept one."""
+    if not tuning:
+        return ""
+    lines = [
+        f"tuning     {tuning['builds']} build(s); {tuning['metric']} within {tuning['tolerance']:g} of the default's"
+    ]
+    for c in tuning["candidates"]:
+        label = c["placement"] + (f" + {len(c['left_float'])} node(s) float" if c["left_float"] else "")
+        ms = f"{c['median_ms']:.3f} ms" if c["median_ms"] is not None else "-"
+        metric = f"{c['metric']:.4f}" if c["metric"] is not None else "-"
+        lines.append(f"  {label:<34} {ms:>10}  {metric:>8}  {c['verdict']}")
+    chosen = tuning["chosen"]
+    left = chosen["left_float"]
+    lines.append(f"kept       {chosen['placement']}" + (f", left float: {first_few(left, 6)}" if left else ""))
+    return "\n".join(lines) + "\n"
 
 
 def coverage_text(cov: Any, names: int = 8) -> str:

