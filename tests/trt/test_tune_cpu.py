@@ -122,3 +122,98 @@ def test_build_text_reports_the_search():
         and "kept       shared, left float: p2o.Conv.1" in text
     )
     assert json.dumps(tuning)  # the record is plain JSON
+
+
+class _Engines:
+    """What each candidate's engine would measure, by (placement, nodes left float): ms, metric,
+    fallback layer names. Stands in for TensorRT, which does not run on this machine; the real
+    search is run on the GPU by test_gpu_tune_placement.py."""
+
+    def __init__(self, table, quantized=("A", "B", "C", "D")):
+        self.table, self.quantized = table, tuple(quantized)
+
+    def tuner(self, tmp_path, builds=8, tolerance=0.005, placement="standard"):
+        from types import SimpleNamespace
+
+        from trtq.config import BuildOptions, QuantizeOptions
+        from trtq.pipeline.tune import Tuner
+
+        engines = self
+
+        class Search(Tuner):
+            def evaluate(self, c):
+                self.tried.append(c)
+                key = (c.placement, frozenset(c.left_float))
+                if key not in engines.table:
+                    c.verdict = "build failed: not in the table"
+                    return False
+                self.builds += 1
+                _, metric, fallbacks = engines.table[key]
+                c.plan = tmp_path / f"{c.placement}-{'-'.join(sorted(c.left_float))}.plan"
+                c.metric, c.quantized = metric, engines.quantized
+                c.coverage = Int8Coverage(layers=9, int8_layers=5, layer_share=5 / 9, fallbacks=list(fallbacks))
+                self.metric_name = "top-1 agreement"
+                return True
+
+        def timer(plans):
+            by_plan = {
+                tmp_path / f"{p}-{'-'.join(sorted(nodes))}.plan": ms for (p, nodes), (ms, _, _) in engines.table.items()
+            }
+            return [by_plan[p] for p in plans]
+
+        inputs = SimpleNamespace(quantize_options=QuantizeOptions(placement=placement))
+        options = BuildOptions(tune_builds=builds, tune_tolerance=tolerance)
+        return Search(SimpleNamespace(), inputs, options, tmp_path, timer=timer)
+
+
+def _key(placement, *nodes):
+    return (placement, frozenset(nodes))
+
+
+def test_search_keeps_the_faster_placement_and_stops_without_fallbacks(tmp_path):
+    engines = _Engines({_key("standard"): (1.2, 0.99, ["x + A"]), _key("shared"): (1.08, 0.99, [])})
+    tuner = engines.tuner(tmp_path)
+    default, best = tuner.run()
+    assert (default.placement, best.placement, best.left_float) == ("standard", "shared", ())
+    assert tuner.builds == 2 and [c.verdict for c in tuner.tried] == ["default", "kept"]
+    record = tuner.record(default, best)
+    assert record["chosen"] == {"placement": "shared", "left_float": []} and record["builds"] == 2
+
+
+def test_search_tries_all_fallbacks_at_once_then_one_layer_at_a_time(tmp_path):
+    table = {
+        _key("standard"): (1.35, 0.950, ["p + A", "q + B", "r + C"]),
+        _key("shared"): (1.20, 0.950, ["p + A", "q + B", "r + C"]),
+        _key("shared", "A", "B", "C"): (1.30, 0.970, []),  # all at once: slower
+        _key("shared", "A"): (1.17, 0.960, ["q + B", "r + C"]),  # kept
+        _key("shared", "A", "B"): (1.169, 0.962, ["r + C"]),  # < 1% faster than the best: not kept
+        _key("shared", "A", "C"): (1.10, 0.940, ["q + B"]),  # faster, but the metric fell by 0.01
+    }
+    tuner = _Engines(table).tuner(tmp_path)
+    default, best = tuner.run()
+    assert (best.placement, best.left_float) == ("shared", ("A",))
+    verdicts = [(c.label, c.verdict) for c in tuner.tried]
+    assert verdicts == [
+        ("standard", "default"),
+        ("shared", "replaced by shared + 1 node(s) float"),
+        ("shared + 3 node(s) float", "not 1% faster than shared"),
+        ("shared + 1 node(s) float", "kept"),
+        ("shared + 2 node(s) float", "not 1% faster than shared + 1 node(s) float"),
+        ("shared + 2 node(s) float", "metric below the tolerance"),
+    ]
+    assert tuner.builds == 6
+    # a smaller budget stops the search where it is, with the best so far
+    tuner = _Engines(table).tuner(tmp_path, builds=4)
+    _, best = tuner.run()
+    assert tuner.builds == 4 and (best.placement, best.left_float) == ("shared", ("A",))
+    # a looser tolerance takes the faster, less accurate candidate
+    _, best = _Engines(table).tuner(tmp_path, tolerance=0.02).run()
+    assert best.left_float == ("A", "C")
+
+
+def test_search_without_a_buildable_default_fails(tmp_path):
+    from trtq.errors import TrtqError
+
+    tuner = _Engines({_key("shared"): (1.0, 1.0, [])}).tuner(tmp_path)
+    with pytest.raises(TrtqError, match="the default placement does not build"):
+        tuner.run()

@@ -171,10 +171,11 @@ def fallback_groups(best: Candidate) -> list[tuple[str, ...]]:
 class Tuner:
     """One --tune-placement search (module doc): candidates built into a temporary folder."""
 
-    def __init__(self, cfg: Any, inputs: Any, options: BuildOptions, folder: Path):
+    def __init__(self, cfg: Any, inputs: Any, options: BuildOptions, folder: Path, timer=None):
         from trtq.fileio import declare_outputs
 
         self.cfg, self.inputs, self.folder = cfg, inputs, folder
+        self.timer = timer or time_side_by_side  # plans -> median ms each, timed side by side
         timing = options.timing_cache or str(folder / "timing.cache")
         self.options = dataclasses.replace(options, timing_cache=timing, require_int8=False)
         declare_outputs([timing])
@@ -245,7 +246,7 @@ class Tuner:
 
     def challenge(self, best: Candidate, c: Candidate, default: Candidate) -> Candidate:
         """``c`` (built) against ``best``, timed side by side: the one that stays best."""
-        best.median_ms, c.median_ms = time_side_by_side([best.plan, c.plan])
+        best.median_ms, c.median_ms = self.timer([best.plan, c.plan])
         ok = self.within_tolerance(c, default)
         quick = faster(c.median_ms, best.median_ms)
         c.verdict = (
@@ -314,7 +315,7 @@ class Tuner:
             if self.evaluate(c):
                 best = self.challenge(best, c, default)
         if best.median_ms is None:  # nothing challenged it: time it once for the record
-            best.median_ms = time_side_by_side([best.plan])[0]
+            best.median_ms = self.timer([best.plan])[0]
         return default, best
 
     def record(self, default: Candidate, best: Candidate) -> dict[str, Any]:
