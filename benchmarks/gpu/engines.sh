@@ -7,7 +7,10 @@
 # bundle is staged (benchmarks/gpu/steps.sh) and the inputs are copied to the host:
 #   NAME=yolo MODEL=m.onnx CACHE=m.cache [MODELOPT=m.modelopt.onnx] [SHAPE="--override-input-shape x=64x3x224x224"] \
 #   [PLACEMENTS="standard fused shared"] [PAGES=dir PREPROCESS=yolo | CONFIG=run.yaml] [COMPARE_ARGS=...] \
-#   [ONLY="implicit|fp16"] [BUILDS=3 OPT=0 PAR=3 DURATION=3] [DEADLINE=s] sh benchmarks/gpu/engines.sh
+#   [ONLY="implicit|fp16"] [BUILDS=3 OPT=0 PAR=3 DURATION=3] [DEADLINE=s] [TUNED_FROM=tuned.json] \
+#   sh benchmarks/gpu/engines.sh
+# TUNED_FROM: the --json output of `trtq build --tune-placement` (benchmarks/gpu/tune.sh's tuned.json):
+# its kept placement and nodes left float become the variant trtq-tuned, built BUILDS times.
 # DEADLINE: no build starts after that many seconds of building (the plans built so far are benched
 # and scored), so a call under the device's 10-minute limit returns a partial table, not nothing:
 # at PAR=1 YOLOv8n's 8 builds (implicit, shared, ModelOpt, FP16 x 2) took more than 470 s on an H200.
@@ -24,6 +27,12 @@ jobs=$W/jobs.txt; : > "$jobs"
 for p in $PLACEMENTS; do
   $PY -m trtq quantize --model "$MODEL" --cache "$CACHE" --placement "$p" -o "$W/$p.qdq.onnx" -q
 done
+if [ -n "$TUNED_FROM" ]; then  # the placement a `build --tune-placement` JSON kept, as variant trtq-tuned
+  tuned=$($PY -c "import json, shlex, sys; c = json.load(open(sys.argv[1]))['metadata']['tuning']['chosen']; \
+print(' '.join(['--placement', c['placement']] + [f'--exclude {shlex.quote(n)}' for n in c['left_float']]))" "$TUNED_FROM")
+  eval "$PY -m trtq quantize --model \"\$MODEL\" --cache \"\$CACHE\" $tuned -o \"\$W/tuned.qdq.onnx\" -q"
+  PLACEMENTS="$PLACEMENTS tuned"
+fi
 for b in $(seq 1 "$BUILDS"); do  # build 1 of every variant first, so a DEADLINE cuts whole rounds
   for p in $PLACEMENTS; do echo "trtq-$p $b --model $W/$p.qdq.onnx --fp16" >> "$jobs"; done
   echo "implicit $b --model $MODEL --cache $CACHE --mode implicit --fp16" >> "$jobs"
