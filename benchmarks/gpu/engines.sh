@@ -6,7 +6,7 @@
 # each variant's first engine against FP32 ONNX Runtime. Run from the repository root after the
 # bundle is staged (benchmarks/gpu/steps.sh) and the inputs are copied to the host:
 #   NAME=yolo MODEL=m.onnx CACHE=m.cache [MODELOPT=m.modelopt.onnx] [SHAPE="--override-input-shape x=64x3x224x224"] \
-#   [PLACEMENTS="standard fused shared"] [PAGES=dir PREPROCESS=yolo | CONFIG=run.yaml] [COMPARE_ARGS=...] \
+#   [PLACEMENTS="standard fused shared"] [PAGES=dir PREPROCESS=yolo (none: PAGES is a .npy) | CONFIG=run.yaml] [COMPARE_ARGS=...] \
 #   [ONLY="implicit|fp16"] [BUILDS=3 OPT=0 PAR=3 DURATION=3] [DEADLINE=s] [TUNED_FROM=tuned.json] \
 #   sh benchmarks/gpu/engines.sh
 # TUNED_FROM: the --json output of `trtq build --tune-placement` (benchmarks/gpu/tune.sh's tuned.json):
@@ -60,7 +60,8 @@ wait
 plans=$(ls "$W"/*.plan)
 $PY -m trtq bench --duration "${DURATION:-3}" --json $plans > "$O/bench.json" 2> "$O/bench.log" || echo "bench rc $?"
 if [ -n "$PAGES" ] || [ -n "$CONFIG" ]; then  # the task metric of each variant's first engine vs FP32 ONNX Runtime
-  data="--data $PAGES --preprocess ${PREPROCESS:-yolo}"; [ -n "$CONFIG" ] && data="--config $CONFIG"
+  data="--data $PAGES --preprocess ${PREPROCESS:-yolo}"; [ "$PREPROCESS" = none ] && data="--data $PAGES"
+  [ -n "$CONFIG" ] && data="--config $CONFIG"
   for plan in "$W"/*.1.plan; do
     v=$(basename "$plan" .1.plan)
     $PY -m trtq compare --reference "$MODEL" --candidate "$plan" $data $COMPARE_ARGS \

@@ -12,7 +12,8 @@ PY=${PY:-/opt/trtq-rig/bin/python}
 export PYTHONPATH=/opt/trtq-rig/site39${PYTHONPATH:+:$PYTHONPATH}
 O=/tmp/tune-out/$NAME; mkdir -p "$O"
 OPT=${OPT:-0}
-data="--data $DATA --preprocess ${PREPROCESS:-imagenet}"; [ -n "$CONFIG" ] && data="--config $CONFIG"
+data="--data $DATA --preprocess ${PREPROCESS:-imagenet}"; [ "$PREPROCESS" = none ] && data="--data $DATA"  # .npy
+[ -n "$CONFIG" ] && data="--config $CONFIG"
 limit=""; [ -n "$LIMIT" ] && limit="--limit $LIMIT"
 $PY -m trtq build --model "$MODEL" --cache "$CACHE" $data $SHAPE $limit --fp16 --tune-placement \
     --tune-builds "${BUILDS:-8}" --optimization-level "$OPT" -o "$O/tuned.plan" --json \
