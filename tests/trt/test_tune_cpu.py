@@ -5,6 +5,7 @@ written) and its report lines. The search itself runs on the GPU (test_gpu_tune_
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from trtq.pipeline.tune import Candidate, acceptable, fallback_groups, faster
@@ -217,3 +218,25 @@ def test_search_without_a_buildable_default_fails(tmp_path):
     tuner = _Engines({_key("shared"): (1.0, 1.0, [])}).tuner(tmp_path)
     with pytest.raises(TrtqError, match="the default placement does not build"):
         tuner.run()
+
+
+def test_scoring_data_is_checked_before_any_build(tmp_path):
+    """The EfficientNet-Lite0 run of the H200 table met this after its first (54 s) build: a config's
+    data.batch_size 8 against the batch-64 override. Now it is refused before TensorRT builds."""
+    import onnx
+
+    from trtq.config import load_config
+    from trtq.errors import DataError
+    from trtq.pipeline.tune import check_scoring_data
+
+    model = onnx.load(str(SAMPLE))
+    dim = model.graph.input[0].type.tensor_type.shape.dim[0]
+    dim.Clear()
+    dim.dim_value = 4
+    npy = tmp_path / "x.npy"
+    np.save(npy, np.zeros((8, 3, 224, 224), np.float32))
+    data = {"data.inputs": {"x": {"npy": [str(npy)]}}}
+    check_scoring_data(load_config(overrides=data), model)  # batch size from the model: fine
+    cfg = load_config(overrides={**data, "data.batch_size": 8})
+    with pytest.raises(DataError, match="data.batch_size is 8 but the model's fixed batch dim of x is 4"):
+        check_scoring_data(cfg, model)

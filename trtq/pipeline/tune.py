@@ -114,6 +114,15 @@ def check_tuning(cfg: Any, cache_path: Path | None) -> None:
         raise UsageError(f"build.tune_sqnr_drop_db must be >= 0, got {b.tune_sqnr_drop_db}", "e.g. 1.0")
 
 
+def check_scoring_data(cfg: Any, model: Any) -> None:
+    """The data every candidate is scored on, checked against the model before the first build
+    (names, batch size, shapes, sample counts: a DataError, exit 3), not after it."""
+    from trtq.data.batcher import Batcher
+    from trtq.model import input_specs
+
+    Batcher(cfg.data, input_specs(model))
+
+
 def engine_score(cfg: Any, model_path: Path, plan: Path) -> tuple[str, float, int]:
     """(metric name, value, samples) of the engine ``plan`` against the FP32 model on ``cfg.data``:
     the least task metric over the outputs that have one, else the least output SQNR in dB."""
@@ -344,6 +353,7 @@ def tune_placement(cfg: Any, model_path: Path, cache_path: Path, output: Path) -
     check_tuning(cfg, cache_path)
     t0 = time.perf_counter()
     inputs = checked_build_inputs(Path(model_path), Path(output), cfg.build, Path(cache_path), cfg.quantize, cfg.data)
+    check_scoring_data(cfg, inputs.model)
     folder = Path(tempfile.mkdtemp(prefix="trtq-tune-"))
     try:
         tuner = Tuner(cfg, inputs, cfg.build, folder)
