@@ -240,3 +240,15 @@ def test_scoring_data_is_checked_before_any_build(tmp_path):
     cfg = load_config(overrides={**data, "data.batch_size": 8})
     with pytest.raises(DataError, match="data.batch_size is 8 but the model's fixed batch dim of x is 4"):
         check_scoring_data(cfg, model)
+
+
+def test_data_without_a_reader_is_said_to_be_ignored(trtq, tmp_path):
+    cache = tmp_path / "c.cache"
+    cache.write_text("TRT-8600-MinMaxCalibration\nx: 3c010a14\n")
+    args = ["build", "--model", SAMPLE, "--cache", cache, "-o", tmp_path / "e.plan"]
+    res = trtq(args + ["--data", ROOT / "sample_data" / "images", "--preprocess", "imagenet"])
+    assert "they are ignored" in res.err, res  # then exit 4 here (no TensorRT) or a build on a GPU
+    res = trtq(
+        args + ["--tune-placement", "--limit", "0", "--data", ROOT / "sample_data" / "images", "--preprocess", "unit"]
+    )
+    assert res.code == 2 and "--limit must be a positive number" in res.err, res

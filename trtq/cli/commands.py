@@ -5,6 +5,7 @@ numpy / onnx / onnxruntime / tensorrt are imported inside the commands, so ``trt
 fast and works without them.
 """
 
+import logging
 from pathlib import Path
 from typing import Optional
 
@@ -13,6 +14,8 @@ import click
 from trtq import __version__
 from trtq.cli import exit_codes, flags, process, settings, text
 from trtq.errors import UsageError
+
+log = logging.getLogger(__name__)
 
 
 def _print_version(ctx: click.Context, _param, value: bool) -> None:
@@ -393,6 +396,14 @@ def build(common, model, cache, output, engine, exclude, allow_stale, tuning, so
     settings.declare_with_cache(cfg, config_path, cache, engine_files)
     if cfg.build.tune_placement:
         from trtq.pipeline.tune import tune_placement as step
+    elif source.data or tuning.limit is not None:
+        from trtq.pipeline.quantize import needs_data
+
+        if not needs_data(cfg.quantize):
+            log.warning(
+                "--data / --limit are read by --tune-placement and by quantize's data steps (bias correction, "
+                "gptq, equalize, float layers, reconstruct): this build uses neither, so they are ignored"
+            )
 
     result = step(cfg, Path(cfg.model), _path(cache), out)
     process.emit(

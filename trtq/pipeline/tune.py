@@ -110,6 +110,9 @@ def check_tuning(cfg: Any, cache_path: Path | None) -> None:
             f"--tune-tolerance is the task metric a candidate may lose, a fraction: got {b.tune_tolerance}",
             "e.g. --tune-tolerance 0.005",
         )
+    limit = cfg.compare.limit
+    if limit is not None and int(limit) <= 0:
+        raise UsageError(f"--limit must be a positive number of samples, got {limit}", "e.g. --limit 256")
     if b.tune_sqnr_drop_db < 0:
         raise UsageError(f"build.tune_sqnr_drop_db must be >= 0, got {b.tune_sqnr_drop_db}", "e.g. 1.0")
 
