@@ -179,6 +179,14 @@ def test_search_keeps_the_faster_placement_and_stops_without_fallbacks(tmp_path)
     assert tuner.builds == 2 and [c.verdict for c in tuner.tried] == ["default", "kept"]
     record = tuner.record(default, best)
     assert record["chosen"] == {"placement": "shared", "left_float": []} and record["builds"] == 2
+    best.layer_times = {"conv + relu": 0.2, "x_QuantizeLinear": 0.05, "PWN(a, b)": 0.4}
+    best.layer_kinds = {"conv + relu": "int8", "PWN(a, b)": "float"}
+    assert best.record()["slowest_layers"] == [
+        ["PWN(a, b)", 0.4, "float"],
+        ["conv + relu", 0.2, "int8"],
+        ["x_QuantizeLinear", 0.05, ""],
+    ]
+    assert json.dumps(tuner.record(default, best))
 
 
 def test_search_tries_all_fallbacks_at_once_then_one_layer_at_a_time(tmp_path):

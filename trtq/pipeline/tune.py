@@ -46,6 +46,7 @@ MIN_GAIN = 0.01  # a candidate replaces the best engine only when this much fast
 TIME_ROUNDS = 3
 ROUND = BenchOptions(duration=0.5, warmup=0.2)
 SQNR = "output SQNR (dB)"
+SLOWEST = 8  # slowest layers recorded per candidate
 
 
 @dataclasses.dataclass
@@ -57,6 +58,7 @@ class Candidate:
     metric: float | None = None
     coverage: Any = None
     layer_times: dict = dataclasses.field(default_factory=dict)
+    layer_kinds: dict = dataclasses.field(default_factory=dict)  # layer name -> int8 / conversion / float ...
     quantized: tuple[str, ...] = ()
     verdict: str = ""
     build_seconds: float = 0.0
@@ -77,7 +79,13 @@ class Candidate:
             "conversions": len(cov.conversions) if cov is not None else None,
             "build_seconds": round(self.build_seconds, 1),
             "verdict": self.verdict,
+            "slowest_layers": self.slowest(),
         }
+
+    def slowest(self, n: int = SLOWEST) -> list[list]:
+        """[name, mean profiled ms, kind] of the engine's ``n`` slowest layers (what to look at next)."""
+        top = sorted(self.layer_times.items(), key=lambda kv: -float(kv[1]))[:n]
+        return [[name, round(float(ms), 4), self.layer_kinds.get(name, "")] for name, ms in top]
 
 
 def _rounded(value: float | None, digits: int) -> float | None:
@@ -203,7 +211,7 @@ class Tuner:
         """Build, profile and score ``c``; False when it was not built (a duplicate, a failure)."""
         from trtq.fileio import declare_outputs
         from trtq.pipeline.build import build_network, network_for
-        from trtq.trt.coverage import int8_coverage
+        from trtq.trt.coverage import int8_coverage, layer_kind
         from trtq.trt.layers import measure_layers
 
         self.tried.append(c)
@@ -233,6 +241,7 @@ class Tuner:
         c.build_seconds = time.perf_counter() - t0
         times, inspected = measure_layers(c.plan)
         c.coverage, c.layer_times = int8_coverage(inspected, times), times
+        c.layer_kinds = {str(x["Name"]): layer_kind(x) for x in inspected if isinstance(x, dict) and "Name" in x}
         self._check_timing_cache(c.plan)
         name, c.metric, self.samples = engine_score(self.cfg, self.inputs.model_path, c.plan)
         self.metric_name = self.metric_name or name
