@@ -13,10 +13,12 @@ one at a time: concurrent builds disturb the builder's tactic timing):
    candidate, then, when that one is not kept, one fallback layer's nodes at a time.
 
 Every candidate is built with one timing cache (the user's ``--timing-cache`` or a temporary one),
-so layers the candidates share get the same tactics, timed side by side with the best engine so
-far (alternating, :data:`TIME_ROUNDS` rounds, median of the round medians), and compared with the
-FP32 model on the data (:func:`trtq.pipeline.compare.compare`: the task metric, the least over the
-outputs that have one; the output SQNR when no output has a task). A candidate replaces the best
+so layers the candidates share get the same tactics, until TensorRT refuses it (8.6 refuses a cache
+with Myelin entries another network wrote; the rest then build without). Each is timed side by side
+with the best engine so far (alternating, :data:`TIME_ROUNDS` rounds, median of the round
+medians) and compared with the FP32 model on the data (:func:`trtq.pipeline.compare.compare`: the
+task metric, the least over the outputs that have one; the output SQNR when no output has a task),
+and its slowest layers are recorded. A candidate replaces the best
 when it is at least :data:`MIN_GAIN` faster and its metric is no more than the tolerance below the
 default's. The kept engine is the one that was timed and scored: its bytes become ``output`` with
 the search in its metadata (``tuning``). Candidates whose Q/DQ model equals one built before are
@@ -373,6 +375,8 @@ def tune_placement(cfg: Any, model_path: Path, cache_path: Path, output: Path) -
         meta = dict(read_metadata(best.plan) or {})
         meta["tuning"] = tuner.record(default, best)
         meta["build_seconds"] = round(time.perf_counter() - t0, 3)
+        if not cfg.build.timing_cache:  # the search's own timing cache went with its folder
+            meta["timing_cache"] = None
         with held_for_outputs(), atomic_path(output) as tmp_plan, atomic_path(metadata_path(output)) as tmp_meta:
             shutil.copyfile(best.plan, tmp_plan)
             tmp_meta.write_text(render_metadata(meta), encoding="utf-8")
