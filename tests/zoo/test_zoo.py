@@ -45,6 +45,21 @@ def test_qdq_output_within_sqnr_bound(zoo_case):
     )
 
 
+def test_shared_placement_loads_runs_and_stays_within_the_bound(zoo_case, trtq):
+    """`quantize --placement shared` (one Q/DQ pair per tensor, every reader sharing it; what
+    build --tune-placement kept on three of four engines) from the same cache: its model loads and
+    runs in ONNX Runtime and stays within the SQNR bound of the default placement's, on every file."""
+    _require(zoo_case, "calibrate", "quantize")
+    step, load_error, sqnr = zoo_steps.placement_check(zoo_case, "shared", trtq)
+    assert step.code == 0, f"{_where(zoo_case)}: `{step.command()}` exited {step.code}: {step.line}"
+    assert not load_error, f"{_where(zoo_case)}: the shared Q/DQ model does not load and run: {load_error}"
+    floor = {n: zoo_steps.output_floor(zoo_case.entry, n) for n in sqnr}
+    low = {n: v for n, v in sqnr.items() if not (v >= floor[n] or (math.isinf(v) and v > 0))}
+    assert not low, f"{_where(zoo_case)}: shared Q/DQ vs FP32 SQNR below its bound: " + ", ".join(
+        f"{n} {v:.1f} dB < {floor[n]:g} dB" for n, v in low.items()
+    )
+
+
 def test_compare_infers_the_task(zoo_case):
     _require(zoo_case, "compare")
     assert len(zoo_case.tasks) == len(zoo_case.entry["outputs"])

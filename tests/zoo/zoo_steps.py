@@ -534,6 +534,9 @@ class CaseResult:
     explicit: list[str] | None = None  # compare's problems given the task flags (None: no flags apply)
     calibrate_seconds: float | None = None
     error: str = ""  # a step of this module that crashed (a bug here, shown, not hidden)
+    model: Path | None = None
+    cache: Path | None = None
+    compare_data: Path | None = None
 
     def step_failed(self, name: str) -> str | None:
         s = self.steps.get(name)
@@ -554,6 +557,7 @@ def run_case(entry: dict[str, Any], folder: Path, work: Path, run: Runner) -> Ca
         res.weighted = count_weighted(onnx.load(str(model), load_external_data=False))
         calib_glob, cmp_path = write_data(entry, work / "data")
         cache, qdq = work / "calibration.cache", work / "model.qdq.onnx"
+        res.model, res.cache, res.compare_data = model, cache, cmp_path
 
         def step(name, args):
             r = run(args)
@@ -603,3 +607,25 @@ def run_case(entry: dict[str, Any], folder: Path, work: Path, run: Runner) -> Ca
     except Exception as e:  # reported with the case: a crash here is shown, not hidden
         res.error = f"{type(e).__name__}: {e}"
     return res
+
+
+def placement_check(case: CaseResult, placement: str, run: Runner) -> tuple[Step, str, dict[str, float]]:
+    """``trtq quantize --placement`` from the case's cache: (the step, why its model does not load
+    and run in ONNX Runtime or "", SQNR per output against FP32 on the compare samples)."""
+    import onnx
+
+    out = case.work / f"model.{placement}.qdq.onnx"
+    args = ["quantize", "-m", case.model, "--cache", case.cache, "--placement", placement, "-o", out, "--json"]
+    r = run(args)
+    step = Step(args, r.code, _last_line(r.err), _json(r.out) if r.code == 0 else None)
+    if r.code != 0:
+        return step, "", {}
+    x = np.load(case.compare_data)
+    ref = run_all(session(case.model, optimized=True), case.entry, x)
+    try:
+        onnx.load(str(out))
+        run_all(session(out, optimized=True), case.entry, x[:8])
+        cand = run_all(session(out, optimized=False), case.entry, x)
+    except Exception as e:  # the artefact does not load or run: the finding
+        return step, f"{type(e).__name__}: {_last_line(str(e))[:300]}", {}
+    return step, "", {n: sqnr_db(ref[n], cand[n]) for n in ref}
