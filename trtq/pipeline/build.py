@@ -170,9 +170,8 @@ def build_network(
     output: Path,
     options: BuildOptions,
     started: Optional[float] = None,
-    extra: Optional[dict] = None,
 ) -> BuildResult:
-    """TensorRT builds ``network`` into ``output`` (+ ``output.json``, with ``extra`` metadata)."""
+    """TensorRT builds ``network`` into ``output`` (+ ``output.json``)."""
     return build_plan(
         inputs.trt,
         inputs.recipe,
@@ -185,7 +184,6 @@ def build_network(
         cache_path=inputs.cache_path,
         quant_info=network.info,
         started=started,
-        extra=extra,
     )
 
 

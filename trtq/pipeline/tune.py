@@ -206,8 +206,6 @@ class Tuner:
         self.builds = 0
         self.metric_name = ""
         self.samples = 0
-        self.tolerance = options.tune_tolerance
-        self.sqnr_drop = options.tune_sqnr_drop_db
 
     def evaluate(self, c: Candidate) -> bool:
         """Build, profile and score ``c``; False when it was not built (a duplicate, a failure)."""
@@ -235,7 +233,7 @@ class Tuner:
         self.builds += 1
         t0 = time.perf_counter()
         try:
-            build_network(self.inputs, network, c.plan, self.options)
+            built = build_network(self.inputs, network, c.plan, self.options)
         except TrtqError as e:
             c.verdict, c.plan = f"build failed: {e.message}", None
             log.warning("tune: %s: %s", c.label, c.verdict)
@@ -244,18 +242,16 @@ class Tuner:
         times, inspected = measure_layers(c.plan)
         c.coverage, c.layer_times = int8_coverage(inspected, times), times
         c.layer_kinds = {str(x["Name"]): layer_kind(x) for x in inspected if isinstance(x, dict) and "Name" in x}
-        self._check_timing_cache(c.plan)
+        self._check_timing_cache(built.metadata)
         name, c.metric, self.samples = engine_score(self.cfg, self.inputs.model_path, c.plan)
         self.metric_name = self.metric_name or name
         return True
 
-    def _check_timing_cache(self, plan: Path) -> None:
-        """Build the rest without the timing cache once TensorRT refused it: TensorRT 8.6 refuses a
-        cache with Myelin entries written for another network ("Myelin error from unknown graph"),
-        which every other candidate is."""
-        from trtq.trt.metadata import read_metadata
-
-        timing = (read_metadata(plan) or {}).get("timing_cache") or {}
+    def _check_timing_cache(self, metadata: dict) -> None:
+        """Build the rest without the timing cache once TensorRT refused it (``metadata``: the
+        candidate's plan metadata): TensorRT 8.6 refuses a cache with Myelin entries written for
+        another network ("Myelin error from unknown graph"), which every other candidate is."""
+        timing = metadata.get("timing_cache") or {}
         if timing.get("problem") and self.options.timing_cache:
             log.info(
                 "tune: TensorRT refused the timing cache (%s): the other candidates build without one",
@@ -263,9 +259,14 @@ class Tuner:
             )
             self.options = dataclasses.replace(self.options, timing_cache=None)
 
+    @property
+    def tolerance(self) -> float:
+        """The metric a kept candidate may lose: in dB of SQNR when that is the metric."""
+        o = self.options
+        return o.tune_sqnr_drop_db if self.metric_name == SQNR else o.tune_tolerance
+
     def within_tolerance(self, c: Candidate, default: Candidate) -> bool:
-        allowed = self.sqnr_drop if self.metric_name == SQNR else self.tolerance
-        return acceptable(float(c.metric), float(default.metric), allowed)
+        return acceptable(float(c.metric), float(default.metric), self.tolerance)
 
     def challenge(self, best: Candidate, c: Candidate, default: Candidate) -> Candidate:
         """``c`` (built) against ``best``, timed side by side: the one that stays best."""
@@ -345,7 +346,7 @@ class Tuner:
         return {
             "chosen": {"placement": best.placement, "left_float": list(best.left_float)},
             "metric": self.metric_name,
-            "tolerance": self.sqnr_drop if self.metric_name == SQNR else self.tolerance,
+            "tolerance": self.tolerance,
             "default_metric": _rounded(default.metric, 5),
             "min_gain": MIN_GAIN,
             "builds": self.builds,
@@ -358,11 +359,9 @@ class Tuner:
 def tune_placement(cfg: Any, model_path: Path, cache_path: Path, output: Path) -> Any:
     """``trtq build --tune-placement``: the kept candidate's engine at ``output`` (module doc); a
     BuildResult whose metadata carries the search (``tuning``) and whose coverage is the engine's."""
-    from trtq.fileio import atomic_path
-    from trtq.interrupt import held_for_outputs
     from trtq.pipeline.build import checked_build_inputs, checked_coverage
-    from trtq.trt.build import BuildResult
-    from trtq.trt.metadata import metadata_path, read_metadata, render_metadata
+    from trtq.trt.build import BuildResult, write_plan
+    from trtq.trt.metadata import read_metadata
 
     check_tuning(cfg, cache_path)
     t0 = time.perf_counter()
@@ -377,9 +376,7 @@ def tune_placement(cfg: Any, model_path: Path, cache_path: Path, output: Path) -
         meta["build_seconds"] = round(time.perf_counter() - t0, 3)
         if not cfg.build.timing_cache:  # the search's own timing cache went with its folder
             meta["timing_cache"] = None
-        with held_for_outputs(), atomic_path(output) as tmp_plan, atomic_path(metadata_path(output)) as tmp_meta:
-            shutil.copyfile(best.plan, tmp_plan)
-            tmp_meta.write_text(render_metadata(meta), encoding="utf-8")
+        write_plan(Path(output), best.plan.read_bytes(), meta)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     log.info(

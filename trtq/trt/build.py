@@ -157,7 +157,6 @@ def build_plan(
     cache_path: Optional[Path] = None,
     quant_info: Optional[dict[str, Any]] = None,
     started: Optional[float] = None,
-    extra: Optional[dict[str, Any]] = None,
 ) -> BuildResult:
     """Build ``output`` (a plan) and ``output.json`` from ``model`` (a ModelProto ready for the
     network: Q/DQ, folded, cast) or, when it is None, from the file ``model_path``; ``recipe`` is
@@ -216,8 +215,7 @@ def build_plan(
         ),
         tensorrt_warnings=len(logger.warnings),
     )
-    meta.update(extra or {})
-    _write_plan(output, plan, meta)
+    write_plan(output, plan, meta)
     if timing_path is not None:
         data = compat.serialize_timing_cache(config)
         if data:
@@ -318,7 +316,8 @@ def _engine_metadata(trt: Any, logger: Any, plan: bytes, options: BuildOptions, 
     }
 
 
-def _write_plan(output: Path, plan: bytes, meta: dict[str, Any]) -> None:
+def write_plan(output: Path, plan: bytes, meta: dict[str, Any]) -> None:
+    """``output`` and ``output.json`` (``meta``, its keys in order), each replaced atomically."""
     from trtq.interrupt import held_for_outputs
 
     # the plan and its metadata as one step for Ctrl-C / SIGTERM (a signal between the two replaces
