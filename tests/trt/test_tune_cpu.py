@@ -150,21 +150,24 @@ class _Engines:
                     return False
                 self.builds += 1
                 _, metric, fallbacks = engines.table[key]
-                c.plan = tmp_path / f"{c.placement}-{'-'.join(sorted(c.left_float))}.plan"
+                c.plan = _plan(tmp_path, c.placement, c.left_float)
                 c.metric, c.quantized = metric, engines.quantized
                 c.coverage = Int8Coverage(layers=9, int8_layers=5, layer_share=5 / 9, fallbacks=list(fallbacks))
                 self.metric_name = "top-1 agreement"
                 return True
 
         def timer(plans):
-            by_plan = {
-                tmp_path / f"{p}-{'-'.join(sorted(nodes))}.plan": ms for (p, nodes), (ms, _, _) in engines.table.items()
-            }
+            by_plan = {_plan(tmp_path, p, nodes): ms for (p, nodes), (ms, _, _) in engines.table.items()}
             return [by_plan[p] for p in plans]
 
         inputs = SimpleNamespace(quantize_options=QuantizeOptions(placement=placement))
         options = BuildOptions(tune_builds=builds, tune_tolerance=tolerance)
         return Search(SimpleNamespace(), inputs, options, tmp_path, timer=timer)
+
+
+def _plan(folder, placement, nodes):
+    """Where the stand-in search keeps a candidate's plan (one name per placement and node set)."""
+    return folder / f"{placement}-{'-'.join(sorted(nodes))}.plan"
 
 
 def _key(placement, *nodes):
@@ -260,3 +263,12 @@ def test_data_without_a_reader_is_said_to_be_ignored(trtq, tmp_path):
         args + ["--tune-placement", "--limit", "0", "--data", ROOT / "sample_data" / "images", "--preprocess", "unit"]
     )
     assert res.code == 2 and "--limit must be a positive number" in res.err, res
+
+
+def test_a_refused_timing_cache_is_not_passed_to_later_candidates(tmp_path):
+    tuner = _Engines({}).tuner(tmp_path)
+    assert tuner.options.timing_cache == str(tmp_path / "timing.cache")
+    tuner._check_timing_cache({"timing_cache": {"path": "t", "loaded": False, "problem": None}})
+    assert tuner.options.timing_cache  # not refused (a first build has none to load): kept
+    tuner._check_timing_cache({"timing_cache": {"path": "t", "loaded": False, "problem": "Myelin error"}})
+    assert tuner.options.timing_cache is None

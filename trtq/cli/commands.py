@@ -381,15 +381,7 @@ def build(common, model, cache, output, engine, exclude, allow_stale, tuning, so
 
     st = settings.apply_common(common)
     config_path = common.config_path
-    overrides = settings.build_overrides(model, output, engine, exclude, allow_stale)
-    overrides.update(
-        {
-            "build.tune_placement": tuning.tune_placement,
-            "build.tune_tolerance": tuning.tune_tolerance,
-            "build.tune_builds": tuning.tune_builds,
-            "compare.limit": tuning.limit,
-        }
-    )
+    overrides = settings.build_overrides(model, output, engine, exclude, allow_stale, tuning)
     cfg = settings.apply_data_flags(settings.load_config(config_path, overrides), source)
     out = settings.output_path(cfg, cfg.build.output, ".plan")
     engine_files = [("engine", out), ("engine metadata", f"{out}.json"), ("timing cache", cfg.build.timing_cache)]

@@ -325,9 +325,15 @@ def quantize_overrides(model: Optional[str], output: Optional[str], quantizing: 
 
 
 def build_overrides(
-    model: Optional[str], output: Optional[str], engine: Flags, exclude: Sequence[str], allow_stale: Optional[bool]
+    model: Optional[str],
+    output: Optional[str],
+    engine: Flags,
+    exclude: Sequence[str],
+    allow_stale: Optional[bool],
+    tuning: Flags,
 ) -> dict[str, Any]:
-    """The config keys ``trtq build``'s flags set (--exclude and --allow-stale apply to its quantize step too)."""
+    """The config keys ``trtq build``'s flags set (--exclude and --allow-stale apply to its quantize
+    step too; --limit is the samples --tune-placement scores on)."""
     return {
         "model": model,
         "build.output": output,
@@ -336,6 +342,8 @@ def build_overrides(
         "build.allow_stale": allow_stale,
         "quantize.exclude": list(exclude) or None,
         "quantize.allow_stale": allow_stale,
+        **{f"build.{k}": v for k, v in vars(tuning).items() if k != "limit"},
+        "compare.limit": tuning.limit,
     }
 
 
