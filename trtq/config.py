@@ -149,6 +149,7 @@ class QuantizeOptions:
     output: Optional[str] = _path_field()
     exclude: tuple[str, ...] = ()  # node-name regexes or op types kept in float
     per_channel: bool = True
+    fold_affine: bool = True  # fold a Conv's constant Mul/Add/Sub epilogue into its weights (trtq.quantize.affine_fold)
     fp16: bool = False  # cast the non-quantized rest to float16
     allow_stale: bool = False
     bias_correction: bool = False  # subtract the weight-rounding mean shift from biases (needs data)

@@ -255,13 +255,17 @@ def test_adds_that_are_not_residual_get_nothing():
         [value("y", None)],
         [init("w1", conv_weight(rng, 16, 16)), init("bias", np.ones((1, 16, 1, 1), np.float32))],
     )
-    result = quantize(model)
+    result = quantize(model, fold_affine=False)  # the bias Add kept as a node (quantize.fold_affine)
     q = result.model
     assert list(node(q, "bias_add").input) == ["h", "bias"]
     assert list(node(q, "plain_add").input) == ["x", "rx"]
     # out_add: h -> bias Add is a Conv+bias chain feeding only out_add, so "plain" is its skip input
     assert list(node(q, "out_add").input) == ["hb", "plain_DequantizeLinear_Output"]
     assert "bias_add" not in result.quantized and "plain_add" not in result.quantized
+    # folded (the default): c1 writes "hb" itself, and out_add is the same residual Add
+    folded = quantize(model).model
+    assert not [n for n in folded.graph.node if n.name == "bias_add"] and node(folded, "c1").output[0] == "hb"
+    assert list(node(folded, "out_add").input) == ["hb", "plain_DequantizeLinear_Output"]
 
 
 def test_residual_add_stays_float_when_its_conv_is_excluded():

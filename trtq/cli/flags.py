@@ -323,6 +323,12 @@ quantizing = option_group(
     click.option(
         "--per-channel/--per-tensor", default=None, help="Weight scales per output channel (default) or per tensor."
     ),
+    click.option(
+        "--fold-affine/--no-fold-affine",
+        default=None,
+        help="Fold a Conv's constant Mul/Add/Sub epilogue into its weights and bias before placing "
+        "Q/DQ (default on; exact), so TensorRT can run the Conv and its Quantize as one INT8 layer.",
+    ),
     click.option("--allow-stale", is_flag=True, default=None, help="Use a cache whose provenance names another model."),
     click.option(
         "--bias-correction",

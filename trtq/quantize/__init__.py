@@ -30,6 +30,7 @@ from trtq.errors import CacheError, ModelError, UsageError
 from trtq.formatting import first_few
 from trtq.model import QUANTIZED_OPS, is_quantized
 from trtq.qdq_info import read_qdq
+from trtq.quantize.affine_fold import fold_affine
 from trtq.quantize.fp16 import cast_float_rest
 from trtq.quantize.graph import GraphIndex, default_opset
 from trtq.quantize.plan import make_plan
@@ -97,6 +98,8 @@ def quantize_model(
     check_reconstruct_options(options)
     check_centering_options(options)
     prepared, notes = prepare_model(model)
+    if options.fold_affine:
+        fold_affine(prepared, notes)
     index = GraphIndex(prepared)
     _check_only_nodes(index, only_nodes)
     if options.exclude and only_nodes is None:
@@ -210,11 +213,15 @@ def planned_activations(model: onnx.ModelProto, placements: Optional[Sequence[st
 
     available = calibratable_tensors(model)
     prepared, _ = prepare_model(model)
-    index = GraphIndex(prepared)
+    folded = onnx.ModelProto()
+    folded.CopyFrom(prepared)
+    fold_affine(folded)  # quantize.fold_affine true or false: the pairs of both
     wanted: set[str] = set()
-    for placement in PLACEMENTS if placements is None else placements:
-        plan = make_plan(index, {t: 1.0 for t in available}, (), True, None, {}, placement)
-        wanted.update(pair.tensor for pair in plan.pairs.values() if not pair.weight)
+    for graph in (prepared, folded):
+        index = GraphIndex(graph)
+        for placement in PLACEMENTS if placements is None else placements:
+            plan = make_plan(index, {t: 1.0 for t in available}, (), True, None, {}, placement)
+            wanted.update(pair.tensor for pair in plan.pairs.values() if not pair.weight)
     return [t for t in available if t in wanted]
 
 

@@ -1,0 +1,159 @@
+"""Fold a Conv's constant affine epilogue (Mul / Add / Sub by per-channel constants) into its
+weights and bias before Q/DQ placement (``quantize.fold_affine``, on by default).
+
+Paddle's MobileOne / PP-LCNet blocks (PP-OCRv4 det and rec) write a learnable scale and shift as
+``Conv -> Mul(s) -> Add(t)`` with scalar constants; other exporters leave a bias ``Add`` or a
+LayerScale ``Mul`` behind a Conv. TensorRT fuses such a chain into a float convolution, but in an
+explicit (Q/DQ) network its INT8 depthwise kernels do not take it: the depthwise convs of PP-OCRv4
+det ran in float until the chain was folded (docs/decisions.md D30 has the measurement).
+
+``y = s * (W * x + b) + t`` is ``(s W) * x + (s b + t)`` for a per-output-channel ``s`` and ``t``,
+so the fold is exact up to float32 rounding of the products. The Conv takes the output name of the
+last node folded, so every tensor that remains keeps its name and meaning and a calibration cache
+of the original model still applies; the tensors between the Conv and that node disappear.
+
+Not folded: a chain whose tensors have other readers or are graph outputs, constants that do not
+broadcast per output channel, a Mul by 0 or a non-finite constant (the channel would lose its
+weights), Div (``1 / c`` is not exact), grouped-weight ConvTranspose. A weight shared with another
+reader is copied, not changed.
+"""
+
+from typing import Optional
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from trtq.quantize.graph import FLOAT, subgraph_names
+from trtq.quantize.rewrite import Namer, taken_names
+
+FOLDABLE = ("Mul", "Add", "Sub")
+
+
+def fold_affine(model: onnx.ModelProto, notes: Optional[list] = None) -> int:
+    """Fold the constant affine chains after each Conv of ``model`` (changed in place, a private
+    copy); the number of Mul/Add/Sub nodes folded. A note goes to ``notes`` when any were."""
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    readers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            if name:
+                readers[name] = readers.get(name, 0) + 1
+    for name in subgraph_names(graph):  # read inside an If/Loop body: never folded away
+        readers[name] = readers.get(name, 0) + 1
+    outputs = {o.name for o in graph.output}
+    producer = {out: node for node in graph.node for out in node.output if out}
+    by_input: dict[str, onnx.NodeProto] = {}
+    for node in graph.node:
+        for name in node.input:
+            by_input.setdefault(name, node)
+    namer = Namer(taken_names(graph))
+    dropped: set[int] = set()
+    folded, convs = 0, 0
+    for conv in list(graph.node):
+        chain = _chain(conv, inits, readers, outputs, by_input, producer)
+        if not chain:
+            continue
+        _rewrite(graph, conv, chain, inits, readers, namer)
+        dropped.update(id(n) for n, _, _ in chain)
+        folded += len(chain)
+        convs += 1
+    if not folded:
+        return 0
+    kept = [n for n in graph.node if id(n) not in dropped]
+    del graph.node[:]
+    graph.node.extend(kept)
+    _drop_unread(graph)
+    if notes is not None:
+        notes.append(
+            f"folded {folded} constant Mul/Add/Sub into {convs} Conv weights and biases "
+            "(exact; TensorRT runs the Conv and its Quantize as one INT8 layer; quantize.fold_affine)"
+        )
+    return folded
+
+
+def _chain(conv, inits, readers, outputs, by_input, producer) -> list:
+    """[(node, op, per-channel values)] of the affine nodes after ``conv`` that can fold into it."""
+    if conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") or len(conv.output) != 1:
+        return []
+    if len(conv.input) < 2 or conv.input[1] not in inits or inits[conv.input[1]].data_type != FLOAT:
+        return []
+    if len(conv.input) > 2 and conv.input[2] and conv.input[2] not in inits:
+        return []
+    weight = inits[conv.input[1]]
+    channels, rank = weight.dims[0], len(weight.dims)
+    chain, tensor = [], conv.output[0]
+    while readers.get(tensor, 0) == 1 and tensor not in outputs:
+        node = by_input.get(tensor)
+        if node is None or node.op_type not in FOLDABLE or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+            break
+        if node.op_type == "Sub" and node.input[0] != tensor:
+            break  # c - y flips the sign of y: foldable, but rare; left as it is
+        other = node.input[1] if node.input[0] == tensor else node.input[0]
+        if other == tensor:
+            break
+        values = _per_channel(other, inits, producer, channels, rank)
+        if values is None or (node.op_type == "Mul" and not np.all(values != 0)):
+            break
+        chain.append((node, node.op_type, values))
+        tensor = node.output[0]
+    return chain
+
+
+def _per_channel(name: str, inits, producer, channels: int, rank: int) -> Optional[np.ndarray]:
+    """The constant ``name`` as one float64 value per output channel, or None when it is not a
+    float32 initializer that broadcasts along the channels of an ``[N, C, ...]`` output of ``rank``."""
+    if name not in inits or name in producer or inits[name].data_type != FLOAT:
+        return None
+    value = numpy_helper.to_array(inits[name]).astype(np.float64)
+    if value.ndim > rank or not np.all(np.isfinite(value)):
+        return None
+    shape = (1,) * (rank - value.ndim) + value.shape  # right-aligned as ONNX broadcasting does
+    if any(d != 1 for i, d in enumerate(shape) if i != 1) or shape[1] not in (1, channels):
+        return None
+    return np.broadcast_to(value.reshape(-1), (channels,)).copy() if value.size else None
+
+
+def _rewrite(graph, conv, chain, inits, readers, namer) -> None:
+    weight = numpy_helper.to_array(inits[conv.input[1]]).astype(np.float64)
+    has_bias = len(conv.input) > 2 and bool(conv.input[2])
+    bias = numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64) if has_bias else np.zeros(weight.shape[0])
+    for _, op, values in chain:
+        if op == "Mul":
+            weight = weight * values.reshape((-1,) + (1,) * (weight.ndim - 1))
+            bias = bias * values
+        elif op == "Add":
+            bias = bias + values
+        else:  # Sub with the constant second
+            bias = bias - values
+    w_name = namer(conv.input[1] + "_folded")
+    b_name = namer((conv.input[2] if has_bias else conv.name or conv.output[0]) + "_folded_bias")
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(weight.astype(np.float32), w_name),
+            numpy_helper.from_array(bias.astype(np.float32), b_name),
+        ]
+    )
+    for name in conv.input[1:3]:
+        if name:
+            readers[name] -= 1
+    x = conv.input[0]
+    del conv.input[:]
+    conv.input.extend([x, w_name, b_name])
+    conv.output[0] = chain[-1][0].output[0]
+
+
+def _drop_unread(graph: onnx.GraphProto) -> None:
+    """Remove the initializers nothing reads any more and the value_info of vanished tensors."""
+    read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    read |= subgraph_names(graph)
+    kept = [i for i in graph.initializer if i.name in read]
+    if len(kept) != len(graph.initializer):
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+    present = read | {out for node in graph.node for out in node.output}
+    infos = [v for v in graph.value_info if v.name in present]
+    if len(infos) != len(graph.value_info):
+        del graph.value_info[:]
+        graph.value_info.extend(infos)
