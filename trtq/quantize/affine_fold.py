@@ -68,7 +68,7 @@ def fold_affine(model: onnx.ModelProto, notes: Optional[list] = None) -> int:
     if notes is not None:
         notes.append(
             f"folded {folded} constant Mul/Add/Sub into {convs} Conv weights and biases "
-            "(exact; TensorRT runs the Conv and its Quantize as one INT8 layer; quantize.fold_affine)"
+            "(exact; lets TensorRT fuse a Conv with the Quantize after it; quantize.fold_affine)"
         )
     return folded
 
