@@ -8,7 +8,7 @@
 #   rapidocr-onnxruntime cvttf-notosanscjk-regular, and nvidia-modelopt 0.47 with CPU onnxruntime)
 # Then on the GPU host (bundle staged, the folder copied to S):
 #   NAME=rec MODEL=$S/model.onnx CACHE=$S/mse.cache MODELOPT=$S/modelopt.onnx PAGES=$S/reclines.npy \
-#   PREPROCESS=none COMPARE_ARGS="--task ctc --batch-size 8" BUILDS=3 PAR=1 DEADLINE=420 sh benchmarks/gpu/engines.sh
+#   PREPROCESS=none COMPARE_ARGS="--task ctc --batch-size 8" BUILDS=3 DEADLINE=300 sh benchmarks/gpu/engines.sh
 set -e
 STAGE=${1:-.gpu-stage}/e/ocr_rec
 W=${BENCH_WORK:-.bench}/rec-table
