@@ -44,24 +44,25 @@ def fold_affine(model: onnx.ModelProto, notes: Optional[list] = None) -> int:
         readers[name] = readers.get(name, 0) + 1
     outputs = {o.name for o in graph.output}
     producer = {out: node for node in graph.node for out in node.output if out}
-    by_input: dict[str, onnx.NodeProto] = {}
-    for node in graph.node:
+    nodes = list(graph.node)
+    by_input: dict[str, int] = {}  # tensor -> position of its first reader
+    for pos, node in enumerate(nodes):
         for name in node.input:
-            by_input.setdefault(name, node)
+            by_input.setdefault(name, pos)
     namer = Namer(taken_names(graph))
-    dropped: set[int] = set()
+    dropped: set[int] = set()  # positions of the folded nodes
     folded, convs = 0, 0
-    for conv in list(graph.node):
-        chain = _chain(conv, inits, readers, outputs, by_input, producer)
+    for conv in nodes:
+        chain = _chain(conv, nodes, inits, readers, outputs, by_input, producer)
         if not chain:
             continue
-        _rewrite(graph, conv, chain, inits, readers, namer)
-        dropped.update(id(n) for n, _, _ in chain)
+        _rewrite(graph, conv, [(nodes[pos], op, values) for pos, op, values in chain], inits, readers, namer)
+        dropped.update(pos for pos, _, _ in chain)
         folded += len(chain)
         convs += 1
     if not folded:
         return 0
-    kept = [n for n in graph.node if id(n) not in dropped]
+    kept = [n for pos, n in enumerate(nodes) if pos not in dropped]
     del graph.node[:]
     graph.node.extend(kept)
     _drop_unread(graph)
@@ -73,8 +74,8 @@ def fold_affine(model: onnx.ModelProto, notes: Optional[list] = None) -> int:
     return folded
 
 
-def _chain(conv, inits, readers, outputs, by_input, producer) -> list:
-    """[(node, op, per-channel values)] of the affine nodes after ``conv`` that can fold into it."""
+def _chain(conv, nodes, inits, readers, outputs, by_input, producer) -> list:
+    """[(position, op, per-channel values)] of the affine nodes after ``conv`` that can fold into it."""
     if conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") or len(conv.output) != 1:
         return []
     if len(conv.input) < 2 or conv.input[1] not in inits or inits[conv.input[1]].data_type != FLOAT:
@@ -85,7 +86,8 @@ def _chain(conv, inits, readers, outputs, by_input, producer) -> list:
     channels, rank = weight.dims[0], len(weight.dims)
     chain, tensor = [], conv.output[0]
     while readers.get(tensor, 0) == 1 and tensor not in outputs:
-        node = by_input.get(tensor)
+        pos = by_input.get(tensor)
+        node = nodes[pos] if pos is not None else None
         if node is None or node.op_type not in FOLDABLE or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
             break
         if node.op_type == "Sub" and node.input[0] != tensor:
@@ -96,7 +98,7 @@ def _chain(conv, inits, readers, outputs, by_input, producer) -> list:
         values = _per_channel(other, inits, producer, channels, rank)
         if values is None or (node.op_type == "Mul" and not np.all(values != 0)):
             break
-        chain.append((node, node.op_type, values))
+        chain.append((pos, node.op_type, values))
         tensor = node.output[0]
     return chain
 
