@@ -160,11 +160,13 @@ def tuning_text(tuning: Any) -> str:
     """build --tune-placement's lines: each candidate (ms, metric, verdict), then the kept one."""
     if not tuning:
         return ""
+    from trtq.pipeline.tune import candidate_label
+
     lines = [
         f"tuning     {tuning['builds']} build(s); {tuning['metric']} within {tuning['tolerance']:g} of the default's"
     ]
     for c in tuning["candidates"]:
-        label = c["placement"] + (f" + {len(c['left_float'])} node(s) float" if c["left_float"] else "")
+        label = candidate_label(c["placement"], c["left_float"])
         ms = f"{c['median_ms']:.3f} ms" if c["median_ms"] is not None else "-"
         metric = f"{c['metric']:.4f}" if c["metric"] is not None else "-"
         lines.append(f"  {label:<34} {ms:>10}  {metric:>8}  {c['verdict']}")

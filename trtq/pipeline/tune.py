@@ -67,7 +67,7 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        return self.placement + (f" + {len(self.left_float)} node(s) float" if self.left_float else "")
+        return candidate_label(self.placement, self.left_float)
 
     def record(self) -> dict[str, Any]:
         cov = self.coverage
@@ -88,6 +88,11 @@ class Candidate:
         """[name, mean profiled ms, kind] of the engine's ``n`` slowest layers (what to look at next)."""
         top = sorted(self.layer_times.items(), key=lambda kv: -float(kv[1]))[:n]
         return [[name, round(float(ms), 4), self.layer_kinds.get(name, "")] for name, ms in top]
+
+
+def candidate_label(placement: str, left_float) -> str:
+    """How reports name a candidate: its placement and how many nodes it leaves float."""
+    return placement + (f" + {len(left_float)} node(s) float" if left_float else "")
 
 
 def _rounded(value: float | None, digits: int) -> float | None:
