@@ -76,7 +76,7 @@ def test_cli_calibrates_and_quantizes_at_the_overridden_shape(trtq, tmp_path):
     assert r.code == 0, r
     r = trtq(["quantize", "--model", model, "--cache", cache, "-o", q, "--json", *args])
     assert r.code == 0, r
-    assert json.loads(r.out)["quantized"] == ["conv"]
+    assert json.loads(r.out)["quantized"] == ["conv"]  # its pool feeds the output: no pair (shared)
     written = onnx.load(str(q))
     assert [d.dim_value for d in written.graph.input[0].type.tensor_type.shape.dim] == [2, 3, 48, 64]
     # the same through the config, and the temporary copy is gone after the command

@@ -106,7 +106,7 @@ class DataOptions:
 # --------------------------------------------------------------------------------------------
 
 WeightRounding = Literal["nearest", "gptq"]
-Placement = Literal["standard", "fused", "shared"]
+Placement = Literal["auto", "standard", "fused", "shared"]
 
 
 @dataclass(frozen=True)
@@ -158,10 +158,20 @@ class QuantizeOptions:
     samples: int = 128  # calibration samples equalize, bias correction, gptq rounding and float_layers read
     center_activations: bool = False  # shift ReLU/Clip outputs so symmetric INT8 uses both halves
     equalize: bool = False  # even out the channel ranges of Conv inputs (exact float rewrite; needs data)
-    placement: Placement = "standard"  # fused / shared: Q/DQ so Concat/residual Add/pooling groups stay INT8
+    # auto: shared, or standard with center_activations (placement_used); fused / shared: Q/DQ so Concat /
+    # residual Add / pooling groups stay INT8
+    placement: Placement = "auto"
     # learn weight rounding and activation steps block by block, activations quantized (needs data and torch)
     reconstruct: bool = False
     iterations: int = 60  # reconstruct: training steps per block (fits EfficientNet-Lite0 on 2 cores)
+
+    def placement_used(self) -> str:
+        """The placement quantize applies: ``auto`` is shared (faster engines at the same task metric
+        on every model of issue 34's table, docs/decisions.md D31), or standard with
+        ``center_activations``, whose engine form is written for the standard pairs."""
+        if self.placement != "auto":
+            return self.placement
+        return "standard" if self.center_activations else "shared"
 
 
 @dataclass(frozen=True)

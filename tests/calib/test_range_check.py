@@ -100,6 +100,7 @@ def test_entropy_flags_agree_with_the_saved_histograms(trtq, tmp_path, sample_co
     Q/DQ model quantizes are named."""
     from trtq.calib.methods import compute_all
     from trtq.calib.stats import load_stats
+    from trtq.config import QuantizeOptions
     from trtq.model import load_model
     from trtq.quantize import planned_activations
 
@@ -124,7 +125,8 @@ def test_entropy_flags_agree_with_the_saved_histograms(trtq, tmp_path, sample_co
     saved = load_stats(stats)
     amax = compute_all("entropy", saved.maxima, saved.counts, zeros=saved.zeros)
     mse = compute_all("mse", saved.maxima, saved.counts, zeros=saved.zeros)
-    quantized = set(planned_activations(load_model(SAMPLE_MODEL), ("standard",)))  # the config's placement
+    placement = QuantizeOptions().placement_used()  # the config's placement
+    quantized = set(planned_activations(load_model(SAMPLE_MODEL), (placement,)))
     for f in flags:
         name = f["tensor"]
         assert name in quantized

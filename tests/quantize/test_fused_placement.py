@@ -172,10 +172,6 @@ def test_fused_respects_exclude():
     assert dq_scale(q, reads(q, "split")[0]) is None
 
 
-def test_placement_default_is_standard():
-    assert QuantizeOptions().placement == "standard"
-
-
 def _zoo_entry(name):
     if MANIFEST is None:
         pytest.skip(f"no model zoo in {ZOO}")

@@ -27,22 +27,31 @@ def calibrated(sample_fp32):
     return activation_amax(sample_fp32, [{"x": x}])
 
 
-@pytest.mark.parametrize("fp16", [False, True])
-def test_sample_model_quantizes_and_stays_close_to_fp32(sample_fp32, calibrated, fp16):
-    result = quantize_model(sample_fp32, calibrated, QuantizeOptions(fp16=fp16))
+@pytest.mark.parametrize("fp16, placement", [(False, "standard"), (True, "standard"), (False, "auto")])
+def test_sample_model_quantizes_and_stays_close_to_fp32(sample_fp32, calibrated, fp16, placement):
+    result = quantize_model(sample_fp32, calibrated, QuantizeOptions(fp16=fp16, placement=placement))
     q = result.model
     onnx.checker.check_model(q, full_check=True)
     convs = [n.name for n in sample_fp32.graph.node if n.op_type == "Conv"]
-    assert result.quantized == convs  # every Conv, depthwise and squeeze-excite convs included
     assert result.missing_amax == []
     assert [name for name, _ in result.left_float] == ["MatMul.0"]  # the 4-class head: N = 4
-    assert len(nodes_of(q, "QuantizeLinear")) == result.qdq_pairs == 2 * len(convs)
+    if placement == "standard":
+        assert result.quantized == convs  # every Conv, depthwise and squeeze-excite convs included
+        assert len(nodes_of(q, "QuantizeLinear")) == result.qdq_pairs == 2 * len(convs)
+    else:  # shared: every Conv, plus the pooling readers of its quantized tensors
+        ops = {n.name: n.op_type for n in sample_fp32.graph.node}
+        extra = [n for n in result.quantized if n not in convs]
+        assert [n for n in result.quantized if n in convs] == convs
+        assert extra and {ops[n] for n in extra} <= {"GlobalAveragePool", "AveragePool", "MaxPool"}, extra
     # the model's own task, on a page it was not calibrated on: same answers, nearly same scores
     pages = page_rotations(seed=1)
     ref, got = run(sample_fp32, {"x": pages})[0], run(q, {"x": pages})[0]
     assert list(ref.argmax(1)) == [0, 3, 2, 1] and ref.max(1).min() > 0.9  # FP32 reads the turns right
     assert list(got.argmax(1)) == [0, 3, 2, 1]
-    assert cosine(ref, got) > 0.9999 and np.abs(ref - got).max() < 0.02
+    if placement == "standard":
+        assert cosine(ref, got) > 0.9999 and np.abs(ref - got).max() < 0.02
+    else:  # shared's pair on the last pool's input (GlobalAveragePool.2 -> Conv.31) costs this; excluded, 0.99999
+        assert 0.998 < cosine(ref, got) < 0.9999 and np.abs(ref - got).max() < 0.08
     # photos are off-task: FP32 is unsure there and INT8 moves the low scores more, within bounds
     photos = photo_batch("*_[12].*")
     ref, got = run(sample_fp32, {"x": photos})[0], run(q, {"x": photos})[0]

@@ -23,8 +23,10 @@ from trtq.quantize.rules import ZERO_SCALE
 
 
 def quantize(model, amax=None, **opts):
+    """The standard placement's rules, which these tests pin (the default, shared, adds its pairs on
+    top: tests/quantize/test_shared_placement.py)."""
     amax = activation_amax(model, [random_feeds(model)]) if amax is None else amax
-    result = quantize_model(model, amax, QuantizeOptions(**opts))
+    result = quantize_model(model, amax, QuantizeOptions(**{"placement": "standard", **opts}))
     onnx.checker.check_model(result.model, full_check=True)
     return result
 

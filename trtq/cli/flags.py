@@ -371,11 +371,12 @@ quantizing = option_group(
     ),
     click.option(
         "--placement",
-        type=click.Choice(["standard", "fused", "shared"]),
-        help="Q/DQ placement: standard (default: the inputs of Conv/Gemm/MatMul, residual skips), "
-        "fused (also a pair on every Split/Concat/pooling group member and residual Adds behind "
-        "SiLU) or shared (one pair per tensor, read by its Concat/Add/pooling/Resize readers too, "
-        "as ModelOpt places them).",
+        type=click.Choice(["auto", "standard", "fused", "shared"]),
+        help="Q/DQ placement: auto (default: shared, or standard with --center-activations), shared "
+        "(one pair per tensor, read by its Concat/Add/pooling/Resize readers too, as ModelOpt places "
+        "them), standard (the inputs of Conv/Gemm/MatMul and residual skips only: fewer roundings, "
+        "more float layers in the engine) or fused (also a pair on every Split/Concat/pooling group "
+        "member and residual Adds behind SiLU).",
     ),
     click.option(
         "--reconstruct",

@@ -173,7 +173,7 @@ def warn_range_flags(cfg: Any, result: Any) -> Any:
     from trtq.quantize import planned_activations
 
     if cfg.model:
-        quantized = set(planned_activations(load_model(cfg.model), (cfg.quantize.placement,)))
+        quantized = set(planned_activations(load_model(cfg.model), (cfg.quantize.placement_used(),)))
         result.range_flags = [f for f in result.range_flags if f.tensor in quantized]
         among = f"the {len(quantized)} tensors the Q/DQ model quantizes"
     else:  # statistics without their model: every tensor counts

@@ -153,7 +153,7 @@ def batched_if_identical(model, batches, data, options: QuantizeOptions):
     specs = input_specs(model)
     if not fixed_batch_one(specs, data):
         return model, batches, None
-    planned = planned_activations(model, (options.placement,))
+    planned = planned_activations(model, (options.placement_used(),))
     tensors = list(dict.fromkeys(planned + [o.name for o in model.graph.output]))
     # the steps read Conv / Gemm / MatMul inputs and the outputs, whatever axis carries the batch
     wide, wide_specs, wide_data, mode = widen_if_identical(

@@ -306,7 +306,7 @@ class Tuner:
 
     def run(self) -> tuple[Candidate, Candidate]:
         """(the default candidate, the kept one)."""
-        placement = self.inputs.quantize_options.placement
+        placement = self.inputs.quantize_options.placement_used()
         default = Candidate(placement)
         if not self.evaluate(default):
             raise TrtqError(
@@ -325,7 +325,9 @@ class Tuner:
                 self.tolerance,
             )
         best = default
-        others = [p for p in PLACEMENTS if p != placement]
+        # centring's engine form takes the standard pairs only (check_centering_options)
+        centred = self.inputs.quantize_options.center_activations
+        others = [p for p in PLACEMENTS if p != placement and (p == "standard" or not centred)]
         for i, other in enumerate(others):
             if not self.room(len(others) - i):
                 break

@@ -178,7 +178,7 @@ def check_centering_options(options: QuantizeOptions) -> None:
     centrings (centering_fold) is written for the standard pairs; with the fused pairs it computed
     levels up to 148 apart from the Add form it stands for, with the shared pairs it quantized other
     tensors (tests/quantize/test_centering_fold.py)."""
-    if options.center_activations and options.placement != "standard":
+    if options.center_activations and options.placement_used() != "standard":
         raise UsageError(
             f"--center-activations does not combine with --placement {options.placement} yet: the centrings' "
             "engine form is written for the standard placement",
@@ -265,7 +265,9 @@ def _plan(
     grouped convs too; (plan, the layers kept float)."""
     if keep_float:
         notes.append(f"float layers: {len(keep_float)} most sensitive left float: " + ", ".join(keep_float))
-    plan = make_plan(index, amax, options.exclude, options.per_channel, only_nodes, keep_float, options.placement)
+    plan = make_plan(
+        index, amax, options.exclude, options.per_channel, only_nodes, keep_float, options.placement_used()
+    )
     if float_grouped_consumers:
         from trtq.quantize.float_choice import GROUPED_CONSUMER_REASON, grouped_conv_consumers
 
@@ -273,7 +275,7 @@ def _plan(
         if extra:
             keep_float = dict(keep_float, **{n: GROUPED_CONSUMER_REASON for n in extra})
             plan = make_plan(
-                index, amax, options.exclude, options.per_channel, only_nodes, keep_float, options.placement
+                index, amax, options.exclude, options.per_channel, only_nodes, keep_float, options.placement_used()
             )
             notes.append(f"float grouped conv consumers: {', '.join(extra)} left float (fed by {', '.join(risky)})")
     return plan, keep_float
@@ -330,7 +332,13 @@ def _centre(
     apply_centrings(prepared, centred)
     shifted = dict(amax, **{c.tensor: c.amax for c in centred})
     plan = make_plan(
-        GraphIndex(prepared), shifted, options.exclude, options.per_channel, only_nodes, keep_float, options.placement
+        GraphIndex(prepared),
+        shifted,
+        options.exclude,
+        options.per_channel,
+        only_nodes,
+        keep_float,
+        options.placement_used(),
     )
     return plan, centred
 

@@ -100,6 +100,8 @@ def make_plan(
     """``keep_float``: node name -> reason, nodes left float on top of ``exclude``; ``placement``
     "fused" adds the pairs of :mod:`~trtq.quantize.fused` to the standard plan, "shared" those of
     :mod:`~trtq.quantize.shared`."""
+    if placement not in fused.PLACEMENTS:  # "auto" is resolved by QuantizeOptions.placement_used
+        raise ValueError(f"make_plan: unknown placement {placement!r}")
     plan = Plan()
     keep_float = keep_float or {}
     exclusions = Exclusions(exclude, [n.name for n in index.graph.node])

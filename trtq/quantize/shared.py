@@ -15,8 +15,8 @@ This placement quantizes what the standard one does and, the way ModelOpt's ONNX
 1. the residual Adds of ``fused.residual_decisions`` (both inputs where the main input crossed an
    activation epilogue, which stops TensorRT fusing the Add into the Conv);
 2. the input of each pooling op (MaxPool, AveragePool, GlobalAveragePool) and nearest / linear
-   Resize (an upsample of a Conv's output): TensorRT runs them in INT8 on a quantized input and
-   moves the Dequantize behind them;
+   Resize (an upsample of a Conv's output) whose output reaches a quantized input: TensorRT runs
+   them in INT8 on a quantized input and moves the Dequantize behind them;
 3. every reader of a quantized tensor in ``SHARED_READERS`` (Concat, Add, pooling, Resize and the
    data-movement ops) reads the pair's Dequantize output too, so the producer writes INT8 once.
 
@@ -51,12 +51,40 @@ def _int8_input_op(node: onnx.NodeProto) -> bool:
     return False
 
 
+def _downstream(index: GraphIndex, start: str, limit: int = 8):
+    """(index, node) of the readers of ``start`` and of their outputs, ``limit`` steps deep."""
+    seen, frontier = set(), [start]
+    for _ in range(limit):
+        nxt = []
+        for tensor in frontier:
+            for node in index.consumer_nodes(tensor):
+                idx = index.producer[node.output[0]] if node.output else None
+                if idx is None or idx in seen:
+                    continue
+                seen.add(idx)
+                yield idx, node
+                nxt.extend(o for o in node.output if o)
+        frontier = nxt
+
+
+def _next_to_int8(index: GraphIndex, node: onnx.NodeProto, decisions: Decisions) -> bool:
+    """Whether the op's output reaches a quantized input within a few nodes (through Concat, data
+    movement, a squeeze-excite's pooling), so it can run INT8 in and out. Otherwise the pair only
+    adds a rounding the standard placement does not make (a pool that feeds float layers only, or
+    sits among layers all excluded)."""
+    quantized = {(idx, slot) for idx, slots in decisions.items() for slot, _ in slots}
+    for idx, down in _downstream(index, node.output[0]):
+        if any((idx, slot) in quantized for slot in range(len(down.input))):
+            return True
+    return False
+
+
 def input_decisions(index: GraphIndex, decisions: Decisions, gate: Gate, activation: Activation) -> None:
-    """Step 2: a pair on the input of each pooling op and Resize."""
+    """Step 2: a pair on the input of each pooling op and Resize next to INT8 work."""
     for idx, node in enumerate(index.nodes):
         if idx in decisions or not _int8_input_op(node) or gate(node):
             continue
-        if not _computed_float(index, node.input[0]):
+        if not _computed_float(index, node.input[0]) or not _next_to_int8(index, node, decisions):
             continue
         key = activation(node.input[0])
         if key is not None:
