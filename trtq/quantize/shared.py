@@ -52,43 +52,36 @@ def _int8_input_op(node: onnx.NodeProto) -> bool:
 
 
 def _downstream(index: GraphIndex, start: str, limit: int = 8):
-    """(index, node) of the readers of ``start`` and of their outputs, ``limit`` steps deep."""
+    """Indices of the nodes that read ``start`` and, up to ``limit`` steps on, their outputs."""
     seen, frontier = set(), [start]
     for _ in range(limit):
         nxt = []
         for tensor in frontier:
-            for node in index.consumer_nodes(tensor):
-                idx = index.producer[node.output[0]] if node.output else None
-                if idx is None or idx in seen:
-                    continue
-                seen.add(idx)
-                yield idx, node
-                nxt.extend(o for o in node.output if o)
+            for idx, _ in index.consumers.get(tensor, []):
+                if idx not in seen:
+                    seen.add(idx)
+                    yield idx
+                    nxt.extend(o for o in index.nodes[idx].output if o)
         frontier = nxt
 
 
-def _next_to_int8(index: GraphIndex, node: onnx.NodeProto, decisions: Decisions) -> bool:
-    """Whether the op's output reaches a quantized input within a few nodes (through Concat, data
-    movement, a squeeze-excite's pooling), so it can run INT8 in and out. Otherwise the pair only
-    adds a rounding the standard placement does not make (a pool that feeds float layers only, or
-    sits among layers all excluded)."""
-    quantized = {(idx, slot) for idx, slots in decisions.items() for slot, _ in slots}
-    for idx, down in _downstream(index, node.output[0]):
-        if any((idx, slot) in quantized for slot in range(len(down.input))):
-            return True
-    return False
-
-
 def input_decisions(index: GraphIndex, decisions: Decisions, gate: Gate, activation: Activation) -> None:
-    """Step 2: a pair on the input of each pooling op and Resize next to INT8 work."""
+    """Step 2: a pair on the input of each pooling op and Resize whose output reaches a quantized
+    input within a few nodes (through Concat, data movement, a squeeze-excite's pooling), so it can
+    run INT8 in and out. Elsewhere the pair would only add a rounding the standard placement does
+    not make (a pool that feeds float layers only, or sits among layers all excluded)."""
+    quantized = {idx for idx, slots in decisions.items() if slots}  # nodes with a quantized input
     for idx, node in enumerate(index.nodes):
         if idx in decisions or not _int8_input_op(node) or gate(node):
             continue
-        if not _computed_float(index, node.input[0]) or not _next_to_int8(index, node, decisions):
+        if not _computed_float(index, node.input[0]):
+            continue
+        if not any(i in quantized for i in _downstream(index, node.output[0])):
             continue
         key = activation(node.input[0])
         if key is not None:
             decisions[idx] = [(0, key)]
+            quantized.add(idx)
 
 
 def reader_decisions(index: GraphIndex, decisions: Decisions, gate: Gate) -> None:
