@@ -284,3 +284,14 @@ def test_a_refused_timing_cache_is_not_passed_to_later_candidates(tmp_path):
     assert tuner.options.timing_cache  # not refused (a first build has none to load): kept
     tuner._check_timing_cache({"timing_cache": {"path": "t", "loaded": False, "problem": "Myelin error"}})
     assert tuner.options.timing_cache is None
+
+
+def test_only_per_sample_metrics_warn_about_their_step():
+    # the "moves in steps of 1 / samples" warning is for fractions of samples; on PP-OCRv4 det's 32
+    # pages it fired for mask IoU, which is summed over pixels and moves far finer
+    from trtq.compare.tasks import moves_per_sample
+    from trtq.pipeline.tune import SQNR
+
+    assert moves_per_sample("top-1 agreement") and moves_per_sample("sequence agreement")
+    assert not moves_per_sample("mask IoU") and not moves_per_sample("detection F1")
+    assert not moves_per_sample(SQNR) and not moves_per_sample("least task metric")

@@ -208,6 +208,7 @@ class Task:
     gate: tuple[str, str] | None = None  # the metric it gates (--min-agreement) and ranks by, its printed name
     layouts: tuple[str, ...] = ()  # the --layout values it takes
     keeps_top1: bool = False  # its metric is top-1 agreement, which the tensor metrics keep for it
+    per_sample: bool = False  # its metric is a fraction of samples: it moves in steps of 1 / samples
 
 
 TASKS: Registry[Task] = Registry("compare.task", also=("auto",))
@@ -216,6 +217,13 @@ TASKS: Registry[Task] = Registry("compare.task", also=("auto",))
 def gated_task_names() -> tuple[str, ...]:
     """The tasks that have a task metric."""
     return tuple(t.name for t in TASKS.rows() if t.gate is not None)
+
+
+def moves_per_sample(label: str) -> bool:
+    """Whether the task metric printed as ``label`` is a fraction of samples (top-1 agreement,
+    sequence agreement), so it moves in steps of 1 / samples; mask IoU (pixels) and detection F1
+    (boxes) move in finer steps."""
+    return any(t.per_sample for t in TASKS.rows() if t.gate is not None and t.gate[1] == label)
 
 
 def reported_apart(task: str) -> bool:
@@ -309,12 +317,26 @@ def _ctc_accumulator(acc: Any, shape: tuple) -> Any:
 
 
 TASKS.register(
-    Task("classify", _fits_classify, _classify_accumulator, ("top1_agreement", "top-1 agreement"), keeps_top1=True)
+    Task(
+        "classify",
+        _fits_classify,
+        _classify_accumulator,
+        ("top1_agreement", "top-1 agreement"),
+        keeps_top1=True,
+        per_sample=True,
+    )
 )
 TASKS.register(Task("detect", _fits_detect, _detect_accumulator, ("f1", "detection F1")))
 TASKS.register(Task("segment", _fits_segment, _segment_accumulator, ("iou", "mask IoU"), layouts=("NCHW", "NHWC")))
 TASKS.register(
-    Task("ctc", _fits_ctc, _ctc_accumulator, ("sequence_agreement", "sequence agreement"), layouts=("NTC", "TNC"))
+    Task(
+        "ctc",
+        _fits_ctc,
+        _ctc_accumulator,
+        ("sequence_agreement", "sequence agreement"),
+        layouts=("NTC", "TNC"),
+        per_sample=True,
+    )
 )
 TASKS.register(Task("raw", _fits_raw))
 

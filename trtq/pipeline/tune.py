@@ -306,6 +306,8 @@ class Tuner:
 
     def run(self) -> tuple[Candidate, Candidate]:
         """(the default candidate, the kept one)."""
+        from trtq.compare.tasks import moves_per_sample
+
         placement = self.inputs.quantize_options.placement_used()
         default = Candidate(placement)
         if not self.evaluate(default):
@@ -315,7 +317,7 @@ class Tuner:
             )
         default.verdict = "default"
         log.info("tune: default %s: %s %.4f", default.label, self.metric_name, default.metric)
-        if self.metric_name != SQNR and self.samples and self.tolerance < 1.0 / self.samples:
+        if moves_per_sample(self.metric_name) and self.samples and self.tolerance < 1.0 / self.samples:
             log.warning(
                 "tune: on %d samples the %s moves in steps of %.4f, more than --tune-tolerance %g: only "
                 "candidates that change no sample's verdict can be kept (give more data or a larger tolerance)",
