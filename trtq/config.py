@@ -228,6 +228,8 @@ class BuildOptions:
     tune_tolerance: float = 0.005  # task metric a kept candidate may lose against the default placement's
     tune_sqnr_drop_db: float = 1.0  # the same, in dB of output SQNR, when no output has a task metric
     tune_builds: int = 8  # TensorRT builds the search may make
+    # the FP16 engine without Q/DQ the kept INT8 engine is weighed against (trtq.pipeline.tune_float)
+    tune_float: Literal["report", "keep", "off"] = "report"
 
 
 @dataclass(frozen=True)

@@ -169,6 +169,14 @@ def test_recipe_fp32(trt, strong):
     assert r.builder_flags == () and not r.quantize and r.strongly_typed is strong
 
 
+@pytest.mark.parametrize("trt,flags,cast", [(TRT86, ("FP16",), False), (TRT10, ("FP16",), False), (TRT11, (), True)])
+def test_float_reference_recipe(trt, flags, cast):
+    # build --tune-placement's FP16 reference: the FP16 flag where it exists, an FP16-cast model on 11
+    recipe, needs_cast = compat.float_reference_recipe(trt)
+    assert recipe.builder_flags == flags and needs_cast is cast
+    assert not recipe.quantize and not recipe.calibrator and recipe.strongly_typed is cast
+
+
 def test_recipe_rejects_unknown_values():
     with pytest.raises(ConfigError):
         compat.plan_build(TRT86, "int4")

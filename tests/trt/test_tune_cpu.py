@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trtq.pipeline.tune import Candidate, acceptable, fallback_groups, faster
+from trtq.pipeline.tune import fallback_groups
+from trtq.pipeline.tune_candidates import Candidate, acceptable, faster
 from trtq.trt.coverage import Int8Coverage, layer_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,6 +80,8 @@ def test_acceptance_rule():
         (["--no-data"], "none given"),
         (["--tune-builds", "1"], "--tune-builds must be at least 2"),
         (["--tune-tolerance", "5"], "a fraction"),
+        (["--tune-float", "keep", "--require-int8"], "--require-int8 fails any engine that is not INT8"),
+        (["--tune-float", "sometimes"], "Invalid value for '--tune-float'"),
     ],
 )
 def test_refusals_exit_2_and_write_nothing(trtq, tmp_path, extra, message):
@@ -123,6 +126,52 @@ def test_build_text_reports_the_search():
         and "kept       shared, left float: p2o.Conv.1" in text
     )
     assert json.dumps(tuning)  # the record is plain JSON
+
+
+def test_build_text_reports_the_float_reference_and_an_fp16_engine_kept():
+    from trtq.cli.text import tuning_text
+
+    candidate = {"placement": "shared", "left_float": [], "median_ms": 1.32, "metric": 0.66, "verdict": "default"}
+    reference = {
+        "precision": "fp16",
+        "median_ms": 1.007,
+        "int8_median_ms": 1.323,
+        "metric": 0.995,
+        "build_seconds": 64.0,
+        "verdict": "faster than the kept INT8 engine: reported (--tune-float keep writes it)",
+    }
+    tuning = {
+        "builds": 1,
+        "metric": "sequence agreement",
+        "tolerance": 0.005,
+        "chosen": {"precision": "int8", "placement": "shared", "left_float": []},
+        "candidates": [candidate],
+        "float_reference": reference,
+    }
+    text = tuning_text(tuning)
+    assert "fp16 reference (no Q/DQ)" in text and "1.007 ms" in text and "0.9950" in text and "reported" in text
+    assert "kept       shared\n" in text
+    tuning["chosen"] = {"precision": "fp16", "placement": None, "left_float": []}
+    assert "kept       the fp16 engine without Q/DQ" in tuning_text(tuning)
+    tuning["float_reference"] = None  # --tune-float off
+    assert "reference" not in tuning_text(tuning)
+
+
+@pytest.mark.parametrize(
+    "float_ms, ok, mode, action, verdict",
+    [
+        (1.007, True, "report", "report", "faster than the kept INT8 engine: reported"),
+        (1.007, True, "keep", "keep", "kept: faster"),
+        (1.007, False, "keep", "none", "metric below the tolerance"),
+        (1.32, True, "keep", "none", "slower than the kept INT8 engine (1.00x its time)"),  # < MIN_GAIN faster
+        (1.50, True, "report", "none", "slower than the kept INT8 engine (1.13x its time)"),
+    ],
+)
+def test_float_reference_is_kept_or_reported_only_when_faster_within_the_tolerance(float_ms, ok, mode, action, verdict):
+    from trtq.pipeline.tune_float import float_verdict
+
+    said, what = float_verdict(float_ms, 1.323, ok, mode)
+    assert what == action and verdict in said, said
 
 
 class _Engines:
@@ -181,7 +230,8 @@ def test_search_keeps_the_faster_placement_and_stops_without_fallbacks(tmp_path)
     assert (default.placement, best.placement, best.left_float) == ("standard", "shared", ())
     assert tuner.builds == 2 and [c.verdict for c in tuner.tried] == ["default", "kept"]
     record = tuner.record(default, best)
-    assert record["chosen"] == {"placement": "shared", "left_float": []} and record["builds"] == 2
+    assert record["chosen"] == {"precision": "int8", "placement": "shared", "left_float": []} and record["builds"] == 2
+    assert record["float_reference"] is None  # the stand-in search built none
     best.layer_times = {"conv + relu": 0.2, "x_QuantizeLinear": 0.05, "PWN(a, b)": 0.4}
     best.layer_kinds = {"conv + relu": "int8", "PWN(a, b)": "float"}
     assert best.record()["slowest_layers"] == [
@@ -290,7 +340,7 @@ def test_only_per_sample_metrics_warn_about_their_step():
     # the "moves in steps of 1 / samples" warning is for fractions of samples; on PP-OCRv4 det's 32
     # pages it fired for mask IoU, which is summed over pixels and moves far finer
     from trtq.compare.tasks import moves_per_sample
-    from trtq.pipeline.tune import SQNR
+    from trtq.pipeline.tune_candidates import SQNR
 
     assert moves_per_sample("top-1 agreement") and moves_per_sample("sequence agreement")
     assert not moves_per_sample("mask IoU") and not moves_per_sample("detection F1")

@@ -494,5 +494,11 @@ tuning = option_group(
         "task: build.tune_sqnr_drop_db dB of SQNR, default 1).",
     ),
     click.option("--tune-builds", type=INT, help="--tune-placement: TensorRT builds it may make (default 8)."),
+    click.option(
+        "--tune-float",
+        type=click.Choice(["report", "keep", "off"]),
+        help="--tune-placement: also build the FP16 engine without Q/DQ and say when it is faster than "
+        "the kept INT8 engine (report, default), write it then (keep), or skip it (off).",
+    ),
     click.option("--limit", type=INT, help="--tune-placement: score on at most N samples."),
 )

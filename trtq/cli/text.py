@@ -160,19 +160,25 @@ def tuning_text(tuning: Any) -> str:
     """build --tune-placement's lines: each candidate (ms, metric, verdict), then the kept one."""
     if not tuning:
         return ""
-    from trtq.pipeline.tune import candidate_label
+    from trtq.pipeline.tune_candidates import candidate_label
 
     lines = [
         f"tuning     {tuning['builds']} build(s); {tuning['metric']} within {tuning['tolerance']:g} of the default's"
     ]
-    for c in tuning["candidates"]:
-        label = candidate_label(c["placement"], c["left_float"])
+    rows = [(candidate_label(c["placement"], c["left_float"]), c) for c in tuning["candidates"]]
+    ref = tuning.get("float_reference")
+    if ref:
+        rows.append((f"{ref['precision']} reference (no Q/DQ)", ref))
+    for label, c in rows:
         ms = f"{c['median_ms']:.3f} ms" if c["median_ms"] is not None else "-"
         metric = f"{c['metric']:.4f}" if c["metric"] is not None else "-"
         lines.append(f"  {label:<34} {ms:>10}  {metric:>8}  {c['verdict']}")
     chosen = tuning["chosen"]
     left = chosen["left_float"]
-    lines.append(f"kept       {chosen['placement']}" + (f", left float: {first_few(left, 6)}" if left else ""))
+    if chosen.get("placement") is None:
+        lines.append(f"kept       the {chosen.get('precision')} engine without Q/DQ (faster than every INT8 candidate)")
+    else:
+        lines.append(f"kept       {chosen['placement']}" + (f", left float: {first_few(left, 6)}" if left else ""))
     return "\n".join(lines) + "\n"
 
 

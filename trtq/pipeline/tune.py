@@ -10,7 +10,10 @@ one at a time: concurrent builds disturb the builder's tactic timing):
    coverage report's fallbacks) map back to the quantized ONNX nodes their names carry
    (:func:`trtq.trt.coverage.layer_nodes`); those nodes are left float (their Q/DQ pairs gone, so
    no INT8<->float conversion around a layer TensorRT runs in float anyway): all of them in one
-   candidate, then, when that one is not kept, one fallback layer's nodes at a time.
+   candidate, then, when that one is not kept, one fallback layer's nodes at a time;
+3. the float reference (:mod:`trtq.pipeline.tune_float`, ``build.tune_float``): the model without
+   Q/DQ built in FP16 and timed beside the kept engine, reported (or written, ``keep``) when faster.
+   It is one build beyond ``build.tune_builds``.
 
 Every candidate is built with one timing cache (the user's ``--timing-cache`` or a temporary one),
 so layers the candidates share get the same tactics, until TensorRT refuses it (8.6 refuses a cache
@@ -30,73 +33,28 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import math
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from trtq.config import BenchOptions, BuildOptions
+from trtq.config import BuildOptions
 from trtq.errors import TrtqError, UsageError
+from trtq.pipeline.tune_candidates import (
+    MIN_GAIN,
+    SQNR,
+    Candidate,
+    acceptable,
+    engine_score,
+    faster,
+    rounded,
+    time_side_by_side,
+)
 
 log = logging.getLogger(__name__)
 
 PLACEMENTS = ("standard", "shared")  # fused lost to both on every model of the engine table (D28)
-MIN_GAIN = 0.01  # a candidate replaces the best engine only when this much faster, side by side
-TIME_ROUNDS = 3
-ROUND = BenchOptions(duration=0.5, warmup=0.2)
-SQNR = "output SQNR (dB)"
-SLOWEST = 8  # slowest layers recorded per candidate
-
-
-@dataclasses.dataclass
-class Candidate:
-    placement: str
-    left_float: tuple[str, ...] = ()
-    plan: Path | None = None
-    median_ms: float | None = None
-    metric: float | None = None
-    coverage: Any = None
-    layer_times: dict = dataclasses.field(default_factory=dict)
-    layer_kinds: dict = dataclasses.field(default_factory=dict)  # layer name -> int8 / conversion / float ...
-    quantized: tuple[str, ...] = ()
-    verdict: str = ""
-    build_seconds: float = 0.0
-
-    @property
-    def label(self) -> str:
-        return candidate_label(self.placement, self.left_float)
-
-    def record(self) -> dict[str, Any]:
-        cov = self.coverage
-        return {
-            "placement": self.placement,
-            "left_float": list(self.left_float),
-            "median_ms": _rounded(self.median_ms, 4),
-            "metric": _rounded(self.metric, 5),
-            "int8_time_share": _rounded(getattr(cov, "time_share", None), 4),
-            "fallbacks": len(cov.fallbacks) if cov is not None else None,
-            "conversions": len(cov.conversions) if cov is not None else None,
-            "build_seconds": round(self.build_seconds, 1),
-            "verdict": self.verdict,
-            "slowest_layers": self.slowest(),
-        }
-
-    def slowest(self, n: int = SLOWEST) -> list[list]:
-        """[name, mean profiled ms, kind] of the engine's ``n`` slowest layers (what to look at next)."""
-        top = sorted(self.layer_times.items(), key=lambda kv: -float(kv[1]))[:n]
-        return [[name, round(float(ms), 4), self.layer_kinds.get(name, "")] for name, ms in top]
-
-
-def candidate_label(placement: str, left_float) -> str:
-    """How reports name a candidate: its placement and how many nodes it leaves float."""
-    return placement + (f" + {len(left_float)} node(s) float" if left_float else "")
-
-
-def _rounded(value: float | None, digits: int) -> float | None:
-    return None if value is None or not math.isfinite(value) else round(float(value), digits)
 
 
 def check_tuning(cfg: Any, cache_path: Path | None) -> None:
@@ -117,6 +75,11 @@ def check_tuning(cfg: Any, cache_path: Path | None) -> None:
         raise UsageError(
             "--tune-placement scores every candidate engine against the FP32 model on data: none given",
             "pass --data DIR --preprocess PRESET (the calibration images), or a config with data.inputs",
+        )
+    if b.tune_float == "keep" and b.require_int8:
+        raise UsageError(
+            "--tune-float keep may write an FP16 engine, and --require-int8 fails any engine that is not INT8",
+            "drop one of them (--tune-float report only says when FP16 is faster)",
         )
     if b.tune_builds < 2:
         raise UsageError(f"--tune-builds must be at least 2, got {b.tune_builds}", "e.g. --tune-builds 8")
@@ -139,43 +102,6 @@ def check_scoring_data(cfg: Any, model: Any) -> None:
     from trtq.model import input_specs
 
     Batcher(cfg.data, input_specs(model))
-
-
-def engine_score(cfg: Any, model_path: Path, plan: Path) -> tuple[str, float, int]:
-    """(metric name, value, samples) of the engine ``plan`` against the FP32 model on ``cfg.data``:
-    the least task metric over the outputs that have one, else the least output SQNR in dB."""
-    from trtq.compare.accuracy import gated_values
-    from trtq.pipeline.compare import compare
-
-    report, _ = compare(cfg, model_path, plan)
-    gated = gated_values(report.outputs)
-    if gated:
-        values = [float("-inf") if v is None or math.isnan(v) else float(v) for _, _, v in gated]
-        names = sorted({name for _, name, _ in gated})
-        return (names[0] if len(names) == 1 else "least task metric"), min(values), report.samples
-    sqnr = [float("-inf") if o.sqnr_db is None or math.isnan(o.sqnr_db) else float(o.sqnr_db) for o in report.outputs]
-    return SQNR, min(sqnr) if sqnr else float("-inf"), report.samples
-
-
-def time_side_by_side(plans: list[Path], rounds: int = TIME_ROUNDS) -> list[float]:
-    """Median ms of each plan, timed in alternation (``rounds`` rounds of :data:`ROUND`), the
-    median of its round medians: a clock or thermal drift hits every plan alike."""
-    from trtq.trt.bench import bench_plan
-
-    medians: list[list[float]] = [[] for _ in plans]
-    for _ in range(rounds):
-        for i, plan in enumerate(plans):
-            medians[i].append(bench_plan(plan, ROUND).median_ms)
-    return [statistics.median(m) for m in medians]
-
-
-def acceptable(candidate: float, default: float, tolerance: float) -> bool:
-    """Whether a candidate's metric is within ``tolerance`` of the default engine's (NaN: no)."""
-    return not math.isnan(candidate) and candidate >= default - tolerance - 1e-12
-
-
-def faster(candidate_ms: float, best_ms: float, gain: float = MIN_GAIN) -> bool:
-    return candidate_ms <= best_ms * (1.0 - gain)
 
 
 def fallback_groups(best: Candidate) -> list[tuple[str, ...]]:
@@ -211,6 +137,8 @@ class Tuner:
         self.builds = 0
         self.metric_name = ""
         self.samples = 0
+        self.reference: Candidate | None = None  # the FP16 engine without Q/DQ (trtq.pipeline.tune_float)
+        self.reference_int8_ms: float | None = None  # the kept INT8 engine's time beside it
 
     def evaluate(self, c: Candidate) -> bool:
         """Build, profile and score ``c``; False when it was not built (a duplicate, a failure)."""
@@ -351,17 +279,26 @@ class Tuner:
             best.median_ms = self.timer([best.plan])[0]
         return default, best
 
-    def record(self, default: Candidate, best: Candidate) -> dict[str, Any]:
+    def record(self, default: Candidate, best: Candidate, written: Candidate | None = None) -> dict[str, Any]:
+        """The search for the plan metadata (``written``: the engine written, when not ``best``)."""
+        from trtq.pipeline.tune_float import PRECISION, reference_record
+
+        float_kept = written is not None and written is not best
         return {
-            "chosen": {"placement": best.placement, "left_float": list(best.left_float)},
+            "chosen": (
+                {"precision": PRECISION, "placement": None, "left_float": []}
+                if float_kept
+                else {"precision": "int8", "placement": best.placement, "left_float": list(best.left_float)}
+            ),
             "metric": self.metric_name,
             "tolerance": self.tolerance,
-            "default_metric": _rounded(default.metric, 5),
+            "default_metric": rounded(default.metric, 5),
             "min_gain": MIN_GAIN,
             "builds": self.builds,
             "max_builds": self.options.tune_builds,
             "samples": self.samples,
             "candidates": [c.record() for c in self.tried],
+            "float_reference": reference_record(self),
         }
 
 
@@ -369,6 +306,7 @@ def tune_placement(cfg: Any, model_path: Path, cache_path: Path, output: Path) -
     """``trtq build --tune-placement``: the kept candidate's engine at ``output`` (module doc); a
     BuildResult whose metadata carries the search (``tuning``) and whose coverage is the engine's."""
     from trtq.pipeline.build import checked_build_inputs, checked_coverage
+    from trtq.pipeline.tune_float import weigh_float_reference
     from trtq.trt.build import BuildResult, write_plan
     from trtq.trt.metadata import read_metadata
 
@@ -380,12 +318,13 @@ def tune_placement(cfg: Any, model_path: Path, cache_path: Path, output: Path) -
     try:
         tuner = Tuner(cfg, inputs, cfg.build, folder)
         default, best = tuner.run()
-        meta = dict(read_metadata(best.plan) or {})
-        meta["tuning"] = tuner.record(default, best)
+        written = weigh_float_reference(tuner, best, default)
+        meta = dict(read_metadata(written.plan) or {})
+        meta["tuning"] = tuner.record(default, best, written)
         meta["build_seconds"] = round(time.perf_counter() - t0, 3)
         if not cfg.build.timing_cache:  # the search's own timing cache went with its folder
             meta["timing_cache"] = None
-        write_plan(Path(output), best.plan.read_bytes(), meta)
+        write_plan(Path(output), written.plan.read_bytes(), meta)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     log.info(
@@ -399,6 +338,13 @@ def tune_placement(cfg: Any, model_path: Path, cache_path: Path, output: Path) -
         default.metric,
         tuner.builds,
     )
+    if written is not best:
+        log.info(
+            "tune: wrote the FP16 engine without Q/DQ: %.3f ms against %.3f ms",
+            written.median_ms,
+            tuner.reference_int8_ms,
+        )
     result = BuildResult(plan_path=Path(output), metadata=meta, seconds=time.perf_counter() - t0)
-    result.coverage = checked_coverage(Path(output), cfg.build.require_int8)
+    if written is best:
+        result.coverage = checked_coverage(Path(output), cfg.build.require_int8)
     return result

@@ -257,6 +257,16 @@ def plan_build(trt: Any, precision: str, mode: str = "explicit", fp16: bool = Fa
     return BuildRecipe(tuple(creation), ("INT8",) + extra, False, True, False, False)
 
 
+def float_reference_recipe(trt: Any) -> tuple[BuildRecipe, bool]:
+    """How the FP16 engine an INT8 build is weighed against is built (``build --tune-placement``'s
+    float reference): (the recipe, whether the model's float tensors must be cast to FP16 first).
+    TensorRT <= 10 builds the FP32 model with the FP16 builder flag; TensorRT 11 has no precision
+    flags, so its FP16 engine comes, strongly typed, from a model whose tensors are FP16."""
+    if has_weak_typing(trt):
+        return plan_build(trt, "fp16"), False
+    return plan_build(trt, "fp32"), True
+
+
 def creation_mask(trt: Any, names: Iterable[str]) -> int:
     """Bit mask for ``Builder.create_network`` from flag names (bits from the installed enum)."""
     enum = trt.NetworkDefinitionCreationFlag
