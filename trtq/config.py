@@ -230,6 +230,8 @@ class BuildOptions:
     tune_builds: int = 8  # TensorRT builds the search may make
     # the FP16 engine without Q/DQ the kept INT8 engine is weighed against (trtq.pipeline.tune_float)
     tune_float: Literal["report", "keep", "off"] = "report"
+    # a candidate that leaves float what TensorRT's implicit engine ran in float (trtq.pipeline.tune_guided)
+    tune_guided: bool = True
 
 
 @dataclass(frozen=True)

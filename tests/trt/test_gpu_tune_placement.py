@@ -3,7 +3,8 @@ hardswish / SE layers fall back to float between INT8 convolutions) from an mse 
 sample images, through the CLI. The search builds at most --tune-builds candidates, keeps one within
 the tolerance, and the kept engine is the one it scored: trtq compare of the written plan gives the
 metric the search recorded for it, and bench runs it. The FP16 reference without Q/DQ is built,
-timed beside the kept engine and reported, or written with --tune-float keep when faster."""
+timed beside the kept engine and reported, or written with --tune-float keep when faster; TensorRT's
+implicit engine is built and what it ran in float is tried as a candidate."""
 
 import json
 from pathlib import Path
@@ -77,6 +78,13 @@ def test_tune_placement_keeps_a_scored_candidate_within_the_tolerance(trtq, tmp_
     # is no slower than the default as timed side by side
     assert kept["median_ms"] <= cands[0]["median_ms"] * 1.05, tuning
     assert out["int8_coverage"] is not None
+    # the guided candidate: TensorRT 8.6 has implicit INT8, so its engine was built, timed and read
+    implicit = tuning["implicit"]
+    assert implicit["median_ms"] > 0 and implicit["best_ms"] > 0 and implicit["build_seconds"] > 0, implicit
+    guided = [c for c in cands if c["source"] == "implicit"]
+    assert len(guided) == (1 if implicit["float_nodes"] else 0), tuning
+    if guided:
+        assert len(guided[0]["left_float"]) >= implicit["float_nodes"] and guided[0]["verdict"], guided
     # the FP16 reference (--tune-float report, the default): built, timed beside the kept engine,
     # scored, and never written
     ref = tuning["float_reference"]

@@ -147,8 +147,10 @@ def test_build_text_reports_the_float_reference_and_an_fp16_engine_kept():
         "chosen": {"precision": "int8", "placement": "shared", "left_float": []},
         "candidates": [candidate],
         "float_reference": reference,
+        "implicit": {"median_ms": 1.152, "best_ms": 1.3, "build_seconds": 173.0, "float_nodes": 30, "verdict": "v"},
     }
     text = tuning_text(tuning)
+    assert "TensorRT's implicit INT8" in text and "1.152 ms" in text
     assert "fp16 reference (no Q/DQ)" in text and "1.007 ms" in text and "0.9950" in text and "reported" in text
     assert "kept       shared\n" in text
     tuning["chosen"] = {"precision": "fp16", "placement": None, "left_float": []}
@@ -182,7 +184,7 @@ class _Engines:
     def __init__(self, table, quantized=("A", "B", "C", "D")):
         self.table, self.quantized = table, tuple(quantized)
 
-    def tuner(self, tmp_path, builds=8, tolerance=0.005, placement="standard", **quantize):
+    def tuner(self, tmp_path, builds=8, tolerance=0.005, placement="standard", guided=False, **quantize):
         from types import SimpleNamespace
 
         from trtq.config import BuildOptions, QuantizeOptions
@@ -210,7 +212,7 @@ class _Engines:
             return [by_plan[p] for p in plans]
 
         inputs = SimpleNamespace(quantize_options=QuantizeOptions(placement=placement, **quantize))
-        options = BuildOptions(tune_builds=builds, tune_tolerance=tolerance)
+        options = BuildOptions(tune_builds=builds, tune_tolerance=tolerance, tune_guided=guided)
         return Search(SimpleNamespace(), inputs, options, tmp_path, timer=timer)
 
 
@@ -283,6 +285,80 @@ def test_search_tries_all_fallbacks_at_once_then_one_layer_at_a_time(tmp_path):
     # a looser tolerance takes the faster, less accurate candidate
     _, best = _Engines(table).tuner(tmp_path, tolerance=0.02).run()
     assert best.left_float == ("A", "C")
+
+
+def _layer(name, inputs, outputs):
+    """An inspector layer dict as TensorRT 8.6 writes it (tensor types only)."""
+    return {
+        "Name": name,
+        "LayerType": "CaskConvolution",
+        "Inputs": [{"Name": f"{name}:in{i}", "Format/Datatype": t} for i, t in enumerate(inputs)],
+        "Outputs": [{"Name": f"{name}:out", "Format/Datatype": t} for t in outputs],
+    }
+
+
+def test_float_chosen_nodes_are_those_the_implicit_engine_fed_float():
+    from trtq.pipeline.tune_guided import float_chosen_nodes
+
+    int8 = "Channel major INT8 format where channel % 32 == 0"
+    half = "Channel major FP16 format where channel % 2 == 0"
+    layers = [
+        _layer("p2o.Conv.0 + p2o.BatchNormalization.0", ["Row major linear FP32"], [int8]),  # float in: left
+        _layer("p2o.Conv.1 + p2o.Mul.0 + p2o.Add.2", [int8], [half]),  # int8 in, fp16 out: stays
+        _layer("PWN(p2o.Clip.0, p2o.Mul.2)", [half], [half]),  # float, but no quantized node
+        _layer("p2o.Conv.2", [half], [half]),  # all fp16: left
+        _layer("Reformatting CopyNode for Input Tensor 0 to p2o.Conv.3", [half], [int8]),  # says nothing
+        _layer("p2o.Conv.3", [int8], [int8]),
+        _layer("p2o.Add.7", [half, int8], [half]),  # one int8 input: runs from int8, stays
+        _layer("p2o.Conv.4 + p2o.Add.9", [half], [half]),
+        _layer("p2o.Conv.4 copy", [int8], [int8]),  # a node in two layers, one from int8: stays
+    ]
+    quantized = ["p2o.Conv.0", "p2o.Conv.1", "p2o.Conv.2", "p2o.Conv.3", "p2o.Add.7", "p2o.Conv.4"]
+    assert float_chosen_nodes(layers, quantized) == ("p2o.Conv.0", "p2o.Conv.2")
+    assert float_chosen_nodes(layers, []) == ()
+
+
+def test_search_tries_the_implicit_engines_choice_after_the_placements(tmp_path, monkeypatch):
+    """The guided candidate: what TensorRT's implicit engine ran in float, left float on top of the
+    best placement, tried before the fallback layers; the implicit build counts as a build. The
+    implicit engine stands in (TensorRT does not run here; test_gpu_tune_placement.py builds it)."""
+    from trtq.pipeline import tune_guided
+
+    def implicit(tuner, best):
+        return tune_guided.ImplicitEngine(
+            plan=tmp_path / "implicit.plan", median_ms=1.0, best_ms=1.2, float_nodes=("B",)
+        )
+
+    monkeypatch.setattr(tune_guided, "build_implicit", implicit)
+    table = {
+        _key("standard"): (1.35, 0.95, ["p + A"]),
+        _key("shared"): (1.20, 0.95, ["p + A"]),
+        _key("shared", "B"): (1.05, 0.96, ["p + A"]),  # the guided candidate: kept
+        _key("shared", "A", "B"): (1.10, 0.96, []),
+    }
+    tuner = _Engines(table).tuner(tmp_path, guided=True)
+    default, best = tuner.run()
+    assert (best.placement, best.left_float, best.source) == ("shared", ("B",), "implicit")
+    assert [(c.label, c.verdict) for c in tuner.tried][:3] == [
+        ("standard", "default"),
+        ("shared", "replaced by shared + 1 node(s) float"),
+        ("shared + 1 node(s) float", "kept"),
+    ]
+    assert tuner.builds == 5  # standard, shared, implicit, guided, the fallback A on top
+    record = tuner.record(default, best)
+    assert record["implicit"]["float_nodes"] == 1 and record["implicit"]["median_ms"] == 1.0
+    assert record["candidates"][2]["source"] == "implicit" and record["candidates"][0]["source"] is None
+    # no room for two more builds after the placements: no implicit build, no guided candidate
+    tuner = _Engines(table).tuner(tmp_path, guided=True, builds=3)
+    _, best = tuner.run()
+    assert tuner.implicit is None and best.left_float in ((), ("A",))
+    # the implicit engine ran every quantized node from int8: nothing to try, the build counted
+    monkeypatch.setattr(
+        tune_guided, "build_implicit", lambda t, b: tune_guided.ImplicitEngine(plan=tmp_path / "i.plan", median_ms=1.3)
+    )
+    tuner = _Engines(table).tuner(tmp_path, guided=True)
+    tuner.run()
+    assert "no guided candidate" in tuner.implicit.verdict and not any(c.source for c in tuner.tried)
 
 
 def test_search_without_a_buildable_default_fails(tmp_path):

@@ -495,6 +495,12 @@ tuning = option_group(
     ),
     click.option("--tune-builds", type=INT, help="--tune-placement: TensorRT builds it may make (default 8)."),
     click.option(
+        "--tune-guided/--no-tune-guided",
+        default=None,
+        help="--tune-placement: build TensorRT's implicit INT8 engine (TensorRT <= 10) and try leaving "
+        "float what it ran in float (default on; one build of --tune-builds, plus the candidate's).",
+    ),
+    click.option(
         "--tune-float",
         type=click.Choice(["report", "keep", "off"]),
         help="--tune-placement: also build the FP16 engine without Q/DQ and say when it is faster than "

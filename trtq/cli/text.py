@@ -166,6 +166,9 @@ def tuning_text(tuning: Any) -> str:
         f"tuning     {tuning['builds']} build(s); {tuning['metric']} within {tuning['tolerance']:g} of the default's"
     ]
     rows = [(candidate_label(c["placement"], c["left_float"]), c) for c in tuning["candidates"]]
+    implicit = tuning.get("implicit")
+    if implicit:
+        rows.append(("TensorRT's implicit INT8", dict(implicit, metric=None)))
     ref = tuning.get("float_reference")
     if ref:
         rows.append((f"{ref['precision']} reference (no Q/DQ)", ref))

@@ -6,12 +6,15 @@ one at a time: concurrent builds disturb the builder's tactic timing):
 
 1. the configured placement (the *default*, whose metric the tolerance is measured from), then
    the other placements of :data:`PLACEMENTS`;
-2. from the best engine so far, the layers TensorRT ran in float between INT8 layers (the
+2. the guided candidate (:mod:`trtq.pipeline.tune_guided`, ``build.tune_guided``, TensorRT <= 10):
+   TensorRT's implicit INT8 engine from the same cache is built (one of the builds), and the
+   quantized nodes it ran from float input are left float on top of the best engine;
+3. from the best engine so far, the layers TensorRT ran in float between INT8 layers (the
    coverage report's fallbacks) map back to the quantized ONNX nodes their names carry
    (:func:`trtq.trt.coverage.layer_nodes`); those nodes are left float (their Q/DQ pairs gone, so
    no INT8<->float conversion around a layer TensorRT runs in float anyway): all of them in one
    candidate, then, when that one is not kept, one fallback layer's nodes at a time;
-3. the float reference (:mod:`trtq.pipeline.tune_float`, ``build.tune_float``): the model without
+4. the float reference (:mod:`trtq.pipeline.tune_float`, ``build.tune_float``): the model without
    Q/DQ built in FP16 and timed beside the kept engine, reported (or written, ``keep``) when faster.
    It is one build beyond ``build.tune_builds``.
 
@@ -139,6 +142,7 @@ class Tuner:
         self.samples = 0
         self.reference: Candidate | None = None  # the FP16 engine without Q/DQ (trtq.pipeline.tune_float)
         self.reference_int8_ms: float | None = None  # the kept INT8 engine's time beside it
+        self.implicit: Any = None  # TensorRT's implicit engine (trtq.pipeline.tune_guided.ImplicitEngine)
 
     def evaluate(self, c: Candidate) -> bool:
         """Build, profile and score ``c``; False when it was not built (a duplicate, a failure)."""
@@ -232,6 +236,22 @@ class Tuner:
         log.info("tune: --tune-builds %d reached: %d candidate(s) not tried", self.options.tune_builds, waiting)
         return False
 
+    def guided(self, best: Candidate, default: Candidate) -> Candidate:
+        """The guided candidate against ``best`` (tune_guided.py); it needs two builds."""
+        if not self.options.tune_guided:
+            return best
+        if self.builds + 2 > self.options.tune_builds:
+            log.info("tune: --tune-builds %d leaves no room for the guided candidate", self.options.tune_builds)
+            return best
+        from trtq.pipeline.tune_guided import guided_candidate
+
+        c = guided_candidate(self, best)
+        if c is not None:
+            c.source = "implicit"
+            if self.evaluate(c):
+                return self.challenge(best, c, default)
+        return best
+
     def run(self) -> tuple[Candidate, Candidate]:
         """(the default candidate, the kept one)."""
         from trtq.compare.tasks import moves_per_sample
@@ -264,6 +284,7 @@ class Tuner:
             c = Candidate(other)
             if self.evaluate(c):
                 best = self.challenge(best, c, default)
+        best = self.guided(best, default)
         groups = fallback_groups(best)
         if len(groups) > 1 and self.room(len(groups) + 1):  # every fallback's nodes float at once
             c = Candidate(best.placement, best.left_float + tuple(n for g in groups for n in g))
@@ -298,6 +319,7 @@ class Tuner:
             "max_builds": self.options.tune_builds,
             "samples": self.samples,
             "candidates": [c.record() for c in self.tried],
+            "implicit": self.implicit.record() if self.implicit is not None else None,
             "float_reference": reference_record(self),
         }
 

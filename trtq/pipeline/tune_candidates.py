@@ -1,8 +1,8 @@
 """The candidates of a ``build --tune-placement`` search: one engine each (a placement, the
 nodes it leaves float, or a float reference), how it is scored against the FP32 model
 (:func:`engine_score`), timed beside another (:func:`time_side_by_side`) and accepted
-(:func:`acceptable`, :func:`faster`). The search is :mod:`trtq.pipeline.tune`; its float reference
-(:mod:`trtq.pipeline.tune_float`) uses the same pieces."""
+(:func:`acceptable`, :func:`faster`). The search is :mod:`trtq.pipeline.tune`; its references
+(:mod:`trtq.pipeline.tune_float`, :mod:`trtq.pipeline.tune_guided`) use the same pieces."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ class Candidate:
     quantized: tuple[str, ...] = ()
     verdict: str = ""
     build_seconds: float = 0.0
+    source: str = ""  # "implicit": the nodes left float are those TensorRT's implicit engine ran in float
 
     @property
     def label(self) -> str:
@@ -51,6 +52,7 @@ class Candidate:
             "conversions": len(cov.conversions) if cov is not None else None,
             "build_seconds": round(self.build_seconds, 1),
             "verdict": self.verdict,
+            "source": self.source or None,
             "slowest_layers": self.slowest(),
         }
 

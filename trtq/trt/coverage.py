@@ -75,7 +75,7 @@ def _names(entries: Any) -> list[str]:
     return [str(e["Name"]) for e in entries or [] if isinstance(e, dict) and "Name" in e]
 
 
-def _is_reformat(layer: dict) -> bool:
+def is_reformat(layer: dict) -> bool:
     return (
         str(layer.get("LayerType", "")).lower() == "reformat"
         or str(layer.get("Origin", "")).upper() == "REFORMAT"
@@ -89,7 +89,7 @@ def layer_kind(layer: dict) -> str:
     types &= FLOATS | {"int8"}
     if not types:
         return "other"
-    if _is_reformat(layer):
+    if is_reformat(layer):
         return "reformat"
     if types == {"int8"}:
         return "int8"
@@ -169,4 +169,13 @@ def int8_coverage(layers: Sequence[Any], times: Mapping[str, float] | None = Non
     return cov
 
 
-__all__ = ["FLOATS", "PROFILE_RUNS", "Int8Coverage", "datatype", "int8_coverage", "layer_kind", "layer_nodes"]
+__all__ = [
+    "FLOATS",
+    "PROFILE_RUNS",
+    "Int8Coverage",
+    "datatype",
+    "int8_coverage",
+    "is_reformat",
+    "layer_kind",
+    "layer_nodes",
+]
