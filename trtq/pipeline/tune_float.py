@@ -30,7 +30,6 @@ from trtq.pipeline.tune_candidates import Candidate, engine_score, faster
 
 log = logging.getLogger(__name__)
 
-CHOICES = ("report", "keep", "off")
 PRECISION = "fp16"
 
 
@@ -148,4 +147,4 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else round(float(value), 4)
 
 
-__all__ = ["CHOICES", "PRECISION", "build_reference", "float_verdict", "reference_record", "weigh_float_reference"]
+__all__ = ["PRECISION", "build_reference", "float_verdict", "reference_record", "weigh_float_reference"]
