@@ -161,6 +161,8 @@ class QuantizeOptions:
     # auto: shared, or standard with center_activations (placement_used); fused / shared: Q/DQ so Concat /
     # residual Add / pooling groups stay INT8
     placement: Placement = "auto"
+    # attention cores (Q x K^T, Softmax x V MatMuls): float, or int8 up to 512 keys (trtq.quantize.rules)
+    attention: Literal["float", "int8"] = "float"
     # learn weight rounding and activation steps block by block, activations quantized (needs data and torch)
     reconstruct: bool = False
     iterations: int = 60  # reconstruct: training steps per block (fits EfficientNet-Lite0 on 2 cores)

@@ -147,3 +147,30 @@ def test_ppocr_models_from_rapidocr(kind, filename, opset):
             assert ref.argmax() == got.argmax() and cosine(ref, got) > 0.99
         else:  # det: probability map; max calibration leaves it coarser but the text mask holds
             assert ((ref > 0.3) == (got > 0.3)).mean() > 0.9
+
+
+@pytest.mark.slow
+def test_ppocr_rec_attention_int8():
+    """quantize.attention int8 on PP-OCRv4 rec: its two attention blocks' four MatMuls get Q/DQ on
+    both inputs (the Softmax outputs among them; shape inference cannot tell their key length, so
+    the 512-key limit does not apply) and the line still decodes as FP32 decodes it."""
+    path = _rapidocr_models() / "ch_PP-OCRv4_rec_infer.onnx"
+    if not path.exists():
+        pytest.skip("ch_PP-OCRv4_rec_infer.onnx is not in this rapidocr-onnxruntime version")
+    model = onnx.load(str(path))
+    x = _ocr_input("rec")
+    amax = activation_amax(model, [{"x": x}])
+    default = quantize_model(model, amax, QuantizeOptions())
+    result = quantize_model(model, amax, QuantizeOptions(attention="int8"))
+    q = result.model
+    onnx.checker.check_model(q, full_check=True)
+    attention = [name for name, why in default.left_float if why.startswith("attention")]
+    assert len(attention) == 4 and set(result.quantized) - set(default.quantized) == set(attention)
+    assert not any(why.startswith("attention") for _, why in result.left_float)
+    producers = {o: n.op_type for n in q.graph.node for o in n.output}
+    for name in attention:  # both inputs of all four MatMuls dequantized (Q x K^T and Softmax x V)
+        matmul = next(n for n in q.graph.node if n.name == name)
+        assert [producers.get(i) for i in matmul.input] == ["DequantizeLinear"] * 2, name
+    ref, got = run(model, {"x": x})[0], run(q, {"x": x})[0]
+    a, b = _ctc_decode(ref), _ctc_decode(got)
+    assert len(a) >= 10 and _edit_distance(a, b) <= 0.2 * len(a)

@@ -9,6 +9,7 @@ from tests.quantize.conftest import (
     activation_amax,
     conv,
     conv_weight,
+    cosine,
     init,
     initializer,
     make_model,
@@ -376,7 +377,7 @@ def test_amax_is_found_through_data_movement_ops():
 # ------------------------------------------------------------------------------------------------
 
 
-def _attention_model(rng):
+def _attention_model(rng, length=10):
     d = 32
     w = {n: init(n, rng.standard_normal((d, d)).astype(np.float32) * 0.2) for n in ("wq", "wk", "wv", "wo")}
     nodes = [
@@ -391,7 +392,7 @@ def _attention_model(rng):
         helper.make_node("MatMul", ["ctx", "wo"], ["y"], name="proj_o"),
     ]
     inits = list(w.values()) + [init("sqrt_d", np.array(np.sqrt(d), np.float32))]
-    return make_model(nodes, [value("x", ["N", 10, d])], [value("y", None)], inits)
+    return make_model(nodes, [value("x", ["N", length, d])], [value("y", None)], inits)
 
 
 def test_attention_core_is_kept_float_and_projections_quantized():
@@ -401,6 +402,50 @@ def test_attention_core_is_kept_float_and_projections_quantized():
     assert reasons["scores"].startswith("attention scores (feeds Softmax softmax)")
     assert reasons["context"].startswith("attention (Softmax output softmax")
     assert not any(n.input[0] == "p" for n in nodes_of(result.model, "QuantizeLinear"))
+
+
+def _dequantized(model, name):
+    """Whether every input of node ``name`` is a DequantizeLinear output."""
+    producers = {o: n.op_type for n in model.graph.node for o in n.output}
+    return all(producers.get(i) == "DequantizeLinear" for i in node(model, name).input)
+
+
+def test_attention_int8_quantizes_both_matmuls_and_the_softmax_output():
+    model = _attention_model(np.random.default_rng(12))
+    feeds = random_feeds(model)
+    amax = activation_amax(model, [feeds])
+    result = quantize(model, amax, attention="int8")
+    assert result.quantized == ["proj_q", "proj_k", "proj_v", "scores", "context", "proj_o"]
+    assert result.left_float == [] and result.missing_amax == []
+    q = result.model
+    assert _dequantized(q, "scores") and _dequantized(q, "context")
+    (softmax_q,) = q_of(q, "p")  # the Softmax output, scale amax / 127
+    assert float(initializer(q, softmax_q.input[1])) == pytest.approx(amax["p"] / 127.0, rel=1e-6)
+    ref, got = run(model, feeds)[0], run(q, feeds)[0]
+    assert cosine(ref, got) > 0.999
+    # the default keeps the same two MatMuls float (test above): one option flips exactly them
+    assert set(result.quantized) - set(quantize(model, amax).quantized) == {"scores", "context"}
+
+
+@pytest.mark.parametrize("length, quantized", [(512, True), (600, False), (None, True)])
+def test_attention_int8_stops_at_512_keys(length, quantized):
+    """TensorRT's INT8 attention kernels take at most 512 keys (ModelOpt's INT8 rule): a longer
+    Softmax keeps its MatMuls float; a length shape inference cannot tell is quantized."""
+    model = _attention_model(np.random.default_rng(12), length=length or "L")
+    amax = {t: 1.0 for t in ("x", "q", "k", "kt", "v", "qk", "qk_s", "p", "ctx")}
+    result = quantize(model, amax, attention="int8")
+    reasons = dict(result.left_float)
+    assert ("scores" in result.quantized and "context" in result.quantized) is quantized, reasons
+    if not quantized:
+        assert "over 600 keys kept float" in reasons["scores"] and "at most 512" in reasons["context"]
+
+
+def test_attention_setting_is_checked():
+    from trtq.quantize.graph import GraphIndex
+    from trtq.quantize.plan import make_plan
+
+    with pytest.raises(ValueError, match="unknown attention"):
+        make_plan(GraphIndex(_attention_model(np.random.default_rng(1))), {}, (), True, None, {}, "standard", "fp8")
 
 
 def test_small_gemms_and_convs_are_kept_float():

@@ -609,13 +609,17 @@ def run_case(entry: dict[str, Any], folder: Path, work: Path, run: Runner) -> Ca
     return res
 
 
-def placement_check(case: CaseResult, placement: str, run: Runner) -> tuple[Step, str, dict[str, float]]:
-    """``trtq quantize --placement`` from the case's cache: (the step, why its model does not load
-    and run in ONNX Runtime or "", SQNR per output against FP32 on the compare samples)."""
+def placement_check(
+    case: CaseResult, placement: str, run: Runner, extra: tuple[str, ...] = ()
+) -> tuple[Step, str, dict[str, float]]:
+    """``trtq quantize --placement`` (plus ``extra`` flags) from the case's cache: (the step, why its
+    model does not load and run in ONNX Runtime or "", SQNR per output against FP32 on the compare
+    samples)."""
     import onnx
 
-    out = case.work / f"model.{placement}.qdq.onnx"
+    out = case.work / f"model.{placement}{''.join(extra).replace('-', '.')}.qdq.onnx"
     args = ["quantize", "-m", case.model, "--cache", case.cache, "--placement", placement, "-o", out, "--json"]
+    args += list(extra)
     r = run(args)
     step = Step(args, r.code, _last_line(r.err), _json(r.out) if r.code == 0 else None)
     if r.code != 0:

@@ -379,6 +379,12 @@ quantizing = option_group(
         "member and residual Adds behind SiLU).",
     ),
     click.option(
+        "--attention",
+        type=click.Choice(["float", "int8"]),
+        help="Attention cores (the Q x K^T and Softmax x V MatMuls): float (default) or int8 (Q/DQ on both "
+        "inputs of both, the Softmax output among them; kept float beyond 512 keys).",
+    ),
+    click.option(
         "--reconstruct",
         is_flag=True,
         default=None,

@@ -481,5 +481,6 @@ def explicit_only_settings(q: QuantizeOptions) -> list[str]:
         "center_activations",
         "equalize",
         "placement",
+        "attention",
     )
     return [f"quantize.{k}" for k in keys if getattr(q, k) != getattr(default, k)]

@@ -206,7 +206,8 @@ def planned_activations(model: onnx.ModelProto, placements: Optional[Sequence[st
     """The activations trtq's ``placements`` (default: all of them) put a Q/DQ pair on (the inputs
     of Conv, Gemm, MatMul, residual Adds ... as :func:`quantize_model` would with each), in the
     model's topological order: all an explicit (Q/DQ) build reads from a calibration cache, so a
-    cache of these serves ``quantize --placement`` standard, fused and shared alike.
+    cache of these serves ``quantize --placement`` standard, fused and shared alike, and
+    ``--attention`` float or int8.
     ``calibrate --tensors qdq`` calibrates only these."""
     from trtq.model import calibratable_tensors
     from trtq.quantize.fused import PLACEMENTS
@@ -220,7 +221,7 @@ def planned_activations(model: onnx.ModelProto, placements: Optional[Sequence[st
     for graph in (prepared, folded):
         index = GraphIndex(graph)
         for placement in PLACEMENTS if placements is None else placements:
-            plan = make_plan(index, {t: 1.0 for t in available}, (), True, None, {}, placement)
+            plan = make_plan(index, {t: 1.0 for t in available}, (), True, None, {}, placement, "int8")
             wanted.update(pair.tensor for pair in plan.pairs.values() if not pair.weight)
     return [t for t in available if t in wanted]
 
@@ -266,7 +267,14 @@ def _plan(
     if keep_float:
         notes.append(f"float layers: {len(keep_float)} most sensitive left float: " + ", ".join(keep_float))
     plan = make_plan(
-        index, amax, options.exclude, options.per_channel, only_nodes, keep_float, options.placement_used()
+        index,
+        amax,
+        options.exclude,
+        options.per_channel,
+        only_nodes,
+        keep_float,
+        options.placement_used(),
+        options.attention,
     )
     if float_grouped_consumers:
         from trtq.quantize.float_choice import GROUPED_CONSUMER_REASON, grouped_conv_consumers
@@ -275,7 +283,14 @@ def _plan(
         if extra:
             keep_float = dict(keep_float, **{n: GROUPED_CONSUMER_REASON for n in extra})
             plan = make_plan(
-                index, amax, options.exclude, options.per_channel, only_nodes, keep_float, options.placement_used()
+                index,
+                amax,
+                options.exclude,
+                options.per_channel,
+                only_nodes,
+                keep_float,
+                options.placement_used(),
+                options.attention,
             )
             notes.append(f"float grouped conv consumers: {', '.join(extra)} left float (fed by {', '.join(risky)})")
     return plan, keep_float
@@ -339,6 +354,7 @@ def _centre(
         only_nodes,
         keep_float,
         options.placement_used(),
+        options.attention,
     )
     return plan, centred
 

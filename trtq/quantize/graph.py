@@ -44,8 +44,9 @@ def has_subgraph(node: onnx.NodeProto) -> bool:
     return any(a.HasField("g") or len(a.graphs) for a in node.attribute)
 
 
-def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
-    """ONNX element type of every tensor that shape inference can type (best effort)."""
+def tensor_types(model: onnx.ModelProto) -> tuple[dict[str, int], dict[str, tuple[Optional[int], ...]]]:
+    """(ONNX element type, shape) of every tensor that shape inference can type or shape (best
+    effort); a shape's unknown or symbolic dims are None."""
     from trtq.model import infer_shapes
 
     try:
@@ -54,13 +55,17 @@ def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
         inferred = model
     g = inferred.graph
     types: dict[str, int] = {}
+    shapes: dict[str, tuple[Optional[int], ...]] = {}
     for vi in list(g.value_info) + list(g.input) + list(g.output):
-        t = vi.type.tensor_type.elem_type
-        if t:
-            types[vi.name] = t
+        tt = vi.type.tensor_type
+        if tt.elem_type:
+            types[vi.name] = tt.elem_type
+        if tt.HasField("shape"):
+            shapes[vi.name] = tuple(int(d.dim_value) if d.dim_value > 0 else None for d in tt.shape.dim)
     for init in g.initializer:
         types[init.name] = init.data_type
-    return types
+        shapes[init.name] = tuple(int(d) for d in init.dims)
+    return types, shapes
 
 
 class GraphIndex:
@@ -89,7 +94,7 @@ class GraphIndex:
             inputs = [i for i in node.input if i]
             if (inputs and all(i in self.static for i in inputs)) or node.op_type == "Constant":
                 self.static.update(o for o in node.output if o)
-        self.types = tensor_types(model)
+        self.types, self.shapes = tensor_types(model)
         self._arrays: dict[str, np.ndarray] = {}
 
     # -- tensors ---------------------------------------------------------------------------

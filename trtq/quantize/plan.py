@@ -96,12 +96,16 @@ def make_plan(
     only_nodes: Optional[Collection[str]],
     keep_float: Optional[Mapping[str, str]] = None,
     placement: str = "standard",
+    attention: str = "float",
 ) -> Plan:
     """``keep_float``: node name -> reason, nodes left float on top of ``exclude``; ``placement``
     "fused" adds the pairs of :mod:`~trtq.quantize.fused` to the standard plan, "shared" those of
-    :mod:`~trtq.quantize.shared`."""
+    :mod:`~trtq.quantize.shared`; ``attention`` float or int8 (``quantize.attention``,
+    :func:`~trtq.quantize.rules.attention_reason`)."""
     if placement not in fused.PLACEMENTS:  # "auto" is resolved by QuantizeOptions.placement_used
         raise ValueError(f"make_plan: unknown placement {placement!r}")
+    if attention not in ("float", "int8"):
+        raise ValueError(f"make_plan: unknown attention {attention!r}")
     plan = Plan()
     keep_float = keep_float or {}
     exclusions = Exclusions(exclude, [n.name for n in index.graph.node])
@@ -128,7 +132,7 @@ def make_plan(
         rule = rules.PLACEMENT.get(node.op_type)
         if rule is None or node.domain not in ("", "ai.onnx"):
             continue
-        reason = gate(node) or rules.attention_reason(index, node) or rules.size_reason(index, node)
+        reason = gate(node) or rules.attention_reason(index, node, attention) or rules.size_reason(index, node)
         missing: list[str] = []
         slots: list[tuple[int, PairKey]] = []
         if not reason:

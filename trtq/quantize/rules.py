@@ -50,7 +50,8 @@ Kept float (reported in ``left_float`` with the reason):
   ReduceMean -> Sub -> Pow -> ReduceMean -> Add -> Sqrt -> Div), GELU (Gelu op, or the Erf / Tanh
   chains) and Sigmoid/HardSwish-style activations are not in the table, so they never get Q/DQ;
 - attention cores: a MatMul whose output reaches a Softmax (Q x K^T) and a MatMul that takes a
-  Softmax output (scores x V), through Reshape/Transpose/Mul/Div/Add/Where/Cast/Dropout;
+  Softmax output (scores x V), through Reshape/Transpose/Mul/Div/Add/Where/Cast/Dropout (by
+  default; ``quantize.attention: int8`` quantizes them, :func:`attention_reason`);
 - GEMMs with K or N below ``MIN_GEMM_DIM`` (TensorRT's INT8 Tensor Core kernels are slower than
   float there; ModelOpt skips them too) and Convs whose channel counts INT8 kernels do not serve
   well (ModelOpt's INT8 rule: fewer than 16 in or out channels is kept float unless a plain conv
@@ -130,6 +131,7 @@ _ATTENTION_LINKS = frozenset(
     }
 )
 _ATTENTION_DEPTH = 4
+MAX_INT8_ATTENTION_KEYS = 512  # longer attention stays float under quantize.attention int8
 
 
 # ------------------------------------------------------------------------------------------------
@@ -137,8 +139,8 @@ _ATTENTION_DEPTH = 4
 # ------------------------------------------------------------------------------------------------
 
 
-def attention_reason(index: GraphIndex, node: onnx.NodeProto) -> Optional[str]:
-    """Why a MatMul is part of an attention core, or None."""
+def attention_core(index: GraphIndex, node: onnx.NodeProto) -> Optional[tuple[str, onnx.NodeProto]]:
+    """(its role, the Softmax) when a MatMul is part of an attention core, else None."""
     if node.op_type != "MatMul" or any(index.is_static(i) for i in node.input):
         return None  # attention MatMuls multiply two activations
     # scores x V: an input comes from a Softmax
@@ -146,7 +148,7 @@ def attention_reason(index: GraphIndex, node: onnx.NodeProto) -> Optional[str]:
         for src in index.source_through(name, _ATTENTION_LINKS - {"Mul", "Div", "Add", "Where"}):
             prod = index.producer_node(src)
             if prod is not None and prod.op_type == "Softmax":
-                return f"attention (Softmax output {prod.name} x V) kept float"
+                return f"attention (Softmax output {prod.name} x V)", prod
     # Q x K^T: the output reaches a Softmax
     frontier = [node.output[0]]
     for _ in range(_ATTENTION_DEPTH):
@@ -154,10 +156,39 @@ def attention_reason(index: GraphIndex, node: onnx.NodeProto) -> Optional[str]:
         for t in frontier:
             for consumer in index.consumer_nodes(t):
                 if consumer.op_type == "Softmax":
-                    return f"attention scores (feeds Softmax {consumer.name}) kept float"
+                    return f"attention scores (feeds Softmax {consumer.name})", consumer
                 if consumer.op_type in _ATTENTION_LINKS:
                     nxt.extend(o for o in consumer.output if o)
         frontier = nxt
+    return None
+
+
+def attention_keys(index: GraphIndex, softmax: onnx.NodeProto) -> Optional[int]:
+    """How many keys an attention's Softmax normalises over (its axis' length), None when shape
+    inference does not know it."""
+    shape = index.shapes.get(softmax.input[0]) if softmax.input else None
+    if not shape:
+        return None
+    axis = int(attr(softmax, "axis", -1))
+    return shape[axis] if -len(shape) <= axis < len(shape) else None
+
+
+def attention_reason(index: GraphIndex, node: onnx.NodeProto, attention: str = "float") -> Optional[str]:
+    """Why an attention MatMul is kept float, or None. ``attention`` (``quantize.attention``):
+    ``float`` keeps every attention core float; ``int8`` quantizes both inputs of both MatMuls
+    (the Softmax output among them) unless the Softmax spans more than :data:`MAX_INT8_ATTENTION_KEYS`
+    keys, where TensorRT's INT8 attention kernels stop (ModelOpt's INT8 rule). The length is read from
+    shape inference; where it cannot tell (PP-OCRv4 rec's Reshapes of computed shapes) the MatMuls
+    are quantized."""
+    core = attention_core(index, node)
+    if core is None:
+        return None
+    role, softmax = core
+    if attention == "float":
+        return f"{role} kept float"
+    keys = attention_keys(index, softmax)
+    if keys is not None and keys > MAX_INT8_ATTENTION_KEYS:
+        return f"{role} over {keys} keys kept float: TensorRT's INT8 attention takes at most {MAX_INT8_ATTENTION_KEYS}"
     return None
 
 
