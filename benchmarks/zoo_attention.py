@@ -6,13 +6,12 @@ attention MatMuls each leaves float:
     python benchmarks/zoo_attention.py [--only SUBSTRING]   (needs the zoo: scripts/zoo_env.sh)
 """
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.zoo_placements import run, worst
+from benchmarks.zoo_placements import run, worst, zoo_entries
 from tests.zoo import zoo_steps
 
 
@@ -23,17 +22,9 @@ def attention_float(step) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default="", help="files whose name contains this")
-    a = ap.parse_args()
-    zoo = zoo_steps.zoo_dir()
-    manifest = zoo_steps.load_manifest(zoo)
-    if manifest is None:
-        sys.exit(f"no zoo in {zoo}: make one with scripts/zoo_env.sh")
+    zoo, entries = zoo_entries(__doc__)
     print(f"{'file':40s} {'float dB':>9s} {'int8 dB':>8s} {'diff':>7s} {'attention float':>16s}")
-    for entry in manifest["models"]:
-        if a.only not in entry["file"]:
-            continue
+    for entry in entries:
         with tempfile.TemporaryDirectory() as work:
             case = zoo_steps.run_case(entry, zoo, Path(work), run)
             step_f, problem_f, sqnr_f = zoo_steps.placement_check(case, "shared", run)

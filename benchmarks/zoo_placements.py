@@ -35,19 +35,24 @@ def worst(sqnr: dict) -> float:
     return min(sqnr.values()) if sqnr else float("nan")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def zoo_entries(doc: str) -> tuple[Path, list[dict]]:
+    """(the zoo folder, its manifest entries whose file name contains --only) for a benchmark
+    script whose docstring is ``doc``; exits when there is no zoo."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--only", default="", help="files whose name contains this")
     a = ap.parse_args()
     zoo = zoo_steps.zoo_dir()
     manifest = zoo_steps.load_manifest(zoo)
     if manifest is None:
         sys.exit(f"no zoo in {zoo}: make one with scripts/zoo_env.sh")
+    return zoo, [e for e in manifest["models"] if a.only in e["file"]]
+
+
+def main() -> None:
+    zoo, entries = zoo_entries(__doc__)
     diffs = []
     print(f"{'file':45s} {'standard dB':>12s} {'shared dB':>10s} {'diff':>7s}")
-    for entry in manifest["models"]:
-        if a.only not in entry["file"]:
-            continue
+    for entry in entries:
         with tempfile.TemporaryDirectory() as work:
             case = zoo_steps.run_case(entry, zoo, Path(work), run)
             standard = worst(case.sqnr)

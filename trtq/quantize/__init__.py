@@ -253,6 +253,20 @@ def _check_only_nodes(index: GraphIndex, only_nodes: Optional[Collection[str]]) 
         )
 
 
+def _options_plan(index: GraphIndex, amax: Mapping[str, float], options: QuantizeOptions, only_nodes, keep_float):
+    """:func:`make_plan` with the options' exclusions, weight granularity, placement and attention."""
+    return make_plan(
+        index,
+        amax,
+        options.exclude,
+        options.per_channel,
+        only_nodes,
+        keep_float,
+        options.placement_used(),
+        options.attention,
+    )
+
+
 def _plan(
     index: GraphIndex,
     amax: Mapping[str, float],
@@ -266,32 +280,14 @@ def _plan(
     grouped convs too; (plan, the layers kept float)."""
     if keep_float:
         notes.append(f"float layers: {len(keep_float)} most sensitive left float: " + ", ".join(keep_float))
-    plan = make_plan(
-        index,
-        amax,
-        options.exclude,
-        options.per_channel,
-        only_nodes,
-        keep_float,
-        options.placement_used(),
-        options.attention,
-    )
+    plan = _options_plan(index, amax, options, only_nodes, keep_float)
     if float_grouped_consumers:
         from trtq.quantize.float_choice import GROUPED_CONSUMER_REASON, grouped_conv_consumers
 
         risky, extra = grouped_conv_consumers(index, plan.left_float, plan.quantized)
         if extra:
             keep_float = dict(keep_float, **{n: GROUPED_CONSUMER_REASON for n in extra})
-            plan = make_plan(
-                index,
-                amax,
-                options.exclude,
-                options.per_channel,
-                only_nodes,
-                keep_float,
-                options.placement_used(),
-                options.attention,
-            )
+            plan = _options_plan(index, amax, options, only_nodes, keep_float)
             notes.append(f"float grouped conv consumers: {', '.join(extra)} left float (fed by {', '.join(risky)})")
     return plan, keep_float
 
@@ -346,17 +342,7 @@ def _centre(
         return plan, []
     apply_centrings(prepared, centred)
     shifted = dict(amax, **{c.tensor: c.amax for c in centred})
-    plan = make_plan(
-        GraphIndex(prepared),
-        shifted,
-        options.exclude,
-        options.per_channel,
-        only_nodes,
-        keep_float,
-        options.placement_used(),
-        options.attention,
-    )
-    return plan, centred
+    return _options_plan(GraphIndex(prepared), shifted, options, only_nodes, keep_float), centred
 
 
 def _data_steps(fp32: onnx.ModelProto, qdq: onnx.ModelProto, options: QuantizeOptions, data, centred=()) -> list[str]:
