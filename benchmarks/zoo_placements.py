@@ -55,10 +55,11 @@ def main() -> None:
     for entry in entries:
         with tempfile.TemporaryDirectory() as work:
             case = zoo_steps.run_case(entry, zoo, Path(work), run)
-            standard = worst(case.sqnr)
+            # both named: the case's own quantize uses the default, which is shared since D31
+            _, problem_std, sqnr_std = zoo_steps.placement_check(case, "standard", run)
             _, problem, sqnr = zoo_steps.placement_check(case, "shared", run)
-            shared = worst(sqnr)
-        note = f"  ({problem})" if problem else ""
+            standard, shared = worst(sqnr_std), worst(sqnr)
+        note = "".join(f"  ({p})" for p in (problem_std, problem) if p)
         if np.isfinite(standard) and np.isfinite(shared):
             diffs.append(shared - standard)
         print(f"{entry['file']:45s} {standard:12.2f} {shared:10.2f} {shared - standard:7.2f}{note}", flush=True)
