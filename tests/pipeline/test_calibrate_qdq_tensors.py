@@ -121,3 +121,19 @@ def test_a_cache_for_tensorrt_11_calibrates_the_qdq_set_unless_told_all(
         assert r.code == 0, r
         assert set(read_cache(out).amax) == names
         assert json.loads((tmp_path / f"{out.name}.json").read_text())["collection"]["tensors"] == expected
+
+
+def test_tune_guided_builds_no_implicit_engine_from_a_qdq_cache(caches):
+    """build --tune-placement's guided candidate reads TensorRT's implicit engine: from a --tensors
+    qdq cache that engine would run every unranged tensor float, so it is not built (decided before
+    TensorRT is touched; the tuner stand-in has no TensorRT)."""
+    from types import SimpleNamespace
+
+    from trtq.pipeline.build import qdq_only_cache
+    from trtq.pipeline.tune_candidates import Candidate
+    from trtq.pipeline.tune_guided import build_implicit
+
+    root, c = caches
+    assert qdq_only_cache(c["qdq"]) and not qdq_only_cache(c["full"]) and not qdq_only_cache(None)
+    engine = build_implicit(SimpleNamespace(inputs=SimpleNamespace(cache_path=c["qdq"])), Candidate("shared"))
+    assert engine.plan is None and "--tensors qdq" in engine.verdict

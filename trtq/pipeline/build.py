@@ -298,15 +298,20 @@ def _network_model(
     return network_model, quant_info, quantized
 
 
-def _refuse_qdq_only_cache(cache_path: Optional[Path]) -> None:
-    """An implicit build needs a range for every tensor TensorRT runs in INT8; a cache calibrated
-    with ``--tensors qdq`` has only the ones an explicit build reads."""
+def qdq_only_cache(cache_path: Optional[Path]) -> bool:
+    """Whether the cache was calibrated with ``--tensors qdq``: it has ranges only for the
+    activations an explicit build reads, where an implicit build needs every tensor's."""
     if cache_path is None:
-        return
+        return False
     from trtq.calib.cache import read_provenance
 
     prov = read_provenance(Path(cache_path)) or {}
-    if ((prov.get("collection") or {}).get("tensors")) == "qdq":
+    return ((prov.get("collection") or {}).get("tensors")) == "qdq"
+
+
+def _refuse_qdq_only_cache(cache_path: Optional[Path]) -> None:
+    """An implicit build needs a range for every tensor TensorRT runs in INT8 (:func:`qdq_only_cache`)."""
+    if qdq_only_cache(cache_path):
         raise UsageError(
             f"{Path(cache_path).name} was calibrated with --tensors qdq: it has ranges only for the "
             "activations Q/DQ placement reads, and an implicit build needs every tensor's",

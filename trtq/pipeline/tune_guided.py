@@ -10,8 +10,10 @@ float when the implicit layer that carries it (:func:`trtq.trt.coverage.layer_no
 float input and no layer that carries it reads INT8.
 
 Implicit INT8 exists up to TensorRT 10 (calibrators were removed in 11): elsewhere the candidate is
-skipped with a log line. The implicit build counts as one of ``build.tune_builds``; it is timed
-beside the best engine so far and recorded (``tuning.implicit``), never written.
+skipped with a log line, as it is for a cache calibrated with ``--tensors qdq`` (an implicit engine
+would run every tensor it has no range for in float). The implicit build counts as one of
+``build.tune_builds``; it is timed beside the best engine so far and recorded
+(``tuning.implicit``), never written.
 """
 
 from __future__ import annotations
@@ -72,11 +74,14 @@ def build_implicit(tuner: Any, best: Candidate) -> ImplicitEngine:
     """Build, profile and time the implicit engine beside ``best`` (``plan`` None and the reason in
     ``verdict`` where it cannot be built)."""
     from trtq.fileio import declare_outputs
-    from trtq.pipeline.build import Network, build_network
+    from trtq.pipeline.build import Network, build_network, qdq_only_cache
     from trtq.trt import compat
     from trtq.trt.layers import measure_layers
 
     out = ImplicitEngine()
+    if qdq_only_cache(tuner.inputs.cache_path):  # TensorRT would run every unranged tensor float
+        out.verdict = "not built: the cache has ranges for the Q/DQ tensors only (calibrate --tensors qdq)"
+        return out
     trt = tuner.inputs.trt
     if not compat.has_implicit_int8(trt):
         out.verdict = f"not built: TensorRT {compat.version_of(trt)} has no implicit INT8"
