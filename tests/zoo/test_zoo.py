@@ -22,6 +22,15 @@ def _require(case, *steps):
         assert failed is None, f"{_where(case)}: {failed}"
 
 
+def _assert_within_bound(case, sqnr: dict, what: str) -> None:
+    """Every output's SQNR against FP32 at or above the file's bound."""
+    floor = {n: zoo_steps.output_floor(case.entry, n) for n in sqnr}
+    low = {n: v for n, v in sqnr.items() if not (v >= floor[n] or (math.isinf(v) and v > 0))}
+    assert not low, f"{_where(case)}: {what} vs FP32 SQNR below its bound: " + ", ".join(
+        f"{n} {v:.1f} dB < {floor[n]:g} dB" for n, v in low.items()
+    )
+
+
 def test_qdq_model_loads_and_runs(zoo_case):
     _require(zoo_case, "calibrate", "quantize")
     assert zoo_case.loads, (
@@ -38,11 +47,7 @@ def test_qdq_output_within_sqnr_bound(zoo_case):
     _require(zoo_case, "calibrate", "quantize")
     assert zoo_case.loads, f"{_where(zoo_case)}: no loadable Q/DQ model to measure ({zoo_case.load_error})"
     assert set(zoo_case.sqnr) == {o["name"] for o in zoo_case.entry["outputs"]}
-    floor = {n: zoo_steps.output_floor(zoo_case.entry, n) for n in zoo_case.sqnr}
-    low = {n: v for n, v in zoo_case.sqnr.items() if not (v >= floor[n] or (math.isinf(v) and v > 0))}
-    assert not low, f"{_where(zoo_case)}: Q/DQ vs FP32 SQNR below its bound: " + ", ".join(
-        f"{n} {v:.1f} dB < {floor[n]:g} dB" for n, v in low.items()
-    )
+    _assert_within_bound(zoo_case, zoo_case.sqnr, "Q/DQ")
 
 
 def test_shared_placement_loads_runs_and_stays_within_the_bound(zoo_case, trtq):
@@ -53,11 +58,7 @@ def test_shared_placement_loads_runs_and_stays_within_the_bound(zoo_case, trtq):
     step, load_error, sqnr = zoo_steps.placement_check(zoo_case, "shared", trtq)
     assert step.code == 0, f"{_where(zoo_case)}: `{step.command()}` exited {step.code}: {step.line}"
     assert not load_error, f"{_where(zoo_case)}: the shared Q/DQ model does not load and run: {load_error}"
-    floor = {n: zoo_steps.output_floor(zoo_case.entry, n) for n in sqnr}
-    low = {n: v for n, v in sqnr.items() if not (v >= floor[n] or (math.isinf(v) and v > 0))}
-    assert not low, f"{_where(zoo_case)}: shared Q/DQ vs FP32 SQNR below its bound: " + ", ".join(
-        f"{n} {v:.1f} dB < {floor[n]:g} dB" for n, v in low.items()
-    )
+    _assert_within_bound(zoo_case, sqnr, "shared Q/DQ")
 
 
 def test_compare_infers_the_task(zoo_case):
@@ -74,3 +75,20 @@ def test_compare_with_the_task_given(zoo_flagged_case):
     case = zoo_flagged_case
     _require(case, "compare_given")
     assert not case.explicit, f"{_where(case)}, candidate {case.candidate}: " + "; ".join(case.explicit)
+
+
+def test_attention_int8_loads_runs_and_stays_within_the_bound(zoo_case, trtq):
+    """`quantize --attention int8` (D34) on the files with attention cores: every attention MatMul
+    the default leaves float gets its pairs, and the model loads, runs and stays within the bound."""
+    import pytest
+
+    _require(zoo_case, "calibrate", "quantize")
+    report = zoo_case.steps["quantize"].report or {}
+    attention = [x["node"] for x in report.get("left_float") or [] if str(x.get("reason", "")).startswith("attention")]
+    if not attention:
+        pytest.skip("no attention core: --attention int8 writes the default file")
+    step, load_error, sqnr = zoo_steps.placement_check(zoo_case, "shared", trtq, ("--attention", "int8"))
+    assert step.code == 0, f"{_where(zoo_case)}: `{step.command()}` exited {step.code}: {step.line}"
+    assert set(attention) <= set(step.report["quantized"]), f"{_where(zoo_case)}: attention MatMuls left float"
+    assert not load_error, f"{_where(zoo_case)}: the --attention int8 model does not load and run: {load_error}"
+    _assert_within_bound(zoo_case, sqnr, "--attention int8")
