@@ -184,7 +184,7 @@ class _Engines:
     def __init__(self, table, quantized=("A", "B", "C", "D")):
         self.table, self.quantized = table, tuple(quantized)
 
-    def tuner(self, tmp_path, builds=8, tolerance=0.005, placement="standard", guided=False, **quantize):
+    def tuner(self, tmp_path, builds=8, tolerance=0.005, placement="standard", guided=False, model=None, **quantize):
         from types import SimpleNamespace
 
         from trtq.config import BuildOptions, QuantizeOptions
@@ -195,13 +195,14 @@ class _Engines:
         class Search(Tuner):
             def evaluate(self, c):
                 self.tried.append(c)
-                key = (c.placement, frozenset(c.left_float))
+                name = c.placement + (f"+attention-{c.attention}" if c.attention else "")
+                key = (name, frozenset(c.left_float))
                 if key not in engines.table:
                     c.verdict = "build failed: not in the table"
                     return False
                 self.builds += 1
                 _, metric, fallbacks = engines.table[key]
-                c.plan = _plan(tmp_path, c.placement, c.left_float)
+                c.plan = _plan(tmp_path, name, c.left_float)
                 c.metric, c.quantized = metric, engines.quantized
                 c.coverage = Int8Coverage(layers=9, int8_layers=5, layer_share=5 / 9, fallbacks=list(fallbacks))
                 self.metric_name = "top-1 agreement"
@@ -211,7 +212,7 @@ class _Engines:
             by_plan = {_plan(tmp_path, p, nodes): ms for (p, nodes), (ms, _, _) in engines.table.items()}
             return [by_plan[p] for p in plans]
 
-        inputs = SimpleNamespace(quantize_options=QuantizeOptions(placement=placement, **quantize))
+        inputs = SimpleNamespace(quantize_options=QuantizeOptions(placement=placement, **quantize), model=model)
         options = BuildOptions(tune_builds=builds, tune_tolerance=tolerance, tune_guided=guided)
         return Search(SimpleNamespace(), inputs, options, tmp_path, timer=timer)
 
@@ -232,7 +233,8 @@ def test_search_keeps_the_faster_placement_and_stops_without_fallbacks(tmp_path)
     assert (default.placement, best.placement, best.left_float) == ("standard", "shared", ())
     assert tuner.builds == 2 and [c.verdict for c in tuner.tried] == ["default", "kept"]
     record = tuner.record(default, best)
-    assert record["chosen"] == {"precision": "int8", "placement": "shared", "left_float": []} and record["builds"] == 2
+    chosen = {"precision": "int8", "placement": "shared", "left_float": [], "attention": "float"}
+    assert record["chosen"] == chosen and record["builds"] == 2
     assert record["float_reference"] is None  # the stand-in search built none
     best.layer_times = {"conv + relu": 0.2, "x_QuantizeLinear": 0.05, "PWN(a, b)": 0.4}
     best.layer_kinds = {"conv + relu": "int8", "PWN(a, b)": "float"}
@@ -359,6 +361,64 @@ def test_search_tries_the_implicit_engines_choice_after_the_placements(tmp_path,
     tuner = _Engines(table).tuner(tmp_path, guided=True)
     tuner.run()
     assert "no guided candidate" in tuner.implicit.verdict and not any(c.source for c in tuner.tried)
+
+
+def _attention_model():
+    """x -> Q, K, V projections -> softmax(Q K^T) V -> output projection (one attention core)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), n) for n in ("wq", "wk", "wv", "wo")]
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q"], name="q"),
+        helper.make_node("MatMul", ["x", "wk"], ["k"], name="k"),
+        helper.make_node("MatMul", ["x", "wv"], ["v"], name="v"),
+        helper.make_node("Transpose", ["k"], ["kt"], name="kt", perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"], name="scores"),
+        helper.make_node("Softmax", ["s"], ["p"], name="softmax", axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["c"], name="context"),
+        helper.make_node("MatMul", ["c", "wo"], ["y"], name="o"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        w,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_search_tries_attention_int8_on_a_model_with_attention(tmp_path):
+    """With quantize.attention float (the default) and attention cores in the model, the search
+    tries the best placement with them quantized (D34); the choice carries to later candidates."""
+    from trtq.pipeline.tune import has_attention
+
+    model = _attention_model()
+    assert has_attention(model) and not has_attention(None)
+    table = {
+        _key("standard"): (1.20, 0.95, ["p + A"]),
+        _key("shared"): (1.25, 0.95, ["p + A"]),
+        _key("standard+attention-int8"): (1.10, 0.95, ["p + A"]),  # kept
+        _key("standard+attention-int8", "A"): (1.05, 0.95, []),  # a fallback on top keeps attention int8
+    }
+    tuner = _Engines(table).tuner(tmp_path, model=model)
+    default, best = tuner.run()
+    assert (best.placement, best.attention, best.left_float) == ("standard", "int8", ("A",))
+    assert [c.label for c in tuner.tried] == [
+        "standard",
+        "shared",
+        "standard + attention int8",
+        "standard + attention int8 + 1 node(s) float",
+    ]
+    record = tuner.record(default, best)
+    assert record["chosen"]["attention"] == "int8" and record["candidates"][2]["attention"] == "int8"
+    # configured int8 already, or no attention core: no such candidate
+    for kwargs in ({"attention": "int8"}, {}):
+        given = dict(kwargs, model=model) if kwargs else {"model": None}
+        tuner = _Engines(table).tuner(tmp_path, **given)
+        tuner.run()
+        assert not any(c.attention for c in tuner.tried)
 
 
 def test_search_without_a_buildable_default_fails(tmp_path):

@@ -165,7 +165,7 @@ def tuning_text(tuning: Any) -> str:
     lines = [
         f"tuning     {tuning['builds']} build(s); {tuning['metric']} within {tuning['tolerance']:g} of the default's"
     ]
-    rows = [(candidate_label(c["placement"], c["left_float"]), c) for c in tuning["candidates"]]
+    rows = [(candidate_label(c["placement"], c["left_float"], c.get("attention")), c) for c in tuning["candidates"]]
     implicit = tuning.get("implicit")
     if implicit:
         rows.append(("TensorRT's implicit INT8", dict(implicit, metric=None)))
@@ -181,7 +181,10 @@ def tuning_text(tuning: Any) -> str:
     if chosen.get("placement") is None:
         lines.append(f"kept       the {chosen.get('precision')} engine without Q/DQ (faster than every INT8 candidate)")
     else:
-        lines.append(f"kept       {chosen['placement']}" + (f", left float: {first_few(left, 6)}" if left else ""))
+        attention = f", attention {chosen['attention']}" if chosen.get("attention") else ""
+        lines.append(
+            f"kept       {chosen['placement']}{attention}" + (f", left float: {first_few(left, 6)}" if left else "")
+        )
     return "\n".join(lines) + "\n"
 
 

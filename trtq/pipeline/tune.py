@@ -6,15 +6,17 @@ one at a time: concurrent builds disturb the builder's tactic timing):
 
 1. the configured placement (the *default*, whose metric the tolerance is measured from), then
    the other placements of :data:`PLACEMENTS`;
-2. the guided candidate (:mod:`trtq.pipeline.tune_guided`, ``build.tune_guided``, TensorRT <= 10):
+2. on a model with attention cores and ``quantize.attention: float``, the best placement with them
+   in INT8 (:meth:`Tuner.attention_int8`, docs/decisions.md D34);
+3. the guided candidate (:mod:`trtq.pipeline.tune_guided`, ``build.tune_guided``, TensorRT <= 10):
    TensorRT's implicit INT8 engine from the same cache is built (one of the builds), and the
    quantized nodes it ran from float input are left float on top of the best engine;
-3. from the best engine so far, the layers TensorRT ran in float between INT8 layers (the
+4. from the best engine so far, the layers TensorRT ran in float between INT8 layers (the
    coverage report's fallbacks) map back to the quantized ONNX nodes their names carry
    (:func:`trtq.trt.coverage.layer_nodes`); those nodes are left float (their Q/DQ pairs gone, so
    no INT8<->float conversion around a layer TensorRT runs in float anyway): all of them in one
    candidate, then, when that one is not kept, one fallback layer's nodes at a time;
-4. the float reference (:mod:`trtq.pipeline.tune_float`, ``build.tune_float``): the model without
+5. the float reference (:mod:`trtq.pipeline.tune_float`, ``build.tune_float``): the model without
    Q/DQ built in FP16 and timed beside the kept engine, reported (or written, ``keep``) when faster.
    It is one build beyond ``build.tune_builds``.
 
@@ -107,6 +109,18 @@ def check_scoring_data(cfg: Any, model: Any) -> None:
     Batcher(cfg.data, input_specs(model))
 
 
+def has_attention(model: Any) -> bool:
+    """Whether ``model`` has an attention core (a MatMul of two activations feeding or fed by a
+    Softmax, :func:`trtq.quantize.rules.attention_core`)."""
+    from trtq.quantize.graph import GraphIndex
+    from trtq.quantize.rules import attention_core
+
+    if model is None or not any(n.op_type == "Softmax" for n in model.graph.node):
+        return False
+    index = GraphIndex(model)
+    return any(attention_core(index, n) is not None for n in index.nodes if n.op_type == "MatMul")
+
+
 def fallback_groups(best: Candidate) -> list[tuple[str, ...]]:
     """Per fallback layer of ``best``'s engine (slowest first), the quantized nodes its name
     carries that ``best`` does not leave float already; layers naming none are skipped."""
@@ -156,6 +170,7 @@ class Tuner:
             self.inputs.quantize_options,
             placement=c.placement,
             exclude=tuple(self.inputs.quantize_options.exclude) + c.left_float,
+            attention=c.attention or self.inputs.quantize_options.attention,
         )
         network = network_for(self.inputs, qopts)
         digest = hashlib.sha256(network.model.SerializeToString()).hexdigest()
@@ -236,6 +251,19 @@ class Tuner:
         log.info("tune: --tune-builds %d reached: %d candidate(s) not tried", self.options.tune_builds, waiting)
         return False
 
+    def attention_int8(self, best: Candidate, default: Candidate) -> Candidate:
+        """``best`` with its attention cores quantized, when the model has some and the configured
+        ``quantize.attention`` keeps them float (D34: opt-in until engines of it are measured; a
+        candidate is built, timed and scored like any other, so a slower or worse one is dropped)."""
+        if self.inputs.quantize_options.attention != "float" or not has_attention(self.inputs.model):
+            return best
+        if not self.room(1):
+            return best
+        c = Candidate(best.placement, best.left_float, attention="int8")
+        if self.evaluate(c):
+            return self.challenge(best, c, default)
+        return best
+
     def guided(self, best: Candidate, default: Candidate) -> Candidate:
         """The guided candidate against ``best`` (tune_guided.py); it needs two builds."""
         if not self.options.tune_guided:
@@ -247,7 +275,7 @@ class Tuner:
 
         c = guided_candidate(self, best)
         if c is not None:
-            c.source = "implicit"
+            c.source, c.attention = "implicit", best.attention
             if self.evaluate(c):
                 return self.challenge(best, c, default)
         return best
@@ -284,16 +312,18 @@ class Tuner:
             c = Candidate(other)
             if self.evaluate(c):
                 best = self.challenge(best, c, default)
+        best = self.attention_int8(best, default)
         best = self.guided(best, default)
         groups = fallback_groups(best)
         if len(groups) > 1 and self.room(len(groups) + 1):  # every fallback's nodes float at once
-            c = Candidate(best.placement, best.left_float + tuple(n for g in groups for n in g))
+            every = best.left_float + tuple(n for g in groups for n in g)
+            c = Candidate(best.placement, every, attention=best.attention)
             if self.evaluate(c) and self.challenge(best, c, default) is c:
                 best, groups = c, []
         for i, nodes in enumerate(groups):
             if not self.room(len(groups) - i):
                 break
-            c = Candidate(best.placement, best.left_float + nodes)
+            c = Candidate(best.placement, best.left_float + nodes, attention=best.attention)
             if self.evaluate(c):
                 best = self.challenge(best, c, default)
         if best.median_ms is None:  # nothing challenged it: time it once for the record
@@ -309,7 +339,12 @@ class Tuner:
             "chosen": (
                 {"precision": PRECISION, "placement": None, "left_float": []}
                 if float_kept
-                else {"precision": "int8", "placement": best.placement, "left_float": list(best.left_float)}
+                else {
+                    "precision": "int8",
+                    "placement": best.placement,
+                    "left_float": list(best.left_float),
+                    "attention": best.attention or self.inputs.quantize_options.attention,
+                }
             ),
             "metric": self.metric_name,
             "tolerance": self.tolerance,

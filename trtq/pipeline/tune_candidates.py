@@ -35,10 +35,11 @@ class Candidate:
     verdict: str = ""
     build_seconds: float = 0.0
     source: str = ""  # "implicit": the nodes left float are those TensorRT's implicit engine ran in float
+    attention: str = ""  # quantize.attention for this candidate ("": the configured one)
 
     @property
     def label(self) -> str:
-        return candidate_label(self.placement, self.left_float)
+        return candidate_label(self.placement, self.left_float, self.attention)
 
     def record(self) -> dict[str, Any]:
         cov = self.coverage
@@ -53,6 +54,7 @@ class Candidate:
             "build_seconds": round(self.build_seconds, 1),
             "verdict": self.verdict,
             "source": self.source or None,
+            "attention": self.attention or None,
             "slowest_layers": self.slowest(),
         }
 
@@ -62,9 +64,11 @@ class Candidate:
         return [[name, round(float(ms), 4), self.layer_kinds.get(name, "")] for name, ms in top]
 
 
-def candidate_label(placement: str, left_float) -> str:
-    """How reports name a candidate: its placement and how many nodes it leaves float."""
-    return placement + (f" + {len(left_float)} node(s) float" if left_float else "")
+def candidate_label(placement: str, left_float, attention: str | None = None) -> str:
+    """How reports name a candidate: its placement, how many nodes it leaves float and, when the
+    candidate sets it, its attention setting."""
+    label = placement + (f" + attention {attention}" if attention else "")
+    return label + (f" + {len(left_float)} node(s) float" if left_float else "")
 
 
 def rounded(value: float | None, digits: int) -> float | None:
