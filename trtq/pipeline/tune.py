@@ -274,10 +274,8 @@ class Tuner:
         from trtq.pipeline.tune_guided import guided_candidate
 
         c = guided_candidate(self, best)
-        if c is not None:
-            c.source, c.attention = "implicit", best.attention
-            if self.evaluate(c):
-                return self.challenge(best, c, default)
+        if c is not None and self.evaluate(c):
+            return self.challenge(best, c, default)
         return best
 
     def run(self) -> tuple[Candidate, Candidate]:

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from trtq.errors import TrtqError
-from trtq.pipeline.tune_candidates import Candidate, engine_score, faster
+from trtq.pipeline.tune_candidates import Candidate, engine_score, faster, rounded
 
 log = logging.getLogger(__name__)
 
@@ -129,22 +129,18 @@ def float_verdict(float_ms: float, int8_ms: float, within_tolerance: bool, mode:
 
 def reference_record(tuner: Any) -> dict[str, Any] | None:
     """The float reference in the plan metadata's ``tuning`` (None: not built, ``off``)."""
-    ref = getattr(tuner, "reference", None)
+    ref = tuner.reference
     if ref is None:
         return None
     record = ref.record()
     return {
         "precision": PRECISION,
         "median_ms": record["median_ms"],
-        "int8_median_ms": _ms(getattr(tuner, "reference_int8_ms", None)) if ref.median_ms is not None else None,
+        "int8_median_ms": rounded(tuner.reference_int8_ms, 4) if ref.median_ms is not None else None,
         "metric": record["metric"],
         "build_seconds": record["build_seconds"],
         "verdict": ref.verdict,
     }
-
-
-def _ms(value: float | None) -> float | None:
-    return None if value is None else round(float(value), 4)
 
 
 __all__ = ["PRECISION", "build_reference", "float_verdict", "reference_record", "weigh_float_reference"]

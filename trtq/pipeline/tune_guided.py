@@ -122,7 +122,9 @@ def guided_candidate(tuner: Any, best: Candidate) -> Candidate | None:
         implicit.best_ms,
         implicit.verdict,
     )
-    return Candidate(best.placement, best.left_float + implicit.float_nodes)
+    return Candidate(
+        best.placement, best.left_float + implicit.float_nodes, source="implicit", attention=best.attention
+    )
 
 
 __all__ = ["ImplicitEngine", "build_implicit", "float_chosen_nodes", "guided_candidate"]
