@@ -191,6 +191,26 @@ def value(name, shape, elem=TensorProto.FLOAT):
     return helper.make_tensor_value_info(name, elem, shape)
 
 
+def attention_model(rng, length=10) -> onnx.ModelProto:
+    """x -> Q, K, V projections -> softmax(Q K^T / sqrt(d)) V -> output projection: one attention
+    core (its MatMuls named scores and context) over ``length`` tokens of 32 features."""
+    d = 32
+    w = {n: init(n, rng.standard_normal((d, d)).astype(np.float32) * 0.2) for n in ("wq", "wk", "wv", "wo")}
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q"], name="proj_q"),
+        helper.make_node("MatMul", ["x", "wk"], ["k"], name="proj_k"),
+        helper.make_node("MatMul", ["x", "wv"], ["v"], name="proj_v"),
+        helper.make_node("Transpose", ["k"], ["kt"], name="kt", perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["qk"], name="scores"),
+        helper.make_node("Div", ["qk", "sqrt_d"], ["qk_s"], name="scale"),
+        helper.make_node("Softmax", ["qk_s"], ["p"], name="softmax", axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["ctx"], name="context"),
+        helper.make_node("MatMul", ["ctx", "wo"], ["y"], name="proj_o"),
+    ]
+    inits = list(w.values()) + [init("sqrt_d", np.array(np.sqrt(d), np.float32))]
+    return make_model(nodes, [value("x", ["N", length, d])], [value("y", None)], inits)
+
+
 def random_feeds(model: onnx.ModelProto, seed=0, batch=2) -> dict[str, np.ndarray]:
     """Normal samples for every graph input (dynamic dims take ``batch``)."""
     rng = np.random.default_rng(seed)

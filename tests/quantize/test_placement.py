@@ -7,6 +7,7 @@ from onnx import TensorProto, helper
 
 from tests.quantize.conftest import (
     activation_amax,
+    attention_model,
     conv,
     conv_weight,
     cosine,
@@ -377,26 +378,8 @@ def test_amax_is_found_through_data_movement_ops():
 # ------------------------------------------------------------------------------------------------
 
 
-def _attention_model(rng, length=10):
-    d = 32
-    w = {n: init(n, rng.standard_normal((d, d)).astype(np.float32) * 0.2) for n in ("wq", "wk", "wv", "wo")}
-    nodes = [
-        helper.make_node("MatMul", ["x", "wq"], ["q"], name="proj_q"),
-        helper.make_node("MatMul", ["x", "wk"], ["k"], name="proj_k"),
-        helper.make_node("MatMul", ["x", "wv"], ["v"], name="proj_v"),
-        helper.make_node("Transpose", ["k"], ["kt"], name="kt", perm=[0, 2, 1]),
-        helper.make_node("MatMul", ["q", "kt"], ["qk"], name="scores"),
-        helper.make_node("Div", ["qk", "sqrt_d"], ["qk_s"], name="scale"),
-        helper.make_node("Softmax", ["qk_s"], ["p"], name="softmax", axis=-1),
-        helper.make_node("MatMul", ["p", "v"], ["ctx"], name="context"),
-        helper.make_node("MatMul", ["ctx", "wo"], ["y"], name="proj_o"),
-    ]
-    inits = list(w.values()) + [init("sqrt_d", np.array(np.sqrt(d), np.float32))]
-    return make_model(nodes, [value("x", ["N", length, d])], [value("y", None)], inits)
-
-
 def test_attention_core_is_kept_float_and_projections_quantized():
-    result = quantize(_attention_model(np.random.default_rng(12)))
+    result = quantize(attention_model(np.random.default_rng(12)))
     assert result.quantized == ["proj_q", "proj_k", "proj_v", "proj_o"]
     reasons = dict(result.left_float)
     assert reasons["scores"].startswith("attention scores (feeds Softmax softmax)")
@@ -411,7 +394,7 @@ def _dequantized(model, name):
 
 
 def test_attention_int8_quantizes_both_matmuls_and_the_softmax_output():
-    model = _attention_model(np.random.default_rng(12))
+    model = attention_model(np.random.default_rng(12))
     feeds = random_feeds(model)
     amax = activation_amax(model, [feeds])
     result = quantize(model, amax, attention="int8")
@@ -431,7 +414,7 @@ def test_attention_int8_quantizes_both_matmuls_and_the_softmax_output():
 def test_attention_int8_stops_at_512_keys(length, quantized):
     """TensorRT's INT8 attention kernels take at most 512 keys (ModelOpt's INT8 rule): a longer
     Softmax keeps its MatMuls float; a length shape inference cannot tell is quantized."""
-    model = _attention_model(np.random.default_rng(12), length=length or "L")
+    model = attention_model(np.random.default_rng(12), length=length or "L")
     amax = {t: 1.0 for t in ("x", "q", "k", "kt", "v", "qk", "qk_s", "p", "ctx")}
     result = quantize(model, amax, attention="int8")
     reasons = dict(result.left_float)
@@ -445,7 +428,7 @@ def test_attention_setting_is_checked():
     from trtq.quantize.plan import make_plan
 
     with pytest.raises(ValueError, match="unknown attention"):
-        make_plan(GraphIndex(_attention_model(np.random.default_rng(1))), {}, (), True, None, {}, "standard", "fp8")
+        make_plan(GraphIndex(attention_model(np.random.default_rng(1))), {}, (), True, None, {}, "standard", "fp8")
 
 
 def test_small_gemms_and_convs_are_kept_float():

@@ -363,38 +363,13 @@ def test_search_tries_the_implicit_engines_choice_after_the_placements(tmp_path,
     assert "no guided candidate" in tuner.implicit.verdict and not any(c.source for c in tuner.tried)
 
 
-def _attention_model():
-    """x -> Q, K, V projections -> softmax(Q K^T) V -> output projection (one attention core)."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    w = [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), n) for n in ("wq", "wk", "wv", "wo")]
-    nodes = [
-        helper.make_node("MatMul", ["x", "wq"], ["q"], name="q"),
-        helper.make_node("MatMul", ["x", "wk"], ["k"], name="k"),
-        helper.make_node("MatMul", ["x", "wv"], ["v"], name="v"),
-        helper.make_node("Transpose", ["k"], ["kt"], name="kt", perm=[0, 2, 1]),
-        helper.make_node("MatMul", ["q", "kt"], ["s"], name="scores"),
-        helper.make_node("Softmax", ["s"], ["p"], name="softmax", axis=-1),
-        helper.make_node("MatMul", ["p", "v"], ["c"], name="context"),
-        helper.make_node("MatMul", ["c", "wo"], ["y"], name="o"),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "attention",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        w,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-
-
 def test_search_tries_attention_int8_on_a_model_with_attention(tmp_path):
     """With quantize.attention float (the default) and attention cores in the model, the search
     tries the best placement with them quantized (D34); the choice carries to later candidates."""
+    from tests.quantize.conftest import attention_model
     from trtq.pipeline.tune import has_attention
 
-    model = _attention_model()
+    model = attention_model(np.random.default_rng(0))
     assert has_attention(model) and not has_attention(None)
     table = {
         _key("standard"): (1.20, 0.95, ["p + A"]),
