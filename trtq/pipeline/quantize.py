@@ -56,6 +56,8 @@ def _quantized(model_path: Path, cache_path: Path, options: QuantizeOptions, dat
     refuse_nothing_quantized(result, Path(model_path))
     if compat.float_grouped_conv_is_unsafe_for(table.trt_version):
         warn_float_grouped_convs(table.trt_version, result)
+    if options.attention == "int8":
+        warn_int8_attention(table.trt_version, model, result)
     shapes = ((provenance or {}).get("data") or {}).get("shapes")
     return result, model, shapes if isinstance(shapes, dict) else None
 
@@ -435,6 +437,31 @@ def warn_float_grouped_convs(trt_version: str, result) -> list[str]:
             trt_version,
         )
     return extra
+
+
+def warn_int8_attention(trt_version: str, fp32, result) -> list[str]:
+    """Warn when ``result`` quantized attention MatMuls of ``fp32`` for a TensorRT whose INT8
+    attention engine was wrong in our tests (:func:`trtq.trt.compat.int8_attention_is_unsafe_for`);
+    returns those MatMuls."""
+    from trtq.quantize.graph import GraphIndex
+    from trtq.quantize.rules import attention_core
+    from trtq.trt import compat
+
+    if not compat.int8_attention_is_unsafe_for(trt_version):
+        return []
+    quantized = set(result.quantized)
+    index = GraphIndex(fp32)
+    cores = [n.name for n in fp32.graph.node if n.name in quantized and attention_core(index, n) is not None]
+    if cores:
+        log.warning(
+            "%d attention MatMul(s) quantized for TensorRT %s (%s): TensorRT 8.6.0 built PP-OCRv4 rec's INT8 "
+            "attention into an engine with wrong outputs (docs/decisions.md D34); check this engine with trtq "
+            "compare (--tune-placement scores it) or keep --attention float",
+            len(cores),
+            trt_version,
+            first_few(cores, 3),
+        )
+    return cores
 
 
 def _warn_tensorrt8_float_convs(result) -> None:

@@ -99,6 +99,14 @@ def float_grouped_conv_is_unsafe_for(trt_version: Optional[str]) -> bool:
     return bool(trt_version) and TrtVersion.parse(trt_version).major < 10
 
 
+def int8_attention_is_unsafe_for(trt_version: Optional[str]) -> bool:
+    """TensorRT 8.x: PP-OCRv4 rec with its attention MatMuls and Softmax output quantized
+    (``quantize.attention: int8``) built without an error into an engine that decoded 0.195 of 200
+    lines as FP32 does, against 0.68 without them (TensorRT 8.6.0; ONNX Runtime running such a
+    Q/DQ model: 0.665; docs/decisions.md D34). 10+ not run here."""
+    return bool(trt_version) and TrtVersion.parse(trt_version).major < 10
+
+
 def centring_in_engines(trt: Any) -> Optional[str]:
     """Why ``quantize.center_activations`` stays off in builds on this TensorRT, or None where an
     engine has shown it exact and free at run time: 8.6 (docs/decisions.md D12; the Add form was
