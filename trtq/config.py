@@ -163,6 +163,9 @@ class QuantizeOptions:
     placement: Placement = "auto"
     # attention cores (Q x K^T, Softmax x V MatMuls): float, or int8 up to 512 keys (trtq.quantize.rules)
     attention: Literal["float", "int8"] = "float"
+    # the placement a `build --tune-placement` search kept (its engine or .plan.json): placement,
+    # attention and the nodes it left float replace the settings above (trtq.pipeline.placement_from)
+    placement_from: Optional[str] = _path_field()
     # learn weight rounding and activation steps block by block, activations quantized (needs data and torch)
     reconstruct: bool = False
     iterations: int = 60  # reconstruct: training steps per block (fits EfficientNet-Lite0 on 2 cores)

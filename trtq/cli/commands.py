@@ -370,18 +370,25 @@ def compare(common, reference, candidate, source, batching, min_agreement, min_c
     help="Keep nodes float (explicit mode): an op type, an exact node name, else a name regex.",
 )
 @click.option("--allow-stale", is_flag=True, default=None, help="Use a cache whose provenance names another model.")
+@click.option(
+    "--placement-from",
+    type=flags.IN_PATH,
+    metavar="PLAN",
+    help="Quantize with the placement a build --tune-placement search kept (explicit mode; its engine or .plan.json).",
+)
 @flags.tuning
 @flags.data_source(
     "--tune-placement: the images or .npy files candidates are scored on (the calibration data).",
     "Preprocessing preset for --data image folders.",
 )
-def build(common, model, cache, output, engine, exclude, allow_stale, tuning, source):
+def build(common, model, cache, output, engine, exclude, allow_stale, placement_from, tuning, source):
     """Build a TensorRT engine (.plan + .plan.json) from an FP32 model and a cache, or from a Q/DQ model."""
     from trtq.pipeline.build import build as step
 
     st = settings.apply_common(common)
     config_path = common.config_path
     overrides = settings.build_overrides(model, output, engine, exclude, allow_stale, tuning)
+    overrides["quantize.placement_from"] = placement_from
     cfg = settings.apply_data_flags(settings.load_config(config_path, overrides), source)
     out = settings.output_path(cfg, cfg.build.output, ".plan")
     engine_files = [("engine", out), ("engine metadata", f"{out}.json"), ("timing cache", cfg.build.timing_cache)]

@@ -379,6 +379,13 @@ quantizing = option_group(
         "member and residual Adds behind SiLU).",
     ),
     click.option(
+        "--placement-from",
+        type=IN_PATH,
+        metavar="PLAN",
+        help="Apply the placement a build --tune-placement search kept (its engine, .plan.json or --json "
+        "output): placement, attention setting and the nodes it left float.",
+    ),
+    click.option(
         "--attention",
         type=click.Choice(["float", "int8"]),
         help="Attention cores (the Q x K^T and Softmax x V MatMuls): float (default) or int8 (Q/DQ on both "

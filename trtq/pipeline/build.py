@@ -495,5 +495,6 @@ def explicit_only_settings(q: QuantizeOptions) -> list[str]:
         "equalize",
         "placement",
         "attention",
+        "placement_from",
     )
     return [f"quantize.{k}" for k in keys if getattr(q, k) != getattr(default, k)]

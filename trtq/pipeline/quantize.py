@@ -80,10 +80,12 @@ def quantize_for(
     for, when the float-layer ranking cannot infer it (``compare.task``, ``layout``, ...).
     ``batches`` (the Python API): a function of the input specs and a sample limit that returns the
     in-memory batch source read instead of ``data`` (fed as it is: a batch-1 model is not widened)."""
+    from trtq.pipeline.placement_from import with_tuned_placement
     from trtq.quantize import quantize_model
     from trtq.trt import compat
 
     check_options(options)
+    options = with_tuned_placement(options, model)
     given = batches
     batches = sample_batches(model, options, data, given)
     declared = None

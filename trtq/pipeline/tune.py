@@ -64,7 +64,10 @@ PLACEMENTS = ("standard", "shared")  # fused lost to both on every model of the 
 
 def check_tuning(cfg: Any, cache_path: Path | None) -> None:
     """Refuse what --tune-placement cannot tune, before anything is read (exit 2)."""
+    from trtq.pipeline.placement_from import refuse_with_search
+
     b = cfg.build
+    refuse_with_search(cfg.quantize)
     if b.precision != "int8" or b.mode != "explicit":
         raise UsageError(
             f"--tune-placement places Q/DQ nodes: it builds explicit INT8 only (this build is "
