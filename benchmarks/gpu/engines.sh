@@ -11,7 +11,8 @@
 #   [ONLY="implicit|fp16"] [BUILDS=3 OPT=0 DURATION=3] [COUNTS="implicit=2 fp16=2"] [DEADLINE=s] [TUNED_FROM=tuned.json] \
 #   sh benchmarks/gpu/engines.sh
 # TUNED_FROM: the --json output of `trtq build --tune-placement` (benchmarks/gpu/tune.sh's tuned.json):
-# its kept placement and nodes left float become the variant trtq-tuned, built BUILDS times.
+# its kept placement and nodes left float (`trtq quantize --placement-from`, which also reads the
+# plan or its .plan.json) become the variant trtq-tuned, built BUILDS times.
 # DEADLINE: no build starts after that many seconds of building (the plans built so far are benched
 # and scored), so a call under the device's 10-minute limit returns a partial table, not nothing.
 # A build in its own process took 60-90 s on an H200 (YOLOv8n implicit / FP16; 8 builds passed 470 s);
@@ -33,9 +34,7 @@ for p in $PLACEMENTS; do
   $PY -m trtq quantize --model "$MODEL" --cache "$CACHE" --placement "$p" -o "$W/$p.qdq.onnx" -q
 done
 if [ -n "$TUNED_FROM" ]; then  # the placement a `build --tune-placement` JSON kept, as variant trtq-tuned
-  tuned=$($PY -c "import json, shlex, sys; c = json.load(open(sys.argv[1]))['metadata']['tuning']['chosen']; \
-print(' '.join(['--placement', c['placement']] + [f'--exclude {shlex.quote(n)}' for n in c['left_float']]))" "$TUNED_FROM")
-  eval "$PY -m trtq quantize --model \"\$MODEL\" --cache \"\$CACHE\" $tuned -o \"\$W/tuned.qdq.onnx\" -q"
+  $PY -m trtq quantize --model "$MODEL" --cache "$CACHE" --placement-from "$TUNED_FROM" -o "$W/tuned.qdq.onnx" -q
   PLACEMENTS="$PLACEMENTS tuned"
 fi
 for b in $(seq 1 "$BUILDS"); do  # build 1 of every variant first, so a DEADLINE cuts whole rounds

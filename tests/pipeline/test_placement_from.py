@@ -44,7 +44,7 @@ def _float_matmuls(path):
 def test_same_file_as_the_settings_it_names(trtq, files, source):
     r = _quantize(trtq, files, "--placement-from", files / source)
     assert r.code == 0, r
-    flags = ["--placement", "standard", "--attention", "int8", "--exclude", "^proj_q$", "--exclude", "^proj_o$"]
+    flags = ["--placement", "standard", "--attention", "int8", "--exclude", "proj_q", "--exclude", "proj_o"]
     assert _quantize(trtq, files, *flags, out="by_hand.onnx").code == 0
     assert (files / "q.onnx").read_bytes() == (files / "by_hand.onnx").read_bytes()
     assert _float_matmuls(files / "q.onnx") == ["proj_o", "proj_q"]  # scores / context int8 as the search kept
@@ -108,3 +108,15 @@ def test_options_unchanged_without_a_file():
 
     options = QuantizeOptions(exclude=("^a$",))
     assert with_tuned_placement(options, attention_model(np.random.default_rng(0))) is options
+
+
+def test_a_node_named_like_an_op_type_is_the_only_one_left_float(trtq, files):
+    """`--exclude MatMul` would keep every MatMul float; the search's node "MatMul" is one node."""
+    model = onnx.load(files / "m.onnx")
+    (node,) = [n for n in model.graph.node if n.name == "proj_o"]
+    node.name = "MatMul"
+    onnx.save(model, files / "m.onnx")
+    (files / "named.json").write_text(json.dumps(_meta(files, left_float=["MatMul"])))
+    r = _quantize(trtq, files, "--placement-from", files / "named.json")
+    assert r.code == 0, r
+    assert _float_matmuls(files / "q.onnx") == ["MatMul"]

@@ -78,8 +78,9 @@ def tuned_choice(path: Path) -> dict[str, Any]:
 
 def with_tuned_placement(options: Any, model: Any) -> Any:
     """``options`` (QuantizeOptions) with the placement, attention setting and float nodes of
-    ``options.placement_from`` applied (``exclude`` keeps the user's patterns and gains the nodes,
-    each as an anchored name regex); ``options`` unchanged when it names no file."""
+    ``options.placement_from`` applied (``exclude`` keeps the user's patterns and gains the nodes
+    by exact name, an anchored regex where a name is also an op type); ``options`` unchanged when
+    it names no file."""
     if not options.placement_from:
         return options
     path = Path(options.placement_from)
@@ -105,7 +106,8 @@ def with_tuned_placement(options: Any, model: Any) -> Any:
         len(chosen["left_float"]),
         attention,
     )
-    exclude = tuple(options.exclude) + tuple(f"^{re.escape(n)}$" for n in chosen["left_float"])
+    op_types = {n.op_type for n in model.graph.node}  # a node named like an op type: an anchored regex
+    exclude = tuple(options.exclude) + tuple(f"^{re.escape(n)}$" if n in op_types else n for n in chosen["left_float"])
     return dataclasses.replace(options, placement=placement, attention=attention, exclude=exclude)
 
 
