@@ -152,9 +152,11 @@ def test_build_text_reports_the_float_reference_and_an_fp16_engine_kept():
     text = tuning_text(tuning)
     assert "TensorRT's implicit INT8" in text and "1.152 ms" in text
     assert "fp16 reference (no Q/DQ)" in text and "1.007 ms" in text and "0.9950" in text and "reported" in text
-    assert "kept       shared\n" in text
+    assert "kept       shared\n" in text and "reuse" not in text
+    assert "reuse      --placement-from m.plan " in tuning_text(tuning, "m.plan")
     tuning["chosen"] = {"precision": "fp16", "placement": None, "left_float": []}
-    assert "kept       the fp16 engine without Q/DQ" in tuning_text(tuning)
+    assert "kept       the fp16 engine without Q/DQ" in tuning_text(tuning, "m.plan")
+    assert "reuse" not in tuning_text(tuning, "m.plan")  # no INT8 placement to reuse
     tuning["float_reference"] = None  # --tune-float off
     assert "reference" not in tuning_text(tuning)
 

@@ -151,13 +151,14 @@ def build_text(result: Any, out: Any) -> str:
         f"precision  {md.get('precision')} ({md.get('mode', '')}{source})\n{steps}"
         f"tensorrt   {md.get('tensorrt_version')} on {md.get('gpu_name')} (sm {md.get('compute_capability')})\n"
         f"{coverage_text(getattr(result, 'coverage', None))}"
-        f"{tuning_text(md.get('tuning'))}"
+        f"{tuning_text(md.get('tuning'), out)}"
         f"metadata   {out}.json"
     )
 
 
-def tuning_text(tuning: Any) -> str:
-    """build --tune-placement's lines: each candidate (ms, metric, verdict), then the kept one."""
+def tuning_text(tuning: Any, plan: Any = None) -> str:
+    """build --tune-placement's lines: each candidate (ms, metric, verdict), then the kept one and,
+    for an INT8 one, how to write its Q/DQ file again (``plan``: the engine written)."""
     if not tuning:
         return ""
     from trtq.pipeline.tune_candidates import candidate_label
@@ -185,6 +186,8 @@ def tuning_text(tuning: Any) -> str:
         lines.append(
             f"kept       {chosen['placement']}{attention}" + (f", left float: {first_few(left, 6)}" if left else "")
         )
+        if plan is not None:
+            lines.append(f"reuse      --placement-from {plan} (quantize / build write this placement again)")
     return "\n".join(lines) + "\n"
 
 
