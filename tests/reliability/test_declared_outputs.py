@@ -201,6 +201,13 @@ CASES = {
             ],
             {0},
         ),
+        (  # the placement a tuned engine's metadata records
+            lambda k: (
+                ["quantize", "--model", k.model, "--cache", k.cache, "--placement-from", _tuned(k)]
+                + ["-o", _p(k, "t.onnx")]
+            ),
+            {0},
+        ),
     ],
     "compare": [
         (
@@ -275,6 +282,8 @@ CASES = {
                 _p(k, "t.cache"),
                 "--data",
                 k.data,
+                "--placement-from",
+                _tuned(k),
             ],
             {0, 4},
         ),
@@ -284,6 +293,16 @@ CASES = {
     ],
 }
 CASES_OF = {"calibrate-pass-2": "calibrate"}
+
+
+def _tuned(k) -> str:
+    """The metadata of an engine whose --tune-placement search kept shared with nothing float."""
+    from trtq.trt.metadata import FORMAT
+
+    chosen = {"precision": "int8", "placement": "shared", "left_float": [], "attention": "float"}
+    path = Path(_p(k, "tuned.plan.json"))
+    path.write_text(json.dumps({"format": FORMAT, "tuning": {"chosen": chosen}}))
+    return str(path)
 
 
 def _files(root: Path) -> dict[str, tuple]:

@@ -151,12 +151,18 @@ def output_path(cfg: Any, configured: Optional[str], suffix: str) -> Path:
 
 
 def declare_with_cache(cfg: Any, config_path: Optional[Path], cache: Optional[str], outputs: list) -> None:
-    """:func:`declare` for a command that reads a calibration cache (and its provenance) and
-    writes ``outputs``."""
+    """:func:`declare` for a command that reads a calibration cache (and its provenance), maybe a
+    tuned engine's metadata (``quantize.placement_from``), and writes ``outputs``."""
+    tuned = getattr(cfg.quantize, "placement_from", None)
     declare(
         cfg,
         config_path,
-        inputs=[("cache", cache), ("cache provenance", f"{cache}.json" if cache else None)],
+        inputs=[
+            ("cache", cache),
+            ("cache provenance", f"{cache}.json" if cache else None),
+            ("tuned placement", tuned),
+            ("tuned engine metadata", f"{tuned}.json" if tuned else None),
+        ],
         outputs=outputs,
     )
 
