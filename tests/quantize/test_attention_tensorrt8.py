@@ -86,3 +86,21 @@ def test_build_warns_for_the_installed_tensorrt(version, warned):
         )
     assert {"scores", "context"} <= set(quantized)
     assert any(WARNING in r.getMessage() for r in records) == warned
+
+
+def test_int8_attention_set_by_placement_from_warns_too(trtq, tmp_path, attention_files):
+    """The warning follows the attention setting quantize applies, also when a tuned engine's
+    metadata (--placement-from) sets it rather than the config."""
+    import json
+
+    from trtq.trt.metadata import FORMAT
+
+    model, cache = attention_files
+    chosen = {"precision": "int8", "placement": "standard", "left_float": [], "attention": "int8"}
+    tuned = tmp_path / "t.plan.json"
+    tuned.write_text(json.dumps({"format": FORMAT, "tuning": {"chosen": chosen}}))
+    r = trtq(
+        ["quantize", "--model", model, "--cache", cache("8.6.0"), "--placement-from", tuned, "-o", tmp_path / "q.onnx"]
+    )
+    assert r.code == 0, r
+    assert WARNING in r.err and "scores, context" in r.err, r.err

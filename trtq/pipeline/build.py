@@ -367,7 +367,6 @@ def _quantized_network_model(
         quantize_for,
         remeasure_from,
         warn_float_grouped_convs,
-        warn_int8_attention,
     )
 
     centring_off = compat.centring_in_engines(trt) if qopts.center_activations else None
@@ -386,8 +385,6 @@ def _quantized_network_model(
     qresult = quantize_for(model, table.amax, qopts, data_options, str(compat.version_of(trt)), remeasure)
     if compat.float_grouped_conv_is_unsafe(trt):
         warn_float_grouped_convs(str(compat.version_of(trt)), qresult)
-    if qopts.attention == "int8":
-        warn_int8_attention(str(compat.version_of(trt)), model, qresult)
     summary = _quantize_summary(qresult)
     # what the data steps did (equalized channels, float layers chosen, ...), as trtq quantize says it
     steps = [note for note in qresult.notes if note.startswith(DATA_STEP_NOTES)]

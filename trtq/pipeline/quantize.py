@@ -56,8 +56,6 @@ def _quantized(model_path: Path, cache_path: Path, options: QuantizeOptions, dat
     refuse_nothing_quantized(result, Path(model_path))
     if compat.float_grouped_conv_is_unsafe_for(table.trt_version):
         warn_float_grouped_convs(table.trt_version, result)
-    if options.attention == "int8":
-        warn_int8_attention(table.trt_version, model, result)
     shapes = ((provenance or {}).get("data") or {}).get("shapes")
     return result, model, shapes if isinstance(shapes, dict) else None
 
@@ -76,7 +74,8 @@ def quantize_for(
     that the data-driven steps read, the equalized model (``options.equalize``; ``remeasure``, a
     :class:`~trtq.quantize.equalize.Remeasure`: how its scaled tensors get their amax, default
     mse), the ``float_layers`` choice, and for a TensorRT 8 target (``trt_version``) the consumers
-    of float grouped Convs left float too. ``task_options`` (CompareOptions): what the outputs are
+    of float grouped Convs left float too and a warning for INT8 attention
+    (:func:`warn_int8_attention`). ``task_options`` (CompareOptions): what the outputs are
     for, when the float-layer ranking cannot infer it (``compare.task``, ``layout``, ...).
     ``batches`` (the Python API): a function of the input specs and a sample limit that returns the
     in-memory batch source read instead of ``data`` (fed as it is: a batch-1 model is not widened)."""
@@ -86,6 +85,7 @@ def quantize_for(
 
     check_options(options)
     options = with_tuned_placement(options, model)
+    fp32 = model  # the user's graph, before batching or equalizing
     given = batches
     batches = sample_batches(model, options, data, given)
     declared = None
@@ -110,6 +110,8 @@ def quantize_for(
     if declared is not None:
         declared(result.model)
     _warn_unmatched_exclude(result.notes)
+    if options.attention == "int8":  # as configured, or as --placement-from set it
+        warn_int8_attention(trt_version, fp32, result)
     return result
 
 
@@ -441,19 +443,17 @@ def warn_float_grouped_convs(trt_version: str, result) -> list[str]:
     return extra
 
 
-def warn_int8_attention(trt_version: str, fp32, result) -> list[str]:
+def warn_int8_attention(trt_version: Optional[str], fp32, result) -> list[str]:
     """Warn when ``result`` quantized attention MatMuls of ``fp32`` for a TensorRT whose INT8
     attention engine was wrong in our tests (:func:`trtq.trt.compat.int8_attention_is_unsafe_for`);
     returns those MatMuls."""
-    from trtq.quantize.graph import GraphIndex
-    from trtq.quantize.rules import attention_core
+    from trtq.quantize.rules import attention_matmuls
     from trtq.trt import compat
 
     if not compat.int8_attention_is_unsafe_for(trt_version):
         return []
     quantized = set(result.quantized)
-    index = GraphIndex(fp32)
-    cores = [n.name for n in fp32.graph.node if n.name in quantized and attention_core(index, n) is not None]
+    cores = [name for name in attention_matmuls(fp32) if name in quantized]
     if cores:
         log.warning(
             "%d attention MatMul(s) quantized for TensorRT %s (%s): TensorRT 8.6.0 built PP-OCRv4 rec's INT8 "

@@ -114,14 +114,10 @@ def check_scoring_data(cfg: Any, model: Any) -> None:
 
 def has_attention(model: Any) -> bool:
     """Whether ``model`` has an attention core (a MatMul of two activations feeding or fed by a
-    Softmax, :func:`trtq.quantize.rules.attention_core`)."""
-    from trtq.quantize.graph import GraphIndex
-    from trtq.quantize.rules import attention_core
+    Softmax, :func:`trtq.quantize.rules.attention_matmuls`)."""
+    from trtq.quantize.rules import attention_matmuls
 
-    if model is None or not any(n.op_type == "Softmax" for n in model.graph.node):
-        return False
-    index = GraphIndex(model)
-    return any(attention_core(index, n) is not None for n in index.nodes if n.op_type == "MatMul")
+    return model is not None and bool(attention_matmuls(model))
 
 
 def fallback_groups(best: Candidate) -> list[tuple[str, ...]]:

@@ -163,6 +163,15 @@ def attention_core(index: GraphIndex, node: onnx.NodeProto) -> Optional[tuple[st
     return None
 
 
+def attention_matmuls(model: onnx.ModelProto) -> list[str]:
+    """The MatMuls of ``model`` that are part of an attention core (:func:`attention_core`), in
+    graph order; a model without a Softmax has none (and gets no shape inference)."""
+    if not any(n.op_type == "Softmax" for n in model.graph.node):
+        return []
+    index = GraphIndex(model)
+    return [n.name for n in index.nodes if n.op_type == "MatMul" and attention_core(index, n) is not None]
+
+
 def attention_keys(index: GraphIndex, softmax: onnx.NodeProto) -> Optional[int]:
     """How many keys an attention's Softmax normalises over (its axis' length), None when shape
     inference does not know it."""
