@@ -31,7 +31,11 @@ def engine_metadata(path: Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ModelError(f"--placement-from: {path} does not exist or is not a file", FIX)
-    head = path.read_bytes()[:1]
+    try:
+        with path.open("rb") as f:
+            head = f.read(1)  # a plan may be hundreds of MB: only its first byte tells it from JSON
+    except OSError as e:
+        raise ModelError(f"--placement-from: cannot read {path} ({e.__class__.__name__})", FIX) from None
     if head != b"{":  # a plan: the metadata is beside it
         meta = read_metadata(path)
         if meta is None:
