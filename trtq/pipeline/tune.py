@@ -157,6 +157,10 @@ class Tuner:
         self.reference_int8_ms: float | None = None  # the kept INT8 engine's time beside it
         self.implicit: Any = None  # TensorRT's implicit engine (trtq.pipeline.tune_guided.ImplicitEngine)
 
+    def attention_of(self, c: Candidate) -> str:
+        """The ``quantize.attention`` candidate ``c`` is built with ("" in it: the configured one)."""
+        return c.attention or self.inputs.quantize_options.attention
+
     def evaluate(self, c: Candidate) -> bool:
         """Build, profile and score ``c``; False when it was not built (a duplicate, a failure)."""
         from trtq.fileio import declare_outputs
@@ -169,7 +173,7 @@ class Tuner:
             self.inputs.quantize_options,
             placement=c.placement,
             exclude=tuple(self.inputs.quantize_options.exclude) + c.left_float,
-            attention=c.attention or self.inputs.quantize_options.attention,
+            attention=self.attention_of(c),
         )
         network = network_for(self.inputs, qopts)
         digest = hashlib.sha256(network.model.SerializeToString()).hexdigest()
@@ -340,7 +344,7 @@ class Tuner:
                     "precision": "int8",
                     "placement": best.placement,
                     "left_float": list(best.left_float),
-                    "attention": best.attention or self.inputs.quantize_options.attention,
+                    "attention": self.attention_of(best),
                 }
             ),
             "metric": self.metric_name,
