@@ -15,7 +15,9 @@ normalised copy (the caller's model is never touched):
    ``Constant -> Reshape -> Add`` biases) in numpy, any other deterministic op (``ConstantOfShape``,
    arithmetic and shape computations on weights) with ONNX's reference implementation;
 6. nodes without a name get ``<op_type>_<position>``, and repeated names get ``__<n>`` appended, so
-   that every node can be named in reports, ``--exclude`` and ``only_nodes``.
+   that every node can be named in reports, ``--exclude`` and ``only_nodes``;
+7. a ``ReduceMean`` over the two spatial axes of a 4-D tensor becomes ``GlobalAveragePool``
+   (:mod:`trtq.quantize.spatial_mean`: TensorRT runs the pooling in INT8, the reduction not).
 
 Tensor names are never changed, so a calibration cache made on the original model still applies.
 """
@@ -30,6 +32,7 @@ from onnx import helper, numpy_helper
 from trtq.errors import ModelError
 from trtq.model import RANDOM_OPS, set_nodes
 from trtq.quantize.graph import attr, default_opset, subgraph_names
+from trtq.quantize.spatial_mean import spatial_means_to_pools
 
 MIN_QDQ_OPSET = 13  # QuantizeLinear/DequantizeLinear with per-axis scales
 
@@ -45,6 +48,7 @@ def prepare_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     _drop_weight_inputs(out.graph, notes)
     _fold_constants(out.graph, notes, default_opset(out))
     _name_nodes(out.graph, notes)
+    spatial_means_to_pools(out, notes)
     return out, notes
 
 
