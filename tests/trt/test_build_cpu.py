@@ -277,6 +277,35 @@ def test_float_depthwise_conv_takes_its_consumer_float_on_tensorrt_8(version, ex
     assert any("also leaving float pw" in r.getMessage() for r in records) == bool(extra)
 
 
+@pytest.mark.parametrize(
+    "excluded,reader,warned",
+    [
+        ("^(dw|pw)$", "pw", False),  # the float depthwise conv feeds a float conv: the pair that built right
+        ("^dw$", "pw", True),  # it feeds an INT8 conv the caller did not leave float: the pair built wrongly
+        ("^dw$", "flatten", True),  # a reader the check cannot follow: check the engine
+    ],
+)
+def test_a_float_depthwise_conv_is_flagged_only_where_an_int8_reader_may_follow(excluded, reader, warned):
+    """A float depthwise conv whose readers are float layers too (--tune-placement's guided
+    candidate leaves such groups float) gets no "check this engine" warning; one feeding an op the
+    check cannot follow keeps it."""
+    from onnx import helper
+
+    from trtq.config import QuantizeOptions
+    from trtq.pipeline.quantize import warn_float_grouped_convs
+    from trtq.quantize import quantize_model
+
+    model = _depthwise_pair_model()
+    if reader == "flatten":  # relu -> Flatten -> the graph output, instead of the 1x1 conv
+        del model.graph.node[-1]
+        model.graph.node.append(helper.make_node("Flatten", ["r"], ["y"], name="flat"))
+        model.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", 1, None))
+    result = quantize_model(model, {"x": 3.0, "r": 5.0}, QuantizeOptions(exclude=(excluded,)))
+    with build_warnings("trtq.pipeline.quantize") as records:
+        assert warn_float_grouped_convs("8.6.0", result) == []
+    assert any("check this engine" in r.getMessage() for r in records) == warned
+
+
 # ------------------------------------------------------------------------------------------------
 # a model that already has Q/DQ nodes: checked before TensorRT is needed
 # ------------------------------------------------------------------------------------------------

@@ -416,13 +416,16 @@ def check_batch(model, data, shapes=None, batches=None):
 def warn_float_grouped_convs(trt_version: str, result) -> list[str]:
     """Log what the TensorRT 8 float grouped-conv workaround (``quantize_model(float_grouped_consumers=
     True)``, for a TensorRT 8 build or a cache written for TensorRT 8) left float; returns those
-    consumers. Float grouped Convs it could not protect (no quantized consumer found) get a warning
-    to check the engine."""
-    from trtq.quantize.float_choice import GROUPED_CONSUMER_REASON, float_grouped_convs
+    consumers. Float grouped Convs it could not protect (no quantized consumer found, and a reader
+    that is not a float weighted layer) get a warning to check the engine."""
+    from trtq.quantize.float_choice import GROUPED_CONSUMER_REASON, float_grouped_convs, unresolved_readers
     from trtq.quantize.graph import GraphIndex
 
-    risky = float_grouped_convs(GraphIndex(result.model), result.left_float)
+    index = GraphIndex(result.model)
+    risky = float_grouped_convs(index, result.left_float)
     extra = [n for n, why in result.left_float if why == GROUPED_CONSUMER_REASON]
+    if not extra:  # float readers only (the layer it feeds left float too) is the pair that built right
+        risky = unresolved_readers(index, risky, result.quantized)
     shown = first_few(risky, 3)
     if extra:
         log.warning(

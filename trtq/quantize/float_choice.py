@@ -34,6 +34,7 @@ _PASS_THROUGH = frozenset(
 )
 
 
+WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # the ops whose constant weights INT8 builds quantize
 GROUPED_CONSUMER_REASON = "fed by a float grouped conv (TensorRT 8 builds that pair wrongly)"
 
 
@@ -64,15 +65,40 @@ def quantized_consumers(index: GraphIndex, names: Sequence[str], quantized: Coll
     return found
 
 
+def unresolved_readers(index: GraphIndex, names: Sequence[str], quantized: Collection[str]) -> list[str]:
+    """The grouped Convs of ``names`` whose outputs reach, through activations, Pad and Q/DQ, a
+    quantized node or one that is not a float weighted layer (an Add, a Concat, a Reshape...: its
+    INT8 side cannot be told here). A float grouped Conv whose readers are all float
+    weighted layers is the pair TensorRT 8.6.0 built right (docs/decisions.md D5)."""
+    quantized = set(quantized)
+    unresolved = []
+    for name in names:
+        stack = [o for n in index.nodes if n.name == name for o in n.output]
+        seen: set = set()
+        open_end = False
+        while stack and not open_end:
+            tensor = stack.pop()
+            if tensor in seen:
+                continue
+            seen.add(tensor)
+            for node in index.consumer_nodes(tensor):
+                if node.name in quantized:
+                    open_end = True  # an INT8 reader: the pair TensorRT 8.6.0 built wrongly
+                elif node.op_type in _PASS_THROUGH:
+                    stack.extend(node.output)
+                elif node.op_type not in WEIGHTED_OPS:
+                    open_end = True
+        if open_end:
+            unresolved.append(name)
+    return unresolved
+
+
 def grouped_conv_consumers(
     index: GraphIndex, left_float: Sequence[tuple[str, str]], quantized: Collection[str]
 ) -> tuple[list[str], list[str]]:
     """(float grouped Convs the user chose, the quantized nodes they feed)."""
     risky = float_grouped_convs(index, left_float)
     return risky, (quantized_consumers(index, risky, quantized) if risky else [])
-
-
-WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # the ops whose constant weights INT8 builds quantize
 
 
 def float_grouped_convs_in_qdq_model(model) -> tuple[list[str], list[str]]:
