@@ -100,6 +100,25 @@ requires_torch = pytest.mark.skipif(
 
 
 @requires_torch
+def test_reconstruct_reports_each_block_as_a_progress_line(setting):
+    """Issue 31 asks for progress output per block: one "reconstruct: blocks: i/n" line each, off a terminal."""
+    import io
+
+    from trtq import progress
+
+    model, amax, train, _ = setting
+    out = io.StringIO()
+    progress.configure(True, out, tty=False)
+    try:
+        quantize_model(model, amax, QuantizeOptions(reconstruct=True, iterations=2), data=_batches(train))
+    finally:
+        progress.configure(False)
+    lines = [ln for ln in out.getvalue().splitlines() if ln.startswith("reconstruct: blocks: ") and "/" in ln]
+    assert [ln.split(": ")[2].split(" ")[0] for ln in lines] == ["1/2", "2/2"], out.getvalue()
+    assert all(" error " in ln and " -> " in ln and progress.is_progress_line(ln) for ln in lines)
+
+
+@requires_torch
 @pytest.mark.slow
 def test_reconstruct_lowers_the_error_of_the_qdq_model_on_held_out_crops(setting):
     model, amax, train, held_out = setting

@@ -188,17 +188,17 @@ def check_centering_options(options: QuantizeOptions) -> None:
 
 def _reconstruct(qdq: onnx.ModelProto, options: QuantizeOptions, data) -> tuple[dict[str, float], str]:
     """Learned weight levels and activation steps written into ``qdq`` (in place); (learned amax, note)."""
-    import logging
-
+    from trtq import progress
     from trtq.interrupt import check
     from trtq.quantize.reconstruct import reconstruct_model
 
-    log = logging.getLogger("trtq.quantize.reconstruct")
+    with progress.task("reconstruct: blocks") as shown:  # one line per block (the total is known after the first)
 
-    def progress(block) -> None:
-        log.info("reconstruct: %s", block.describe())
+        def done(block) -> None:
+            note = f"error {block.error_before:.3g} -> {block.error_after:.3g} {block.name}"
+            shown.update(block.index + 1, block.blocks, note)
 
-    report = reconstruct_model(qdq, data, options.iterations, progress=progress, check=check)
+        report = reconstruct_model(qdq, data, options.iterations, progress=done, check=check)
     return report.amax, report.note()
 
 
