@@ -44,12 +44,10 @@ def float_grouped_convs(index: GraphIndex, left_float: Sequence[tuple[str, str]]
     return [n.name for n in index.nodes if n.name in chosen and n.op_type == "Conv" and int(attr(n, "group", 1)) > 1]
 
 
-def quantized_consumers(index: GraphIndex, names: Sequence[str], quantized: Collection[str]) -> list[str]:
-    """Nodes in ``quantized`` fed by the outputs of ``names`` through activations, Pad and Q/DQ."""
-    quantized = set(quantized)
-    wanted = set(names)
-    found: list[str] = []
-    stack = [o for n in index.nodes if n.name in wanted for o in n.output]
+def _reached(index: GraphIndex, names: Sequence[str], quantized: Collection[str]):
+    """The nodes the outputs of ``names`` reach through activations, Pad and Q/DQ that are not
+    walked through: quantized ones, and any op outside that set (a node may come twice)."""
+    stack = [o for n in index.nodes if n.name in set(names) for o in n.output]
     seen = set()
     while stack:
         tensor = stack.pop()
@@ -57,12 +55,17 @@ def quantized_consumers(index: GraphIndex, names: Sequence[str], quantized: Coll
             continue
         seen.add(tensor)
         for node in index.consumer_nodes(tensor):
-            if node.name in quantized:
-                if node.name not in found:
-                    found.append(node.name)
-            elif node.op_type in _PASS_THROUGH:
+            if node.name not in quantized and node.op_type in _PASS_THROUGH:
                 stack.extend(node.output)
-    return found
+            else:
+                yield node
+
+
+def quantized_consumers(index: GraphIndex, names: Sequence[str], quantized: Collection[str]) -> list[str]:
+    """Nodes in ``quantized`` fed by the outputs of ``names`` through activations, Pad and Q/DQ."""
+    quantized = set(quantized)
+    found = [node.name for node in _reached(index, names, quantized) if node.name in quantized]
+    return list(dict.fromkeys(found))
 
 
 def unresolved_readers(index: GraphIndex, names: Sequence[str], quantized: Collection[str]) -> list[str]:
@@ -71,26 +74,11 @@ def unresolved_readers(index: GraphIndex, names: Sequence[str], quantized: Colle
     INT8 side cannot be told here). A float grouped Conv whose readers are all float
     weighted layers is the pair TensorRT 8.6.0 built right (docs/decisions.md D5)."""
     quantized = set(quantized)
-    unresolved = []
-    for name in names:
-        stack = [o for n in index.nodes if n.name == name for o in n.output]
-        seen: set = set()
-        open_end = False
-        while stack and not open_end:
-            tensor = stack.pop()
-            if tensor in seen:
-                continue
-            seen.add(tensor)
-            for node in index.consumer_nodes(tensor):
-                if node.name in quantized:
-                    open_end = True  # an INT8 reader: the pair TensorRT 8.6.0 built wrongly
-                elif node.op_type in _PASS_THROUGH:
-                    stack.extend(node.output)
-                elif node.op_type not in WEIGHTED_OPS:
-                    open_end = True
-        if open_end:
-            unresolved.append(name)
-    return unresolved
+    return [
+        name
+        for name in names
+        if any(n.name in quantized or n.op_type not in WEIGHTED_OPS for n in _reached(index, [name], quantized))
+    ]
 
 
 def grouped_conv_consumers(
