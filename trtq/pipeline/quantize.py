@@ -447,21 +447,21 @@ def warn_float_grouped_convs(trt_version: str, result) -> list[str]:
 
 
 def warn_int8_attention(trt_version: Optional[str], fp32, result) -> list[str]:
-    """Warn when ``result`` quantized attention MatMuls of ``fp32`` for a TensorRT whose INT8
-    attention engine was wrong in our tests (:func:`trtq.trt.compat.int8_attention_is_unsafe_for`);
-    returns those MatMuls."""
+    """Warn when ``result`` quantized the Softmax x V MatMuls of ``fp32`` for a TensorRT that
+    computed them wrongly in our tests (:func:`trtq.trt.compat.int8_attention_is_unsafe_for`);
+    returns those MatMuls. The score MatMuls (Q x K^T) alone in INT8 were right (D34)."""
     from trtq.quantize.rules import attention_matmuls
     from trtq.trt import compat
 
     if not compat.int8_attention_is_unsafe_for(trt_version):
         return []
     quantized = set(result.quantized)
-    cores = [name for name in attention_matmuls(fp32) if name in quantized]
+    cores = [name for name in attention_matmuls(fp32, values_only=True) if name in quantized]
     if cores:
         log.warning(
-            "%d attention MatMul(s) quantized for TensorRT %s (%s): TensorRT 8.6.0 built PP-OCRv4 rec's INT8 "
-            "attention into an engine with wrong outputs (docs/decisions.md D34); check this engine with trtq "
-            "compare (--tune-placement scores it) or keep --attention float",
+            "%d attention MatMul(s) quantized for TensorRT %s read the Softmax output (%s): TensorRT 8.6.0 "
+            "computed those wrongly in PP-OCRv4 rec's engine (docs/decisions.md D34); check this engine with "
+            "trtq compare (--tune-placement scores it), --exclude them, or keep --attention float",
             len(cores),
             trt_version,
             first_few(cores, 3),

@@ -163,13 +163,19 @@ def attention_core(index: GraphIndex, node: onnx.NodeProto) -> Optional[tuple[st
     return None
 
 
-def attention_matmuls(model: onnx.ModelProto) -> list[str]:
+def attention_matmuls(model: onnx.ModelProto, values_only: bool = False) -> list[str]:
     """The MatMuls of ``model`` that are part of an attention core (:func:`attention_core`), in
-    graph order; a model without a Softmax has none (and gets no shape inference)."""
+    graph order; ``values_only``: only those that read the Softmax output (Softmax x V). A model
+    without a Softmax has none (and gets no shape inference)."""
     if not any(n.op_type == "Softmax" for n in model.graph.node):
         return []
     index = GraphIndex(model)
-    return [n.name for n in index.nodes if n.op_type == "MatMul" and attention_core(index, n) is not None]
+    found = []
+    for node in index.nodes:
+        core = attention_core(index, node) if node.op_type == "MatMul" else None
+        if core is not None and not (values_only and core[0].startswith("attention scores")):
+            found.append(node.name)
+    return found
 
 
 def attention_keys(index: GraphIndex, softmax: onnx.NodeProto) -> Optional[int]:
