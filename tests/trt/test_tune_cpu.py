@@ -398,6 +398,27 @@ def test_search_tries_attention_int8_on_a_model_with_attention(tmp_path):
         assert not any(c.attention for c in tuner.tried)
 
 
+def test_on_tensorrt_8_the_attention_candidate_keeps_softmax_x_v_float(tmp_path, monkeypatch):
+    """TensorRT 8.6.0 computed the MatMul reading the quantized Softmax output wrongly, the score
+    MatMul alone right (D34): there the candidate quantizes the scores and leaves Softmax x V float."""
+    from tests.quantize.conftest import attention_model
+    from trtq.trt import compat
+    from trtq.trt.compat import TrtVersion
+
+    model = attention_model(np.random.default_rng(0))
+    table = {
+        _key("standard"): (1.20, 0.95, []),
+        _key("shared"): (1.25, 0.95, []),
+        _key("standard+attention-int8", "context"): (1.10, 0.95, []),
+    }
+    for version, left in (("8.6.0", ("context",)), ("10.3.0", ())):
+        monkeypatch.setattr(compat, "installed_version", lambda v=version: TrtVersion.parse(v))
+        tuner = _Engines(table).tuner(tmp_path, model=model)
+        tuner.run()
+        (tried,) = [c for c in tuner.tried if c.attention]
+        assert tried.left_float == left
+
+
 def test_search_without_a_buildable_default_fails(tmp_path):
     from trtq.errors import TrtqError
 

@@ -7,7 +7,8 @@ one at a time: concurrent builds disturb the builder's tactic timing):
 1. the configured placement (the *default*, whose metric the tolerance is measured from), then
    the other placements of :data:`PLACEMENTS`;
 2. on a model with attention cores and ``quantize.attention: float``, the best placement with them
-   in INT8 (:meth:`Tuner.attention_int8`, docs/decisions.md D34);
+   in INT8 (:meth:`Tuner.attention_int8`, docs/decisions.md D34); on TensorRT 8 the MatMuls that
+   read the Softmax output stay float in it (:func:`attention_kept_float`);
 3. the guided candidate (:mod:`trtq.pipeline.tune_guided`, ``build.tune_guided``, TensorRT <= 10):
    TensorRT's implicit INT8 engine from the same cache is built (one of the builds), and the
    quantized nodes it ran from float input are left float on top of the best engine;
@@ -118,6 +119,19 @@ def has_attention(model: Any) -> bool:
     from trtq.quantize.rules import attention_matmuls
 
     return model is not None and bool(attention_matmuls(model))
+
+
+def attention_kept_float(model: Any) -> tuple[str, ...]:
+    """The attention MatMuls the attention candidate leaves float for the installed TensorRT: on
+    TensorRT 8 those that read the Softmax output, which 8.6.0 computed wrongly in INT8 while the
+    score MatMuls alone were right (docs/decisions.md D34); none elsewhere."""
+    from trtq.quantize.rules import attention_matmuls
+    from trtq.trt import compat
+
+    version = compat.installed_version()
+    if not compat.int8_attention_is_unsafe_for(str(version) if version else None):
+        return ()
+    return tuple(attention_matmuls(model, values_only=True))
 
 
 def fallback_groups(best: Candidate) -> list[tuple[str, ...]]:
@@ -262,7 +276,7 @@ class Tuner:
             return best
         if not self.room(1):
             return best
-        c = Candidate(best.placement, best.left_float, attention="int8")
+        c = Candidate(best.placement, best.left_float + attention_kept_float(self.inputs.model), attention="int8")
         if self.evaluate(c):
             return self.challenge(best, c, default)
         return best

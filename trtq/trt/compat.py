@@ -103,7 +103,8 @@ def int8_attention_is_unsafe_for(trt_version: Optional[str]) -> bool:
     """TensorRT 8.x: PP-OCRv4 rec with its attention MatMuls and Softmax output quantized
     (``quantize.attention: int8``) built without an error into an engine that decoded 0.195 of 200
     lines as FP32 does, against 0.68 without them (TensorRT 8.6.0; ONNX Runtime running such a
-    Q/DQ model: 0.665; docs/decisions.md D34). 10+ not run here."""
+    Q/DQ model: 0.665; docs/decisions.md D34). Isolated: the MatMul reading the Softmax output
+    (Softmax x V) is the wrong one; Q x K^T alone was right. 10+ not run here."""
     return _before_10(trt_version)
 
 
