@@ -365,11 +365,15 @@ def test_search_tries_the_implicit_engines_choice_after_the_placements(tmp_path,
     assert "no guided candidate" in tuner.implicit.verdict and not any(c.source for c in tuner.tried)
 
 
-def test_search_tries_attention_int8_on_a_model_with_attention(tmp_path):
+def test_search_tries_attention_int8_on_a_model_with_attention(tmp_path, monkeypatch):
     """With quantize.attention float (the default) and attention cores in the model, the search
     tries the best placement with them quantized (D34); the choice carries to later candidates."""
     from tests.quantize.conftest import attention_model
     from trtq.pipeline.tune import has_attention
+    from trtq.trt import compat
+
+    # TensorRT 10 or none installed: both attention MatMuls INT8 (TensorRT 8: the next test)
+    monkeypatch.setattr(compat, "installed_version", lambda: None)
 
     model = attention_model(np.random.default_rng(0))
     assert has_attention(model) and not has_attention(None)
