@@ -31,15 +31,16 @@ def spatial_means_to_pools(model: onnx.ModelProto, notes: Optional[list] = None)
     """Rewrite ``model``'s spatial ReduceMeans in place; the number rewritten (a note if any)."""
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
-    candidates = [n for n in graph.node if n.op_type == "ReduceMean" and n.domain in ("", "ai.onnx")]
-    candidates = [n for n in candidates if _axes(n, inits) is not None]
+    # axes alone rule out most means (a LayerNorm's one axis) before shape inference is paid for
+    candidates = {n.name for n in graph.node if _spatial_axes(n, inits)}
     if not candidates:
         return 0
     _, shapes = tensor_types(model)
     namer = Namer(taken_names(graph))
     nodes, done = [], 0
     for node in graph.node:
-        if node in candidates and _is_spatial(node, inits, shapes):
+        shape = shapes.get(node.input[0]) if node.name in candidates else None
+        if shape is not None and len(shape) == 4:
             nodes.extend(_as_pool(node, namer, graph))
             done += 1
         else:
@@ -52,21 +53,17 @@ def spatial_means_to_pools(model: onnx.ModelProto, notes: Optional[list] = None)
     return done
 
 
-def _axes(node: onnx.NodeProto, inits: dict) -> Optional[list]:
-    """The node's axes when they are constant and given, else None."""
+def _spatial_axes(node: onnx.NodeProto, inits: dict) -> bool:
+    """A default-domain ReduceMean whose constant axes are 2 and 3 of a 4-D tensor (its rank is
+    checked by the caller): [2, 3], [-1, -2] or a mix, in the attribute or the opset-18 input."""
+    if node.op_type != "ReduceMean" or node.domain not in ("", "ai.onnx"):
+        return False
     if len(node.input) > 1 and node.input[1]:
         init = inits.get(node.input[1])
-        return None if init is None else [int(a) for a in numpy_helper.to_array(init).reshape(-1)]
-    axes = attr(node, "axes")
-    return None if axes is None else [int(a) for a in axes]
-
-
-def _is_spatial(node: onnx.NodeProto, inits: dict, shapes: dict) -> bool:
-    shape = shapes.get(node.input[0])
-    if shape is None or len(shape) != 4:
-        return False
-    axes = _axes(node, inits)
-    return len(axes) == 2 and {a % 4 for a in axes} == SPATIAL
+        axes = None if init is None else [int(a) for a in numpy_helper.to_array(init).reshape(-1)]
+    else:
+        axes = attr(node, "axes")
+    return axes is not None and len(axes) == 2 and {int(a) % 4 for a in axes} == SPATIAL
 
 
 def _as_pool(node: onnx.NodeProto, namer: Namer, graph: onnx.GraphProto) -> list:
