@@ -362,12 +362,7 @@ def _quantized_network_model(
     """The FP32 model quantized with the cache's amax for the installed TensorRT (and the nodes
     that got Q/DQ on their inputs)."""
     from trtq.calib.cache import read_provenance
-    from trtq.pipeline.quantize import (
-        DATA_STEP_NOTES,
-        quantize_for,
-        remeasure_from,
-        warn_float_grouped_convs,
-    )
+    from trtq.pipeline.quantize import DATA_STEP_NOTES, quantize_for, remeasure_from, warn_float_grouped_convs
 
     centring_off = compat.centring_in_engines(trt) if qopts.center_activations else None
     if centring_off:

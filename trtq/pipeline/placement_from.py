@@ -16,11 +16,11 @@ from typing import Any
 
 from trtq.errors import ModelError, UsageError
 from trtq.formatting import first_few
+from trtq.quantize.fused import PLACEMENTS
 from trtq.trt.metadata import FORMAT, read_metadata
 
 log = logging.getLogger(__name__)
 
-PLACEMENTS = ("standard", "fused", "shared")
 ATTENTION = ("float", "int8")
 FIX = "pass the engine (or its .plan.json) that trtq build --tune-placement wrote"
 

@@ -47,7 +47,8 @@ def float_grouped_convs(index: GraphIndex, left_float: Sequence[tuple[str, str]]
 def _reached(index: GraphIndex, names: Sequence[str], quantized: Collection[str]):
     """The nodes the outputs of ``names`` reach through activations, Pad and Q/DQ that are not
     walked through: quantized ones, and any op outside that set (a node may come twice)."""
-    stack = [o for n in index.nodes if n.name in set(names) for o in n.output]
+    wanted = set(names)
+    stack = [o for n in index.nodes if n.name in wanted for o in n.output]
     seen = set()
     while stack:
         tensor = stack.pop()

@@ -139,6 +139,9 @@ MAX_INT8_ATTENTION_KEYS = 512  # longer attention stays float under quantize.att
 # ------------------------------------------------------------------------------------------------
 
 
+SCORES_ROLE = "attention scores"  # how attention_core's role of a Q x K^T MatMul begins
+
+
 def attention_core(index: GraphIndex, node: onnx.NodeProto) -> Optional[tuple[str, onnx.NodeProto]]:
     """(its role, the Softmax) when a MatMul is part of an attention core, else None."""
     if node.op_type != "MatMul" or any(index.is_static(i) for i in node.input):
@@ -156,7 +159,7 @@ def attention_core(index: GraphIndex, node: onnx.NodeProto) -> Optional[tuple[st
         for t in frontier:
             for consumer in index.consumer_nodes(t):
                 if consumer.op_type == "Softmax":
-                    return f"attention scores (feeds Softmax {consumer.name})", consumer
+                    return f"{SCORES_ROLE} (feeds Softmax {consumer.name})", consumer
                 if consumer.op_type in _ATTENTION_LINKS:
                     nxt.extend(o for o in consumer.output if o)
         frontier = nxt
@@ -173,7 +176,7 @@ def attention_matmuls(model: onnx.ModelProto, values_only: bool = False) -> list
     found = []
     for node in index.nodes:
         core = attention_core(index, node) if node.op_type == "MatMul" else None
-        if core is not None and not (values_only and core[0].startswith("attention scores")):
+        if core is not None and not (values_only and core[0].startswith(SCORES_ROLE)):
             found.append(node.name)
     return found
 
