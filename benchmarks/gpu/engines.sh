@@ -8,13 +8,15 @@
 # bundle is staged (benchmarks/gpu/steps.sh) and the inputs are copied to the host:
 #   NAME=yolo MODEL=m.onnx CACHE=m.cache [MODELOPT=m.modelopt.onnx] [SHAPE="--override-input-shape x=64x3x224x224"] \
 #   [PLACEMENTS="standard fused shared"] [PAGES=dir PREPROCESS=yolo (none: PAGES is a .npy) | CONFIG=run.yaml] [COMPARE_ARGS=...] \
-#   [ONLY="implicit|fp16"] [BUILDS=3 OPT=0 DURATION=3] [COUNTS="implicit=2 fp16=2"] [DEADLINE=s] [TUNED_FROM=tuned.json] \
+#   [ONLY="implicit|fp16"] [BUILDS=3 OPT=0 DURATION=3] [COUNTS="implicit=2 fp16=2"] [DEADLINE=s] [RESUME=1] [TUNED_FROM=tuned.json] \
 #   sh benchmarks/gpu/engines.sh
 # TUNED_FROM: the --json output of `trtq build --tune-placement` (benchmarks/gpu/tune.sh's tuned.json):
 # its kept placement and nodes left float (`trtq quantize --placement-from`, which also reads the
 # plan or its .plan.json) become the variant trtq-tuned, built BUILDS times.
 # DEADLINE: no build starts after that many seconds of building (the plans built so far are benched
 # and scored), so a call under the device's 10-minute limit returns a partial table, not nothing.
+# RESUME=1: keep the plans an earlier call on the same (warm) machine built for this NAME and build
+# only the missing ones, so two calls finish a table one DEADLINE cut (the table covers all plans).
 # A build in its own process took 60-90 s on an H200 (YOLOv8n implicit / FP16; 8 builds passed 470 s);
 # in one process 8-17 s after the first for explicit engines (YOLOv8n, EfficientNet-Lite0 b64,
 # PP-OCRv4 det at level 0); implicit and FP16 builds stay long (det: 201 s and 90 s). At OPT=3 one
@@ -50,6 +52,7 @@ for c in $COUNTS; do  # e.g. COUNTS="implicit=2": fewer builds of a slow variant
   awk -v v="${c%%=*}" -v n="${c#*=}" '$1 != v || $2 <= n' "$jobs" > "$jobs.counts"; mv "$jobs.counts" "$jobs"
 done
 while read -r v b args; do  # one process runs every build, one after the other (benchmarks/gpu/run_builds.py)
+  [ -n "$RESUME" ] && [ -f "$W/$v.$b.plan" ] && continue  # built by an earlier call on this machine
   echo "$v.$b.build build $args --optimization-level $OPT $SHAPE -o $W/$v.$b.plan --json"
 done < "$jobs" > "$W/run.txt"
 $PY benchmarks/gpu/run_builds.py "$W/run.txt" "$O" ${DEADLINE:+--deadline "$DEADLINE"}
