@@ -27,6 +27,16 @@ def calibrated(sample_fp32):
     return activation_amax(sample_fp32, [{"x": x}])
 
 
+def _is_gate(model, name):
+    """Whether node ``name`` of ``model`` is a squeeze-excite gate ``Mul(x, Sigmoid|HardSigmoid(g))``."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    node = next(n for n in model.graph.node if n.name == name)
+    gates = [producer.get(i) for i in node.input]
+    return node.op_type == "Mul" and any(
+        g is not None and g.op_type in ("Sigmoid", "HardSigmoid") and g.input[0] not in node.input for g in gates
+    )
+
+
 @pytest.mark.parametrize("fp16, placement", [(False, "standard"), (True, "standard"), (False, "auto")])
 def test_sample_model_quantizes_and_stays_close_to_fp32(sample_fp32, calibrated, fp16, placement):
     result = quantize_model(sample_fp32, calibrated, QuantizeOptions(fp16=fp16, placement=placement))
@@ -38,11 +48,12 @@ def test_sample_model_quantizes_and_stays_close_to_fp32(sample_fp32, calibrated,
     if placement == "standard":
         assert result.quantized == convs  # every Conv, depthwise and squeeze-excite convs included
         assert len(nodes_of(q, "QuantizeLinear")) == result.qdq_pairs == 2 * len(convs)
-    else:  # shared: every Conv, plus the pooling readers of its quantized tensors
+    else:  # shared: every Conv, plus the pooling readers of its quantized tensors and their gate Muls
         ops = {n.name: n.op_type for n in sample_fp32.graph.node}
         extra = [n for n in result.quantized if n not in convs]
         assert [n for n in result.quantized if n in convs] == convs
-        assert extra and {ops[n] for n in extra} <= {"GlobalAveragePool", "AveragePool", "MaxPool"}, extra
+        assert extra and {ops[n] for n in extra} <= {"GlobalAveragePool", "AveragePool", "MaxPool", "Mul"}, extra
+        assert all(_is_gate(sample_fp32, n) for n in extra if ops[n] == "Mul")
     # the model's own task, on a page it was not calibrated on: same answers, nearly same scores
     pages = page_rotations(seed=1)
     ref, got = run(sample_fp32, {"x": pages})[0], run(q, {"x": pages})[0]
@@ -135,8 +146,10 @@ def test_ppocr_models_from_rapidocr(kind, filename, opset):
         assert sum(r.startswith("attention") for r in reasons) == 4  # 2 blocks x (QK^T, PV)
         # decomposed LayerNorm (ReduceMean/Sub/Pow/Sqrt/Div), Softmax and activations read float tensors
         dq_outputs = {n.output[0] for n in nodes_of(q, "DequantizeLinear")}
+        # (a squeeze-excite gate Mul reads INT8, D36)
         float_ops = ("ReduceMean", "Sub", "Pow", "Sqrt", "Div", "Softmax", "Sigmoid", "Mul")
-        assert not [n.name for n in q.graph.node if n.op_type in float_ops and dq_outputs & set(n.input)]
+        readers = [n for n in q.graph.node if n.op_type in float_ops and dq_outputs & set(n.input)]
+        assert readers and all(n.op_type == "Mul" and _is_gate(model, n.name) for n in readers)
     for candidate in (q, fp16):  # INT8 with the rest in FP32, then in FP16
         got = run(candidate, {"x": x})[0]
         assert got.shape == ref.shape and got.dtype == np.float32

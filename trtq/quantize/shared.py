@@ -18,13 +18,20 @@ This placement quantizes what the standard one does and, the way ModelOpt's ONNX
    Resize (an upsample of a Conv's output) whose output reaches a quantized input: TensorRT runs
    them in INT8 on a quantized input and moves the Dequantize behind them;
 3. every reader of a quantized tensor in ``SHARED_READERS`` (Concat, Add, pooling, Resize and the
-   data-movement ops) reads the pair's Dequantize output too, so the producer writes INT8 once.
+   data-movement ops) reads the pair's Dequantize output too, so the producer writes INT8 once;
+4. a gate ``Mul(x, Sigmoid|HardSigmoid(g))`` (squeeze-excite, with ``g`` not ``x``) whose ``x`` is
+   quantized: the Mul reads the pair of ``x`` and the gate gets a pair of its own (docs/decisions.md
+   D36). Otherwise the Mul reads ``x`` float, so its producer writes it twice (INT8 for the pool,
+   float for the Mul) and TensorRT quantizes and dequantizes it again on its own; with both inputs
+   INT8 the gate's Mul and the Adds behind it run as one INT8 pointwise layer.
 
 No scale is added or changed: the tensors around a Concat share the largest amax as in the standard
 placement; TensorRT moves the Quantize that follows a Concat in front of its inputs and fuses it
 into their producers. Every node this pass touches goes through the same gate (``--exclude``,
 float layers, TensorRT 8's grouped-conv consumers) as the standard plan's nodes.
 """
+
+from typing import Optional
 
 import onnx
 
@@ -84,13 +91,19 @@ def input_decisions(index: GraphIndex, decisions: Decisions, gate: Gate, activat
             quantized.add(idx)
 
 
-def reader_decisions(index: GraphIndex, decisions: Decisions, gate: Gate) -> None:
-    """Step 3: every shared reader of a quantized activation reads its pair's Dequantize output."""
+def _activation_keys(index: GraphIndex, decisions: Decisions) -> dict:
+    """Quantized activation -> its pair key (per-tensor, computed), over all the decisions so far."""
     keys = {}
     for slots in decisions.values():
         for _, key in slots:
             if key[1] is None and not index.is_constant(key[0]):
                 keys.setdefault(key[0], key)
+    return keys
+
+
+def reader_decisions(index: GraphIndex, decisions: Decisions, gate: Gate) -> None:
+    """Step 3: every shared reader of a quantized activation reads its pair's Dequantize output."""
+    keys = _activation_keys(index, decisions)
     for tensor, key in keys.items():
         for node in index.consumer_nodes(tensor):
             if node.op_type not in SHARED_READERS or node.domain not in ("", "ai.onnx") or gate(node):
@@ -105,8 +118,41 @@ def reader_decisions(index: GraphIndex, decisions: Decisions, gate: Gate) -> Non
                     slots.append((slot, key))
 
 
+GATE_OPS = frozenset({"Sigmoid", "HardSigmoid"})
+
+
+def _gate_slot(index: GraphIndex, node: onnx.NodeProto, tensor: str) -> Optional[int]:
+    """The slot of the gate when ``node`` is ``Mul(tensor, gate(g))`` with a Sigmoid / HardSigmoid
+    gate of another tensor than ``tensor`` (SiLU and HardSwish, ``x * gate(x)``, are not gates)."""
+    if node.op_type != "Mul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+        return None
+    if list(node.input).count(tensor) != 1:
+        return None
+    slot = 1 - list(node.input).index(tensor)
+    producer = index.producer_node(node.input[slot])
+    if producer is None or producer.op_type not in GATE_OPS or producer.input[0] == tensor:
+        return None
+    return slot if _computed_float(index, node.input[slot]) else None
+
+
+def gate_decisions(index: GraphIndex, decisions: Decisions, gate: Gate, activation: Activation) -> None:
+    """Step 4: the gate Mul of a quantized tensor reads its pair, and the gate gets one too."""
+    keys = _activation_keys(index, decisions)
+    for tensor, key in keys.items():
+        for node in index.consumer_nodes(tensor):
+            slot = _gate_slot(index, node, tensor)
+            if slot is None or gate(node):
+                continue
+            idx = index.producer[node.output[0]]
+            if idx in decisions:
+                continue
+            gate_key = activation(node.input[slot])
+            decisions[idx] = [(1 - slot, key)] + ([(slot, gate_key)] if gate_key is not None else [])
+
+
 def add_shared(index: GraphIndex, plan, decisions: Decisions, gate: Gate, activation: Activation) -> None:
-    """Steps 1-3 of the module docstring, in place on ``decisions`` (after the table's step)."""
+    """Steps 1-4 of the module docstring, in place on ``decisions`` (after the table's step)."""
     fused.residual_decisions(index, plan, decisions, gate, activation)
     input_decisions(index, decisions, gate, activation)
     reader_decisions(index, decisions, gate)
+    gate_decisions(index, decisions, gate, activation)
