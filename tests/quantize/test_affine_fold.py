@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.quantize.conftest import IR_VERSION, activation_amax, cosine, run
+from tests.quantize.conftest import IR_VERSION, activation_amax, cosine, producer_of, run
 from trtq.config import QuantizeOptions
 from trtq.quantize import quantize_model
 from trtq.quantize.affine_fold import fold_affine
@@ -85,7 +85,7 @@ def test_scale_shift_chain_folds_exactly_and_keeps_the_last_name(bias):
     model = _model(bias=bias, **AFFINE)
     folded, count, notes = _folded(model)
     assert count == 3 and _ops(folded) == ["Conv", "Relu", "Conv"]
-    assert notes and "folded 3 constant Mul/Add/Sub into 1 Conv" in notes[0]
+    assert notes and "folded 3 constant Mul/Add/Sub/BatchNormalization into 1 Conv" in notes[0]
     conv = folded.graph.node[0]
     assert conv.output[0] == "z" and folded.graph.node[1].input[0] == "z"  # the Relu reads the same name
     names = {i.name for i in folded.graph.initializer}
@@ -96,6 +96,86 @@ def test_scale_shift_chain_folds_exactly_and_keeps_the_last_name(bias):
     x = _x()
     ref, got = run(model, {"x": x})[0], run(folded, {"x": x})[0]
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def _bn(name, x, y, rng, channels=C, **attrs):
+    """An inference BatchNormalization of ``x`` with random statistics (initializers name_*)."""
+    stats = {
+        "g": rng.uniform(0.5, 2.0, channels),
+        "b": rng.standard_normal(channels),
+        "m": rng.standard_normal(channels),
+        "v": rng.uniform(0.1, 3.0, channels),
+    }
+    inits = [numpy_helper.from_array(v.astype(np.float32), f"{name}_{k}") for k, v in stats.items()]
+    node = helper.make_node("BatchNormalization", [x] + [f"{name}_{k}" for k in stats], [y], name=name, **attrs)
+    return node, inits
+
+
+def _deconv_model(group=1, computed_mean=False):
+    """x [2, 16, 8, 8] -> ConvTranspose (stride 2, ``group``) -> Add(bias) -> BatchNormalization ->
+    Relu -> Conv -> out: PP-OCRv4 det's head. ``computed_mean``: the BN's mean comes out of a node."""
+    rng = np.random.default_rng(4)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((C, C // group, 2, 2)).astype(np.float32), "wt"),
+        numpy_helper.from_array(rng.standard_normal((1, C, 1, 1)).astype(np.float32), "bt"),
+        numpy_helper.from_array(rng.standard_normal((8, C, 1, 1)).astype(np.float32), "w2"),
+    ]
+    bn, bn_inits = _bn("bn", "d1", "d2", rng)
+    pre = []
+    if computed_mean:
+        pre = [helper.make_node("Identity", ["bn_m"], ["bn_mean"], name="mean")]
+        bn.input[3] = "bn_mean"
+    nodes = pre + [
+        helper.make_node("ConvTranspose", ["x", "wt"], ["d0"], name="deconv", strides=[2, 2], group=group),
+        helper.make_node("Add", ["d0", "bt"], ["d1"], name="bias"),
+        bn,
+        helper.make_node("Relu", ["d2"], ["r"], name="relu"),
+        helper.make_node("Conv", ["r", "w2"], ["out"], name="conv2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "deconv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, C, 8, 8])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 8, 16, 16])],
+        inits + bn_inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_a_conv_batch_norm_is_left_to_tensorrt():
+    """TensorRT fuses a Conv's BatchNormalization itself (INT8 output included): not folded, and
+    a scale behind it is not folded through it either."""
+    model = _model([("Mul", ["y", "s"], "m")], extra_inits=[("s", [0.5])])
+    rng = np.random.default_rng(2)
+    bn, inits = _bn("bn", "y", "n", rng, epsilon=1e-3)
+    model.graph.initializer.extend(inits)
+    nodes = list(model.graph.node)
+    nodes[1].input[0] = "n"
+    del model.graph.node[:]
+    model.graph.node.extend([nodes[0], bn] + nodes[1:])
+    onnx.checker.check_model(model)
+    assert _folded(model)[1] == 0
+
+
+def test_deconv_bias_and_batch_norm_fold_along_the_second_weight_axis():
+    model = _deconv_model()
+    folded, count, notes = _folded(model)
+    assert count == 2 and _ops(folded) == ["ConvTranspose", "Relu", "Conv"]
+    assert folded.graph.node[0].output[0] == "d2" and "into 1 Conv" in notes[0]
+    x = np.random.default_rng(5).standard_normal((2, C, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(run(folded, {"x": x})[0], run(model, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("group, computed_mean", [(2, False), (1, True)])
+def test_grouped_deconv_and_computed_statistics_are_left_alone(group, computed_mean):
+    model = _deconv_model(group, computed_mean)
+    folded, count, _ = _folded(model)
+    # the grouped deconv folds nothing; a BN with a computed mean stops the chain after the bias Add
+    assert count == (0 if group > 1 else 1)
+    assert "BatchNormalization" in _ops(folded)
 
 
 @pytest.mark.parametrize(
@@ -196,7 +276,8 @@ def _det_model() -> Path:
 
 def test_ppocr_det_mobileone_affines_fold_exactly():
     """PP-OCRv4 det writes each MobileOne block's learnable scale and shift as Conv -> Mul -> Add
-    with scalar constants (weights in Constant nodes): all of them fold, the model computes the same
+    with scalar constants (weights in Constant nodes), and its head ConvTranspose -> Add(bias) ->
+    BatchNormalization: all of them fold, the model computes the same
     probability map, and no grouped Conv's output reaches a Quantize through a Mul or Add."""
     from trtq.quantize.prepare import prepare_model
 
@@ -204,7 +285,11 @@ def test_ppocr_det_mobileone_affines_fold_exactly():
     prepared, _ = prepare_model(model)
     folded, count, notes = _folded(prepared)
     convs = [n for n in folded.graph.node if n.op_type == "Conv"]
-    assert count == 56 and "into 28 Conv" in notes[0]
+    # 56 MobileOne Mul / Add into 28 Conv, and the head's two ConvTranspose with their bias Add
+    # (and the first one's BatchNormalization); the BatchNormalization of two Convs stays
+    assert count == 59 and "into 30 Conv" in notes[0]
+    bns = [n for n in folded.graph.node if n.op_type == "BatchNormalization"]
+    assert [producer_of(folded, n.input[0]).op_type for n in bns] == ["Conv", "Conv"]
     readers = {}
     for n in folded.graph.node:
         for i in n.input:

@@ -12,10 +12,17 @@ so the fold is exact up to float32 rounding of the products. The Conv takes the 
 last node folded, so every tensor that remains keeps its name and meaning and a calibration cache
 of the original model still applies; the tensors between the Conv and that node disappear.
 
+The same holds for a ConvTranspose, whose weight holds the output channels on its second axis,
+and behind it for an inference BatchNormalization (``s = scale / sqrt(var + eps)``, ``t = B - mean
+* s``): PP-OCRv4 det's head writes ``ConvTranspose -> Add(bias) -> BatchNormalization -> Relu``,
+which TensorRT 8.6 ran as an int8->fp32 deconvolution, a float Scale layer and a Quantize layer of
+its own until the chain was folded (docs/decisions.md D37). A Conv's BatchNormalization is left to
+TensorRT, which fuses it into the convolution, INT8 output included.
+
 Not folded: a chain whose tensors have other readers or are graph outputs, constants that do not
 broadcast per output channel, a Mul by 0 or a non-finite constant (the channel would lose its
-weights), Div (``1 / c`` is not exact), grouped-weight ConvTranspose. A weight shared with another
-reader is copied, not changed.
+weights), Div (``1 / c`` is not exact), a BatchNormalization in training mode or with a computed
+statistic, grouped ConvTranspose. A weight shared with another reader is copied, not changed.
 """
 
 from typing import Optional
@@ -27,7 +34,8 @@ from onnx import numpy_helper
 from trtq.quantize.graph import FLOAT, subgraph_names
 from trtq.quantize.rewrite import Namer, taken_names
 
-FOLDABLE = ("Mul", "Add", "Sub")
+FOLDABLE = ("Mul", "Add", "Sub", "BatchNormalization")
+CONVS = ("Conv", "ConvTranspose")
 
 
 def fold_affine(model: onnx.ModelProto, notes: Optional[list] = None) -> int:
@@ -68,7 +76,7 @@ def fold_affine(model: onnx.ModelProto, notes: Optional[list] = None) -> int:
     _drop_unread(graph)
     if notes is not None:
         notes.append(
-            f"folded {folded} constant Mul/Add/Sub into {convs} Conv weights and biases "
+            f"folded {folded} constant Mul/Add/Sub/BatchNormalization into {convs} Conv weights and biases "
             "(exact; lets TensorRT fuse a Conv with the Quantize after it; quantize.fold_affine)"
         )
     return folded
@@ -76,19 +84,32 @@ def fold_affine(model: onnx.ModelProto, notes: Optional[list] = None) -> int:
 
 def _chain(conv, nodes, inits, readers, outputs, by_input, producer) -> list:
     """[(position, op, per-channel values)] of the affine nodes after ``conv`` that can fold into it."""
-    if conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") or len(conv.output) != 1:
+    if conv.op_type not in CONVS or conv.domain not in ("", "ai.onnx") or len(conv.output) != 1:
         return []
     if len(conv.input) < 2 or conv.input[1] not in inits or inits[conv.input[1]].data_type != FLOAT:
         return []
     if len(conv.input) > 2 and conv.input[2] and conv.input[2] not in inits:
         return []
     weight = inits[conv.input[1]]
-    channels, rank = weight.dims[0], len(weight.dims)
+    if conv.op_type == "ConvTranspose" and _group(conv) != 1:
+        return []
+    channels, rank = weight.dims[_out_axis(conv)], len(weight.dims)
     chain, tensor = [], conv.output[0]
     while readers.get(tensor, 0) == 1 and tensor not in outputs:
         pos = by_input.get(tensor)
         node = nodes[pos] if pos is not None else None
-        if node is None or node.op_type not in FOLDABLE or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+        if node is None or node.op_type not in FOLDABLE or node.domain not in ("", "ai.onnx"):
+            break
+        if node.op_type == "BatchNormalization":
+            if conv.op_type != "ConvTranspose":
+                break  # TensorRT fuses a Conv's BatchNormalization itself, INT8 output included
+            values = _batch_norm(node, inits, producer, channels, rank)
+            if values is None or node.input[0] != tensor:
+                break
+            chain.append((pos, node.op_type, values))
+            tensor = node.output[0]
+            continue
+        if len(node.input) != 2:
             break
         if node.op_type == "Sub" and node.input[0] != tensor:
             break  # c - y flips the sign of y: foldable, but rare; left as it is
@@ -101,6 +122,42 @@ def _chain(conv, nodes, inits, readers, outputs, by_input, producer) -> list:
         chain.append((pos, node.op_type, values))
         tensor = node.output[0]
     return chain
+
+
+def _group(node) -> int:
+    return next((int(a.i) for a in node.attribute if a.name == "group"), 1)
+
+
+def _out_axis(conv) -> int:
+    """The weight axis of the output channels: 0 for Conv ``[M, C/g, ...]``, 1 for ConvTranspose
+    ``[C, M/g, ...]`` (group 1 only)."""
+    return 1 if conv.op_type == "ConvTranspose" else 0
+
+
+def _batch_norm(node, inits, producer, channels: int, rank: int) -> Optional[tuple]:
+    """(scale, shift) per channel of an inference BatchNormalization with constant statistics, or
+    None (training mode, more than one output, a computed or non-finite input, var + eps <= 0)."""
+    if len(node.input) != 5 or len([o for o in node.output if o]) != 1:
+        return None
+    attrs = {a.name: a for a in node.attribute}
+    if "training_mode" in attrs and attrs["training_mode"].i:
+        return None
+    eps = float(attrs["epsilon"].f) if "epsilon" in attrs else 1e-5
+    stats = []
+    for name in node.input[1:]:
+        if name not in inits or name in producer or inits[name].data_type != FLOAT:
+            return None
+        value = numpy_helper.to_array(inits[name]).astype(np.float64).reshape(-1)
+        if value.shape != (channels,) or not np.all(np.isfinite(value)):
+            return None
+        stats.append(value)
+    gamma, beta, mean, var = stats
+    if rank < 3 or not np.all(var + eps > 0):
+        return None
+    scale = gamma / np.sqrt(var + eps)
+    if not np.all(scale != 0):
+        return None
+    return scale, beta - mean * scale
 
 
 def _per_channel(name: str, inits, producer, channels: int, rank: int) -> Optional[np.ndarray]:
@@ -119,11 +176,17 @@ def _per_channel(name: str, inits, producer, channels: int, rank: int) -> Option
 
 def _rewrite(graph, conv, chain, inits, readers, namer) -> None:
     weight = numpy_helper.to_array(inits[conv.input[1]]).astype(np.float64)
+    axis = _out_axis(conv)
     has_bias = len(conv.input) > 2 and bool(conv.input[2])
-    bias = numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64) if has_bias else np.zeros(weight.shape[0])
+    bias = numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64) if has_bias else np.zeros(weight.shape[axis])
+    along = tuple(-1 if i == axis else 1 for i in range(weight.ndim))  # a per-output-channel shape
     for _, op, values in chain:
-        if op == "Mul":
-            weight = weight * values.reshape((-1,) + (1,) * (weight.ndim - 1))
+        if op == "BatchNormalization":
+            scale, shift = values
+            weight = weight * scale.reshape(along)
+            bias = bias * scale + shift
+        elif op == "Mul":
+            weight = weight * values.reshape(along)
             bias = bias * values
         elif op == "Add":
             bias = bias + values
