@@ -187,7 +187,8 @@ def test_a_self_gate_is_not_a_squeeze_excite_gate():
 def test_an_excluded_or_uncalibrated_gate_mul():
     model = se_block()
     amax = quantize(model, "standard", fold_affine=False)[1]
-    excluded = quantize_model(model, amax, QuantizeOptions(placement="shared", exclude=("gate_mul",), fold_affine=False))
+    options = QuantizeOptions(placement="shared", exclude=("gate_mul",), fold_affine=False)
+    excluded = quantize_model(model, amax, options)
     assert reads(excluded.model, "gate_mul") == ["t", "g"]
     # no range for the gate: the Mul still reads t's pair (t is written once), the gate stays float
     partial = {k: v for k, v in amax.items() if k != "g"}
