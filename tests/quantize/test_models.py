@@ -27,6 +27,19 @@ def calibrated(sample_fp32):
     return activation_amax(sample_fp32, [{"x": x}])
 
 
+def _float_read_quantized(model):
+    """(tensor, reader) for each quantized activation a node other than Shape reads directly."""
+    inits = {i.name for i in model.graph.initializer}
+    out = []
+    for q in nodes_of(model, "QuantizeLinear"):
+        if q.input[0] in inits:
+            continue
+        for n in model.graph.node:
+            if n is not q and q.input[0] in n.input and n.op_type != "Shape":
+                out.append((q.input[0], n.name))
+    return out
+
+
 def _is_gate(model, name):
     """Whether node ``name`` of ``model`` is a squeeze-excite gate ``Mul(x, Sigmoid|HardSigmoid(g))``."""
     producer = {o: n for n in model.graph.node for o in n.output}
@@ -150,6 +163,9 @@ def test_ppocr_models_from_rapidocr(kind, filename, opset):
         float_ops = ("ReduceMean", "Sub", "Pow", "Sqrt", "Div", "Softmax", "Sigmoid", "Mul")
         readers = [n for n in q.graph.node if n.op_type in float_ops and dq_outputs & set(n.input)]
         assert readers and all(n.op_type == "Mul" and _is_gate(model, n.name) for n in readers)
+    # one precision per tensor: no quantized activation is also read float by a compute op (its
+    # producer could not take the Quantize; TensorRT would quantize in a layer of its own, D36)
+    assert _float_read_quantized(q) == []
     for candidate in (q, fp16):  # INT8 with the rest in FP32, then in FP16
         got = run(candidate, {"x": x})[0]
         assert got.shape == ref.shape and got.dtype == np.float32
