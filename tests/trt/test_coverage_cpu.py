@@ -59,6 +59,24 @@ def test_time_share_is_the_int8_layers_part_of_the_profiled_time(c2f):
     total = sum(times.values())
     assert cov.profiled_ms == pytest.approx(total)
     assert cov.time_share == pytest.approx((0.5 + 0.25 + 0.01) / total)
+    assert cov.int8_copy_share == pytest.approx(2 * 0.01 / total)  # the two int8->int8 reformats
+
+
+def test_int8_copies_are_counted_apart_from_conversions(c2f):
+    """A reformat INT8 on both sides (a layout change, a Concat's copy) is INT8 data moved: its time
+    is int8_copy_share, and build's line says so; a reformat that converts to float is not."""
+    from trtq.cli.text import coverage_text
+
+    copies = [layer["Name"] for layer in c2f if layer_kind(layer) == "reformat"]
+    times = {layer["Name"]: 0.0 for layer in c2f}
+    times[copies[0]] = 0.3
+    times[next(layer["Name"] for layer in c2f if layer_kind(layer) == "conversion")] = 0.7
+    cov = int8_coverage(c2f, times)
+    assert cov.int8_copy_share == pytest.approx(0.3) and cov.time_share == 0.0
+    assert "(+30.0% in INT8 copies / layout changes)" in coverage_text(cov)
+    for entry in next(layer for layer in c2f if layer["Name"] == copies[0])["Outputs"]:
+        entry["Format/Datatype"] = "Row major linear FP32 format"
+    assert int8_coverage(c2f, times).int8_copy_share == 0.0
 
 
 def test_an_int8_island_without_float_between_has_no_fallback(c2f):

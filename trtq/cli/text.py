@@ -197,6 +197,8 @@ def coverage_text(cov: Any, names: int = 8) -> str:
     if cov is None:
         return ""
     timed = f", {cov.time_share:.1%} of profiled time" if cov.time_share is not None else ""
+    if cov.int8_copy_share:
+        timed += f" (+{cov.int8_copy_share:.1%} in INT8 copies / layout changes)"
     line = (
         f"int8       {cov.int8_layers}/{cov.layers} layers int8->int8 ({cov.layer_share:.1%}){timed}; "
         f"{len(cov.conversions)} int8/float conversions, {len(cov.reformats)} reformats\n"
