@@ -24,8 +24,8 @@ Shares: ``layer_share`` is int8 layers over the counted layers (all but ``other`
 ``time_share`` is the int8 layers' profiled time over the whole profiled time (every layer the
 profiler reported), None without times. ``int8_copy_share`` is the profiled time of the reformats
 that are INT8 on both sides (a Concat's copies, a layout change between INT8 layers): INT8 data
-moved rather than computed or converted, which a placement cannot turn into int8 layers (YOLOv8n's
-C2f Concats: 16% of its time on TensorRT 8.6, benchmarks/README.md).
+moved rather than computed or converted, which a placement cannot turn into int8 layers (YOLOv8n
+on TensorRT 8.6: 22% of its time, mostly its C2f Concats' copies; benchmarks/README.md).
 """
 
 from __future__ import annotations
