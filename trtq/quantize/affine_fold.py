@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from trtq.quantize.graph import FLOAT, subgraph_names
+from trtq.quantize.graph import FLOAT, attr, subgraph_names
 from trtq.quantize.rewrite import Namer, taken_names
 
 FOLDABLE = ("Mul", "Add", "Sub", "BatchNormalization")
@@ -91,7 +91,7 @@ def _chain(conv, nodes, inits, readers, outputs, by_input, producer) -> list:
     if len(conv.input) > 2 and conv.input[2] and conv.input[2] not in inits:
         return []
     weight = inits[conv.input[1]]
-    if conv.op_type == "ConvTranspose" and _group(conv) != 1:
+    if conv.op_type == "ConvTranspose" and int(attr(conv, "group", 1)) != 1:
         return []
     channels, rank = weight.dims[_out_axis(conv)], len(weight.dims)
     chain, tensor = [], conv.output[0]
@@ -124,10 +124,6 @@ def _chain(conv, nodes, inits, readers, outputs, by_input, producer) -> list:
     return chain
 
 
-def _group(node) -> int:
-    return next((int(a.i) for a in node.attribute if a.name == "group"), 1)
-
-
 def _out_axis(conv) -> int:
     """The weight axis of the output channels: 0 for Conv ``[M, C/g, ...]``, 1 for ConvTranspose
     ``[C, M/g, ...]`` (group 1 only)."""
@@ -139,10 +135,9 @@ def _batch_norm(node, inits, producer, channels: int, rank: int) -> Optional[tup
     None (training mode, more than one output, a computed or non-finite input, var + eps <= 0)."""
     if len(node.input) != 5 or len([o for o in node.output if o]) != 1:
         return None
-    attrs = {a.name: a for a in node.attribute}
-    if "training_mode" in attrs and attrs["training_mode"].i:
+    if attr(node, "training_mode", 0):
         return None
-    eps = float(attrs["epsilon"].f) if "epsilon" in attrs else 1e-5
+    eps = float(attr(node, "epsilon", 1e-5))
     stats = []
     for name in node.input[1:]:
         if name not in inits or name in producer or inits[name].data_type != FLOAT:
