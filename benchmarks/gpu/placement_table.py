@@ -13,6 +13,12 @@ import sys
 from pathlib import Path
 
 
+def hot_spot(cov: dict) -> str:
+    """The build's slowest profiled layer and its time (builds of one file differ here), or ''."""
+    top = (cov.get("slowest") or [None])[0]
+    return f"{top[0][:48]} ({top[1] * 1000:.0f})" if top else ""
+
+
 def main(argv: list[str]) -> int:
     out, bench_json, plans = Path(argv[0]), Path(argv[1]), argv[2:]
     medians: dict[str, float] = {}
@@ -21,7 +27,7 @@ def main(argv: list[str]) -> int:
             medians[Path(r["plan"]).name] = float(r["median_ms"])
     print(
         f"{'engine':40s} {'layers':>7} {'int8 layers':>11} {'int8 time':>9} {'conv':>4} {'refmt':>5} "
-        f"{'fallb':>5} {'median ms':>9}"
+        f"{'fallb':>5} {'median ms':>9}  slowest layer (us)"
     )
     groups: dict[str, list[tuple[float, float]]] = {}
     for plan in plans:
@@ -41,6 +47,7 @@ def main(argv: list[str]) -> int:
             f"{name:40s} {cov['layers']:7d} {cov['layer_share']:11.1%} "
             f"{'-' if share is None else format(share, '.1%'):>9} {len(cov['conversions']):4d} "
             f"{len(cov['reformats']):5d} {len(cov['fallbacks']):5d} {'-' if ms is None else format(ms, '.3f'):>9}"
+            f"  {hot_spot(cov)}"
         )
         groups.setdefault(key, []).append((ms, share or 0.0))
     print("\nmedian over builds:")

@@ -79,6 +79,20 @@ def test_int8_copies_are_counted_apart_from_conversions(c2f):
     assert int8_coverage(c2f, times).int8_copy_share == 0.0
 
 
+def test_slowest_names_the_hot_spots_with_their_kind(c2f):
+    """The profiled layers that took longest, largest first, with their kind; a layer the profiler
+    reported and the inspector did not gets kind ''; no times, no list."""
+    times = {layer["Name"]: 0.001 for layer in c2f}
+    quantize = "/model.0/conv/_input_quantizer/QuantizeLinear"
+    times[quantize] = 0.141
+    times["{ForeignNode[/model.4/Reshape]}"] = 0.05
+    cov = int8_coverage(c2f, times)
+    assert cov.slowest[:2] == [[quantize, 0.141, "conversion"], ["{ForeignNode[/model.4/Reshape]}", 0.05, ""]]
+    assert len(cov.slowest) == 5 and all(row[1] == 0.001 for row in cov.slowest[2:])
+    assert json.loads(json.dumps(cov.to_dict()))["slowest"][0] == [quantize, 0.141, "conversion"]
+    assert int8_coverage(c2f).slowest == []
+
+
 def test_an_int8_island_without_float_between_has_no_fallback(c2f):
     """The same block with the Split, Add and Concat in INT8 (what a fusion-aware placement gives):
     no fallback, and the layer share rises."""

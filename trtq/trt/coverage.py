@@ -26,6 +26,9 @@ profiler reported), None without times. ``int8_copy_share`` is the profiled time
 that are INT8 on both sides (a Concat's copies, a layout change between INT8 layers): INT8 data
 moved rather than computed or converted, which a placement cannot turn into int8 layers (YOLOv8n
 on TensorRT 8.6: 22% of its time, mostly its C2f Concats' copies; benchmarks/README.md).
+``slowest`` names the profiled layers that took longest, as [name, mean ms, kind] (kind '' for a
+layer the profiler reported and the inspector did not): the hot spots, which can differ between
+two builds of one file (PP-OCRv4 det's input Quantize; benchmarks/README.md, eighth session).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 PROFILE_RUNS = 20  # profiled enqueues behind trtq build's time share (trt.layers.engine_coverage)
+SLOWEST = 5  # slowest layers an Int8Coverage names (a build's hot spots differ between builds)
 FLOATS = frozenset({"fp32", "fp16", "bf16"})
 _TYPES = (
     ("int8", "int8"),
@@ -66,6 +70,7 @@ class Int8Coverage:
     time_share: float | None = None  # int8 layers' share of the profiled time
     profiled_ms: float | None = None  # sum of the layers' mean times
     int8_copy_share: float | None = None  # reformats INT8 on both sides: share of the profiled time
+    slowest: list = field(default_factory=list)  # [name, mean ms, kind] of the SLOWEST slowest profiled layers
     conversions: list[str] = field(default_factory=list)
     reformats: list[str] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)  # float layers between INT8 layers
@@ -178,6 +183,9 @@ def int8_coverage(layers: Sequence[Any], times: Mapping[str, float] | None = Non
         cov.time_share = sum(float(times.get(n, 0.0)) for n in int8) / total if total > 0 else 0.0
         moved_ms = sum(float(times.get(str(layer["Name"]), 0.0)) for layer in moved)
         cov.int8_copy_share = moved_ms / total if total > 0 else 0.0
+        kind_of = {str(layer["Name"]): k for layer, k in zip(detailed, kinds)}
+        top = sorted(times.items(), key=lambda kv: -float(kv[1]))[:SLOWEST]
+        cov.slowest = [[str(name), round(float(ms), 4), kind_of.get(str(name), "")] for name, ms in top]
     return cov
 
 
