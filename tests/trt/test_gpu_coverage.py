@@ -62,6 +62,9 @@ def test_coverage_is_consistent_with_the_engine(built, name):
     assert not set(cov.fallbacks) & set(cov.conversions)
     # profiled names are the inspector's (the join that the time share rests on)
     assert set(times) & named
+    # the hot spots: profiled layers, largest first, each with its kind ('' only for a profiler-only name)
+    assert cov.slowest and [row[1] for row in cov.slowest] == sorted((row[1] for row in cov.slowest), reverse=True)
+    assert all(row[0] in times and (row[2] != "") == (row[0] in named) for row in cov.slowest)
     print(name, json.dumps(cov.to_dict())[:2000])
 
 
@@ -86,6 +89,7 @@ def test_cli_json_carries_the_coverage(built, tmp_path, trtq):
     assert r.code == 0, r
     cov = json.loads(r.out)["int8_coverage"]
     assert set(cov) >= {"layers", "int8_layers", "layer_share", "time_share", "conversions", "reformats", "fallbacks"}
+    assert cov["slowest"] and all(len(row) == 3 for row in cov["slowest"])
     r = trtq(["build", "-m", model, "-o", out, "--opt-level", "0", "--tactic-sources", ",".join(TACTICS)])
     assert r.code == 0 and "layers int8->int8" in r.out and "fallback   " in r.out, r
 
