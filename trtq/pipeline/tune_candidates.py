@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trtq.config import BenchOptions
+from trtq.trt.coverage import slowest_layers
 
 MIN_GAIN = 0.01  # a candidate replaces the best engine only when this much faster, side by side
 TIME_ROUNDS = 3
@@ -60,8 +61,7 @@ class Candidate:
 
     def slowest(self, n: int = SLOWEST) -> list[list]:
         """[name, mean profiled ms, kind] of the engine's ``n`` slowest layers (what to look at next)."""
-        top = sorted(self.layer_times.items(), key=lambda kv: -float(kv[1]))[:n]
-        return [[name, round(float(ms), 4), self.layer_kinds.get(name, "")] for name, ms in top]
+        return slowest_layers(self.layer_times, self.layer_kinds, n)
 
 
 def candidate_label(placement: str, left_float, attention: str | None = None) -> str:

@@ -183,10 +183,15 @@ def int8_coverage(layers: Sequence[Any], times: Mapping[str, float] | None = Non
         cov.time_share = sum(float(times.get(n, 0.0)) for n in int8) / total if total > 0 else 0.0
         moved_ms = sum(float(times.get(str(layer["Name"]), 0.0)) for layer in moved)
         cov.int8_copy_share = moved_ms / total if total > 0 else 0.0
-        kind_of = {str(layer["Name"]): k for layer, k in zip(detailed, kinds)}
-        top = sorted(times.items(), key=lambda kv: -float(kv[1]))[:SLOWEST]
-        cov.slowest = [[str(name), round(float(ms), 4), kind_of.get(str(name), "")] for name, ms in top]
+        cov.slowest = slowest_layers(times, {str(layer["Name"]): k for layer, k in zip(detailed, kinds)})
     return cov
+
+
+def slowest_layers(times: Mapping[str, float], kinds: Mapping[str, str], n: int = SLOWEST) -> list[list]:
+    """[name, mean ms, kind] of the ``n`` layers of ``times`` that took longest, largest first
+    (kind '' for a name ``kinds`` lacks: a layer the profiler reported and the inspector did not)."""
+    top = sorted(times.items(), key=lambda kv: -float(kv[1]))[:n]
+    return [[str(name), round(float(ms), 4), kinds.get(str(name), "")] for name, ms in top]
 
 
 __all__ = [
@@ -198,4 +203,5 @@ __all__ = [
     "is_reformat",
     "layer_kind",
     "layer_nodes",
+    "slowest_layers",
 ]
