@@ -228,6 +228,8 @@ class BuildOptions:
     allow_stale: bool = False
     require_int8: bool = False  # a float layer between INT8 layers fails the build (exit 1)
     fix_qdq: bool = False  # lower what TensorRT cannot parse exactly (opset, FP16 scales, zero scales)
+    # builds again while the engine stores a tensor padded to >= 8x its size (trtq.trt.format_guard)
+    layout_rebuilds: int = 2
     # build the candidate placements, time them, keep the fastest within the tolerance (trtq.pipeline.tune)
     tune_placement: bool = False
     tune_tolerance: float = 0.005  # task metric a kept candidate may lose against the default placement's

@@ -481,6 +481,12 @@ engine = option_group(
         help="Exit 1 when a layer of the INT8 engine fell back to float between INT8 layers (for CI).",
     ),
     click.option(
+        "--layout-rebuilds",
+        type=Number(integer=True, low=0, high=10),
+        help="Build again, at most N times (default 2), while the engine stores a tensor padded to 8x its "
+        "size or more, such as a 3-channel input 32 channels wide; 0: never.",
+    ),
+    click.option(
         "--fix-qdq",
         is_flag=True,
         default=None,

@@ -151,9 +151,23 @@ def build_text(result: Any, out: Any) -> str:
         f"precision  {md.get('precision')} ({md.get('mode', '')}{source})\n{steps}"
         f"tensorrt   {md.get('tensorrt_version')} on {md.get('gpu_name')} (sm {md.get('compute_capability')})\n"
         f"{coverage_text(getattr(result, 'coverage', None))}"
+        f"{layouts_text(md.get('layout_rebuilds'))}"
         f"{tuning_text(md.get('tuning'), out)}"
         f"metadata   {out}.json"
     )
+
+
+def layouts_text(record: Any) -> str:
+    """The build's layout line where it rebuilt or a padded tensor is left (trtq.trt.format_guard)."""
+    if not record:
+        return ""
+    left = record["padded"]
+    what = (
+        "; padded left: " + ", ".join(f"{p['tensor']} {p['ratio']:g}x" for p in left)
+        if left
+        else "; no padded tensor left"
+    )
+    return f"layouts    {record['rebuilds']} rebuild(s){what}\n"
 
 
 def tuning_text(tuning: Any, plan: Any = None) -> str:

@@ -22,12 +22,12 @@ import logging
 import re
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from trtq.config import BuildOptions, DataOptions, QuantizeOptions
 from trtq.errors import ModelError, UsageError
 from trtq.trt import compat
-from trtq.trt.build import BuildResult, build_plan, resolve_profiles
+from trtq.trt.build import BuildResult, build_plan, resolve_profiles, rewrite_metadata
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,9 @@ def build_engine(
     network = network_for(inputs, inputs.quantize_options)
     inputs.model = None  # the network model holds what TensorRT needs
     result = build_network(inputs, network, Path(output), options, started=t0)
+    result = rebuilt_while_padded(
+        result, lambda: build_network(inputs, network, Path(output), options, started=t0), options
+    )
     if options.precision == "int8":
         result.coverage = checked_coverage(result.plan_path, options.require_int8)
     return result
@@ -185,6 +188,42 @@ def build_network(
         quant_info=network.info,
         started=started,
     )
+
+
+def rebuilt_while_padded(result: BuildResult, build: Callable[[], BuildResult], options: BuildOptions) -> BuildResult:
+    """``result``, or the result of ``build()`` called again, at most ``options.layout_rebuilds``
+    times, while the engine stores a tensor padded to many times its size
+    (:mod:`trtq.trt.format_guard`: TensorRT picks such layouts in some builds and not in others).
+    When it rebuilt or a padded tensor is left, the plan's metadata says so (``layout_rebuilds``)."""
+    from trtq.errors import TrtqError
+    from trtq.trt.layers import padded_layouts
+
+    rebuilds = 0
+    while True:
+        try:
+            padded = padded_layouts(result.plan_path)
+        except TrtqError as e:
+            log.warning("layouts of %s not checked: %s", result.plan_path.name, e)
+            return result
+        if not padded or rebuilds >= options.layout_rebuilds:
+            break
+        rebuilds += 1
+        worst = max(padded, key=lambda p: p.ratio)
+        log.warning(
+            "%s stores %s (%s) at %.1fx its size in %s: building again (%d of at most %d; --layout-rebuilds)",
+            result.plan_path.name,
+            worst.tensor,
+            "x".join(map(str, worst.dims)),
+            worst.ratio,
+            worst.format,
+            rebuilds,
+            options.layout_rebuilds,
+        )
+        result = build()
+    if rebuilds or padded:
+        result.metadata["layout_rebuilds"] = {"rebuilds": rebuilds, "padded": [p.to_dict() for p in padded]}
+        rewrite_metadata(result.plan_path, result.metadata)
+    return result
 
 
 def checked_coverage(plan: Path, require_int8: bool) -> Any:

@@ -12,4 +12,5 @@ Modules:
   calibrator  TensorRT calibrators: cache-only (implicit builds) and data-fed (--backend tensorrt)
   runtime     TrtRunner: run a plan on host numpy arrays
   bench       CUDA-event timing of one or more plans
+  format_guard  tensors an engine stores padded to many times their size (inspector list; pure)
 """

@@ -327,6 +327,14 @@ def write_plan(output: Path, plan: bytes, meta: dict[str, Any]) -> None:
         tmp_meta.write_text(render_metadata(_in_order(meta)), encoding="utf-8")
 
 
+def rewrite_metadata(output: Path, meta: dict[str, Any]) -> None:
+    """Replace ``output.json`` (the plan stays as it is) with ``meta``, its keys in order."""
+    from trtq.interrupt import held_for_outputs
+
+    with held_for_outputs(), atomic_path(metadata_path(output)) as tmp_meta:
+        tmp_meta.write_text(render_metadata(_in_order(meta)), encoding="utf-8")
+
+
 def _opt_batch(profiles: Mapping[str, tuple[Shape, Shape, Shape]], inputs: Sequence[tuple[str, Shape]]) -> int:
     for name, shape in inputs:
         if name in profiles and profiles[name][1]:

@@ -107,6 +107,15 @@ def measure_layers(path: Path, runs: int = 50) -> tuple[dict[str, float], list]:
     return {name: float(np.mean(v)) for name, v in times.items() if v}, inspected
 
 
+def padded_layouts(path: Path) -> list:
+    """The tensors the plan at ``path`` stores padded to many times their size
+    (:func:`trtq.trt.format_guard.padded_tensors`), from the inspector list :func:`measure_layers`
+    reads after a run (a context that has not run may report dynamic dims as -1)."""
+    from trtq.trt.format_guard import padded_tensors
+
+    return padded_tensors(measure_layers(path, 1)[1])
+
+
 def profile_layers(path: Path, runs: int = 50) -> LayerProfile:
     """Mean GPU time of every layer of ``path`` over ``runs`` profiled enqueues (after two warm-up
     runs), largest first."""

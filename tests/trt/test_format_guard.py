@@ -1,0 +1,136 @@
+"""Padded layouts read from the engine inspector (trtq.trt.format_guard) and build's rebuild while
+one is left (trtq.pipeline.build.rebuilt_while_padded), without a GPU.
+
+``inspector/det_stem_layouts.json`` holds real inspector entries: the first two layers of two
+builds of one PP-OCRv4 det Q/DQ file (TensorRT 8.6.0, H100); in the slow build the input Quantize
+writes the 3-channel image 32 channels wide (137-145 us against 12-35 us, benchmarks/README.md).
+test_gpu_layouts.py reads real engines."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trtq.config import BuildOptions
+from trtq.trt.format_guard import padded_tensors, padding_ratio, vector_width
+
+HERE = Path(__file__).parent
+STEM = json.loads((HERE / "inspector" / "det_stem_layouts.json").read_text())
+
+
+def test_vector_width_from_the_inspectors_format_text():
+    assert vector_width("Thirty-two wide channel vectorized row major Int8 format") == 32
+    assert vector_width("Four wide channel vectorized row major Int8 format") == 4
+    assert vector_width("Channel major FP16 format where channel % 8 == 0") == 8
+    assert vector_width("Row major Int8 format") == 1
+    assert vector_width("Row major linear FP32") == 1
+    assert vector_width("") == 1
+
+
+def test_padding_ratio_is_stored_over_real_channels():
+    assert padding_ratio((1, 3, 640, 640), 32) == pytest.approx(32 / 3)
+    assert padding_ratio((1, 3, 640, 640), 4) == pytest.approx(4 / 3)
+    assert padding_ratio((1, 16, 320, 320), 32) == 2.0
+    assert padding_ratio((1, 64, 8, 8), 32) == 1.0
+    assert padding_ratio((1, -1, 8, 8), 32) == 1.0  # dynamic: not judged
+    assert padding_ratio((3,), 32) == 1.0
+
+
+def test_the_slow_det_build_is_found_and_the_fast_one_is_not():
+    (found,) = padded_tensors(STEM["slow"])
+    assert (found.layer, found.tensor, found.dims) == ("x_QuantizeLinear", "x_QuantizeLinear_Output", (1, 3, 640, 640))
+    assert found.ratio == pytest.approx(32 / 3) and found.format.startswith("Thirty-two wide")
+    assert found.to_dict()["ratio"] == 10.67
+    assert padded_tensors(STEM["fast"]) == []
+    assert padded_tensors(["x_QuantizeLinear", "conv"]) == []  # names only: nothing to read
+
+
+class Builds:
+    """What build_engine hands rebuilt_while_padded: a build function (here: the plan written again
+    with a count in its metadata) and, per build, what the layout check of the GPU would find."""
+
+    def __init__(self, tmp_path, found):
+        from trtq.trt.build import _META_ORDER, BuildResult, write_plan
+
+        self.plan = tmp_path / "m.plan"
+        self.found = list(found)
+        self.checked = 0
+        self.builds = 0
+        self.result_type, self.write_plan, self.keys = BuildResult, write_plan, _META_ORDER
+
+    def build(self):
+        self.builds += 1
+        meta = {**dict.fromkeys(self.keys), "format": "trtq-plan/1", "build": self.builds}
+        self.write_plan(self.plan, b"plan", meta)
+        return self.result_type(self.plan, meta, 1.0)
+
+    def check(self, plan):
+        self.checked += 1
+        item = self.found.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return padded_tensors(STEM[item])
+
+
+@pytest.mark.parametrize(
+    "found,limit,builds,record",
+    [
+        (["fast"], 2, 1, None),  # nothing padded: no rebuild, no record
+        (["slow", "fast"], 2, 2, {"rebuilds": 1, "padded": []}),
+        (["slow", "slow", "slow"], 2, 3, {"rebuilds": 2, "padded": ["x_QuantizeLinear_Output"]}),
+        (["slow"], 0, 1, {"rebuilds": 0, "padded": ["x_QuantizeLinear_Output"]}),
+    ],
+)
+def test_build_again_while_a_tensor_is_padded(tmp_path, monkeypatch, caplog, found, limit, builds, record):
+    from trtq.pipeline.build import rebuilt_while_padded
+    from trtq.trt import layers
+    from trtq.trt.metadata import read_metadata
+
+    b = Builds(tmp_path, found)
+    monkeypatch.setattr(layers, "padded_layouts", b.check)
+    result = rebuilt_while_padded(b.build(), b.build, BuildOptions(layout_rebuilds=limit))
+    assert b.builds == builds and b.checked == builds and not b.found
+    on_disk = read_metadata(b.plan)
+    assert on_disk["build"] == builds
+    got = result.metadata.get("layout_rebuilds")
+    if record is None:
+        assert got is None and "layout_rebuilds" not in on_disk
+    else:
+        assert {**got, "padded": [p["tensor"] for p in got["padded"]]} == record
+        assert on_disk["layout_rebuilds"] == got
+    if builds > 1:
+        assert "x_QuantizeLinear_Output (1x3x640x640) at 10.7x its size" in caplog.text
+
+
+def test_a_layout_check_that_fails_keeps_the_engine(tmp_path, monkeypatch, caplog):
+    from trtq.errors import TrtqError
+    from trtq.pipeline.build import rebuilt_while_padded
+    from trtq.trt import layers
+
+    b = Builds(tmp_path, [TrtqError("no GPU")])
+    monkeypatch.setattr(layers, "padded_layouts", b.check)
+    result = rebuilt_while_padded(b.build(), b.build, BuildOptions())
+    assert b.builds == 1 and "layout_rebuilds" not in result.metadata
+    assert "layouts of m.plan not checked: no GPU" in caplog.text
+
+
+def test_layout_rebuilds_from_config_and_flag(tmp_path, trtq):
+    from trtq.config import load_config
+
+    assert load_config(None, environ={}).build.layout_rebuilds == 2
+    assert load_config(None, {"build.layout_rebuilds": 0}, environ={}).build.layout_rebuilds == 0
+    res = trtq(["build", "-m", tmp_path / "missing.onnx", "--layout-rebuilds", "0"])
+    assert res.code == 3 and "missing.onnx" in res.err, res  # the flag is taken; the missing model is the error
+    res = trtq(["build", "-m", tmp_path / "missing.onnx", "--layout-rebuilds", "-1"])
+    assert res.code == 2, res
+
+
+def test_build_text_says_what_the_rebuilds_left():
+    from trtq.cli.text import layouts_text
+
+    assert layouts_text(None) == ""
+    assert layouts_text({"rebuilds": 1, "padded": []}) == "layouts    1 rebuild(s); no padded tensor left\n"
+    left = [p.to_dict() for p in padded_tensors(STEM["slow"])]
+    assert layouts_text({"rebuilds": 2, "padded": left}) == (
+        "layouts    2 rebuild(s); padded left: x_QuantizeLinear_Output 10.67x\n"
+    )
