@@ -134,3 +134,20 @@ def test_build_text_says_what_the_rebuilds_left():
     assert layouts_text({"rebuilds": 2, "padded": left}) == (
         "layouts    2 rebuild(s); padded left: x_QuantizeLinear_Output 10.67x\n"
     )
+
+
+def test_every_build_goes_through_the_layout_check(tmp_path, monkeypatch):
+    """build_checked (what build_engine and the tune's candidate, guide and FP16 builds call) builds
+    again when the first engine is padded; the tune modules call it, not build_network."""
+    from trtq.pipeline import build as pipeline_build
+    from trtq.pipeline import tune, tune_float, tune_guided
+    from trtq.trt import layers
+
+    b = Builds(tmp_path, ["slow", "fast"])
+    monkeypatch.setattr(layers, "padded_layouts", b.check)
+    monkeypatch.setattr(pipeline_build, "build_network", lambda *a, **k: b.build())
+    result = pipeline_build.build_checked(None, None, b.plan, BuildOptions())
+    assert b.builds == 2 and result.metadata["layout_rebuilds"] == {"rebuilds": 1, "padded": []}
+    for module in (tune, tune_float, tune_guided):
+        source = Path(module.__file__).read_text()
+        assert "build_checked(" in source and "build_network(" not in source, module.__name__

@@ -60,10 +60,7 @@ def build_engine(
     t0 = time.perf_counter()
     network = network_for(inputs, inputs.quantize_options)
     inputs.model = None  # the network model holds what TensorRT needs
-    result = build_network(inputs, network, Path(output), options, started=t0)
-    result = rebuilt_while_padded(
-        result, lambda: build_network(inputs, network, Path(output), options, started=t0), options
-    )
+    result = build_checked(inputs, network, Path(output), options, started=t0)
     if options.precision == "int8":
         result.coverage = checked_coverage(result.plan_path, options.require_int8)
     return result
@@ -187,6 +184,21 @@ def build_network(
         cache_path=inputs.cache_path,
         quant_info=network.info,
         started=started,
+    )
+
+
+def build_checked(
+    inputs: BuildInputs,
+    network: Network,
+    output: Path,
+    options: BuildOptions,
+    started: Optional[float] = None,
+) -> BuildResult:
+    """:func:`build_network`, built again while the engine stores a tensor padded to many times its
+    size (:func:`rebuilt_while_padded`): every engine trtq builds and times goes through it."""
+    result = build_network(inputs, network, output, options, started=started)
+    return rebuilt_while_padded(
+        result, lambda: build_network(inputs, network, output, options, started=started), options
     )
 
 
