@@ -137,17 +137,16 @@ def test_build_text_says_what_the_rebuilds_left():
 
 
 def test_every_build_goes_through_the_layout_check(tmp_path, monkeypatch):
-    """build_checked (what build_engine and the tune's candidate, guide and FP16 builds call) builds
-    again when the first engine is padded; the tune modules call it, not build_network."""
+    """build_network (what build_engine and the tune's candidate, guide and FP16 builds call) builds
+    again when the first engine is padded."""
+    from types import SimpleNamespace
+
     from trtq.pipeline import build as pipeline_build
-    from trtq.pipeline import tune, tune_float, tune_guided
     from trtq.trt import layers
 
     b = Builds(tmp_path, ["slow", "fast"])
     monkeypatch.setattr(layers, "padded_layouts", b.check)
-    monkeypatch.setattr(pipeline_build, "build_network", lambda *a, **k: b.build())
-    result = pipeline_build.build_checked(None, None, b.plan, BuildOptions())
+    monkeypatch.setattr(pipeline_build, "build_plan", lambda *a, **k: b.build())
+    blank = SimpleNamespace(trt=None, recipe=None, model_path=None, profiles=None, table=None, cache_path=None)
+    result = pipeline_build.build_network(blank, SimpleNamespace(model=None, info=None), b.plan, BuildOptions())
     assert b.builds == 2 and result.metadata["layout_rebuilds"] == {"rebuilds": 1, "padded": []}
-    for module in (tune, tune_float, tune_guided):
-        source = Path(module.__file__).read_text()
-        assert "build_checked(" in source and "build_network(" not in source, module.__name__

@@ -60,7 +60,7 @@ def build_engine(
     t0 = time.perf_counter()
     network = network_for(inputs, inputs.quantize_options)
     inputs.model = None  # the network model holds what TensorRT needs
-    result = build_checked(inputs, network, Path(output), options, started=t0)
+    result = build_network(inputs, network, Path(output), options, started=t0)
     if options.precision == "int8":
         result.coverage = checked_coverage(result.plan_path, options.require_int8)
     return result
@@ -171,35 +171,27 @@ def build_network(
     options: BuildOptions,
     started: Optional[float] = None,
 ) -> BuildResult:
-    """TensorRT builds ``network`` into ``output`` (+ ``output.json``)."""
-    return build_plan(
-        inputs.trt,
-        inputs.recipe,
-        network.model,
-        inputs.model_path,
-        output,
-        options,
-        inputs.profiles,
-        table=inputs.table,
-        cache_path=inputs.cache_path,
-        quant_info=network.info,
-        started=started,
-    )
+    """TensorRT builds ``network`` into ``output`` (+ ``output.json``), and builds it again while the
+    engine stores a tensor padded to many times its size (:func:`rebuilt_while_padded`): every
+    engine trtq builds and times (build, the tune's candidates, guide and FP16 reference) comes
+    from here."""
 
+    def once() -> BuildResult:
+        return build_plan(
+            inputs.trt,
+            inputs.recipe,
+            network.model,
+            inputs.model_path,
+            output,
+            options,
+            inputs.profiles,
+            table=inputs.table,
+            cache_path=inputs.cache_path,
+            quant_info=network.info,
+            started=started,
+        )
 
-def build_checked(
-    inputs: BuildInputs,
-    network: Network,
-    output: Path,
-    options: BuildOptions,
-    started: Optional[float] = None,
-) -> BuildResult:
-    """:func:`build_network`, built again while the engine stores a tensor padded to many times its
-    size (:func:`rebuilt_while_padded`): every engine trtq builds and times goes through it."""
-    result = build_network(inputs, network, output, options, started=started)
-    return rebuilt_while_padded(
-        result, lambda: build_network(inputs, network, output, options, started=started), options
-    )
+    return rebuilt_while_padded(once(), once, options)
 
 
 def rebuilt_while_padded(result: BuildResult, build: Callable[[], BuildResult], options: BuildOptions) -> BuildResult:

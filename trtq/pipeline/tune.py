@@ -178,7 +178,7 @@ class Tuner:
     def evaluate(self, c: Candidate) -> bool:
         """Build, profile and score ``c``; False when it was not built (a duplicate, a failure)."""
         from trtq.fileio import declare_outputs
-        from trtq.pipeline.build import build_checked, network_for
+        from trtq.pipeline.build import build_network, network_for
         from trtq.trt.coverage import int8_coverage, layer_kind
         from trtq.trt.layers import measure_layers
 
@@ -202,7 +202,7 @@ class Tuner:
         self.builds += 1
         t0 = time.perf_counter()
         try:
-            built = build_checked(self.inputs, network, c.plan, self.options)
+            built = build_network(self.inputs, network, c.plan, self.options)
         except TrtqError as e:
             c.verdict, c.plan = f"build failed: {e.message}", None
             log.warning("tune: %s: %s", c.label, c.verdict)

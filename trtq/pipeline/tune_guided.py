@@ -74,7 +74,7 @@ def build_implicit(tuner: Any, best: Candidate) -> ImplicitEngine:
     """Build, profile and time the implicit engine beside ``best`` (``plan`` None and the reason in
     ``verdict`` where it cannot be built)."""
     from trtq.fileio import declare_outputs
-    from trtq.pipeline.build import Network, build_checked, qdq_only_cache
+    from trtq.pipeline.build import Network, build_network, qdq_only_cache
     from trtq.trt import compat
     from trtq.trt.layers import measure_layers
 
@@ -92,7 +92,7 @@ def build_implicit(tuner: Any, best: Candidate) -> ImplicitEngine:
     declare_outputs([plan, f"{plan}.json"])
     t0 = time.perf_counter()
     try:
-        build_checked(dataclasses.replace(tuner.inputs, recipe=recipe), Network(tuner.inputs.model, {}), plan, options)
+        build_network(dataclasses.replace(tuner.inputs, recipe=recipe), Network(tuner.inputs.model, {}), plan, options)
     except TrtqError as e:
         out.verdict = f"build failed: {e.message}"
         return out

@@ -9,7 +9,7 @@ build to build; where it does, the padded copy can be the slowest layer of the e
 could forbid the layout, offers no choices at all at builder optimization level 0 (the build then
 fails), and TensorRT 11 removed it; so trtq reads the layouts of the engine it built instead
 (:func:`padded_tensors` on the engine inspector's layer list) and builds again while one is padded
-(``build.layout_rebuilds``, :func:`trtq.pipeline.build.build_checked`).
+(``build.layout_rebuilds``, :func:`trtq.pipeline.build.build_network`).
 """
 
 import re
