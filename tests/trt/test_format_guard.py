@@ -111,12 +111,13 @@ def test_a_layout_check_that_fails_keeps_the_engine(tmp_path, monkeypatch):
     from trtq.pipeline.build import rebuilt_while_padded
     from trtq.trt import layers
 
-    b = Builds(tmp_path, [TrtqError("no GPU")])
-    monkeypatch.setattr(layers, "padded_layouts", b.check)
-    with build_warnings() as warned:
-        result = rebuilt_while_padded(b.build(), b.build, BuildOptions())
-    assert b.builds == 1 and "layout_rebuilds" not in result.metadata
-    assert [r.getMessage() for r in warned] == ["layouts of m.plan not checked: no GPU"]
+    for error in (TrtqError("no GPU"), RuntimeError("cudaErrorLaunchFailure")):
+        b = Builds(tmp_path, [error])
+        monkeypatch.setattr(layers, "padded_layouts", b.check)
+        with build_warnings() as warned:
+            result = rebuilt_while_padded(b.build(), b.build, BuildOptions())
+        assert b.builds == 1 and "layout_rebuilds" not in result.metadata
+        assert [r.getMessage() for r in warned] == [f"layouts of m.plan not checked: {error}"]
 
 
 def test_layout_rebuilds_from_config_and_flag(tmp_path, trtq):

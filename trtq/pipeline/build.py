@@ -199,14 +199,13 @@ def rebuilt_while_padded(result: BuildResult, build: Callable[[], BuildResult], 
     times, while the engine stores a tensor padded to many times its size
     (:mod:`trtq.trt.format_guard`: TensorRT picks such layouts in some builds and not in others).
     When it rebuilt or a padded tensor is left, the plan's metadata says so (``layout_rebuilds``)."""
-    from trtq.errors import TrtqError
     from trtq.trt.layers import padded_layouts
 
     rebuilds = 0
     while True:
         try:
             padded = padded_layouts(result.plan_path)
-        except TrtqError as e:
+        except Exception as e:  # the engine is built and valid: a failed check never fails the build
             log.warning("layouts of %s not checked: %s", result.plan_path.name, e)
             return result
         if not padded or rebuilds >= options.layout_rebuilds:
