@@ -56,10 +56,13 @@ class Builds:
         self.found = list(found)
         self.checked = 0
         self.builds = 0
+        self.fail_at, self.fail_with = None, None  # the build that raises, and what
         self.result_type, self.write_plan, self.keys = BuildResult, write_plan, _META_ORDER
 
     def build(self):
         self.builds += 1
+        if self.fail_at == self.builds:
+            raise self.fail_with
         meta = {**dict.fromkeys(self.keys), "format": "trtq-plan/1", "build": self.builds}
         self.write_plan(self.plan, b"plan", meta)
         return self.result_type(self.plan, meta, 1.0)
@@ -156,3 +159,26 @@ def test_every_build_goes_through_the_layout_check(tmp_path, monkeypatch):
     blank = SimpleNamespace(trt=None, recipe=None, model_path=None, profiles=None, table=None, cache_path=None)
     result = pipeline_build.build_network(blank, SimpleNamespace(model=None, info=None), b.plan, BuildOptions())
     assert b.builds == 2 and result.metadata["layout_rebuilds"] == {"rebuilds": 1, "padded": []}
+
+
+def test_a_failed_rebuild_keeps_the_engine_built_before(tmp_path, monkeypatch):
+    """TensorRT failing on the second build must not turn a built, valid engine into an error: the
+    first plan stays (build_plan writes nothing when it fails) and the metadata says it is padded."""
+    from tests.trt.test_build_cpu import build_warnings
+    from trtq.errors import TrtqError
+    from trtq.pipeline.build import rebuilt_while_padded
+    from trtq.trt import layers
+    from trtq.trt.metadata import read_metadata
+
+    b = Builds(tmp_path, ["slow"])
+    b.fail_at, b.fail_with = 2, TrtqError("TensorRT 8.6.0 could not build m.onnx")
+    monkeypatch.setattr(layers, "padded_layouts", b.check)
+    with build_warnings() as warned:
+        result = rebuilt_while_padded(b.build(), b.build, BuildOptions())
+    assert b.builds == 2 and b.checked == 1
+    assert result.metadata["build"] == 1 and read_metadata(b.plan)["build"] == 1
+    record = result.metadata["layout_rebuilds"]
+    assert record["rebuilds"] == 0 and [p["tensor"] for p in record["padded"]] == ["x_QuantizeLinear_Output"]
+    assert read_metadata(b.plan)["layout_rebuilds"] == record
+    said = [r.getMessage() for r in warned]
+    assert len(said) == 2 and "building again failed (TensorRT 8.6.0 could not build m.onnx)" in said[1]

@@ -198,7 +198,9 @@ def rebuilt_while_padded(result: BuildResult, build: Callable[[], BuildResult], 
     """``result``, or the result of ``build()`` called again, at most ``options.layout_rebuilds``
     times, while the engine stores a tensor padded to many times its size
     (:mod:`trtq.trt.format_guard`: TensorRT picks such layouts in some builds and not in others).
-    When it rebuilt or a padded tensor is left, the plan's metadata says so (``layout_rebuilds``)."""
+    A rebuild that fails keeps the engine built before it. When it rebuilt or a padded tensor is
+    left, the plan's metadata says so (``layout_rebuilds``: the rebuilds that succeeded)."""
+    from trtq.errors import TrtqError
     from trtq.trt.layers import padded_layouts
 
     rebuilds = 0
@@ -210,7 +212,6 @@ def rebuilt_while_padded(result: BuildResult, build: Callable[[], BuildResult], 
             return result
         if not padded or rebuilds >= options.layout_rebuilds:
             break
-        rebuilds += 1
         worst = max(padded, key=lambda p: p.ratio)
         log.warning(
             "%s stores %s (%s) at %.1fx its size in %s: building again (%d of at most %d; --layout-rebuilds)",
@@ -219,10 +220,15 @@ def rebuilt_while_padded(result: BuildResult, build: Callable[[], BuildResult], 
             "x".join(map(str, worst.dims)),
             worst.ratio,
             worst.format,
-            rebuilds,
+            rebuilds + 1,
             options.layout_rebuilds,
         )
-        result = build()
+        try:
+            result = build()
+        except TrtqError as e:  # nothing was written: the engine built before stays, and is valid
+            log.warning("%s: building again failed (%s): keeping the engine built before", result.plan_path.name, e)
+            break
+        rebuilds += 1
     if rebuilds or padded:
         result.metadata["layout_rebuilds"] = {"rebuilds": rebuilds, "padded": [p.to_dict() for p in padded]}
         rewrite_metadata(result.plan_path, result.metadata)
