@@ -43,7 +43,7 @@ def vector_width(fmt: str) -> int:
     text = fmt.lower()
     m = _WIDE.search(text)
     if m:
-        return _WORDS.get(m.group(1).split()[-1], 1)
+        return _WORDS.get(m.group(1), 1)
     m = _MULTIPLE.search(text)
     return int(m.group(1)) if m else 1
 
