@@ -39,11 +39,13 @@ def built(monkeypatch):
                 **kw,
             )
         )
-        return types.SimpleNamespace(plan_path=output, coverage=None)
+        return types.SimpleNamespace(plan_path=output, coverage=None, measured=None)
 
     monkeypatch.setattr(pipeline_build, "build_plan", record)
     # the coverage is read back from the built plan (a real engine): here the call itself is recorded
-    monkeypatch.setattr(pipeline_build, "checked_coverage", lambda plan, require: ("coverage of", plan, require))
+    monkeypatch.setattr(
+        pipeline_build, "checked_coverage", lambda plan, require, measured: ("coverage of", plan, require)
+    )
     monkeypatch.setattr(cuda, "require_gpu", lambda: None)
 
     def run(version, *args, **kwargs):

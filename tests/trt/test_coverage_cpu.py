@@ -168,6 +168,7 @@ def test_require_int8_names_the_fallbacks(c2f, tmp_path, monkeypatch):
     from trtq.errors import TrtqError
     from trtq.pipeline.build import checked_coverage
     from trtq.trt import layers
+    from trtq.trt.format_guard import check_layouts
 
     monkeypatch.setattr(layers, "engine_coverage", lambda plan: int8_coverage(c2f))
     assert checked_coverage(tmp_path / "m.plan", False).fallbacks == FALLBACKS
@@ -181,6 +182,10 @@ def test_require_int8_names_the_fallbacks(c2f, tmp_path, monkeypatch):
     )
     monkeypatch.setattr(layers, "engine_coverage", lambda plan: None)
     assert checked_coverage(tmp_path / "m.plan", False) is None
+    # the layout check's profile of the same engine is used where build hands it on: no second load
+    measured = check_layouts(c2f, {layer["Name"]: 1.0 for layer in c2f})
+    assert checked_coverage(tmp_path / "m.plan", False, measured) == int8_coverage(c2f, measured.times)
+    assert checked_coverage(tmp_path / "m.plan", False, measured).time_share == pytest.approx(1 / 6)
     with pytest.raises(TrtqError, match="cannot read the INT8 coverage"):
         checked_coverage(tmp_path / "m.plan", True)
 

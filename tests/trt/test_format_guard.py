@@ -12,10 +12,26 @@ from pathlib import Path
 import pytest
 
 from trtq.config import BuildOptions
-from trtq.trt.format_guard import padded_tensors, padding_ratio, vector_width
+from trtq.trt.format_guard import check_layouts, padded_share, padded_tensors, padding_ratio, vector_width
 
 HERE = Path(__file__).parent
 STEM = json.loads((HERE / "inspector" / "det_stem_layouts.json").read_text())
+CONV = "conv2d_0.w_0 + conv2d_0.w_0_QuantizeLinear + p2o.Conv.0"
+
+
+def profile(quantize_ms: float) -> dict:
+    """A det profile by layer name (ms): the input Quantize (144.6 us in the slow build measured,
+    benchmarks/README.md ninth session), the stem conv and the rest of the engine as one layer."""
+    return {"x_QuantizeLinear": quantize_ms, CONV: 0.03, "the other layers": 1.23}
+
+
+# what the GPU's layout check finds per build: the slow build's layouts with its time, the same
+# layouts where the padded layers take little time, and the fast build
+CHECKS = {
+    "slow": (STEM["slow"], profile(0.1446)),
+    "cheap": (STEM["slow"], {"x_QuantizeLinear": 0.004, CONV: 0.002, "the other layers": 1.4}),
+    "fast": (STEM["fast"], profile(0.015)),
+}
 
 
 def test_vector_width_from_the_inspectors_format_text():
@@ -45,6 +61,19 @@ def test_the_slow_det_build_is_found_and_the_fast_one_is_not():
     assert padded_tensors(["x_QuantizeLinear", "conv"]) == []  # names only: nothing to read
 
 
+def test_the_padded_share_is_the_time_of_the_layers_that_write_or_read_it():
+    padded = padded_tensors(STEM["slow"])
+    assert padded_share(STEM["slow"], profile(0.1446), padded) == pytest.approx(0.1746 / 1.4046)
+    assert padded_share(STEM["slow"], {}, padded) == 0.0
+    assert padded_share(STEM["slow"], profile(0.1446), []) == 0.0
+    slow, cheap, fast = (check_layouts(*CHECKS[k]) for k in ("slow", "cheap", "fast"))
+    assert slow.worth_rebuilding() and slow.share == pytest.approx(0.1243, abs=1e-4)
+    assert cheap.padded == slow.padded and cheap.share < 0.005 and not cheap.worth_rebuilding()
+    assert fast.padded == [] and fast.share == 0.0 and not fast.worth_rebuilding()
+    assert slow.record(1) == {"rebuilds": 1, "padded": [p.to_dict() for p in slow.padded], "share": 0.1243}
+    assert slow.times == CHECKS["slow"][1] and slow.inspected == STEM["slow"]
+
+
 class Builds:
     """What build_engine hands rebuilt_while_padded: a build function (here: the plan written again
     with a count in its metadata) and, per build, what the layout check of the GPU would find."""
@@ -72,16 +101,18 @@ class Builds:
         item = self.found.pop(0)
         if isinstance(item, Exception):
             raise item
-        return padded_tensors(STEM[item])
+        return check_layouts(*CHECKS[item])
 
 
 @pytest.mark.parametrize(
     "found,limit,builds,record",
     [
         (["fast"], 2, 1, None),  # nothing padded: no rebuild, no record
-        (["slow", "fast"], 2, 2, {"rebuilds": 1, "padded": []}),
-        (["slow", "slow", "slow"], 2, 3, {"rebuilds": 2, "padded": ["x_QuantizeLinear_Output"]}),
-        (["slow"], 0, 1, {"rebuilds": 0, "padded": ["x_QuantizeLinear_Output"]}),
+        (["slow", "fast"], 2, 2, {"rebuilds": 1, "padded": [], "share": 0.0}),
+        (["slow", "slow", "slow"], 2, 3, {"rebuilds": 2, "padded": ["x_QuantizeLinear_Output"], "share": 0.1243}),
+        (["slow"], 0, 1, {"rebuilds": 0, "padded": ["x_QuantizeLinear_Output"], "share": 0.1243}),
+        (["cheap"], 2, 1, {"rebuilds": 0, "padded": ["x_QuantizeLinear_Output"], "share": 0.0043}),  # cannot pay
+        (["slow", "cheap"], 2, 2, {"rebuilds": 1, "padded": ["x_QuantizeLinear_Output"], "share": 0.0043}),
     ],
 )
 def test_build_again_while_a_tensor_is_padded(tmp_path, monkeypatch, found, limit, builds, record):
@@ -106,6 +137,8 @@ def test_build_again_while_a_tensor_is_padded(tmp_path, monkeypatch, found, limi
     said = [r.getMessage() for r in warned]
     assert len(said) == builds - 1
     assert all("x_QuantizeLinear_Output (1x3x640x640) at 10.7x its size" in line for line in said)
+    assert all("12.4% of its time" in line for line in said)
+    assert result.measured is not None and result.measured.times == CHECKS[found[builds - 1]][1]
 
 
 def test_a_layout_check_that_fails_keeps_the_engine(tmp_path, monkeypatch):
@@ -143,6 +176,9 @@ def test_build_text_says_what_the_rebuilds_left():
     assert layouts_text({"rebuilds": 2, "padded": left}) == (
         "layouts    2 rebuild(s); padded left: x_QuantizeLinear_Output 10.67x\n"
     )
+    assert layouts_text({"rebuilds": 0, "padded": left, "share": 0.0043}) == (
+        "layouts    0 rebuild(s); padded left: x_QuantizeLinear_Output 10.67x (0.4% of the profiled time)\n"
+    )
 
 
 def test_every_build_goes_through_the_layout_check(tmp_path, monkeypatch):
@@ -158,7 +194,7 @@ def test_every_build_goes_through_the_layout_check(tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline_build, "build_plan", lambda *a, **k: b.build())
     blank = SimpleNamespace(trt=None, recipe=None, model_path=None, profiles=None, table=None, cache_path=None)
     result = pipeline_build.build_network(blank, SimpleNamespace(model=None, info=None), b.plan, BuildOptions())
-    assert b.builds == 2 and result.metadata["layout_rebuilds"] == {"rebuilds": 1, "padded": []}
+    assert b.builds == 2 and result.metadata["layout_rebuilds"] == {"rebuilds": 1, "padded": [], "share": 0.0}
 
 
 def test_a_failed_rebuild_keeps_the_engine_built_before(tmp_path, monkeypatch):

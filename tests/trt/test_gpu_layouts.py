@@ -9,7 +9,7 @@ classifier built from a cache, both with a 3-channel input (what TensorRT may st
 import pytest
 
 from tests.trt.models import build_residual_and_sample
-from trtq.trt.format_guard import padded_tensors, vector_width
+from trtq.trt.format_guard import MIN_SHARE, padded_tensors, vector_width
 
 pytestmark = pytest.mark.gpu
 
@@ -38,12 +38,17 @@ def test_layouts_of_real_engines(built, name):
     vectorized = {f for f in formats if "vectorized" in f.lower() or "%" in f}
     assert all(vector_width(f) > 1 for f in vectorized), vectorized
     assert all(vector_width(f) == 1 for f in formats - vectorized), formats - vectorized
-    left = padded_layouts(res.plan_path)
-    assert [p.tensor for p in left] == [p.tensor for p in padded_tensors(inspected)]
+    check = padded_layouts(res.plan_path)
+    assert [p.tensor for p in check.padded] == [p.tensor for p in padded_tensors(inspected)]
+    # build's coverage came from the kept engine's own layout check, not another engine's
+    assert [layer["Name"] for layer in res.measured.inspected] == [layer["Name"] for layer in inspected]
+    assert res.coverage is not None and res.coverage.layers > 0
     record = res.metadata.get("layout_rebuilds")
     if record is None:
-        assert left == []
+        assert check.padded == []
     else:
-        assert [p["tensor"] for p in record["padded"]] == [p.tensor for p in left]
-        assert 0 <= record["rebuilds"] <= 2 and (not left or record["rebuilds"] == 2)
-    print(name, sorted(formats), record)
+        assert [p["tensor"] for p in record["padded"]] == [p.tensor for p in check.padded]
+        assert 0 <= record["rebuilds"] <= 2 and 0.0 <= record["share"] <= 1.0
+        # a padded tensor is left only after the last rebuild, or where a rebuild could not pay
+        assert not record["padded"] or record["rebuilds"] == 2 or record["share"] < MIN_SHARE
+    print(name, sorted(formats), record, f"share now {check.share:.4f}")

@@ -162,8 +162,9 @@ def layouts_text(record: Any) -> str:
     if not record:
         return ""
     left = record["padded"]
+    share = f" ({record['share']:.1%} of the profiled time)" if left and "share" in record else ""
     what = (
-        "; padded left: " + ", ".join(f"{p['tensor']} {p['ratio']:g}x" for p in left)
+        "; padded left: " + ", ".join(f"{p['tensor']} {p['ratio']:g}x" for p in left) + share
         if left
         else "; no padded tensor left"
     )

@@ -62,7 +62,7 @@ def build_engine(
     inputs.model = None  # the network model holds what TensorRT needs
     result = build_network(inputs, network, Path(output), options, started=t0)
     if options.precision == "int8":
-        result.coverage = checked_coverage(result.plan_path, options.require_int8)
+        result.coverage = checked_coverage(result.plan_path, options.require_int8, result.measured)
     return result
 
 
@@ -196,30 +196,35 @@ def build_network(
 
 def rebuilt_while_padded(result: BuildResult, build: Callable[[], BuildResult], options: BuildOptions) -> BuildResult:
     """``result``, or the result of ``build()`` called again, at most ``options.layout_rebuilds``
-    times, while the engine stores a tensor padded to many times its size
-    (:mod:`trtq.trt.format_guard`: TensorRT picks such layouts in some builds and not in others).
-    A rebuild that fails keeps the engine built before it. When it rebuilt or a padded tensor is
-    left, the plan's metadata says so (``layout_rebuilds``: the rebuilds that succeeded)."""
+    times, while the engine stores a tensor padded to many times its size and the layers around it
+    take a share of its time worth a rebuild (:mod:`trtq.trt.format_guard`: TensorRT picks such
+    layouts in some builds and not in others). A rebuild that fails keeps the engine built before
+    it. When it rebuilt or a padded tensor is left, the plan's metadata says so
+    (``layout_rebuilds``: the rebuilds that succeeded). The kept engine's profile stays on the
+    result (``measured``) for its INT8 coverage."""
     from trtq.errors import TrtqError
     from trtq.trt.layers import padded_layouts
 
     rebuilds = 0
     while True:
         try:
-            padded = padded_layouts(result.plan_path)
+            check = padded_layouts(result.plan_path)
         except Exception as e:  # the engine is built and valid: a failed check never fails the build
             log.warning("layouts of %s not checked: %s", result.plan_path.name, e)
             return result
-        if not padded or rebuilds >= options.layout_rebuilds:
+        result.measured = check
+        if not check.worth_rebuilding() or rebuilds >= options.layout_rebuilds:
             break
-        worst = max(padded, key=lambda p: p.ratio)
+        worst = max(check.padded, key=lambda p: p.ratio)
         log.warning(
-            "%s stores %s (%s) at %.1fx its size in %s: building again (%d of at most %d; --layout-rebuilds)",
+            "%s stores %s (%s) at %.1fx its size in %s, %.1f%% of its time: building again (%d of at most %d; "
+            "--layout-rebuilds)",
             result.plan_path.name,
             worst.tensor,
             "x".join(map(str, worst.dims)),
             worst.ratio,
             worst.format,
+            100 * check.share,
             rebuilds + 1,
             options.layout_rebuilds,
         )
@@ -229,22 +234,25 @@ def rebuilt_while_padded(result: BuildResult, build: Callable[[], BuildResult], 
             log.warning("%s: building again failed (%s): keeping the engine built before", result.plan_path.name, e)
             break
         rebuilds += 1
-    if rebuilds or padded:
-        result.metadata["layout_rebuilds"] = {"rebuilds": rebuilds, "padded": [p.to_dict() for p in padded]}
+    if rebuilds or check.padded:
+        result.metadata["layout_rebuilds"] = check.record(rebuilds)
         rewrite_metadata(result.plan_path, result.metadata)
     return result
 
 
-def checked_coverage(plan: Path, require_int8: bool) -> Any:
-    """The INT8 coverage of the engine just built (:mod:`trtq.trt.coverage`); with ``require_int8``
-    a TrtqError (exit 1) naming the layers that fell back to float between INT8 layers, or saying
-    why the engine could not be checked. The plan stays written: it is a valid engine."""
+def checked_coverage(plan: Path, require_int8: bool, measured: Any = None) -> Any:
+    """The INT8 coverage of the engine just built (:mod:`trtq.trt.coverage`), from ``measured`` (the
+    layout check's profile of that engine, :class:`trtq.trt.format_guard.LayoutCheck`) or a profile
+    of its own; with ``require_int8`` a TrtqError (exit 1) naming the layers that fell back to float
+    between INT8 layers, or saying why the engine could not be checked. The plan stays written: it
+    is a valid engine."""
     from trtq.errors import TrtqError
     from trtq.formatting import first_few
+    from trtq.trt.coverage import int8_coverage
     from trtq.trt.layers import engine_coverage
 
     try:
-        coverage = engine_coverage(plan)
+        coverage = int8_coverage(measured.inspected, measured.times) if measured is not None else engine_coverage(plan)
         why = "" if coverage is not None else "the plan keeps no per-layer detail"
     except TrtqError as e:
         coverage, why = None, str(e)

@@ -65,6 +65,7 @@ class BuildResult:
     metadata: dict[str, Any]
     seconds: float
     coverage: Optional[Any] = None  # trtq.trt.coverage.Int8Coverage of an INT8 engine
+    measured: Optional[Any] = None  # trtq.trt.format_guard.LayoutCheck: the engine's layouts and profile
 
 
 # ------------------------------------------------------------------------------------------------

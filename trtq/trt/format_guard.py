@@ -9,15 +9,18 @@ build to build; where it does, the padded copy can be the slowest layer of the e
 could forbid the layout, offers no choices at all at builder optimization level 0 (the build then
 fails), and TensorRT 11 removed it; so trtq reads the layouts of the engine it built instead
 (:func:`padded_tensors` on the engine inspector's layer list) and builds again while one is padded
-(``build.layout_rebuilds``, :func:`trtq.pipeline.build.build_network`).
+(``build.layout_rebuilds``, :func:`trtq.pipeline.build.build_network`). A rebuild can win at most
+the time of the layers that write or read the padded tensor, so it is asked for only where those
+layers take ``MIN_SHARE`` of the engine's profiled time or more (:class:`LayoutCheck`).
 """
 
 import re
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 WASTE = 8.0  # stored / real size at which a layout counts as padded: 3 or 4 channels in 32, 1 in 8
+MIN_SHARE = 0.02  # profiled time share of the padded tensors' layers below which a rebuild cannot pay
 
 _WORDS = {"two": 2, "four": 4, "eight": 8, "sixteen": 16, "thirty-two": 32}
 _WIDE = re.compile(r"\b([a-z-]+) wide channel vectorized")
@@ -73,3 +76,44 @@ def padded_tensors(layers: Sequence[Any], waste: float = WASTE) -> list[PaddedTe
             if ratio >= waste and name not in found:
                 found[name] = PaddedTensor(str(layer.get("Name", "")), name, dims, fmt, ratio)
     return list(found.values())
+
+
+def padded_share(layers: Sequence[Any], times: Mapping[str, float], padded: Sequence[PaddedTensor]) -> float:
+    """Share of the profiled time (``times``: layer name -> mean ms) spent in the layers that write or
+    read a tensor of ``padded``: what a build without the padding could win at most."""
+    names = {p.tensor for p in padded}
+    touching = {
+        str(layer.get("Name", ""))
+        for layer in layers
+        if isinstance(layer, dict)
+        and any(
+            isinstance(e, dict) and str(e.get("Name", "")) in names
+            for e in list(layer.get("Inputs") or []) + list(layer.get("Outputs") or [])
+        )
+    }
+    total = float(sum(times.values()))
+    return sum(float(ms) for name, ms in times.items() if name in touching) / total if total > 0 else 0.0
+
+
+@dataclass
+class LayoutCheck:
+    """What one engine's layouts say (:func:`check_layouts`), with the profile they came from, which
+    trtq build hands on to its INT8 coverage so the engine is loaded and profiled once."""
+
+    padded: list[PaddedTensor]
+    share: float  # profiled time share of the layers that write or read a padded tensor
+    times: dict[str, float] = field(default_factory=dict)
+    inspected: list = field(default_factory=list)
+
+    def worth_rebuilding(self, min_share: float = MIN_SHARE) -> bool:
+        return bool(self.padded) and self.share >= min_share
+
+    def record(self, rebuilds: int) -> dict[str, Any]:
+        """The plan metadata's ``layout_rebuilds``."""
+        return {"rebuilds": rebuilds, "padded": [p.to_dict() for p in self.padded], "share": round(self.share, 4)}
+
+
+def check_layouts(inspected: Sequence[Any], times: Mapping[str, float], waste: float = WASTE) -> LayoutCheck:
+    """The padded tensors of an engine's inspector list and the time share of their layers."""
+    padded = padded_tensors(inspected, waste)
+    return LayoutCheck(padded, padded_share(inspected, times, padded) if padded else 0.0, dict(times), list(inspected))

@@ -107,13 +107,14 @@ def measure_layers(path: Path, runs: int = 50) -> tuple[dict[str, float], list]:
     return {name: float(np.mean(v)) for name, v in times.items() if v}, inspected
 
 
-def padded_layouts(path: Path) -> list:
-    """The tensors the plan at ``path`` stores padded to many times their size
-    (:func:`trtq.trt.format_guard.padded_tensors`), from the inspector list :func:`measure_layers`
-    reads after a run (a context that has not run may report dynamic dims as -1)."""
-    from trtq.trt.format_guard import padded_tensors
+def padded_layouts(path: Path, runs: int = PROFILE_RUNS) -> Any:
+    """The layout check (:func:`trtq.trt.format_guard.check_layouts`) of the plan at ``path``: its
+    inspector list after ``runs`` profiled runs (a context that has not run may report dynamic dims
+    as -1) and the profile, which :func:`trtq.pipeline.build.checked_coverage` reuses."""
+    from trtq.trt.format_guard import check_layouts
 
-    return padded_tensors(measure_layers(path, 1)[1])
+    times, inspected = measure_layers(path, runs)
+    return check_layouts(inspected, times)
 
 
 def profile_layers(path: Path, runs: int = 50) -> LayerProfile:
