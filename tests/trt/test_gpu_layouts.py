@@ -49,6 +49,7 @@ def test_layouts_of_real_engines(built, name):
     else:
         assert [p["tensor"] for p in record["padded"]] == [p.tensor for p in check.padded]
         assert 0 <= record["rebuilds"] <= 2 and 0.0 <= record["share"] <= 1.0
-        # a padded tensor is left only after the last rebuild, or where a rebuild could not pay
-        assert not record["padded"] or record["rebuilds"] == 2 or record["share"] < MIN_SHARE
+        # a padded tensor is left only after a rebuild chose it again (or the last one), or where a
+        # rebuild could not pay
+        assert not record["padded"] or record["rebuilds"] >= 1 or record["share"] < MIN_SHARE
     print(name, sorted(formats), record, f"share now {check.share:.4f}")

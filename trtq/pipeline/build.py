@@ -198,14 +198,15 @@ def rebuilt_while_padded(result: BuildResult, build: Callable[[], BuildResult], 
     """``result``, or the result of ``build()`` called again, at most ``options.layout_rebuilds``
     times, while the engine stores a tensor padded to many times its size and the layers around it
     take a share of its time worth a rebuild (:mod:`trtq.trt.format_guard`: TensorRT picks such
-    layouts in some builds and not in others). A rebuild that fails keeps the engine built before
-    it. When it rebuilt or a padded tensor is left, the plan's metadata says so
+    layouts in some builds and not in others), and stops early when a rebuild picks the same padded
+    layouts again (then TensorRT picks them every time). A rebuild that fails keeps the engine
+    built before it. When it rebuilt or a padded tensor is left, the plan's metadata says so
     (``layout_rebuilds``: the rebuilds that succeeded). The kept engine's profile stays on the
     result (``measured``) for its INT8 coverage."""
     from trtq.errors import TrtqError
     from trtq.trt.layers import padded_layouts
 
-    rebuilds = 0
+    rebuilds, before = 0, None
     while True:
         try:
             check = padded_layouts(result.plan_path)
@@ -215,6 +216,10 @@ def rebuilt_while_padded(result: BuildResult, build: Callable[[], BuildResult], 
         result.measured = check
         if not check.worth_rebuilding() or rebuilds >= options.layout_rebuilds:
             break
+        if before is not None and check.same_layouts(before):
+            log.info("%s: the rebuild chose the same padded layouts: keeping them", result.plan_path.name)
+            break
+        before = check
         worst = max(check.padded, key=lambda p: p.ratio)
         log.warning(
             "%s stores %s (%s) at %.1fx its size in %s, %.1f%% of its time: building again (%d of at most %d; "

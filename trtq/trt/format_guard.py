@@ -108,6 +108,10 @@ class LayoutCheck:
     def worth_rebuilding(self, min_share: float = MIN_SHARE) -> bool:
         return bool(self.padded) and self.share >= min_share
 
+    def same_layouts(self, other: "LayoutCheck") -> bool:
+        """The same tensors padded in the same formats as ``other`` (another build's check)."""
+        return {(p.tensor, p.format) for p in self.padded} == {(p.tensor, p.format) for p in other.padded}
+
     def record(self, rebuilds: int) -> dict[str, Any]:
         """The plan metadata's ``layout_rebuilds``."""
         return {"rebuilds": rebuilds, "padded": [p.to_dict() for p in self.padded], "share": round(self.share, 4)}
