@@ -92,10 +92,15 @@ def is_reformat(layer: dict) -> bool:
     )
 
 
+def tensor_entries(layer: dict) -> list[dict]:
+    """The inspector entries (dicts with ``Name``, ``Format/Datatype``, ``Dimensions``) of a layer's
+    input and output tensors."""
+    return [e for e in list(layer.get("Inputs") or []) + list(layer.get("Outputs") or []) if isinstance(e, dict)]
+
+
 def _tensor_types(layer: dict) -> set[str]:
     """The float / INT8 data types among a layer's input and output tensors."""
-    types = {datatype(e) for e in list(layer.get("Inputs") or []) + list(layer.get("Outputs") or [])}
-    return types & (FLOATS | {"int8"})
+    return {datatype(e) for e in tensor_entries(layer)} & (FLOATS | {"int8"})
 
 
 def layer_kind(layer: dict) -> str:
@@ -204,4 +209,5 @@ __all__ = [
     "layer_kind",
     "layer_nodes",
     "slowest_layers",
+    "tensor_entries",
 ]

@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from trtq.trt.coverage import tensor_entries
+
 WASTE = 8.0  # stored / real size at which a layout counts as padded: 3 or 4 channels in 32, 1 in 8
 MIN_SHARE = 0.02  # profiled time share of the padded tensors' layers below which a rebuild cannot pay
 
@@ -66,9 +68,7 @@ def padded_tensors(layers: Sequence[Any], waste: float = WASTE) -> list[PaddedTe
     for layer in layers:
         if not isinstance(layer, dict):
             continue
-        for entry in list(layer.get("Inputs") or []) + list(layer.get("Outputs") or []):
-            if not isinstance(entry, dict):
-                continue
+        for entry in tensor_entries(layer):
             fmt = str(entry.get("Format/Datatype", ""))
             dims = tuple(int(d) for d in entry.get("Dimensions") or ())
             ratio = padding_ratio(dims, vector_width(fmt))
@@ -85,11 +85,7 @@ def padded_share(layers: Sequence[Any], times: Mapping[str, float], padded: Sequ
     touching = {
         str(layer.get("Name", ""))
         for layer in layers
-        if isinstance(layer, dict)
-        and any(
-            isinstance(e, dict) and str(e.get("Name", "")) in names
-            for e in list(layer.get("Inputs") or []) + list(layer.get("Outputs") or [])
-        )
+        if isinstance(layer, dict) and any(str(e.get("Name", "")) in names for e in tensor_entries(layer))
     }
     total = float(sum(times.values()))
     return sum(float(ms) for name, ms in times.items() if name in touching) / total if total > 0 else 0.0
