@@ -105,7 +105,7 @@ def checked_build_inputs(
 ) -> BuildInputs:
     """Everything checked that can be before TensorRT builds (model, cache, shapes, then TensorRT
     and the GPU); a UsageError / ModelError / CacheError for what cannot be built."""
-    from trtq.trt import cuda
+    from trtq.trt import cuda, module_loading
 
     model_path, output = Path(model_path), Path(output)
     quantize_options = quantize_options or QuantizeOptions()
@@ -121,6 +121,7 @@ def checked_build_inputs(
     model, prequantized, cache_path, table, fallback, profiles, lowered = _checked_inputs(
         model_path, options, cache_path, quantize_options, data_options
     )
+    module_loading.prefer_eager()  # before CUDA starts: the builder times tactics with their kernels loaded (D39)
     trt = compat.import_tensorrt()
     if prequantized is not None:
         refuse_float_grouped_convs_feeding_int8(trt, model, model_path)

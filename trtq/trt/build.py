@@ -19,7 +19,7 @@ from trtq.config import BuildOptions, ProfileShapes
 from trtq.errors import CacheError, ConfigError, TrtqError
 from trtq.fileio import atomic_path, atomic_write_bytes, sha256_file
 from trtq.model import TensorSpec, check_shape, model_sha256, resolve_shapes
-from trtq.trt import compat
+from trtq.trt import compat, module_loading
 from trtq.trt.metadata import FORMAT, metadata_path, render_metadata
 from trtq.trt.network import add_profiles, configure, network_inputs, parse_file, parse_model
 
@@ -215,6 +215,7 @@ def build_plan(
             {"path": str(timing_path), "loaded": timing[0], "problem": timing[1] or None} if timing_path else None
         ),
         tensorrt_warnings=len(logger.warnings),
+        module_loading=module_loading.mode(),
     )
     write_plan(output, plan, meta)
     if timing_path is not None:
