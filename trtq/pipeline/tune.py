@@ -208,7 +208,10 @@ class Tuner:
             log.warning("tune: %s: %s", c.label, c.verdict)
             return False
         c.build_seconds = time.perf_counter() - t0
-        times, inspected = measure_layers(c.plan)
+        # the build's layout check profiled the kept engine (D38): its layers, without a second load
+        times, inspected = (
+            (built.measured.times, built.measured.inspected) if built.measured else measure_layers(c.plan)
+        )
         c.coverage, c.layer_times = int8_coverage(inspected, times), times
         c.layer_kinds = {str(x["Name"]): layer_kind(x) for x in inspected if isinstance(x, dict) and "Name" in x}
         self._check_timing_cache(built.metadata)

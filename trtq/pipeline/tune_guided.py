@@ -92,12 +92,14 @@ def build_implicit(tuner: Any, best: Candidate) -> ImplicitEngine:
     declare_outputs([plan, f"{plan}.json"])
     t0 = time.perf_counter()
     try:
-        build_network(dataclasses.replace(tuner.inputs, recipe=recipe), Network(tuner.inputs.model, {}), plan, options)
+        built = build_network(
+            dataclasses.replace(tuner.inputs, recipe=recipe), Network(tuner.inputs.model, {}), plan, options
+        )
     except TrtqError as e:
         out.verdict = f"build failed: {e.message}"
         return out
     out.plan, out.build_seconds = plan, time.perf_counter() - t0
-    _, inspected = measure_layers(plan)
+    inspected = built.measured.inspected if built.measured else measure_layers(plan)[1]
     out.float_nodes = float_chosen_nodes(inspected, set(best.quantized) - set(best.left_float))
     out.best_ms, out.median_ms = tuner.timer([best.plan, plan])
     return out
