@@ -182,6 +182,12 @@ def test_build_text_says_what_the_rebuilds_left():
     assert layouts_text({"rebuilds": 0, "padded": left, "share": 0.0043}) == (
         "layouts    0 rebuild(s); padded left: x_QuantizeLinear_Output 10.67x (0.4% of the profiled time)\n"
     )
+    # a build under lazy module loading (D39) says how to build under eager loading; eager says nothing more
+    lazy = layouts_text({"rebuilds": 2, "padded": left}, "lazy")
+    assert lazy.startswith("layouts    2 rebuild(s); padded left: x_QuantizeLinear_Output 10.67x\n")
+    assert "lazy CUDA module loading" in lazy and "CUDA_MODULE_LOADING=EAGER" in lazy and lazy.endswith("\n")
+    assert layouts_text({"rebuilds": 1, "padded": []}, "eager") == "layouts    1 rebuild(s); no padded tensor left\n"
+    assert layouts_text(None, "lazy") == ""
 
 
 def test_every_build_goes_through_the_layout_check(tmp_path, monkeypatch):

@@ -151,14 +151,15 @@ def build_text(result: Any, out: Any) -> str:
         f"precision  {md.get('precision')} ({md.get('mode', '')}{source})\n{steps}"
         f"tensorrt   {md.get('tensorrt_version')} on {md.get('gpu_name')} (sm {md.get('compute_capability')})\n"
         f"{coverage_text(getattr(result, 'coverage', None))}"
-        f"{layouts_text(md.get('layout_rebuilds'))}"
+        f"{layouts_text(md.get('layout_rebuilds'), md.get('module_loading'))}"
         f"{tuning_text(md.get('tuning'), out)}"
         f"metadata   {out}.json"
     )
 
 
-def layouts_text(record: Any) -> str:
-    """The build's layout line where it rebuilt or a padded tensor is left (trtq.trt.format_guard)."""
+def layouts_text(record: Any, loading: Any = None) -> str:
+    """The build's layout line where it rebuilt or a padded tensor is left (trtq.trt.format_guard),
+    with a hint where the builder ran under lazy module loading (``loading``, D39)."""
     if not record:
         return ""
     left = record["padded"]
@@ -168,7 +169,13 @@ def layouts_text(record: Any) -> str:
         if left
         else "; no padded tensor left"
     )
-    return f"layouts    {record['rebuilds']} rebuild(s){what}\n"
+    lazy = (
+        "\n           the builder ran under lazy CUDA module loading, which can pick padded layouts: "
+        "CUDA_MODULE_LOADING=EAGER (trtq build's default) before CUDA starts"
+        if loading == "lazy"
+        else ""
+    )
+    return f"layouts    {record['rebuilds']} rebuild(s){what}{lazy}\n"
 
 
 def tuning_text(tuning: Any, plan: Any = None) -> str:
