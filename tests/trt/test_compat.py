@@ -72,6 +72,18 @@ def test_cudart_falls_back_to_cuda_cudart():
     assert compat.import_cudart(importer) is legacy
 
 
+def test_cudriver_prefers_cuda_bindings_and_falls_back():
+    mods = {"cuda.bindings.driver": types.ModuleType("driver"), "cuda.cuda": types.ModuleType("cuda")}
+    assert compat.import_cudriver(lambda n: mods[n]) is mods["cuda.bindings.driver"]
+
+    def importer(name):
+        if name == "cuda.bindings.driver":
+            raise ModuleNotFoundError("No module named 'cuda.bindings'")
+        return mods[name]
+
+    assert compat.import_cudriver(importer) is mods["cuda.cuda"]
+
+
 def test_missing_cuda_python_is_exit_4(monkeypatch):
     # every module import_cudart tries, also where cuda-python is installed and imported already
     for name in ("cuda", "cuda.bindings", "cuda.bindings.runtime", "cuda.cudart"):

@@ -2,11 +2,11 @@
 mode, before CUDA starts, and reads back what the driver made of it."""
 
 import os
+import sys
 from types import SimpleNamespace
 
 import pytest
 
-from trtq.trt import module_loading
 from trtq.trt.module_loading import ENV, mode, prefer_eager
 
 
@@ -47,7 +47,9 @@ def test_mode_reads_the_driver(driver, expected):
 
 
 def test_no_mode_without_cuda_python(monkeypatch):
-    monkeypatch.setattr(module_loading, "_driver", lambda: None)
+    # every module import_cudriver tries, also where cuda-python is installed and imported already
+    for name in ("cuda", "cuda.bindings", "cuda.bindings.driver", "cuda.cuda"):
+        monkeypatch.setitem(sys.modules, name, None)
     assert mode() is None
 
 

@@ -159,8 +159,18 @@ def import_tensorrt(importer: Callable[[str], Any] = importlib.import_module) ->
 
 def import_cudart(importer: Callable[[str], Any] = importlib.import_module) -> Any:
     """The cuda-python runtime module: ``cuda.bindings.runtime`` (12.6+, 13.x) else ``cuda.cudart``."""
+    return _cuda_python(("cuda.bindings.runtime", "cuda.cudart"), importer)
+
+
+def import_cudriver(importer: Callable[[str], Any] = importlib.import_module) -> Any:
+    """The cuda-python driver module: ``cuda.bindings.driver`` (12.6+, 13.x) else ``cuda.cuda``."""
+    return _cuda_python(("cuda.bindings.driver", "cuda.cuda"), importer)
+
+
+def _cuda_python(names: Sequence[str], importer: Callable[[str], Any]) -> Any:
+    """The first of ``names`` that imports, or EnvironmentMissing (exit 4) with an install hint."""
     errors: list[str] = []
-    for name in ("cuda.bindings.runtime", "cuda.cudart"):
+    for name in names:
         try:
             return importer(name)
         except ImportError as e:

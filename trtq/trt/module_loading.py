@@ -11,6 +11,9 @@ import os
 from collections.abc import MutableMapping
 from typing import Any, Optional
 
+from trtq.errors import EnvironmentMissing
+from trtq.trt import compat
+
 ENV = "CUDA_MODULE_LOADING"
 EAGER = "EAGER"
 
@@ -30,8 +33,9 @@ def mode(driver: Any = None) -> Optional[str]:
     """``"eager"`` or ``"lazy"``, as the CUDA driver reports for this process (after CUDA has
     started); None where cuda-python or the driver cannot say."""
     if driver is None:
-        driver = _driver()
-        if driver is None:
+        try:
+            driver = compat.import_cudriver()
+        except EnvironmentMissing:
             return None
     try:
         err, loading = driver.cuModuleGetLoadingMode()
@@ -44,14 +48,3 @@ def mode(driver: Any = None) -> Optional[str]:
         driver.CUmoduleLoadingMode.CU_MODULE_LAZY_LOADING: "lazy",
     }
     return names.get(loading)
-
-
-def _driver() -> Any:
-    import importlib
-
-    for name in ("cuda.bindings.driver", "cuda.cuda"):
-        try:
-            return importlib.import_module(name)
-        except (ImportError, OSError):
-            continue
-    return None
