@@ -76,6 +76,17 @@ def test_the_padded_share_is_the_time_of_the_layers_that_write_or_read_it():
     assert slow.times == CHECKS["slow"][1] and slow.inspected == STEM["slow"]
 
 
+def test_a_build_hands_on_the_layers_its_check_profiled(tmp_path):
+    """The tune reads a candidate's layers from its build (BuildResult.layers): the layout check's
+    profile, not a second load of the engine (the plan here is not an engine and is never read)."""
+    from trtq.trt.build import BuildResult
+
+    check = check_layouts(*CHECKS["slow"])
+    result = BuildResult(tmp_path / "not-an-engine.plan", {}, 1.0, measured=check)
+    times, inspected = result.layers()
+    assert times == CHECKS["slow"][1] and inspected == STEM["slow"]
+
+
 class Builds:
     """What build_engine hands rebuilt_while_padded: a build function (here: the plan written again
     with a count in its metadata) and, per build, what the layout check of the GPU would find."""

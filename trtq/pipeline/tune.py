@@ -180,7 +180,6 @@ class Tuner:
         from trtq.fileio import declare_outputs
         from trtq.pipeline.build import build_network, network_for
         from trtq.trt.coverage import int8_coverage, layer_kind
-        from trtq.trt.layers import measure_layers
 
         self.tried.append(c)
         qopts = dataclasses.replace(
@@ -208,10 +207,7 @@ class Tuner:
             log.warning("tune: %s: %s", c.label, c.verdict)
             return False
         c.build_seconds = time.perf_counter() - t0
-        # the build's layout check profiled the kept engine (D38): its layers, without a second load
-        times, inspected = (
-            (built.measured.times, built.measured.inspected) if built.measured else measure_layers(c.plan)
-        )
+        times, inspected = built.layers()
         c.coverage, c.layer_times = int8_coverage(inspected, times), times
         c.layer_kinds = {str(x["Name"]): layer_kind(x) for x in inspected if isinstance(x, dict) and "Name" in x}
         self._check_timing_cache(built.metadata)

@@ -76,7 +76,6 @@ def build_implicit(tuner: Any, best: Candidate) -> ImplicitEngine:
     from trtq.fileio import declare_outputs
     from trtq.pipeline.build import Network, build_network, qdq_only_cache
     from trtq.trt import compat
-    from trtq.trt.layers import measure_layers
 
     out = ImplicitEngine()
     if qdq_only_cache(tuner.inputs.cache_path):  # TensorRT would run every unranged tensor float
@@ -99,7 +98,7 @@ def build_implicit(tuner: Any, best: Candidate) -> ImplicitEngine:
         out.verdict = f"build failed: {e.message}"
         return out
     out.plan, out.build_seconds = plan, time.perf_counter() - t0
-    inspected = built.measured.inspected if built.measured else measure_layers(plan)[1]
+    _, inspected = built.layers()
     out.float_nodes = float_chosen_nodes(inspected, set(best.quantized) - set(best.left_float))
     out.best_ms, out.median_ms = tuner.timer([best.plan, plan])
     return out

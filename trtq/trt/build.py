@@ -67,6 +67,15 @@ class BuildResult:
     coverage: Optional[Any] = None  # trtq.trt.coverage.Int8Coverage of an INT8 engine
     measured: Optional[Any] = None  # trtq.trt.format_guard.LayoutCheck: the engine's layouts and profile
 
+    def layers(self) -> tuple[dict[str, float], list]:
+        """(mean ms per layer, the inspector's layer list) of the engine built: the layout check's
+        profile (D38), or a profile of its own where the check did not run."""
+        if self.measured is not None:
+            return self.measured.times, self.measured.inspected
+        from trtq.trt.layers import measure_layers
+
+        return measure_layers(self.plan_path)
+
 
 # ------------------------------------------------------------------------------------------------
 # shapes and optimization profiles (pure; unit-tested without TensorRT)
