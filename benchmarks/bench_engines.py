@@ -78,14 +78,9 @@ def data_options(cfg, folder: Path, batch: int, limit: int):
 
 
 def logits_onnxruntime(model: Path, batches: list[np.ndarray], name: str, int8_kernels: bool = False) -> np.ndarray:
-    import onnxruntime as ort
+    from trtq.compare.onnx_runner import make_session
 
-    so = ort.SessionOptions()
-    so.graph_optimization_level = (
-        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if int8_kernels else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    )
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
+    sess = make_session(model, semantics="onnxruntime" if int8_kernels else "qdq", qdq=True)
     return np.concatenate([sess.run(None, {name: b})[0] for b in batches])
 
 

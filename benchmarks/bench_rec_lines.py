@@ -59,12 +59,9 @@ def render(chars: list[str], font_path: Path, count: int, seed: int) -> np.ndarr
 
 
 def run(model: Path, x: np.ndarray, qdq: bool = False) -> np.ndarray:
-    import onnxruntime as ort
+    from trtq.compare.onnx_runner import make_session
 
-    options = ort.SessionOptions()
-    if qdq:
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    session = make_session(model, semantics="qdq", qdq=qdq)
     return np.concatenate([session.run(None, {"x": x[i : i + 8]})[0] for i in range(0, len(x), 8)])
 
 

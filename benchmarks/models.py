@@ -229,13 +229,16 @@ def ort_session(path: Path, threads: int | None = None, basic: bool = False):
     """A CPU session; ``basic``: basic graph optimizations only (a Q/DQ model's Q/DQ semantics)."""
     import onnxruntime as ort
 
+    from trtq.compare.onnx_runner import QDQ_CHANGING_OPTIMIZERS
+
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     if basic:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     if threads:
         opts.intra_op_num_threads = threads
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    disabled = list(QDQ_CHANGING_OPTIMIZERS) if basic else None
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
 
 
 def verify(onnx_path: Path, config: Path = common.MODEL_CONFIG) -> Verification:

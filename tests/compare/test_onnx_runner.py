@@ -156,3 +156,56 @@ def test_sample_model_specs():
         out = runner.run({"x": np.zeros((1, 3, 224, 224), np.float32)})["fetch_name_0"]
     assert out.shape == (1, 4)
     np.testing.assert_allclose(out.sum(), 1.0, rtol=1e-5)  # softmax scores
+
+
+def tiny_weight_conv() -> tuple[onnx.ModelProto, np.ndarray]:
+    """A 1x1 Conv between Q/DQ pairs (input, per-channel weights, output: what ONNX Runtime's bias
+    quantization looks for), as trtq writes them: channel 1's weights are ~1e-9 (a dead channel), so
+    its weight scale is tiny and its bias 2.0 is far beyond int32 at input scale x weight scale.
+    Returns the model and the weight scales."""
+    w = np.array([0.5, 1e-9], np.float32).reshape(2, 1, 1, 1)
+    w_scale = (np.abs(w).reshape(2, -1).max(1) / 127).astype(np.float32)
+    inits = [
+        numpy_helper.from_array(w, "w"),
+        numpy_helper.from_array(w_scale, "w_scale"),
+        numpy_helper.from_array(np.zeros(2, np.int8), "w_zp"),
+        numpy_helper.from_array(np.array(0.1, np.float32), "x_scale"),
+        numpy_helper.from_array(np.array(0, np.int8), "x_zp"),
+        numpy_helper.from_array(np.array([0.25, 2.0], np.float32), "b"),
+        numpy_helper.from_array(np.array(0.02, np.float32), "y_scale"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zp"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zp"], ["xd"]),
+        helper.make_node("QuantizeLinear", ["w", "w_scale", "w_zp"], ["wq"], axis=0),
+        helper.make_node("DequantizeLinear", ["wq", "w_scale", "w_zp"], ["wd"], axis=0),
+        helper.make_node("Conv", ["xd", "wd", "b"], ["c"]),
+        helper.make_node("QuantizeLinear", ["c", "y_scale", "x_zp"], ["yq"]),
+        helper.make_node("DequantizeLinear", ["yq", "y_scale", "x_zp"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny_weight_conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 2, 2])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), w_scale
+
+
+def test_qdq_semantics_keep_a_convs_bias_float_as_tensorrt_does():
+    """ONNX Runtime >= 1.21 quantizes the bias to int32 at basic level; with a tiny weight scale
+    that saturates (channel 1 would read about 0 instead of 2.0). The qdq runner computes the
+    pairs as written, bias float: the same as with every optimization off."""
+    model, w_scale = tiny_weight_conv()
+    x = np.array([0.3, -0.7, 1.26, 0.04], np.float32).reshape(1, 1, 2, 2)
+    xd = np.clip(np.round(x / 0.1), -128, 127) * np.float32(0.1)
+    wd = np.round(np.array([0.5, 1e-9], np.float32) / w_scale) * w_scale
+    conv = xd[0, 0][None] * wd[:, None, None] + np.array([0.25, 2.0], np.float32)[:, None, None]
+    want = np.clip(np.round(conv / np.float32(0.02)), -128, 127) * np.float32(0.02)
+    got = OnnxRunner.from_model(model).run({"x": x})["y"][0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    plain = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(got, plain.run(None, {"x": x})[0][0])

@@ -10,11 +10,11 @@ import json
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from tests.conftest import SAMPLE_IMAGES
 from tests.doc_pages import font
+from trtq.compare.onnx_runner import make_session
 
 from . import scoring
 
@@ -91,10 +91,7 @@ def compare_int8(trtq, model: Path, x: np.ndarray, tmp: Path, *flags):
 
 
 def run(model: Path, x: np.ndarray, qdq: bool = False) -> np.ndarray:
-    options = ort.SessionOptions()
-    if qdq:  # Q/DQ semantics: the pairs computed as written (compare's default)
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    session = make_session(model, semantics="qdq", qdq=qdq)  # qdq: the Q/DQ semantics compare scores with
     return np.concatenate([session.run(None, {"x": x[i : i + 4]})[0] for i in range(0, len(x), 4)])
 
 

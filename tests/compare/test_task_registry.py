@@ -8,6 +8,7 @@ import onnxruntime as ort
 import pytest
 
 from trtq.compare import tasks
+from trtq.compare.onnx_runner import make_session
 
 
 class SignAccumulator:
@@ -47,9 +48,7 @@ def _expected(sample_config, candidate) -> float:
     cfg = load_config(sample_config, environ={})
     batcher = Batcher(cfg.data, input_specs(load_model(cfg.model)))
     ref = ort.InferenceSession(str(cfg.model), providers=["CPUExecutionProvider"])
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    cand = ort.InferenceSession(str(candidate), opts, providers=["CPUExecutionProvider"])
+    cand = make_session(candidate, semantics="qdq", qdq=True)
     same = total = 0
     for batch in batcher:
         r = ref.run(None, batch.arrays)[0][: batch.valid]

@@ -12,11 +12,11 @@ import json
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from PIL import Image
 
 from tests.doc_pages import write_pages
+from trtq.compare.onnx_runner import make_session
 
 from . import scoring
 
@@ -45,10 +45,7 @@ def letterboxed(folder: Path) -> np.ndarray:
 
 
 def run(model: Path, x: np.ndarray, qdq: bool = False) -> np.ndarray:
-    options = ort.SessionOptions()
-    if qdq:  # Q/DQ semantics, as compare scores by default
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    session = make_session(model, semantics="qdq", qdq=qdq)  # qdq: the Q/DQ semantics compare scores with
     return np.concatenate([session.run(None, {"images": x[i : i + 1]})[0] for i in range(len(x))])
 
 

@@ -17,13 +17,10 @@ IR_VERSION = 8  # readable by the ONNX Runtime of the GPU bundle (1.19) as well 
 
 def session(model: onnx.ModelProto):
     """ONNX Runtime with basic graph optimizations: a Q/DQ model computed as written (the Q/DQ
-    semantics TensorRT implements), not with ONNX Runtime's fused int8 kernels."""
-    import onnxruntime as ort
+    semantics TensorRT implements, compare's session), not with ONNX Runtime's fused int8 kernels."""
+    from trtq.compare.onnx_runner import make_session
 
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    opts.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return make_session(model, semantics="qdq", qdq=True)
 
 
 def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

@@ -159,14 +159,9 @@ def unsupported_op_opset18(path: Path) -> Path:
 def ort_run(model_path: Path, feeds: dict[str, np.ndarray], int8_kernels: bool = False) -> dict[str, np.ndarray]:
     """ONNX Runtime on the CPU with basic graph optimizations: Q/DQ pairs computed as written (what
     TensorRT computes); ``int8_kernels``: all optimizations (ONNX Runtime's fused int8 kernels)."""
-    import onnxruntime as ort
+    from trtq.compare.onnx_runner import make_session
 
-    so = ort.SessionOptions()
-    so.graph_optimization_level = (
-        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if int8_kernels else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    )
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+    sess = make_session(model_path, semantics="onnxruntime" if int8_kernels else "qdq", qdq=True)
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(names, feeds)))
 

@@ -123,15 +123,9 @@ def session(path: Path, optimized: bool):
     Q/DQ model); else the basic ones (constant folding: the Q/DQ pairs computed as written), the
     level compare runs a Q/DQ candidate at, so its numbers and the plain scoring here see the same
     outputs (a near-tie flips between levels: 1 of 16 top-1 decisions on MobileNetV3)."""
-    import onnxruntime as ort
+    from trtq.compare.onnx_runner import make_session
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 2
-    opts.log_severity_level = 3
-    opts.graph_optimization_level = (
-        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimized else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    )
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return make_session(path, semantics="onnxruntime" if optimized else "qdq", qdq=True)
 
 
 def run_all(sess, entry: dict[str, Any], x: np.ndarray) -> dict[str, np.ndarray]:

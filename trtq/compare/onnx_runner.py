@@ -16,7 +16,11 @@ between: ONNX Runtime with basic graph optimizations only). ONNX Runtime's exten
 replace Q/DQ pairs by its own int8 kernels (QDQS8ToU8Transformer and the QLinear fusions), whose
 results can differ a lot from TensorRT's (docs/decisions.md D1 has the figures); "onnxruntime" asks for exactly
 that, to score a model as ONNX Runtime would deploy it. Models without Q/DQ nodes always get all
-optimizations (float results are the same up to rounding, and faster). Providers default to CPU;
+optimizations (float results are the same up to rounding, and faster). Since ONNX Runtime 1.21
+the basic level also quantizes a Conv's / Gemm's float bias to int32 at the input scale times the
+weight scale (WeightBiasQuantization), which saturates where a weight channel's scale is tiny;
+TensorRT keeps the bias float, so the "qdq" sessions switch that transformer off
+(:data:`QDQ_CHANGING_OPTIMIZERS`, docs/decisions.md D40). Providers default to CPU;
 CUDA (or another provider) is used when asked for and present in this onnxruntime build,
 otherwise it is dropped with a warning.
 
@@ -108,6 +112,11 @@ def check_semantics(semantics: str) -> str:
     if semantics not in SEMANTICS:
         raise ConfigError(f"unknown semantics '{semantics}'", "use one of: " + ", ".join(SEMANTICS))
     return semantics
+
+
+# ONNX Runtime graph transformers of the basic level that change what a Q/DQ model computes (not
+# only how fast): switched off in the "qdq" sessions. Older ONNX Runtime ignores unknown names.
+QDQ_CHANGING_OPTIMIZERS = ("WeightBiasQuantization",)
 
 
 def session_options(basic: bool = False) -> ort.SessionOptions:
@@ -214,7 +223,12 @@ def make_session(
             )
         source = model.SerializeToString()
     try:
-        return ort.InferenceSession(source, sess_options=session_options(basic), providers=resolve_providers(providers))
+        return ort.InferenceSession(
+            source,
+            sess_options=session_options(basic),
+            providers=resolve_providers(providers),
+            disabled_optimizers=list(QDQ_CHANGING_OPTIMIZERS) if basic else None,
+        )
     except ConfigError:
         raise
     except Exception as e:  # InvalidProtobuf, InvalidGraph, NotImplemented, Fail, ...
