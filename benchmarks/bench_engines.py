@@ -202,6 +202,9 @@ def goals(rows: list[dict[str, Any]]) -> list[str]:
 def main(argv: Optional[list[str]] = None) -> int:
     a = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    from trtq.trt.module_loading import prefer_eager
+
+    prefer_eager()  # the builds below load CUDA's modules as `trtq build` does (docs/decisions.md D39)
     import onnxruntime
     import tensorrt
 

@@ -232,6 +232,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(name)s: %(message)s",
     )
+    from trtq.trt.module_loading import prefer_eager
+
+    prefer_eager()  # the builds below load CUDA's modules as `trtq build` does (docs/decisions.md D39)
     from trtq.data.batcher import Batcher
     from trtq.model import input_specs, load_model
     from trtq.pipeline.calibrate import calibrate_file_with_tensorrt as calibrate_with_tensorrt

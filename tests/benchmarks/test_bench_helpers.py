@@ -17,10 +17,12 @@ sys.path.insert(0, str(BENCH))
 
 import bench_calibrate  # noqa: E402
 import bench_engines  # noqa: E402
+import bench_trt  # noqa: E402
 import common  # noqa: E402
 import models  # noqa: E402
 
 from trtq.config import PreprocessOptions, ResizeOptions  # noqa: E402
+from trtq.errors import TrtqError  # noqa: E402
 
 
 def test_imagenet_samples_parse_labels(tmp_path):
@@ -208,3 +210,22 @@ def test_engine_goal_lines_name_the_chance_gap():
     assert bench_engines.goals(rows)[0].startswith("[FAIL]")
     rows[1].update(engine_top1=0.953, ort_top1=0.943)  # 20 of 2000 samples: exactly the 0.01 goal
     assert bench_engines.goals(rows)[1].startswith("[PASS] q:") and "gap 0.010" in bench_engines.goals(rows)[1]
+
+
+@pytest.mark.parametrize("script", [bench_engines, bench_trt])
+def test_engine_benchmarks_build_with_eager_module_loading(script, monkeypatch, tmp_path):
+    """Both scripts build through trt.build directly, not `trtq build`: they ask for eager loading
+    themselves before anything can start CUDA (D39). Here the run stops right after (no TensorRT,
+    or no model), with the variable set."""
+    import os
+
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "")  # unset for prefer_eager; restored after the test
+    missing = tmp_path / "missing.onnx"
+    argv = ["--model", str(missing), "--out", str(tmp_path / "out")]
+    if script is bench_engines:
+        argv += ["--config", str(missing), "--calib", str(tmp_path), "--eval", str(tmp_path)]
+    else:
+        argv += ["--cache", str(missing), "--data", str(tmp_path)]
+    with pytest.raises((ImportError, TrtqError)):
+        script.main(argv)
+    assert os.environ["CUDA_MODULE_LOADING"] == "EAGER"
