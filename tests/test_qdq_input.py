@@ -13,6 +13,7 @@ from trtq.compare.metrics import OutputMetrics
 from trtq.compare.onnx_runner import QDQ_CHANGING_OPTIMIZERS, OnnxRunner
 from trtq.compare.semantics import semantics_gaps
 from trtq.quantize import quantize_model
+from trtq.quantize.fp16 import cast_float_rest
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +150,34 @@ def test_semantics_gap_warning_only_beyond_noise():
     (line,) = semantics_gaps(a, _report(0.90, 15.0, "ort"), "qdq", "onnxruntime")
     assert "top-1" not in line and "SQNR" in line
     assert semantics_gaps(_report(1.0, float("inf"), "x"), _report(1.0, float("inf"), "y"), "qdq", "onnxruntime") == []
+
+
+def test_compare_float_rest_fp16_runs_the_rest_as_float16(files, trtq):
+    """--float-rest fp16 scores an .onnx candidate with everything outside its Q/DQ pairs cast to
+    float16, as an engine built with --fp16 runs it: the FP32 model against itself is no longer
+    exact, by what the cast model gives in ONNX Runtime; the Q/DQ candidate keeps its pairs; the
+    report's runtime line says it."""
+    base = ["compare", "--reference", files["fp32"], "--data", f"x={files['dir'] / 'x.npy'}", "--json"]
+    plain = json.loads(trtq([*base, "--candidate", files["fp32"]]).out)
+    assert plain["outputs"][0]["max_abs_error"] == 0
+    r = trtq([*base, "--candidate", files["fp32"], "--float-rest", "fp16"])
+    assert r.code == 0, r
+    half = json.loads(r.out)
+    assert "float rest cast to FP16" in half["runtime"] and "float rest" not in plain["runtime"]
+    ref = OnnxRunner.from_path(files["fp32"]).run({"x": files["x"]})["y"]
+    cast = OnnxRunner.from_model(cast_float_rest(onnx.load(str(files["fp32"])))).run({"x": files["x"]})["y"]
+    want = float(np.abs(cast - ref).max())
+    assert want > 1e-4 and half["outputs"][0]["max_abs_error"] == pytest.approx(want, rel=0.05)
+    q = json.loads(trtq([*base, "--candidate", files["qdq"], "--float-rest", "fp16"]).out)
+    assert "Q/DQ semantics" in q["runtime"] and "float rest cast to FP16" in q["runtime"]
+
+
+def test_compare_float_rest_refuses_an_engine(files, tmp_path, trtq):
+    plan = tmp_path / "e.plan"
+    plan.write_bytes(b"not an engine")
+    r = trtq(
+        ["compare", "--reference", files["fp32"], "--candidate", plan, "--data", f"x={files['dir'] / 'x.npy'}"]
+        + ["--float-rest", "fp16"]
+    )
+    assert r.code == 2 and "applies to .onnx candidates" in r.err and "Traceback" not in r.err
+    assert len(r.err.strip().splitlines()) == 1

@@ -187,6 +187,8 @@ class CompareOptions:
     limit: Optional[int] = None
     # how a Q/DQ ONNX candidate is run: "qdq" (what TensorRT computes) or "onnxruntime" (its int8 kernels)
     semantics: Literal["qdq", "onnxruntime"] = "qdq"
+    # the candidate's non-quantized rest: fp32 as written, or cast to fp16 (an engine built with --fp16)
+    float_rest: Literal["fp32", "fp16"] = "fp32"
     # what the outputs are for (trtq.compare.tasks): auto infers it from each output's shape
     task: str = "auto"  # auto or a task of trtq.compare.tasks (checked as method is)
     detect_format: Literal["auto", "v8", "v5"] = "auto"  # v8 [N, 4+C, A]; v5 [N, A, 5+C] objectness

@@ -292,14 +292,9 @@ def report(common, cache, stats, compare_json, quantize_json, bench_json, output
 )
 @click.option("--min-cosine", type=flags.FLOAT, help="Fail (exit 1) when mean cosine similarity is below this.")
 @flags.per_layer
-@click.option(
-    "--semantics",
-    type=click.Choice(["qdq", "onnxruntime"]),
-    help="How a Q/DQ .onnx candidate is run: qdq (default: the Q/DQ pairs as written, what TensorRT "
-    "computes) or onnxruntime (its fused int8 kernels, as ONNX Runtime deploys it).",
-)
+@flags.candidate_run
 @flags.task
-def compare(common, reference, candidate, source, batching, min_agreement, min_cosine, layers, semantics, task):
+def compare(common, reference, candidate, source, batching, min_agreement, min_cosine, layers, run, task):
     """Run reference and candidate on the same batches and report how close the candidate is."""
     from trtq.pipeline.compare import compare as step
 
@@ -312,7 +307,8 @@ def compare(common, reference, candidate, source, batching, min_agreement, min_c
             "compare.min_cosine": min_cosine,
             "compare.per_layer": layers.per_layer,
             "compare.limit": batching.limit,
-            "compare.semantics": semantics,
+            "compare.semantics": run.semantics,
+            "compare.float_rest": run.float_rest,
             **{f"compare.{key}": value for key, value in vars(task).items()},
             **settings.data_overrides(batching),
         },

@@ -415,6 +415,24 @@ per_layer = option_group(
 )
 
 
+# compare: how an .onnx candidate runs
+candidate_run = option_group(
+    "run",
+    click.option(
+        "--semantics",
+        type=click.Choice(["qdq", "onnxruntime"]),
+        help="How a Q/DQ .onnx candidate is run: qdq (default: the Q/DQ pairs as written, what TensorRT "
+        "computes) or onnxruntime (its fused int8 kernels, as ONNX Runtime deploys it).",
+    ),
+    click.option(
+        "--float-rest",
+        type=click.Choice(["fp32", "fp16"]),
+        help="How an .onnx candidate's layers outside the Q/DQ pairs run: fp32 (default, as written) or fp16 "
+        "(cast to float16, as an engine built with --fp16 runs them; a model without Q/DQ: as an FP16 engine).",
+    ),
+)
+
+
 # compare: what the outputs are for (the task metric that gates and ranks)
 task = option_group(
     "task",

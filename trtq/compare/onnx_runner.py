@@ -261,10 +261,11 @@ class OnnxRunner(ClosesOnExit):
 
     _held = "_session"  # what close() lets go of
 
-    def __init__(self, session: ort.InferenceSession, name: str, semantics: str | None = None):
+    def __init__(self, session: ort.InferenceSession, name: str, semantics: str | None = None, note: str = ""):
         self._session: ort.InferenceSession | None = session
         self.name = name
         self.semantics = semantics  # how its Q/DQ nodes run; None: it has none
+        self.note = note  # what was done to the model before it ran (the report's runtime line says it)
         self._inputs = [_spec_from_node_arg(a) for a in session.get_inputs()]
         self._outputs = [_spec_from_node_arg(a) for a in session.get_outputs()]
         self._output_names = [s.name for s in self._outputs]
@@ -290,10 +291,11 @@ class OnnxRunner(ClosesOnExit):
         providers: Sequence[str] | None = None,
         name: str = "in-memory model",
         semantics: str = DEFAULT_SEMANTICS,
+        note: str = "",
     ) -> OnnxRunner:
         qdq = _model_has_qdq(model)
         session = make_session(model, providers, label=name, semantics=semantics, qdq=qdq)
-        return cls(session, name, semantics if qdq else None)
+        return cls(session, name, semantics if qdq else None, note)
 
     @property
     def inputs(self) -> list[TensorSpec]:
@@ -310,7 +312,8 @@ class OnnxRunner(ClosesOnExit):
     def describe_runtime(self) -> str:
         where = self.providers[0].replace("ExecutionProvider", "") if self._session is not None else "?"
         text = f"ONNX Runtime {ort.__version__} ({where})"
-        return text + (f", {SEMANTICS_LABEL[self.semantics]}" if self.semantics else "")
+        text += f", {SEMANTICS_LABEL[self.semantics]}" if self.semantics else ""
+        return text + (f", {self.note}" if self.note else "")
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         session = self._live()

@@ -1,6 +1,7 @@
 """``trtq compare``'s step: batches from the config, the runners, the accuracy report."""
 
 import dataclasses
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -20,8 +21,9 @@ def compare(
     (the Python API, trtq.api): a function of the reference's input specs that returns the batch
     source read instead of ``cfg.data`` (trtq.data.in_memory).
 
-    A Q/DQ ONNX candidate is run with ``cfg.compare.semantics`` and, in the same pass, with the
-    other semantics; the report carries both and a warning where they differ by more than noise."""
+    A Q/DQ ONNX candidate runs with ``cfg.compare.semantics`` and, in the same pass, the other
+    semantics (the report carries both, and a warning where they differ by more than noise), its
+    float rest in float16 where ``cfg.compare.float_rest`` says "fp16"."""
     cfg = dataclasses.replace(cfg, model=str(reference))
     from trtq import progress
     from trtq.compare import per_layer_sensitivity
@@ -34,18 +36,17 @@ def compare(
     from trtq.model import input_specs, load_model
     from trtq.pipeline.open_runner import open_runner
 
-    semantics = cfg.compare.semantics
     reference_model = load_model(cfg.model)
     specs = input_specs(reference_model)
     batcher = Batcher(cfg.data, specs) if batches is None else batches(specs)
-    with open_runner(Path(cfg.model)) as ref, open_runner(candidate, semantics=semantics) as cand:
+    opened = partial(open_runner, candidate, float_rest=cfg.compare.float_rest)
+    with open_runner(Path(cfg.model)) as ref, opened(semantics=cfg.compare.semantics) as cand:
         runners = [cand]
         if getattr(cand, "semantics", None):  # a Q/DQ ONNX model: score it both ways
-            other = next(s for s in SEMANTICS if s != semantics)
-            runners.append(open_runner(candidate, semantics=other))
-        total = batcher.num_batches
-        if cfg.compare.limit:
-            total = min(total, -(-int(cfg.compare.limit) // batcher.batch_size))
+            other = next(s for s in SEMANTICS if s != cfg.compare.semantics)
+            runners.append(opened(semantics=other))
+        limit = cfg.compare.limit
+        total = min(batcher.num_batches, -(-int(limit) // batcher.batch_size)) if limit else batcher.num_batches
         try:
             with progress.task("compare: batches", total) as shown:
                 reports = compare_many(
@@ -61,7 +62,7 @@ def compare(
                 r.close()
     report = reports[0]
     if len(reports) > 1:
-        gaps = semantics_gaps(report, reports[1], semantics, other)
+        gaps = semantics_gaps(report, reports[1], cfg.compare.semantics, other)
         report = dataclasses.replace(report, other=reports[1], warnings=tuple(gaps))
     layers = None
     if per_layer_mode:

@@ -12,11 +12,12 @@ import numpy as np
 
 from trtq.closing import ClosesOnExit
 from trtq.compare.onnx_runner import DEFAULT_SEMANTICS, OnnxRunner, Runner, check_model_file
-from trtq.errors import EnvironmentMissing, ModelError
+from trtq.errors import EnvironmentMissing, ModelError, UsageError
 from trtq.model import TensorSpec
 
 ONNX_SUFFIXES = (".onnx",)
 ENGINE_SUFFIXES = (".plan", ".engine")
+FP16_REST = "float rest cast to FP16 (as an engine built with --fp16 runs it)"
 
 
 class EngineRunner(ClosesOnExit):
@@ -75,19 +76,50 @@ def _open_engine(path: Path) -> EngineRunner:
     return EngineRunner(TrtRunner(path), path.name)
 
 
-def open_runner(path: str | Path, providers: Sequence[str] | None = None, semantics: str = DEFAULT_SEMANTICS) -> Runner:
+def open_runner(
+    path: str | Path,
+    providers: Sequence[str] | None = None,
+    semantics: str = DEFAULT_SEMANTICS,
+    float_rest: str = "fp32",
+) -> Runner:
     """A runner for ``path``: ``.onnx`` -> ONNX Runtime, ``.plan`` / ``.engine`` -> TensorRT.
 
-    ``providers`` and ``semantics`` apply to ONNX models only (default CPU, Q/DQ semantics).
+    ``providers``, ``semantics`` and ``float_rest`` apply to ONNX models only (default CPU, Q/DQ
+    semantics, the rest as written; ``"fp16"``: the rest cast to float16 first, see
+    :func:`trtq.quantize.fp16.cast_float_rest`).
     """
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix in ONNX_SUFFIXES:
+        if float_rest == "fp16":
+            return _fp16_rest_runner(path, providers, semantics)
         return OnnxRunner.from_path(path, providers, semantics=semantics)
     if suffix in ENGINE_SUFFIXES:
+        if float_rest == "fp16":
+            raise UsageError(
+                f"--float-rest fp16 applies to .onnx candidates; {path.name} is an engine and runs as it was built",
+                "drop --float-rest for an engine",
+            )
         check_model_file(path)
         return _open_engine(path)
     raise ModelError(
         f"cannot tell what kind of model {path.name} is",
         "pass an .onnx model or a TensorRT engine (.plan / .engine)",
     )
+
+
+def _fp16_rest_runner(path: Path, providers: Sequence[str] | None, semantics: str) -> OnnxRunner:
+    """``path`` with everything outside its Q/DQ pairs in float16 (in memory; the file stays)."""
+    from trtq.model import load_model
+    from trtq.quantize.fp16 import cast_float_rest
+
+    check_model_file(path)
+    model = load_model(path)
+    try:
+        model = cast_float_rest(model)
+    except Exception as e:  # an op or type the cast does not know
+        raise ModelError(
+            f"cannot cast the float rest of {path.name} to float16 ({str(e).strip().splitlines()[0][:200]})",
+            "drop --float-rest fp16 for this model",
+        ) from None
+    return OnnxRunner.from_model(model, providers, name=path.name, semantics=semantics, note=FP16_REST)
