@@ -79,6 +79,41 @@ def test_conv_weight_per_channel_scales_are_max_abs_over_127():
     run(q, random_feeds(model))
 
 
+def test_a_dead_channel_scale_keeps_its_bias_within_int32():
+    """Channel 3's weights are ~1e-9 (training left it dead) and its bias 2.0: at max|W| / 127 the
+    bias over input scale x weight scale is ~1e11, beyond int32, which runtimes that quantize the
+    bias (ONNX Runtime 1.21+ even at basic level, D40) saturate. Its scale is raised to keep it
+    within 2**30; the live channels keep max|W| / 127, and plain ONNX Runtime computes the model as
+    trtq's Q/DQ semantics do."""
+    import onnxruntime as ort
+
+    from trtq.quantize.plan import INT32_BIAS_LIMIT
+
+    rng = np.random.default_rng(2)
+    w = conv_weight(rng, 8, 4)
+    w[3] = rng.standard_normal(w[3].shape).astype(np.float32) * 1e-9
+    b = rng.standard_normal(8).astype(np.float32)
+    b[3] = 2.0
+    model = make_model(  # c's output feeds c2's Q/DQ pair: what ONNX Runtime's bias quantization looks for
+        [conv("c", "x", "w", "h", bias="b"), conv("c2", "h", "w2", "y")],
+        [value("x", [2, 4, 6, 6])],
+        [value("y", None)],
+        [init("w", w), init("b", b), init("w2", conv_weight(rng, 16, 8))],
+    )
+    q = quantize(model, amax={"x": 3.0, "h": 4.0}).model
+    scale = initializer(q, "w_scale").astype(np.float64)
+    s_x = float(initializer(q, "x_scale"))
+    peak = np.abs(w).reshape(8, -1).max(axis=1) / 127.0
+    live = np.arange(8) != 3
+    np.testing.assert_allclose(scale[live], peak[live], rtol=1e-6)
+    assert 2.0 / (s_x * scale[3]) <= INT32_BIAS_LIMIT * 1.0001 and scale[3] > 100 * peak[3]
+    feeds = {"x": rng.standard_normal((2, 4, 6, 6)).astype(np.float32)}
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    plain = ort.InferenceSession(q.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(plain.run(None, feeds)[0], run(q, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "op, w_shape, attrs, axis",
     [

@@ -1,5 +1,6 @@
 """Decide which node inputs get Q/DQ and with which scale; no graph is changed here."""
 
+import dataclasses
 import functools
 import re
 from collections.abc import Collection, Iterable, Mapping
@@ -15,6 +16,9 @@ from trtq.quantize.graph import DATA_MOVEMENT_OPS, FLOAT, GraphIndex, tensor_gro
 from trtq.quantize.scales import activation_scale, weight_scale
 
 PairKey = tuple[str, Optional[int]]  # (tensor, per-channel axis or None for per tensor)
+# a bias over input scale x weight scale stays below this (int32's 2**31 - 1, halved for later bias edits)
+INT32_BIAS_LIMIT = 2.0**30
+BIASED_OPS = ("Conv", "ConvTranspose", "Gemm")
 
 
 @dataclass
@@ -206,6 +210,32 @@ def _add_pairs(
                 else:
                     plan.pairs[key] = QdqPair(tensor, None, activation_scale(act_amax[tensor]), False)
             plan.uses.append((idx, slot, key))
+    _fit_int32_biases(index, plan, decisions)
+
+
+def _fit_int32_biases(index: GraphIndex, plan: Plan, decisions: Mapping[int, list[tuple[int, PairKey]]]) -> None:
+    """Raise a weight channel's scale where the reader's bias would not fit int32 at input scale x
+    weight scale, the bias quantization of ONNX Runtime 1.21+ (docs/decisions.md D40) and of other
+    int8 runtimes; TensorRT keeps the bias float and computes the same either way. Only channels
+    whose weights are next to nothing (a dead channel: max|W| ~1e-8, scale ~1e-10) are raised; their
+    weights then round to a few levels or to zero, about what they are worth."""
+    for idx, slots in decisions.items():
+        node = index.nodes[idx]
+        keys = dict(slots)
+        if node.op_type not in BIASED_OPS or len(node.input) < 3 or not index.is_constant(node.input[2]):
+            continue
+        if keys.get(0) not in plan.pairs or keys.get(1) not in plan.pairs:
+            continue
+        pair = plan.pairs[keys[1]]
+        bias = np.abs(index.array(node.input[2]).astype(np.float64)).reshape(-1)
+        need = bias / (float(plan.pairs[keys[0]].scale) * INT32_BIAS_LIMIT)
+        scale = pair.scale.astype(np.float64)
+        if scale.ndim == 0:
+            need = need.max(initial=0.0)
+        elif need.shape != scale.shape:  # a bias not one per output channel (grouped ConvTranspose)
+            continue
+        if np.any(scale < need):
+            plan.pairs[keys[1]] = dataclasses.replace(pair, scale=np.maximum(scale, need).astype(np.float32))
 
 
 def _table_inputs(index: GraphIndex, node: onnx.NodeProto, rule: rules.OpRule, per_channel: bool, activation):
