@@ -18,8 +18,8 @@ results can differ a lot from TensorRT's (docs/decisions.md D1 has the figures);
 that, to score a model as ONNX Runtime would deploy it. Models without Q/DQ nodes always get all
 optimizations (float results are the same up to rounding, and faster). Since ONNX Runtime 1.21
 the basic level also quantizes a Conv's / Gemm's float bias to int32 at the input scale times the
-weight scale (WeightBiasQuantization), which saturates where a weight channel's scale is tiny;
-TensorRT keeps the bias float, so the "qdq" sessions switch that transformer off
+weight scale (WeightBiasQuantization): the rounding flips values at the next quantizers and a
+tiny weight scale saturates int32. TensorRT keeps the bias float, so the "qdq" sessions switch it off
 (:data:`QDQ_CHANGING_OPTIMIZERS`, docs/decisions.md D40). Providers default to CPU;
 CUDA (or another provider) is used when asked for and present in this onnxruntime build,
 otherwise it is dropped with a warning.
