@@ -57,6 +57,13 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--no-reference", action="store_true", help="skip the fp16 and implicit INT8 engines")
     p.add_argument("--no-fp16", action="store_true", help="skip the fp16 engine (keep the implicit INT8 one)")
     p.add_argument("--reuse", action="store_true", help="take plans already in --out")
+    p.add_argument(
+        "--ort-float-rest",
+        choices=["fp16", "fp32"],
+        default="fp16",
+        help="the Q/DQ files' float rest on ONNX Runtime: fp16 (default; the explicit engines here are built "
+        "with fp16, D41) or fp32 (as written)",
+    )
     p.add_argument("--timing-cache", type=Path, help="TensorRT timing cache shared by every build (read and updated)")
     p.add_argument(
         "--no-int8-kernels",
@@ -77,11 +84,16 @@ def data_options(cfg, folder: Path, batch: int, limit: int):
     return dataclasses.replace(cfg.data, inputs=inputs, batch_size=batch, limit=limit, last_batch="pad", shuffle=False)
 
 
-def logits_onnxruntime(model: Path, batches: list[np.ndarray], name: str, int8_kernels: bool = False) -> np.ndarray:
-    from trtq.compare.onnx_runner import make_session
+def logits_onnxruntime(
+    model: Path, batches: list[np.ndarray], name: str, int8_kernels: bool = False, float_rest: str = "fp32"
+) -> np.ndarray:
+    """The first output on ONNX Runtime, through compare's runner (Q/DQ semantics, or its int8 kernels),
+    the float rest in ``float_rest`` (fp16: as the engines built here with fp16 run it, D41)."""
+    from trtq.pipeline.open_runner import open_runner
 
-    sess = make_session(model, semantics="onnxruntime" if int8_kernels else "qdq", qdq=True)
-    return np.concatenate([sess.run(None, {name: b})[0] for b in batches])
+    with open_runner(model, semantics="onnxruntime" if int8_kernels else "qdq", float_rest=float_rest) as r:
+        out = r.outputs[0].name
+        return np.concatenate([r.run({name: b})[out] for b in batches])
 
 
 def logits_engine(plan: Path, batches: list[np.ndarray], name: str) -> np.ndarray:
@@ -167,7 +179,7 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"({meta['model']}, batch {meta['batch']}, {meta['gpu']}, TensorRT {meta['tensorrt']}, onnxruntime "
         f"{meta['onnxruntime']}; top-1 agreement and logit SQNR vs FP32 ONNX Runtime on {meta['eval_images']} "
         f"photos; median of {meta['repeats']} bench runs of {meta['duration']} s, spread = max - min of their "
-        f"medians; opt level {meta['opt_level']})"
+        f"medians; opt level {meta['opt_level']}; ONNX Runtime float rest {meta.get('ort_float_rest', 'fp32')})"
     )
     return "\n".join(text)
 
@@ -283,12 +295,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         e = scores(ref, got, n)
         row.update(engine_top1=e["top1"], engine_sqnr_db=e["sqnr_db"])
         if qdq is not None:
-            ort_logits = logits_onnxruntime(qdq, batches, spec.name)
+            ort_logits = logits_onnxruntime(qdq, batches, spec.name, float_rest=a.ort_float_rest)
             o = scores(ref, ort_logits, n)
             row.update(flip_noise(ref, got, ort_logits, n))
             row.update(qdq=str(qdq), ort_top1=o["top1"], ort_sqnr_db=o["sqnr_db"])
             if not a.no_int8_kernels:
-                k = scores(ref, logits_onnxruntime(qdq, batches, spec.name, int8_kernels=True), n)
+                k = scores(ref, logits_onnxruntime(qdq, batches, spec.name, True, a.ort_float_rest), n)
                 row.update(ort_int8_top1=k["top1"], ort_int8_sqnr_db=k["sqnr_db"])
         rows.append(row)
     implicit = next((r for r in rows if r["name"] == "int8-implicit"), None)
@@ -306,6 +318,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "repeats": a.repeats,
         "duration": a.duration,
         "opt_level": a.opt_level,
+        "ort_float_rest": a.ort_float_rest,
     }
     checks = goals(rows)
     report = json.dumps({"meta": meta, "rows": rows, "goals": checks}, indent=1)

@@ -229,3 +229,31 @@ def test_engine_benchmarks_build_with_eager_module_loading(script, monkeypatch, 
     with pytest.raises((ImportError, TrtqError)):
         script.main(argv)
     assert os.environ["CUDA_MODULE_LOADING"] == "EAGER"
+
+
+def test_engine_table_scores_onnx_runtime_with_the_engines_float_rest(tmp_path):
+    """bench_engines builds the explicit engines with fp16, so its ONNX Runtime column casts the Q/DQ
+    file's float rest to float16 the same way compare --float-rest fp16 does (D41); fp32 keeps it."""
+    import onnx as onnx_
+
+    from tests.trt.models import activation_amax, residual_cnn
+    from trtq.compare.onnx_runner import OnnxRunner
+    from trtq.quantize import quantize_model
+    from trtq.quantize.fp16 import cast_float_rest
+
+    fp32 = residual_cnn(tmp_path / "m.onnx", batch="N")
+    x = np.random.default_rng(5).standard_normal((4, 3, 16, 16)).astype(np.float32)
+    qdq = quantize_model(onnx_.load(str(fp32)), activation_amax(fp32, [{"x": x}])).model
+    onnx_.save(qdq, str(tmp_path / "q.onnx"))
+    batches = [x[:2], x[2:]]
+    half = bench_engines.logits_onnxruntime(tmp_path / "q.onnx", batches, "x", float_rest="fp16")
+    full = bench_engines.logits_onnxruntime(tmp_path / "q.onnx", batches, "x", float_rest="fp32")
+    np.testing.assert_allclose(full, OnnxRunner.from_model(qdq).run({"x": x})["y"], atol=1e-6)
+    np.testing.assert_allclose(half, OnnxRunner.from_model(cast_float_rest(qdq)).run({"x": x})["y"], atol=1e-6)
+    assert np.abs(half - full).max() > 1e-5
+    assert (
+        bench_engines.parse_args(
+            ["--model", "m", "--config", "c", "--calib", "a", "--eval", "b", "--out", "o"]
+        ).ort_float_rest
+        == "fp16"
+    )
