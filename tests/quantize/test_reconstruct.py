@@ -119,6 +119,27 @@ def test_reconstruct_reports_each_block_as_a_progress_line(setting):
 
 
 @requires_torch
+def test_a_block_that_learned_something_worse_goes_back_to_where_it_started(setting):
+    """With a step learning rate far too high, every block ends with a larger output error on its
+    samples than it started with; the loop undoes it (nearest rounding, the cache's steps), says
+    so, and the model keeps quantize's activation scales."""
+    from trtq.quantize.reconstruct import reconstruct_model
+
+    model, amax, train, _ = setting
+    qdq = quantize_model(model, amax, QuantizeOptions()).model
+    scales = {i.name: numpy_helper.to_array(i).copy() for i in qdq.graph.initializer if i.name.endswith("_scale")}
+    report = reconstruct_model(qdq, _batches(train[:32]), 10, learn_rounding=False, scale_lr=5.0)
+    assert len(report.blocks) == 2
+    for block in report.blocks:
+        assert block.rejected is not None and block.rejected > block.error_before, block
+        assert block.error_after == pytest.approx(block.error_before, rel=1e-6)
+        assert "worse: undone" in block.describe()
+    for init in qdq.graph.initializer:
+        if init.name in scales:
+            np.testing.assert_array_equal(numpy_helper.to_array(init), scales[init.name])
+
+
+@requires_torch
 @pytest.mark.slow
 def test_reconstruct_lowers_the_error_of_the_qdq_model_on_held_out_crops(setting):
     model, amax, train, held_out = setting

@@ -9,8 +9,9 @@ For each block (:mod:`~trtq.quantize.reconstruct.blocks`), in graph order:
    produce with their learned, hard-rounded weights; loss: the output error relative to the
    target's energy, plus AdaRound's rounding penalty after a warm-up (``beta`` annealed from 20
    to 2), which drives every soft level to floor or floor + 1;
-3. the block frozen (hard rounding), and run on all samples, quantized and float, to give the next
-   block its inputs.
+3. the block frozen (hard rounding); where what it learned gives a larger output error on the
+   samples than where it started, it goes back to nearest rounding and the cache's steps;
+4. the block run on all samples, quantized and float, to give the next block its inputs.
 
 Only quantizers first read in this block learn here (a weight or a scale shared with an earlier
 block keeps what it learned there). The errors reported per block are over all samples, with the
@@ -59,12 +60,14 @@ class BlockResult:
     iterations: int
     seconds: float
     error_before: float  # output error / target energy, all samples: nearest rounding, cache scales
-    error_after: float  # the same with what was learned
+    error_after: float  # the same with what the block kept
+    rejected: float | None = None  # the error of what it learned, where that was worse and undone
 
     def describe(self) -> str:
+        undone = "" if self.rejected is None else f" (learned {self.rejected:.4g}, worse: undone)"
         return (
             f"block {self.index + 1}/{self.blocks} ({self.name}, {self.layers} layers, {self.activations} "
-            f"activation scales): output error {self.error_before:.4g} -> {self.error_after:.4g} "
+            f"activation scales): output error {self.error_before:.4g} -> {self.error_after:.4g}{undone} "
             f"in {self.seconds:.1f} s"
         )
 
@@ -197,6 +200,16 @@ def _train(graph, block, weights, acts, inputs: Values, targets: Values, setting
         q.eval()
 
 
+def _restore(state) -> None:
+    """Put each (parameter, value) of ``state`` back (the hard rounding of the starting ``v`` is
+    nearest rounding; the starting ``u`` is the cache's step)."""
+    import torch
+
+    with torch.no_grad():
+        for param, value in state:
+            param.copy_(value)
+
+
 def reconstruct_blocks(
     graph,
     blocks,
@@ -223,10 +236,15 @@ def reconstruct_blocks(
         quant_in = Values(quant_values, axes)
         trained = bool(weights or acts)
         before = _error(graph, block, quant_in, targets) if trained else 0.0
+        start_state = [(q.v, q.v.detach().clone()) for q in weights] + [(q.u, q.u.detach().clone()) for q in acts]
         if trained:
             _train(graph, block, weights, acts, quant_in, targets, settings, check)
         learned.update(id(q) for q in weights + acts)
         after = _error(graph, block, quant_in, targets) if trained else 0.0
+        rejected = None
+        if after > before:  # worse than nearest rounding and the cache's steps on these samples: undo
+            _restore(start_state)
+            rejected, after = after, _error(graph, block, quant_in, targets)
         needed = {n for b in blocks[i + 1 :] for n in b.inputs}
         if needed:
             made = [n for n in block.outputs if n in needed]
@@ -245,6 +263,7 @@ def reconstruct_blocks(
             time.monotonic() - start,
             before,
             after,
+            rejected,
         )
         results.append(result)
         if progress is not None:
