@@ -140,6 +140,28 @@ def test_a_block_that_learned_something_worse_goes_back_to_where_it_started(sett
 
 
 @requires_torch
+def test_the_progress_line_says_when_a_block_was_undone(setting, monkeypatch):
+    import io
+
+    import trtq.quantize.reconstruct as reconstruct
+    from trtq import progress
+
+    real = reconstruct.reconstruct_model
+    monkeypatch.setattr(  # the same run with a step learning rate far too high (see the test above)
+        reconstruct, "reconstruct_model", lambda *a, **k: real(*a, **k, learn_rounding=False, scale_lr=5.0)
+    )
+    model, amax, train, _ = setting
+    out = io.StringIO()
+    progress.configure(True, out, tty=False)
+    try:
+        quantize_model(model, amax, QuantizeOptions(reconstruct=True, iterations=10), data=_batches(train[:32]))
+    finally:
+        progress.configure(False)
+    lines = [ln for ln in out.getvalue().splitlines() if ln.startswith("reconstruct: blocks: ") and " error " in ln]
+    assert len(lines) == 2 and any("(undone: learned " in ln for ln in lines), out.getvalue()
+
+
+@requires_torch
 @pytest.mark.slow
 def test_reconstruct_lowers_the_error_of_the_qdq_model_on_held_out_crops(setting):
     model, amax, train, held_out = setting

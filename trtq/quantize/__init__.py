@@ -195,7 +195,8 @@ def _reconstruct(qdq: onnx.ModelProto, options: QuantizeOptions, data) -> tuple[
     with progress.task("reconstruct: blocks") as shown:  # one line per block (the total is known after the first)
 
         def done(block) -> None:
-            note = f"error {block.error_before:.3g} -> {block.error_after:.3g} {block.name}"
+            undone = "" if block.rejected is None else f" (undone: learned {block.rejected:.3g})"
+            note = f"error {block.error_before:.3g} -> {block.error_after:.3g}{undone} {block.name}"
             shown.update(block.index + 1, block.blocks, note)
 
         report = reconstruct_model(qdq, data, options.iterations, progress=done, check=check)
