@@ -9,8 +9,8 @@ whose taps nearly cancel (edge detectors with a large gain after BatchNorm foldi
 slice of the input's level through (on EfficientNet-Lite0 one depthwise convolution alone does most
 of the damage: docs/decisions.md D22).
 
-The solver keeps each channel's scale (``max|W| / 127``, as the placement rules set it) and only
-chooses, per weight, the integer level:
+The solver keeps each channel's scale (the one the plan wrote: ``max|W| / 127``, raised for a
+near-dead channel whose bias would not fit int32) and only chooses, per weight, the integer level:
 
 1. GPTQ (Frantar et al., 2022): levels chosen column by column, each column's rounding error
    spread onto the columns not yet rounded through the Cholesky factor of ``H^-1``;

@@ -22,8 +22,9 @@ Add            skip input   residual Add only (see below); the Conv branch stays
 =============  ===========  ===================================================================
 
 Activations are per tensor: scale = amax / 127, zero point int8 0. Weights: scale_c =
-max|W_c| / 127 (an all-zero channel gets ``ZERO_SCALE``). Biases (Conv/Gemm C input, bias Adds)
-stay float: TensorRT folds them into the INT8 kernel.
+max|W_c| / 127 (an all-zero channel gets ``ZERO_SCALE``; a near-dead channel is raised until its
+bias fits int32 at input x weight scale, ``plan.INT32_BIAS_LIMIT``). Biases (Conv/Gemm C input,
+bias Adds) stay float: TensorRT folds them into the INT8 kernel.
 
 Residual Add: an Add with two computed inputs where one comes from a quantized Conv through
 nothing but BatchNormalization / Relu / Identity / a bias Add (each feeding only the next) is the
