@@ -112,7 +112,7 @@ def quantize(
     batch of ``data`` where given, else a synthetic one).
 
     ``options``: the config's ``quantize:`` keys (exclude, per_channel, fp16, allow_stale,
-    center_activations; equalize, bias_correction, weight_rounding="gptq" and float_layers read the
+    center_activations, center_padded; equalize, bias_correction, weight_rounding="gptq" and float_layers read the
     first ``samples`` (128) samples of ``data``, which a generator may be: those are kept)."""
     import tempfile
 

@@ -157,6 +157,9 @@ class QuantizeOptions:
     float_layers: int = 0  # leave this many of the most error-adding layers float (ranked on data)
     samples: int = 128  # calibration samples equalize, bias correction, gptq rounding and float_layers read
     center_activations: bool = False  # shift ReLU/Clip outputs so symmetric INT8 uses both halves
+    # with center_activations: the tensors padded convs read too, through a constant border map after
+    # each such conv (exact; TensorRT 8.6 runs those convs FP16: docs/decisions.md D42)
+    center_padded: bool = False
     equalize: bool = False  # even out the channel ranges of Conv inputs (exact float rewrite; needs data)
     # auto: shared, or standard with center_activations (placement_used); fused / shared: Q/DQ so Concat /
     # residual Add / pooling groups stay INT8

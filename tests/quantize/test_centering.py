@@ -249,11 +249,8 @@ def _weights_only(model):
     return m
 
 
-@pytest.mark.parametrize(
-    "extra", [[], ["--fp16"], ["--weight-rounding", "gptq", "--bias-correction", "--samples", "8"]]
-)
-def test_quantize_center_activations_cli(trtq, tmp_path, extra):
-    model = _chain(np.random.default_rng(0))
+def calibrated(trtq, tmp_path, model):
+    """(input batch, config, max cache) for ``model`` saved under ``tmp_path``, through the CLI."""
     onnx.save(model, str(tmp_path / "m.onnx"))
     x = np.random.default_rng(1).standard_normal((16, 4, 10, 10)).astype(np.float32) * 1.5
     np.save(tmp_path / "x.npy", x)
@@ -262,6 +259,15 @@ def test_quantize_center_activations_cli(trtq, tmp_path, extra):
     )
     cache = tmp_path / "c.cache"
     assert trtq(["calibrate", "--config", tmp_path / "c.yaml", "-o", cache, "--method", "max"]).code == 0
+    return x, tmp_path / "c.yaml", cache
+
+
+@pytest.mark.parametrize(
+    "extra", [[], ["--fp16"], ["--weight-rounding", "gptq", "--bias-correction", "--samples", "8"]]
+)
+def test_quantize_center_activations_cli(trtq, tmp_path, extra):
+    model = _chain(np.random.default_rng(0))
+    x, config, cache = calibrated(trtq, tmp_path, model)
     out = tmp_path / "q.onnx"
     r = trtq(
         [

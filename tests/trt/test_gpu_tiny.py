@@ -272,7 +272,18 @@ def test_bench_layers_names_int8_and_float_layers(built):
     assert "fp32.plan" in text and "explicit.plan" in text and "more layers" in text
 
 
-def test_centred_activations_engine_matches_its_qdq_model(tmp_path):
+@pytest.mark.parametrize(
+    "padded,forms",
+    [
+        # the depthwise and pooled outputs (not the expand output: the padded depthwise conv reads it)
+        (False, {"a2": "fold", "f": "move"}),
+        # --center-padded: the expand output too, through a border map after the depthwise conv (a
+        # Sub: TensorRT 8.6.0's builder stops on the Add of a constant map, D42), the depthwise
+        # output folded into that map
+        (True, {"a1": "fold", "a2": "fold", "f": "move"}),
+    ],
+)
+def test_centred_activations_engine_matches_its_qdq_model(tmp_path, padded, forms):
     """--center-activations in engine form (the activation folded into the quantizer's clamp, the
     pooled shift moved behind the pooling): the engine built from that Q/DQ file computes what ONNX
     Runtime computes on it, and ``build`` centres too on this TensorRT (its quantize report says so)."""
@@ -287,10 +298,10 @@ def test_centred_activations_engine_matches_its_qdq_model(tmp_path):
     batches = [rng.standard_normal((BATCH, 3, 16, 16)).astype(np.float32) for _ in range(3)]
     amax = activation_amax(model, [{"x": b} for b in batches])
     cache = write_trt_cache(tmp_path / "r6.cache", amax, "MinMaxCalibration", "8600")
-    qopts = QuantizeOptions(center_activations=True)
+    qopts = QuantizeOptions(center_activations=True, center_padded=padded)
     result = quantize_model(onnx.load(str(model)), amax, qopts)
-    # the depthwise and pooled outputs (not the expand output: a Pad reads it)
-    assert {c["tensor"]: c["form"] for c in result.centred} == {"a2": "fold", "f": "move"}
+    assert {c["tensor"]: c["form"] for c in result.centred} == forms
+    assert [n.op_type for n in result.model.graph.node].count("Sub") == int(padded)
     qdq = tmp_path / "r6.qdq.onnx"
     onnx.save(result.model, str(qdq))
     built = build_engine(qdq, tmp_path / "r6.plan", opts())
@@ -301,7 +312,7 @@ def test_centred_activations_engine_matches_its_qdq_model(tmp_path):
     assert rel_max_err(y, twin) <= 5e-2 and cosine(y, twin) >= 0.999, (rel_max_err(y, twin), cosine(y, twin))
     assert cosine(y, ref) >= 0.995
     plain = build_engine(model, tmp_path / "r6b.plan", opts(), cache_path=cache, quantize_options=qopts)
-    assert plain.metadata["quantize"]["centred"] == 2
+    assert plain.metadata["quantize"]["centred"] == len(forms)
     y2 = run_plan(plain.plan_path, x)
     assert rel_max_err(y2, twin) <= 5e-2 and cosine(y2, twin) >= 0.999
 

@@ -363,6 +363,13 @@ quantizing = option_group(
         "(half the step; an exact rewrite of biases, clip bounds and pad values).",
     ),
     click.option(
+        "--center-padded",
+        is_flag=True,
+        default=None,
+        help="With --center-activations: also the outputs padded convs read, each such conv followed by a "
+        "constant border map (exact; more accurate, but TensorRT 8.6 runs those convs FP16).",
+    ),
+    click.option(
         "--equalize",
         is_flag=True,
         default=None,

@@ -433,7 +433,7 @@ def _quantized_network_model(
             "of trtq quantize --center-activations yourself to try it",
             centring_off,
         )
-        qopts = dataclasses.replace(qopts, center_activations=False)
+        qopts = dataclasses.replace(qopts, center_activations=False, center_padded=False)
     if recipe.quantizer_fp16 != qopts.fp16 and recipe.quantizer_fp16:
         qopts = dataclasses.replace(qopts, fp16=True)
     remeasure = None
@@ -546,6 +546,7 @@ def explicit_only_settings(q: QuantizeOptions) -> list[str]:
         "weight_rounding",
         "float_layers",
         "center_activations",
+        "center_padded",
         "equalize",
         "placement",
         "attention",

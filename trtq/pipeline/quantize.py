@@ -18,6 +18,7 @@ DATA_STEP_NOTES = (
     "equalized channels",
     "float layers",
     "centred activations",
+    "centred through padding",
     "centring in engine form",
     "weight rounding",
     "bias correction",

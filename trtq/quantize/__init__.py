@@ -98,6 +98,10 @@ def quantize_model(
     check_reconstruct_options(options)
     check_centering_options(options)
     prepared, notes = prepare_model(model)
+    if options.center_activations and options.center_padded:
+        from trtq.quantize.centering_border import fold_zero_pads
+
+        fold_zero_pads(prepared)  # a zero Pad in front of a Conv becomes its pads: centred through a border map
     if options.fold_affine:
         fold_affine(prepared, notes)
     index = GraphIndex(prepared)
@@ -110,6 +114,8 @@ def quantize_model(
     if options.center_activations:
         plan, centred = _centre(prepared, index, plan, amax, options, only_nodes, keep_float)
         notes.append(_centring_note(centred))
+        if options.center_padded:
+            notes.append(_border_note(prepared))
         if centred and gptq_levels:
             # gptq chooses the readers' levels for the shifted inputs they see
             observed = onnx.ModelProto()
@@ -174,10 +180,16 @@ def check_reconstruct_options(options: QuantizeOptions) -> None:
 
 
 def check_centering_options(options: QuantizeOptions) -> None:
-    """Refuse ``center_activations`` with a placement other than standard: the engine form of the
+    """Refuse ``center_padded`` without ``center_activations``, and ``center_activations`` with a
+    placement other than standard: the engine form of the
     centrings (centering_fold) is written for the standard pairs; with the fused pairs it computed
     levels up to 148 apart from the Add form it stands for, with the shared pairs it quantized other
     tensors (tests/quantize/test_centering_fold.py)."""
+    if options.center_padded and not options.center_activations:
+        raise UsageError(
+            "--center-padded widens --center-activations to the tensors padded convs read, and that is off",
+            "add --center-activations (quantize.center_activations: true)",
+        )
     if options.center_activations and options.placement_used() != "standard":
         raise UsageError(
             f"--center-activations does not combine with --placement {options.placement} yet: the centrings' "
@@ -314,6 +326,18 @@ def _centring_note(centred) -> str:
     return "centred activations: none (no Relu/Clip output with a biased producer feeds only quantized Conv/Gemm)"
 
 
+def _border_note(model: onnx.ModelProto) -> str:
+    from trtq.quantize.centering_border import SUFFIX
+
+    n = sum(1 for node in model.graph.node if SUFFIX in node.name)
+    return (
+        f"centred through padding: {n} padded conv(s) followed by a constant border map (exact; TensorRT 8.6 "
+        "runs those convs FP16: a slower engine, docs/decisions.md D42)"
+        if n
+        else "centred through padding: no padded conv reads a centred tensor"
+    )
+
+
 def _fold_note(forms: dict[str, str]) -> str:
     counts = {f: sum(1 for v in forms.values() if v == f) for f in ("fold", "move", "kept")}
     return (
@@ -338,7 +362,9 @@ def _centre(
 
     uses = {(i, s) for i, s, _ in plan.uses}
     acts = {p.tensor: find_amax(index, amax, p.tensor) for p in plan.pairs.values() if not p.weight}
-    centred = find_centrings(index, {t: a for t, a in acts.items() if a is not None}, lambda i, s: (i, s) in uses)
+    centred = find_centrings(
+        index, {t: a for t, a in acts.items() if a is not None}, lambda i, s: (i, s) in uses, options.center_padded
+    )
     if not centred:
         return plan, []
     apply_centrings(prepared, centred)

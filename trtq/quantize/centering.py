@@ -18,12 +18,13 @@ Two forms of the same function:
   the quantizer's clamp is the activation, so the activation and the Add go and the producer's bias
   takes ``-c``; TensorRT sees a plain Conv -> QuantizeLinear, which it fuses as it fuses any layer.
 
-Readers that pad (a Pad node or a Conv's ``pads``) are not centred: their zeros would have to become
-``-c``, and TensorRT 8.6 runs a Pad with a non-zero value as a layer of its own. Centring them too
-(explicit ``Pad(-c)``) was exact on TensorRT 8.6.0 but much slower, for a better engine top-1
-(docs/decisions.md D12 has the measurements). The other forms tried there: the producer's bias
-and the clip bounds moved by ``-c`` (a Clip with a negative lower bound before QuantizeLinear:
-computed wrongly), the Add left in the engine (exact, slower: not fused into the convolution).
+Readers that pad (a Pad node or a Conv's ``pads``) are centred only with ``center_padded``: their
+zeros stand for ``c`` after the shift. :mod:`trtq.quantize.centering_border` then puts a constant
+border map behind each such Conv (exact, but TensorRT 8.6 runs those convs FP16: docs/decisions.md
+D42). An explicit ``Pad(-c)`` was exact on TensorRT 8.6.0 too, and slower still (D12). The other
+forms tried there: the producer's bias and the clip bounds moved by ``-c`` (a Clip with a negative
+lower bound before QuantizeLinear: computed wrongly), the Add left in the engine (exact, slower: not
+fused into the convolution).
 
 Only activations whose lower bound is 0 are shifted (then 0 lands on a level; with another bound,
 e.g. HardSwish's -0.375, every zero would share one rounding error, a bias nothing corrects).
@@ -39,6 +40,7 @@ import numpy as np
 import onnx
 
 from trtq.model import set_nodes
+from trtq.quantize.centering_border import add_border, add_to_border, border_map, border_ok, border_reading, pads_input
 from trtq.quantize.edit import InitializerEditor
 from trtq.quantize.graph import GraphIndex, attr
 from trtq.quantize.rules import QMAX
@@ -106,12 +108,15 @@ def _producer_ok(index: GraphIndex, node: Optional[onnx.NodeProto]) -> bool:
     return len(node.input) > 2 and index.is_constant(node.input[2]) and index.fan_out(node.input[2]) == 1
 
 
-def _reader_ok(index: GraphIndex, node: onnx.NodeProto, slot: int) -> bool:
-    """A linear reader whose output can take ``+ c * sum(W)``: a Conv without implicit padding or
-    a Gemm (transA 0), on its data input, with a constant weight and an adjustable bias."""
+def _reader_ok(index: GraphIndex, node: onnx.NodeProto, slot: int, padded: bool = False) -> bool:
+    """A linear reader whose output can take ``+ c * sum(W)``: a Conv without implicit padding (or,
+    with ``padded``, one whose border map :mod:`~trtq.quantize.centering_border` computes) or a Gemm
+    (transA 0), on its data input, with a constant weight and an adjustable bias."""
     if slot != 0 or node.domain not in ("", "ai.onnx") or len(node.input) < 2 or not index.is_constant(node.input[1]):
         return False
     if node.op_type == "Conv":
+        if padded and pads_input(node):
+            return border_ok(index, node) and _adjustable_bias(index, node, 2)
         pads = attr(node, "pads", None) or []
         return (
             not any(pads)
@@ -165,10 +170,11 @@ def _through_commuting(index: GraphIndex, tensor: str) -> Optional[onnx.NodeProt
 
 
 def find_centrings(
-    index: GraphIndex, tensors: dict[str, float], quantized_input: Callable[[int, int], bool]
+    index: GraphIndex, tensors: dict[str, float], quantized_input: Callable[[int, int], bool], padded: bool = False
 ) -> list[Centring]:
     """The centrings possible for the quantized activation ``tensors`` (name -> amax) of the float
-    graph ``index``; ``quantized_input(node index, slot)`` says whether that input gets Q/DQ."""
+    graph ``index``; ``quantized_input(node index, slot)`` says whether that input gets Q/DQ;
+    ``padded``: padded Conv readers too, each with a border map."""
     out = []
     for tensor, amax in tensors.items():
         read_elsewhere = index.fan_out(tensor) != len(index.consumers.get(tensor, []))
@@ -184,7 +190,9 @@ def find_centrings(
         if not _producer_ok(index, producer):
             continue
         readers = index.consumers.get(tensor, [])
-        if not readers or not all(_reader_ok(index, index.nodes[i], s) and quantized_input(i, s) for i, s in readers):
+        if not readers or not all(
+            _reader_ok(index, index.nodes[i], s, padded) and quantized_input(i, s) for i, s in readers
+        ):
             continue
         lo, hi = bounds
         if lo != 0.0:
@@ -242,6 +250,11 @@ def settle_on_levels(qdq: onnx.ModelProto, centrings: list[Centring], readers: O
                 np.float32,
                 "centring_bias",
             )
+            border = border_reading(index, reader)
+            if border is not None:  # the map moves with the compensation: -c times Wq on padding
+                add_to_border(
+                    ed, border, border_map(index, reader, wq, c.shift) - border_map(index, reader, w, c.shift)
+                )
 
 
 def _subtraction(ed: InitializerEditor, act: onnx.NodeProto, shift: float) -> onnx.NodeProto:
@@ -273,6 +286,7 @@ def apply_centrings(model: onnx.ModelProto, centrings: list[Centring]) -> None:
     engines run.
     """
     ed = InitializerEditor(model)
+    index = GraphIndex(model)  # the shapes the border maps need, read before anything moves
     subtractions: dict[str, onnx.NodeProto] = {}
     for c in centrings:
         act = ed.nodes[c.activation]
@@ -282,6 +296,8 @@ def apply_centrings(model: onnx.ModelProto, centrings: list[Centring]) -> None:
             reader = ed.nodes[name]
             w = ed.array(reader.input[1])
             ed.add_to_bias(reader, 2, shift * _bias_per_shift(reader, w), w.dtype, "centring_bias")
+            if reader.op_type == "Conv" and pads_input(reader):
+                subtractions[reader.name] = add_border(ed, index, reader, float(shift))
     _insert_after(model, subtractions)
 
 

@@ -25,6 +25,7 @@ import onnx
 
 from trtq.model import set_nodes
 from trtq.quantize.centering import LOWEST, RESHAPING_OPS, _activation_bounds
+from trtq.quantize.centering_border import add_to_border, border_behind
 from trtq.quantize.edit import InitializerEditor
 from trtq.quantize.graph import GraphIndex, attr
 from trtq.quantize.rules import QMAX
@@ -83,8 +84,13 @@ def _out_channels(index: GraphIndex, node: onnx.NodeProto) -> int:
 
 
 def _fold(ed: InitializerEditor, index: GraphIndex, act, add, producer, shift: float) -> None:
-    """producer -> act -> add  ==>  producer(bias - shift), writing the Add's output."""
+    """producer -> act -> add  ==>  producer(bias - shift), writing the Add's output. A border node
+    (:mod:`~trtq.quantize.centering_border`) as the producer takes the shift on its map."""
     per_unit = 1.0 / float(attr(producer, "beta", 1.0)) if producer.op_type == "Gemm" else 1.0
+    if producer.op_type == "Sub":  # a border node (the one producer that is not a Conv/Gemm/BN)
+        add_to_border(ed, producer, -shift)
+        producer.output[0] = add.output[0]
+        return
     if producer.op_type == "BatchNormalization" or (len(producer.input) > 2 and producer.input[2]):
         delta = np.float64(-shift * per_unit)
     else:
@@ -113,6 +119,8 @@ def fold_centrings(model: onnx.ModelProto, centrings) -> dict[str, str]:
         act = by_name.get(c.activation)
         add = next(iter(index.consumer_nodes(act.output[0])), None) if act is not None else None
         producer = by_name.get(c.producer)
+        if producer is not None and act is not None:
+            producer = border_behind(index, producer, act.input[0]) or producer
         path = _path(index, add.output[0], c.tensor) if add is not None and add.op_type == "Add" else None
         scales = _scales(index, c.tensor)
         if (
