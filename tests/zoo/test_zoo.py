@@ -92,3 +92,20 @@ def test_attention_int8_loads_runs_and_stays_within_the_bound(zoo_case, trtq):
     assert set(attention) <= set(step.report["quantized"]), f"{_where(zoo_case)}: attention MatMuls left float"
     assert not load_error, f"{_where(zoo_case)}: the --attention int8 model does not load and run: {load_error}"
     _assert_within_bound(zoo_case, sqnr, "--attention int8")
+
+
+def test_centred_models_load_run_and_stay_within_the_bound(zoo_case, trtq):
+    """`quantize --center-activations`, then with `--center-padded` (D42: zero Pads folded into their
+    Conv, border maps behind the padded readers) on every file: each model loads, runs and stays
+    within the bound, and the padded form centres at least what the plain one does (in the fast
+    zoo it centres more on mnist_cnn and mobilenet_v3_small, both exports)."""
+    _require(zoo_case, "calibrate", "quantize")
+    centred = []
+    for extra in (("--center-activations",), ("--center-activations", "--center-padded")):
+        step, load_error, sqnr = zoo_steps.placement_check(zoo_case, "standard", trtq, extra)
+        what = " ".join(extra)
+        assert step.code == 0, f"{_where(zoo_case)}: `{step.command()}` exited {step.code}: {step.line}"
+        assert not load_error, f"{_where(zoo_case)}: the {what} model does not load and run: {load_error}"
+        _assert_within_bound(zoo_case, sqnr, what)
+        centred.append({c["tensor"] for c in step.report["centred"]})
+    assert centred[0] <= centred[1], f"{_where(zoo_case)}: --center-padded dropped {sorted(centred[0] - centred[1])}"
