@@ -166,6 +166,7 @@ def check_reconstruct_options(options: QuantizeOptions) -> None:
             ("--weight-rounding gptq", options.weight_rounding == "gptq"),
             ("--bias-correction", options.bias_correction),
             ("--center-activations", options.center_activations),
+            ("--center-padded", options.center_padded),
         )
         if on
     ]
@@ -173,7 +174,8 @@ def check_reconstruct_options(options: QuantizeOptions) -> None:
         raise UsageError(
             f"--reconstruct does not combine with {', '.join(other)}: it learns the weight levels and "
             "activation scales itself",
-            "drop " + " and ".join(other) + " (quantize.weight_rounding / bias_correction / center_activations)",
+            "drop " + " and ".join(other) + " (quantize.weight_rounding / bias_correction / center_activations / "
+            "center_padded)",
         )
     if options.iterations < 1:
         raise UsageError(f"quantize iterations must be >= 1, got {options.iterations}", "pass --iterations 60")
