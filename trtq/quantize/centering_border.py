@@ -132,7 +132,7 @@ def fold_zero_pads(model: onnx.ModelProto) -> int:
     index = GraphIndex(model)
     gone = set()
     for pad in index.nodes:
-        p = _zero_pads(index, pad) if pad.op_type == "Pad" else None
+        p = _zero_pads(index, pad)
         readers = index.consumer_nodes(pad.output[0]) if p else []
         if len(readers) != 1 or index.fan_out(pad.output[0]) != 1 or pad.output[0] in index.graph_outputs:
             continue
