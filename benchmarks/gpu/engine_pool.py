@@ -65,6 +65,9 @@ def load_spec(path: Path) -> dict:
 
 def variant_args(name: str, m: dict, v: dict, plans: Path) -> list:
     """`trtq build` arguments of one variant, without -o and --json."""
+    needs = {"implicit": ("cache", m), "modelopt": ("file", v)}.get(name)
+    if needs and needs[0] not in needs[1]:
+        raise SystemExit(f"engine_pool: variant {name} needs a {needs[0]!r} in the spec")
     if name.startswith("trtq-"):
         args = ["--model", str(plans / f"{name}.qdq.onnx"), "--fp16"]
     elif name == "implicit":

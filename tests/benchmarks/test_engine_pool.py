@@ -48,6 +48,10 @@ def test_variant_arguments_per_kind(tmp_path):
     assert shared[-4:] == ["--optimization-level", "3", "--shape", "x=1x3x8x8"]
     with pytest.raises(SystemExit, match="unknown variant"):
         engine_pool.variant_args("int4", m, {}, tmp_path)
+    with pytest.raises(SystemExit, match="modelopt needs a 'file'"):
+        engine_pool.variant_args("modelopt", m, {}, tmp_path)
+    with pytest.raises(SystemExit, match="implicit needs a 'cache'"):
+        engine_pool.variant_args("implicit", {"model": "/m.onnx"}, {}, tmp_path)
 
 
 def test_dry_run_writes_the_qdq_files_and_skips_built_plans(tmp_path, trtq, sample_config, capsys):
