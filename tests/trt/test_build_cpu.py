@@ -399,3 +399,29 @@ def test_explicit_build_reports_what_its_data_steps_did(tmp_path, sample_config,
     assert [s.split(":")[0].split(" ")[:2] for s in steps] == [["equalized", "channels"], ["float", "layers"]], steps
     plain = summary(QuantizeOptions())
     assert "steps" not in plain and plain["quantized"] > 0
+
+
+@pytest.mark.parametrize(
+    "error",
+    [  # first errors of TensorRT 8.6.0 builds (benchmarks/README.md: sixth, thirteenth, fourteenth sessions)
+        "2: [pointWiseV2Builder.cpp::toExpr::309] Error Code 2: Internal Error "
+        "(Assertion outScales.size() == 1 failed. )",
+        "2: [graphOptimizer.cpp::binaryExprCount::...] Error Code 2: Internal Error "
+        "(Assertion x == y || x == 1 || y == 1 failed. )",
+    ],
+)
+def test_an_internal_assertion_points_at_the_graph_not_the_workspace(error):
+    from trtq.trt.build import build_failure_hint
+
+    hint = build_failure_hint(error)
+    assert "workspace" not in hint and "--exclude" in hint and "-v" in hint
+
+
+def test_other_build_failures_keep_the_workspace_hint():
+    from trtq.trt.build import build_failure_hint
+
+    hint = build_failure_hint(
+        "10: [optimizer.cpp::computeCosts::3873] Error Code 10: Internal Error "
+        "(Could not find any implementation for node conv.)"
+    )
+    assert "--workspace-mb" in hint

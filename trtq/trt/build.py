@@ -287,13 +287,25 @@ def _load_timing_cache(config: Any, timing_path: Optional[Path], logger: Any) ->
     return loaded, problem
 
 
+def build_failure_hint(error: str) -> str:
+    """The fix to print under a failed build's first TensorRT error. An internal assertion is a
+    graph TensorRT's builder cannot handle (more workspace never helps): the way out is another
+    form of the graph around the layer -v names."""
+    if "Assertion" in error:
+        return (
+            "TensorRT's builder cannot handle a layer of this graph (an internal assertion, not memory): "
+            "run with -v to see the layer; leave it float (trtq quantize --exclude) or try another --placement"
+        )
+    return "run with -v for TensorRT's messages; try a larger --workspace-mb or another --precision"
+
+
 def _serialize(trt: Any, builder: Any, network: Any, config: Any, logger: Any, model_path: Path) -> bytes:
     blob = builder.build_serialized_network(network, config)
     if blob is None:
         errors = logger.take_errors()
+        error = errors[0] if errors else "unknown error"
         raise TrtqError(
-            f"TensorRT {trt.__version__} could not build {model_path.name}: {errors[0] if errors else 'unknown error'}",
-            "run with -v for TensorRT's messages; try a larger --workspace-mb or another --precision",
+            f"TensorRT {trt.__version__} could not build {model_path.name}: {error}", build_failure_hint(error)
         )
     return compat.host_memory_bytes(blob)
 
