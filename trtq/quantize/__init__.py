@@ -369,7 +369,7 @@ def _centre(
     )
     if not centred:
         return plan, []
-    apply_centrings(prepared, centred)
+    apply_centrings(prepared, centred, index)
     shifted = dict(amax, **{c.tensor: c.amax for c in centred})
     return _options_plan(GraphIndex(prepared), shifted, options, only_nodes, keep_float), centred
 

@@ -276,9 +276,10 @@ def _insert_after(model: onnx.ModelProto, after: dict[str, onnx.NodeProto]) -> N
     set_nodes(model.graph, nodes)
 
 
-def apply_centrings(model: onnx.ModelProto, centrings: list[Centring]) -> None:
+def apply_centrings(model: onnx.ModelProto, centrings: list[Centring], index: Optional[GraphIndex] = None) -> None:
     """Rewrite the float ``model`` in place so each centring's tensor carries ``x - shift``; the
-    model computes the same function (up to float rounding).
+    model computes the same function (up to float rounding). ``index``: the caller's
+    :class:`GraphIndex` of ``model`` as it is now (the border maps read its shapes), else one is built.
 
     The shift is an explicit ``Add(-shift)`` right after the activation (producer and clip bounds
     stay) and every reader's bias gains ``shift * sum(W)``. This is the float form the data steps
@@ -286,7 +287,8 @@ def apply_centrings(model: onnx.ModelProto, centrings: list[Centring]) -> None:
     engines run.
     """
     ed = InitializerEditor(model)
-    index = GraphIndex(model)  # the shapes the border maps need, read before anything moves
+    if index is None:
+        index = GraphIndex(model)  # the shapes the border maps need, read before anything moves
     subtractions: dict[str, onnx.NodeProto] = {}
     for c in centrings:
         act = ed.nodes[c.activation]
