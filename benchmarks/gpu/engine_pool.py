@@ -82,7 +82,7 @@ def variant_args(name: str, m: dict, v: dict, plans: Path) -> list:
 
 
 def jobs(spec: dict, out: Path, builds: int) -> list:
-    """(model, job line, cost) for every plan not built yet, round by round."""
+    """(job line, estimated seconds) for every plan not built yet, round by round."""
     todo = []
     for b in range(1, builds + 1):
         for name, m in spec.items():
@@ -93,7 +93,7 @@ def jobs(spec: dict, out: Path, builds: int) -> list:
                     continue
                 argv = ["build"] + variant_args(v, m, opts, plans) + ["-o", str(plan), "--json"]
                 line = shlex.join([f"{name}/{v}.{b}.build"] + argv)
-                todo.append((name, line, float(m.get("cost", {}).get(v, DEFAULT_COST))))
+                todo.append((line, float(m.get("cost", {}).get(v, DEFAULT_COST))))
     return todo
 
 
@@ -101,7 +101,7 @@ def deal(todo: list, gpus: int) -> list:
     """Each job, in order, to the GPU with the least estimated seconds queued so far."""
     queues: list = [[] for _ in range(gpus)]
     load = [0.0] * gpus
-    for _, line, cost in todo:
+    for line, cost in todo:
         g = min(range(gpus), key=lambda i: load[i])
         queues[g].append(line)
         load[g] += cost
@@ -146,11 +146,11 @@ def build_all(queues: list, out: Path, deadline) -> None:
             p.wait()
 
 
-def score(name: str, m: dict, out: Path, g: int, final: bool) -> None:
-    """One `trtq bench` of the model's plans, `trtq compare` of each variant's first plan, the table."""
+def score(name: str, m: dict, out: Path, g: int, want: int) -> None:
+    """One `trtq bench` of the model's plans, `trtq compare` of each variant's first plan, the table;
+    only once ``want`` plans exist."""
     d = out / name
     plans = sorted(d.glob("*.plan"))
-    want = 0 if final else len(m["variants"]) * max(1, int(m.get("_builds", 3)))
     if not plans:
         print(f"{name}: no plan built (see {out / 'failures.txt'} and the build logs)", flush=True)
         return
@@ -170,13 +170,14 @@ def score(name: str, m: dict, out: Path, g: int, final: bool) -> None:
         subprocess.run(cmd, stdout=o, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
-def score_all(spec: dict, out: Path, gpus: int, final: bool) -> None:
-    """Each GPU benches its share of the models one after the other (benches never share a GPU)."""
+def score_all(spec: dict, out: Path, gpus: int, builds: int, final: bool) -> None:
+    """Each GPU benches its share of the models one after the other (benches never share a GPU);
+    a model waits for all its plans unless ``final``."""
     names = list(spec)
 
     def worker(g: int) -> None:
         for name in names[g::gpus]:
-            score(name, spec[name], out, g, final)
+            score(name, spec[name], out, g, 0 if final else len(spec[name]["variants"]) * builds)
 
     threads = [threading.Thread(target=worker, args=(g,)) for g in range(min(gpus, len(names)))]
     for t in threads:
@@ -207,8 +208,6 @@ def main(argv=None) -> int:
     spec = load_spec(args.spec)
     if args.only:
         spec = {k: v for k, v in spec.items() if k in args.only.split(",")}
-    for m in spec.values():
-        m["_builds"] = args.builds
     gpus = args.gpus or gpu_count()
     args.out.mkdir(parents=True, exist_ok=True)
     make_qdq(spec, args.out)
@@ -220,7 +219,7 @@ def main(argv=None) -> int:
             print("\n".join(lines))
         return 0
     build_all(queues, args.out, args.deadline)
-    score_all(spec, args.out, gpus, args.final)
+    score_all(spec, args.out, gpus, args.builds, args.final)
     for name in spec:
         table = args.out / name / "table.txt"
         if table.is_file():

@@ -16,15 +16,15 @@ from tests.conftest import requires_no_tensorrt
 
 
 def test_deal_keeps_order_and_balances_the_estimated_seconds():
-    todo = [("m", f"job{i}", c) for i, c in enumerate([190, 22, 75, 22, 190, 75, 22, 190, 75])]
+    todo = [(f"job{i}", c) for i, c in enumerate([190, 22, 75, 22, 190, 75, 22, 190, 75])]
     queues = engine_pool.deal(todo, 2)
-    assert sorted(line for q in queues for line in q) == sorted(line for _, line, _ in todo)
+    assert sorted(line for q in queues for line in q) == sorted(line for line, _ in todo)
     for q in queues:  # each GPU runs its jobs in the order given (rounds stay rounds)
         assert q == sorted(q, key=lambda line: int(line[3:]))
-    cost = dict((line, c) for _, line, c in todo)
+    cost = dict(todo)
     loads = [sum(cost[line] for line in q) for q in queues]
     assert abs(loads[0] - loads[1]) <= 190
-    assert engine_pool.deal(todo, 1) == [[line for _, line, _ in todo]]
+    assert engine_pool.deal(todo, 1) == [[line for line, _ in todo]]
 
 
 def test_variant_arguments_per_kind(tmp_path):
